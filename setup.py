@@ -1,0 +1,19 @@
+from setuptools import find_packages, setup
+
+setup(
+    name='vit-pytorch-clean',
+    version='0.1.0',
+    description='Vision Transformers in PyTorch and einops: faithful to the papers, loadable from real checkpoints, tested',
+    long_description=open('README.md', encoding='utf-8').read(),
+    long_description_content_type='text/markdown',
+    license='MIT',
+    packages=find_packages(exclude=['tests', 'tests.*', 'benchmarks']),
+    python_requires='>=3.10',
+    install_requires=[
+        'torch>=2.4',
+        'einops>=0.8',
+    ],
+    extras_require={
+        'test': ['pytest', 'numpy', 'scikit-learn', 'safetensors'],
+    },
+)

@@ -1,0 +1,130 @@
+"""SimpleViT.
+
+"Better plain ViT baselines for ImageNet-1k", Beyer, Zhai and Kolesnikov, arXiv 2205.01580:
+the plain ViT with fixed 2D sin-cos position embeddings, global average pooling instead of
+a cls token, no dropout, and no biases in the attention projections. As in the `vit-pytorch`
+package (whose checkpoints load here unchanged) the patch projection sits between two
+LayerNorms.
+
+The position table is computed for the grid of each input, so any image whose sides divide
+by the patch size works, not only `image_size`.
+
+    import torch
+    from vit_pytorch import SimpleViT
+
+    model = SimpleViT(image_size=224, patch_size=16, num_classes=1000,
+                      dim=384, depth=12, heads=6, mlp_dim=1536)
+    logits = model(torch.randn(2, 3, 224, 224))   # (2, 1000)
+"""
+
+import torch
+from einops.layers.torch import Rearrange
+from torch import nn
+
+from vit_pytorch import vit
+
+# helpers
+
+
+def posemb_sincos_2d(height, width, dim, temperature=10000, dtype=torch.float32, device=None):
+    """Fixed 2D sin-cos position table, (height * width, dim), rows in row-major grid order.
+
+    A quarter of the channels each holds sin(x w), cos(x w), sin(y w), cos(y w) for
+    column x and row y, with frequencies w = temperature ** -(i / (dim / 4 - 1)).
+    """
+    if dim % 4 or dim < 8:
+        raise ValueError(f"dim must be a multiple of 4 and at least 8 for the sin-cos position table, got {dim}")
+    y, x = torch.meshgrid(torch.arange(height, device=device), torch.arange(width, device=device), indexing='ij')
+    omega = torch.arange(dim // 4, device=device) / (dim // 4 - 1)
+    omega = temperature ** -omega                                   # (dim / 4,)
+    x = x.flatten()[:, None] * omega                                # (h * w, dim / 4)
+    y = y.flatten()[:, None] * omega
+    return torch.cat((x.sin(), x.cos(), y.sin(), y.cos()), dim=1).to(dtype)
+
+
+# classes
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim, hidden_dim):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.LayerNorm(dim),
+            nn.Linear(dim, hidden_dim),
+            nn.GELU(),
+            nn.Linear(hidden_dim, dim),
+        )
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class Attention(vit.Attention):
+    """The core attention without dropout and with a bias-free output projection."""
+
+    def __init__(self, dim, heads=8, dim_head=64):
+        super().__init__(dim, heads, dim_head)
+        self.to_out = nn.Linear(heads * dim_head, dim, bias=False)
+
+
+class Transformer(vit.Transformer):
+    """The core's pre-norm stack (forward, final norm, checkpointing) built from SimpleViT's blocks."""
+
+    def __init__(self, dim, depth, heads, dim_head, mlp_dim):
+        super().__init__(dim, 0, heads, dim_head, mlp_dim)
+        self.layers.extend(
+            nn.ModuleList([Attention(dim, heads, dim_head), FeedForward(dim, mlp_dim)])
+            for _ in range(depth)
+        )
+
+
+class SimpleViT(nn.Module):
+    """`num_classes=0` makes `forward` return the pooled embedding (b, dim)."""
+
+    def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim,
+                 channels=3, dim_head=64):
+        super().__init__()
+        self.image_size = vit.positive_pair('image_size', image_size)
+        self.patch_size = patch_height, patch_width = vit.positive_pair('patch_size', patch_size)
+        self.grid_size = vit.patch_grid(self.image_size, self.patch_size)
+        for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim,
+                                channels=channels, dim_head=dim_head).items():
+            vit.positive_int(name, value)
+        vit.non_negative_int('num_classes', num_classes)
+        self.channels = channels
+        self.num_classes = num_classes
+        patch_dim = channels * patch_height * patch_width
+
+        self.to_patch_embedding = nn.Sequential(
+            Rearrange('b c (h p1) (w p2) -> b (h w) (p1 p2 c)', p1=patch_height, p2=patch_width),
+            nn.LayerNorm(patch_dim),
+            nn.Linear(patch_dim, dim),
+            nn.LayerNorm(dim),
+        )
+        # fixed, so not saved; a buffer so that it follows .to(device)
+        self.register_buffer('pos_embedding', posemb_sincos_2d(*self.grid_size, dim), persistent=False)
+        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim)
+        self.to_latent = nn.Identity()
+        self.linear_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
+
+    def set_grad_checkpointing(self, enable=True):
+        self.transformer.grad_checkpointing = enable
+
+    def pos_embedding_for(self, grid):
+        if grid == self.grid_size:
+            return self.pos_embedding
+        return posemb_sincos_2d(*grid, self.pos_embedding.shape[-1], device=self.pos_embedding.device)
+
+    def forward_features(self, img):
+        """Patch tokens after the final norm: (b, h * w, dim)."""
+        grid = vit.check_images(img, channels=self.channels, patch_size=self.patch_size)
+        x = self.to_patch_embedding(img)                              # (b, h * w, dim)
+        x = x + self.pos_embedding_for(grid).to(x.dtype)
+        return self.transformer(x)
+
+    def forward_head(self, tokens, pre_logits=False):
+        x = self.to_latent(tokens.mean(dim=1))                        # (b, dim)
+        return x if pre_logits else self.linear_head(x)
+
+    def forward(self, img):
+        return self.forward_head(self.forward_features(img))

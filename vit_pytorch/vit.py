@@ -1,0 +1,357 @@
+"""Vision Transformer.
+
+"An Image is Worth 16x16 Words: Transformers for Image Recognition at Scale",
+Dosovitskiy et al., arXiv 2010.11929: cut the image into patches, embed each patch
+linearly, add a learned position embedding, and run a plain pre-norm Transformer
+encoder; classify from a learned cls token (or from the mean of the patch tokens).
+
+By default the patch embedding carries LayerNorms on both sides of the projection
+("Dual PatchNorm", Kumar et al., arXiv 2302.01327), as in the `vit-pytorch`
+package, whose checkpoints load here unchanged. `patch_norm=False, qkv_bias=True,
+norm_eps=1e-6` give the paper's model exactly (see `vit_pytorch.pretrained`).
+
+    import torch
+    from vit_pytorch import ViT
+
+    model = ViT(image_size=224, patch_size=16, num_classes=1000,
+                dim=384, depth=12, heads=6, mlp_dim=1536)
+    logits = model(torch.randn(2, 3, 224, 224))   # (2, 1000)
+
+This file needs only torch and einops; copy it as is.
+"""
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange, repeat
+from einops.layers.torch import Rearrange
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+# helpers
+
+
+def pair(value):
+    return value if isinstance(value, tuple) else (value, value)
+
+
+def positive_int(name, value):
+    """`value` if it is a positive int; otherwise a TypeError/ValueError naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a positive int, got {value!r} ({type(value).__name__})")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value}")
+    return value
+
+
+def non_negative_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a non-negative int, got {value!r} ({type(value).__name__})")
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value}")
+    return value
+
+
+def positive_pair(name, value):
+    """An int or an (h, w) pair of positive ints, returned as (h, w)."""
+    if isinstance(value, list):
+        value = tuple(value)
+    if isinstance(value, tuple) and len(value) != 2:
+        raise ValueError(f"{name} must be an int or an (h, w) pair, got {value!r}")
+    height, width = pair(value)
+    return positive_int(name, height), positive_int(name, width)
+
+
+def probability(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float in [0, 1), got {value!r}")
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value}")
+    return float(value)
+
+
+def patch_grid(image_size, patch_size):
+    """(h, w) patch grid of an image, or a ValueError when the sides do not divide."""
+    (image_height, image_width), (patch_height, patch_width) = image_size, patch_size
+    if image_height % patch_height or image_width % patch_width:
+        raise ValueError(
+            f"image_size {image_size} must be divisible by patch_size {patch_size} "
+            f"in both height and width"
+        )
+    return image_height // patch_height, image_width // patch_width
+
+
+def check_images(img, *, channels, patch_size, image_size=None):
+    """Validate a (b, c, h, w) image batch; returns its (h, w) patch grid.
+
+    `image_size=None` accepts any size divisible by `patch_size`.
+    """
+    if not isinstance(img, torch.Tensor):
+        raise TypeError(f"img must be a torch.Tensor of shape (b, c, h, w), got {type(img).__name__}")
+    if not img.is_floating_point():
+        raise TypeError(f"img must be a floating point tensor, got dtype {img.dtype}; convert with img.float()")
+    if img.ndim != 4:
+        hint = " (a single image? add a batch dimension with img.unsqueeze(0))" if img.ndim == 3 else ""
+        raise ValueError(f"img must have shape (b, c, h, w), got a {img.ndim}-d tensor of shape {tuple(img.shape)}{hint}")
+    if img.shape[1] != channels:
+        raise ValueError(f"img must have {channels} channels (dim 1), got shape {tuple(img.shape)}")
+    size = tuple(img.shape[-2:])
+    if image_size is not None and size != tuple(image_size):
+        raise ValueError(
+            f"img must be {image_size[0]}x{image_size[1]} (h x w), the model's image_size, got {size[0]}x{size[1]}; "
+            f"build the model with dynamic_image_size=True to resample position embeddings to other sizes"
+        )
+    if size[0] % patch_size[0] or size[1] % patch_size[1]:
+        raise ValueError(f"img height and width {size} must be divisible by patch_size {tuple(patch_size)}")
+    return size[0] // patch_size[0], size[1] // patch_size[1]
+
+
+def resample_pos_embedding(pos_embedding, *, old_grid, new_grid, num_prefix_tokens=0,
+                           mode='bicubic', antialias=False, align_corners=False):
+    """Resample a learned (num_prefix_tokens + h * w, d) position table to a new (h, w) grid.
+
+    The grid part is interpolated in 2D; prefix rows (cls, distillation tokens) are kept as
+    they are. Which reference each setting reproduces:
+      - timm, when loading a checkpoint at another resolution: mode='bicubic', antialias=True;
+      - Hugging Face `interpolate_pos_encoding=True`: mode='bicubic', antialias=False;
+      - the official JAX code (scipy.ndimage.zoom, order 1): mode='bilinear', align_corners=True.
+    """
+    old_grid, new_grid = tuple(old_grid), tuple(new_grid)
+    expected_rows = num_prefix_tokens + old_grid[0] * old_grid[1]
+    if pos_embedding.ndim != 2 or pos_embedding.shape[0] != expected_rows:
+        raise ValueError(
+            f"pos_embedding must have shape ({expected_rows}, d) for {num_prefix_tokens} prefix tokens and "
+            f"grid {old_grid}, got {tuple(pos_embedding.shape)}"
+        )
+    if old_grid == new_grid:
+        return pos_embedding
+    prefix, grid = pos_embedding[:num_prefix_tokens], pos_embedding[num_prefix_tokens:]
+    grid = rearrange(grid, '(h w) d -> 1 d h w', h=old_grid[0], w=old_grid[1])
+    corners = dict(align_corners=align_corners) if mode in ('bilinear', 'bicubic') else {}
+    grid = F.interpolate(grid.float(), size=new_grid, mode=mode, antialias=antialias, **corners)
+    grid = rearrange(grid, '1 d h w -> (h w) d').to(pos_embedding.dtype)
+    return torch.cat((prefix, grid))
+
+
+# classes
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim, hidden_dim, dropout=0., *, norm_eps=1e-5, gelu_approximate='none'):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.LayerNorm(dim, eps=norm_eps),
+            nn.Linear(dim, hidden_dim),
+            nn.GELU(approximate=gelu_approximate),
+            nn.Dropout(dropout),
+            nn.Linear(hidden_dim, dim),
+            nn.Dropout(dropout),
+        )
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class Attention(nn.Module):
+    """Pre-norm multi-head self-attention.
+
+    `fused=True` runs `scaled_dot_product_attention`. With `fused=False` the attention
+    matrix is formed explicitly and passed through `self.attention_probs` (an identity),
+    so a forward hook there sees every (b, heads, n, n) map; `vit_pytorch.recorder`
+    flips this switch only while it records.
+    """
+
+    def __init__(self, dim, heads=8, dim_head=64, dropout=0., *, qkv_bias=False, norm_eps=1e-5):
+        super().__init__()
+        inner_dim = heads * dim_head
+        self.heads = heads
+        self.scale = dim_head ** -0.5
+        self.dropout = dropout
+        self.fused = True
+
+        self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.to_qkv = nn.Linear(dim, inner_dim * 3, bias=qkv_bias)
+        self.attention_probs = nn.Identity()
+        # vit-pytorch leaves out the output projection when a single head already has the
+        # model width; kept so that its checkpoints keep their keys.
+        project_out = not (heads == 1 and dim_head == dim)
+        self.to_out = nn.Sequential(nn.Linear(inner_dim, dim), nn.Dropout(dropout)) if project_out else nn.Identity()
+
+    def forward(self, x):
+        x = self.norm(x)
+        q, k, v = rearrange(self.to_qkv(x), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=self.heads)
+        dropout_p = self.dropout if self.training else 0.
+        if self.fused:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=self.scale)
+        else:
+            attn = self.attention_probs((q @ k.transpose(-1, -2) * self.scale).softmax(dim=-1))
+            out = F.dropout(attn, dropout_p) @ v
+        out = rearrange(out, 'b h n d -> b n (h d)')
+        return self.to_out(out)
+
+
+class Transformer(nn.Module):
+    """Pre-norm encoder: x + attention(x), then x + feedforward(x), per layer; a final LayerNorm.
+
+    `grad_checkpointing=True` recomputes each layer's activations in the backward pass
+    instead of storing them (less memory, about one more forward of compute).
+    """
+
+    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout=0., *,
+                 qkv_bias=False, norm_eps=1e-5, gelu_approximate='none'):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.layers = nn.ModuleList([
+            nn.ModuleList([
+                Attention(dim, heads, dim_head, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps),
+                FeedForward(dim, mlp_dim, dropout, norm_eps=norm_eps, gelu_approximate=gelu_approximate),
+            ])
+            for _ in range(depth)
+        ])
+        self.grad_checkpointing = False
+
+    @staticmethod
+    def layer(attn, ff, x):
+        x = attn(x) + x
+        return ff(x) + x
+
+    def forward(self, x, *, return_layers=False):
+        outputs = []
+        for attn, ff in self.layers:
+            if self.grad_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(self.layer, attn, ff, x, use_reentrant=False)
+            else:
+                x = self.layer(attn, ff, x)
+            outputs.append(x)
+        x = self.norm(x)
+        return (x, outputs) if return_layers else x
+
+
+class ViT(nn.Module):
+    """Vision Transformer with a cls token or mean pooling.
+
+    `num_classes=0` makes `forward` return all tokens after the final norm,
+    (b, prefix + patches, dim), as in vit-pytorch; `forward_head(tokens, pre_logits=True)`
+    gives the pooled embedding.
+
+    Options beyond vit-pytorch's API (defaults keep its model):
+      patch_norm          LayerNorms around the patch projection (False: the paper's ViT).
+      qkv_bias            bias on the query/key/value projection (True: the paper's ViT).
+      norm_eps            epsilon of every LayerNorm (1e-6 in the paper's code).
+      pre_logits_dim      a Linear + tanh "representation" layer before the head, as in the
+                          ImageNet-21k checkpoints of the paper; None leaves it out.
+      gelu_approximate    'none' (exact GELU, timm and Hugging Face) or 'tanh' (the JAX code).
+      dynamic_image_size  accept any image size divisible by the patch size, resampling the
+                          position embeddings in 2D (bicubic) to the input's patch grid.
+    """
+
+    def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim,
+                 pool='cls', channels=3, dim_head=64, dropout=0., emb_dropout=0.,
+                 patch_norm=True, qkv_bias=False, norm_eps=1e-5, pre_logits_dim=None,
+                 gelu_approximate='none', dynamic_image_size=False):
+        super().__init__()
+        self.image_size = positive_pair('image_size', image_size)
+        self.patch_size = patch_height, patch_width = positive_pair('patch_size', patch_size)
+        self.grid_size = patch_grid(self.image_size, self.patch_size)
+        for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim,
+                                channels=channels, dim_head=dim_head).items():
+            positive_int(name, value)
+        non_negative_int('num_classes', num_classes)
+        probability('dropout', dropout)
+        probability('emb_dropout', emb_dropout)
+        if pool not in ('cls', 'mean'):
+            raise ValueError(f"pool must be 'cls' (cls token) or 'mean' (mean pooling), got {pool!r}")
+        if gelu_approximate not in ('none', 'tanh'):
+            raise ValueError(f"gelu_approximate must be 'none' or 'tanh', got {gelu_approximate!r}")
+        if pre_logits_dim is not None:
+            positive_int('pre_logits_dim', pre_logits_dim)
+
+        self.pool = pool
+        self.channels = channels
+        self.num_classes = num_classes
+        self.dynamic_image_size = dynamic_image_size
+        num_patches = self.grid_size[0] * self.grid_size[1]
+        self.num_prefix_tokens = 1 if pool == 'cls' else 0
+        patch_dim = channels * patch_height * patch_width
+
+        self.to_patch_embedding = nn.Sequential(
+            Rearrange('b c (h p1) (w p2) -> b (h w) (p1 p2 c)', p1=patch_height, p2=patch_width),
+            nn.LayerNorm(patch_dim, eps=norm_eps) if patch_norm else nn.Identity(),
+            nn.Linear(patch_dim, dim),
+            nn.LayerNorm(dim, eps=norm_eps) if patch_norm else nn.Identity(),
+        )
+        # vit-pytorch keeps a (0, dim) cls_token under mean pooling; so do we, for its checkpoints
+        self.cls_token = nn.Parameter(torch.zeros(self.num_prefix_tokens, dim))
+        self.pos_embedding = nn.Parameter(torch.zeros(self.num_prefix_tokens + num_patches, dim))
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        nn.init.trunc_normal_(self.pos_embedding, std=0.02)
+        self.dropout = nn.Dropout(emb_dropout)
+
+        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout, qkv_bias=qkv_bias,
+                                       norm_eps=norm_eps, gelu_approximate=gelu_approximate)
+
+        self.to_latent = nn.Identity() if pre_logits_dim is None else nn.Sequential(
+            nn.Linear(dim, pre_logits_dim), nn.Tanh())
+        self.mlp_head = nn.Linear(pre_logits_dim or dim, num_classes) if num_classes > 0 else None
+
+    def set_grad_checkpointing(self, enable=True):
+        self.transformer.grad_checkpointing = enable
+
+    def reset_classifier(self, num_classes):
+        """A new zero-initialised head for `num_classes` (0 removes it), as the paper does for transfer."""
+        non_negative_int('num_classes', num_classes)
+        self.num_classes = num_classes
+        self.mlp_head = None
+        if num_classes > 0:
+            in_features = self.pos_embedding.shape[-1] if isinstance(self.to_latent, nn.Identity) \
+                else self.to_latent[0].out_features
+            head = nn.Linear(in_features, num_classes, device=self.pos_embedding.device, dtype=self.pos_embedding.dtype)
+            nn.init.zeros_(head.weight)
+            nn.init.zeros_(head.bias)
+            self.mlp_head = head
+
+    def pos_embedding_for(self, grid):
+        """Position embeddings for an (h, w) patch grid, resampled in 2D when it differs from training."""
+        return resample_pos_embedding(self.pos_embedding, old_grid=self.grid_size, new_grid=grid,
+                                      num_prefix_tokens=self.num_prefix_tokens)
+
+    def embed(self, img):
+        """Patch tokens with prefix token and position embeddings: (b, prefix + h * w, dim)."""
+        grid = check_images(img, channels=self.channels, patch_size=self.patch_size,
+                            image_size=None if self.dynamic_image_size else self.image_size)
+        x = self.to_patch_embedding(img)                              # (b, h * w, dim)
+        cls_tokens = repeat(self.cls_token, 'n d -> b n d', b=x.shape[0])
+        x = torch.cat((cls_tokens, x), dim=1)                         # (b, prefix + h * w, dim)
+        return self.dropout(x + self.pos_embedding_for(grid))
+
+    def forward_features(self, img):
+        """All tokens after the final norm: (b, prefix + h * w, dim)."""
+        return self.transformer(self.embed(img))
+
+    def forward_head(self, tokens, pre_logits=False):
+        """Pool the tokens; return the pre-logits embedding, or the logits."""
+        x = tokens.mean(dim=1) if self.pool == 'mean' else tokens[:, 0]
+        x = self.to_latent(x)
+        if pre_logits or self.mlp_head is None:
+            return x
+        return self.mlp_head(x)
+
+    def forward(self, img):
+        tokens = self.forward_features(img)
+        if self.mlp_head is None:
+            return tokens
+        return self.forward_head(tokens)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # vit-pytorch before its Nov 2025 layout change saved cls_token as (1, 1, dim) and
+        # pos_embedding as (1, 1 + n, dim), with a cls token even under mean pooling.
+        cls_key, pos_key = prefix + 'cls_token', prefix + 'pos_embedding'
+        if cls_key in state_dict and state_dict[cls_key].ndim == 3:
+            if self.pool == 'mean':
+                raise ValueError(
+                    f"{cls_key} has the old vit-pytorch layout (1, 1, dim): those models mean-pool over the cls "
+                    f"token too, which ViT(pool='mean') does not have; load it into ViT(pool='cls') instead"
+                )
+            state_dict[cls_key] = state_dict[cls_key][0]
+        if pos_key in state_dict and state_dict[pos_key].ndim == 3:
+            state_dict[pos_key] = state_dict[pos_key][0]
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
