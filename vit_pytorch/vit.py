@@ -342,14 +342,16 @@ class ViT(nn.Module):
         return self.forward_head(tokens)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # vit-pytorch before its Nov 2025 layout change saved cls_token as (1, 1, dim) and
-        # pos_embedding as (1, 1 + n, dim), with a cls token even under mean pooling.
+        # vit-pytorch up to 1.16.0 saved cls_token as (1, tokens, dim) and pos_embedding as
+        # (1, tokens + n, dim). Up to 1.15.7 there was a cls token even under mean pooling,
+        # and the mean included it: no ViT(pool='mean') computes that, so refuse it by name.
         cls_key, pos_key = prefix + 'cls_token', prefix + 'pos_embedding'
         if cls_key in state_dict and state_dict[cls_key].ndim == 3:
-            if self.pool == 'mean':
+            if self.pool == 'mean' and state_dict[cls_key].shape[1] > 0:
                 raise ValueError(
-                    f"{cls_key} has the old vit-pytorch layout (1, 1, dim): those models mean-pool over the cls "
-                    f"token too, which ViT(pool='mean') does not have; load it into ViT(pool='cls') instead"
+                    f"{cls_key} of shape {tuple(state_dict[cls_key].shape)} comes from vit-pytorch <= 1.15.7 with "
+                    f"pool='mean', which averages over the cls token as well; ViT(pool='mean') averages the patch "
+                    f"tokens only and cannot reproduce that model"
                 )
             state_dict[cls_key] = state_dict[cls_key][0]
         if pos_key in state_dict and state_dict[pos_key].ndim == 3:
