@@ -397,10 +397,7 @@ def _load(model, source, plan, head_prefixes, *, resample, load_head, fmt):
             lines.append(f"  missing keys ({len(missing)}): {', '.join(missing)}")
         if unexpected:
             lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected)}")
-        if any(name.startswith(head_prefixes) for name in missing + unexpected):
-            lines.append("  the head or pre-logits layer differs: build the model with the checkpoint's num_classes "
-                         "and pre_logits_dim, or pass load_head=False and call model.reset_classifier(num_classes)")
-        raise CheckpointError('\n'.join(lines))
+        raise CheckpointError('\n'.join(lines + _head_hint(missing + unexpected, head_prefixes)))
 
     converted, problems = {}, []
     for ours, (sources, convert) in plan.items():
@@ -418,7 +415,8 @@ def _load(model, source, plan, head_prefixes, *, resample, load_head, fmt):
             else:
                 converted[ours] = convert(*tensors)
     if problems:
-        raise CheckpointError(f"{fmt} checkpoint does not fit this model (nothing was copied):\n  " + '\n  '.join(problems))
+        lines = [f"{fmt} checkpoint does not fit this model (nothing was copied):"] + [f"  {line}" for line in problems]
+        raise CheckpointError('\n'.join(lines + _head_hint(problems, head_prefixes)))
 
     targets = model.state_dict()
     left_out = sorted(set(targets) - set(converted) - (head_keys if not load_head else set()))
@@ -428,6 +426,13 @@ def _load(model, source, plan, head_prefixes, *, resample, load_head, fmt):
         for ours, tensor in converted.items():
             targets[ours].copy_(tensor)
     return model
+
+
+def _head_hint(names, head_prefixes):
+    if not any(name.startswith(head_prefixes) for name in names):
+        return []
+    return ["  the head or pre-logits layer differs: build the model with the checkpoint's num_classes and "
+            "pre_logits_dim, or pass load_head=False and call model.reset_classifier(num_classes)"]
 
 
 def load_timm(model, checkpoint, *, resample='timm', load_head=True):
