@@ -1,0 +1,125 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from conftest import digits_batch, tiny_vit_kwargs
+from vit_pytorch.deepvit import DeepViT, ReAttention
+from vit_pytorch.vit import Attention
+
+
+def record_attention(model, img):
+    maps = []
+    hooks = [m.attention_probs.register_forward_hook(lambda _m, _i, out: maps.append(out))
+             for m in model.modules() if hasattr(m, 'attention_probs')]
+    try:
+        model(img)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return maps
+
+
+def test_output_shapes():
+    model = DeepViT(**tiny_vit_kwargs())
+    img = torch.randn(2, 3, 16, 24)
+    assert model(img).shape == (2, 5)
+    assert model.forward_features(img).shape == (2, 1 + 4 * 3, 32)
+    assert DeepViT(**tiny_vit_kwargs(num_classes=0))(img).shape == (2, 13, 32)
+
+
+def test_every_layer_uses_re_attention():
+    model = DeepViT(**tiny_vit_kwargs(depth=3))
+    assert [type(attn) for attn, _ in model.transformer.layers] == [ReAttention] * 3
+
+
+@pytest.mark.parametrize('pool', ['cls', 'mean'])
+def test_every_parameter_gets_a_gradient(pool):
+    model = DeepViT(**tiny_vit_kwargs(pool=pool))
+    model(torch.randn(2, 3, 16, 24)).sum().backward()
+    for name, param in model.named_parameters():
+        assert param.grad is not None and (param.numel() == 0 or param.grad.abs().sum() > 0), name
+
+
+def test_identity_mixing_without_norm_is_plain_attention():
+    attn = ReAttention(32, heads=4, dim_head=8).double().eval()
+    with torch.no_grad():
+        attn.reattn_weights.copy_(torch.eye(4))
+    attn.reattn_norm = nn.Identity()
+    plain = Attention(32, heads=4, dim_head=8).double().eval()
+    plain.load_state_dict(attn.state_dict(), strict=False)
+    x = torch.randn(2, 7, 32, dtype=torch.float64)
+    torch.testing.assert_close(attn(x), plain(x), atol=1e-12, rtol=0)
+
+
+def test_re_attention_matches_the_paper_formula():
+    # Norm(Theta^T softmax(q k^T / sqrt(d))) v, with Norm a LayerNorm across the heads
+    attn = ReAttention(32, heads=4, dim_head=8).double().eval()
+    x = torch.randn(2, 5, 32, dtype=torch.float64)
+    q, k, v = attn.to_qkv(attn.norm(x)).chunk(3, dim=-1)
+    q, k, v = (t.reshape(2, 5, 4, 8).transpose(1, 2) for t in (q, k, v))
+    maps = torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5, dim=-1)            # (b, h, n, n)
+    mixed = torch.einsum('bhij,hg->bgij', maps, attn.reattn_weights)
+    layer_norm = attn.reattn_norm[1]
+    normed = F.layer_norm(mixed.permute(0, 2, 3, 1), (4,), layer_norm.weight, layer_norm.bias, layer_norm.eps)
+    out = (normed.permute(0, 3, 1, 2) @ v).transpose(1, 2).reshape(2, 5, 32)
+    torch.testing.assert_close(attn(x), attn.to_out(out), atol=1e-12, rtol=0)
+
+
+def test_recorded_map_is_the_re_attention_map_normed_across_heads():
+    model = DeepViT(**tiny_vit_kwargs(heads=4, dim_head=8)).eval()
+    maps = record_attention(model, torch.randn(2, 3, 16, 24))
+    assert len(maps) == 2
+    for attention in maps:
+        assert attention.shape == (2, 4, 13, 13)
+        # the LayerNorm across heads starts with weight 1 and bias 0: zero mean, (nearly) unit variance
+        torch.testing.assert_close(attention.mean(dim=1), torch.zeros(2, 13, 13), atol=1e-5, rtol=0)
+        torch.testing.assert_close(attention.var(dim=1, unbiased=False), torch.ones(2, 13, 13), atol=2e-2, rtol=0)
+
+
+def test_re_attention_is_always_explicit():
+    attn = ReAttention(32, heads=2, dim_head=16)
+    assert attn.fused is False
+    assert len(record_attention(attn, torch.randn(1, 4, 32))) == 1
+
+
+def test_works_with_torch_compile():
+    model = DeepViT(**tiny_vit_kwargs()).eval()
+    img = torch.randn(2, 3, 16, 24)
+    compiled = torch.compile(model, backend='eager', fullgraph=True)
+    torch.testing.assert_close(compiled(img), model(img))
+
+
+def test_tiny_model_overfits_32_real_digits():
+    images, labels = digits_batch(32)
+    model = DeepViT(image_size=8, patch_size=2, num_classes=10, dim=64, depth=2, heads=4, dim_head=16,
+                    mlp_dim=128, channels=1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    for step in range(300):
+        loss = F.cross_entropy(model(images), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % 10 == 9 and (model(images).argmax(-1) == labels).all():
+            break
+    model.eval()
+    with torch.no_grad():
+        accuracy = (model(images).argmax(-1) == labels).float().mean().item()
+    assert accuracy == 1.0, f'training accuracy {accuracy} after {step + 1} steps'
+
+
+@pytest.mark.parametrize('override, error, message', [
+    (dict(heads=0), ValueError, r'heads must be a positive int, got 0'),
+    (dict(image_size=(16, 25)), ValueError, r'image_size \(16, 25\).*patch_size'),
+    (dict(pool='max'), ValueError, r"pool must be 'cls'.*got 'max'"),
+    (dict(dropout=1.5), ValueError, r'dropout must be in \[0, 1\)'),
+])
+def test_invalid_configuration(override, error, message):
+    with pytest.raises(error, match=message):
+        DeepViT(**tiny_vit_kwargs(**override))
+
+
+def test_invalid_input_names_the_expected_shape():
+    model = DeepViT(**tiny_vit_kwargs())
+    with pytest.raises(ValueError, match=r'3 channels'):
+        model(torch.randn(1, 1, 16, 24))

@@ -1,0 +1,159 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import digits_batch, tiny_vit_kwargs
+from vit_pytorch.vit import Attention
+from vit_pytorch.vit_for_small_dataset import LSA, SPT, ViT
+
+
+def record_attention(model, img):
+    maps = []
+    hooks = [m.attention_probs.register_forward_hook(lambda _m, _i, out: maps.append(out))
+             for m in model.modules() if hasattr(m, 'attention_probs')]
+    try:
+        model(img)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return maps
+
+
+def test_output_shapes():
+    model = ViT(**tiny_vit_kwargs())
+    img = torch.randn(2, 3, 16, 24)
+    assert model(img).shape == (2, 5)
+    assert model.forward_features(img).shape == (2, 13, 32)
+    assert ViT(**tiny_vit_kwargs(pool='mean'))(img).shape == (2, 5)
+
+
+@pytest.mark.parametrize('pool', ['cls', 'mean'])
+def test_every_parameter_gets_a_gradient(pool):
+    model = ViT(**tiny_vit_kwargs(pool=pool))
+    model(torch.randn(2, 3, 16, 24)).sum().backward()
+    for name, param in model.named_parameters():
+        assert param.grad is not None and (param.numel() == 0 or param.grad.abs().sum() > 0), name
+
+
+# shifted patch tokenization
+
+
+def test_shifted_copies_move_the_image_half_a_patch_diagonally():
+    spt = SPT(dim=8, patch_size=(4, 6), channels=1)          # shifts of 2 rows and 3 columns
+    img = torch.randn(1, 1, 8, 12)
+    copies = spt.shifted_copies(img)
+    assert copies.shape == (1, 5, 8, 12)
+    assert torch.equal(copies[:, :1], img)
+    shifts = [(-2, -3), (-2, 3), (2, -3), (2, 3)]             # (rows down, columns right)
+    for channel, (dy, dx) in enumerate(shifts, start=1):
+        for y in range(8):
+            for x in range(12):
+                sy, sx = y - dy, x - dx                        # the source pixel
+                expected = img[0, 0, sy, sx] if 0 <= sy < 8 and 0 <= sx < 12 else 0.0
+                assert copies[0, channel, y, x] == expected, (channel, y, x)
+
+
+def test_spt_token_is_a_projection_of_the_normed_shifted_patch():
+    spt = SPT(dim=16, patch_size=2, channels=3).eval()
+    img = torch.randn(2, 3, 4, 6)
+    copies = spt.shifted_copies(img)                           # (2, 15, 4, 6)
+    patch = copies[:, :, 2:4, 4:6]                             # the patch in grid row 1, column 2
+    flat = patch.permute(0, 2, 3, 1).reshape(2, -1)            # (p1 p2 c), as the tokenizer reads it
+    _, norm, linear = spt.to_patch_tokens
+    expected = linear(F.layer_norm(flat, flat.shape[-1:], norm.weight, norm.bias, norm.eps))
+    torch.testing.assert_close(spt(img)[:, 1 * 3 + 2], expected)
+
+
+# locality self-attention
+
+
+def test_recorded_attention_has_zero_diagonal_and_rows_summing_to_one():
+    model = ViT(**tiny_vit_kwargs()).eval()
+    maps = record_attention(model, torch.randn(2, 3, 16, 24))
+    assert len(maps) == 2
+    for attention in maps:
+        assert attention.shape == (2, 2, 13, 13)
+        assert torch.equal(torch.diagonal(attention, dim1=-2, dim2=-1), torch.zeros(2, 2, 13))
+        torch.testing.assert_close(attention.sum(dim=-1), torch.ones(2, 2, 13))
+
+
+def test_lsa_matches_formula_with_learned_temperature():
+    lsa = LSA(32, heads=4, dim_head=8).double().eval()
+    with torch.no_grad():
+        lsa.temperature.fill_(0.7)                             # a learned value, not the initial one
+    x = torch.randn(2, 6, 32, dtype=torch.float64)
+    q, k, v = lsa.to_qkv(lsa.norm(x)).chunk(3, dim=-1)
+    q, k, v = (t.reshape(2, 6, 4, 8).transpose(1, 2) for t in (q, k, v))
+    dots = q @ k.transpose(-1, -2) * torch.exp(torch.tensor(0.7, dtype=torch.float64))
+    dots = dots - torch.diag(torch.full((6,), float('inf'), dtype=torch.float64))
+    out = (dots.softmax(-1) @ v).transpose(1, 2).reshape(2, 6, 32)
+    torch.testing.assert_close(lsa(x), lsa.to_out(out), atol=1e-12, rtol=0)
+
+
+def test_temperature_starts_at_the_usual_scale_and_is_learned():
+    lsa = LSA(32, heads=4, dim_head=8)
+    torch.testing.assert_close(lsa.temperature.exp(), torch.tensor(8 ** -0.5))
+    lsa(torch.randn(2, 5, 32)).sum().backward()
+    assert lsa.temperature.grad is not None and lsa.temperature.grad != 0
+
+
+def test_without_the_mask_lsa_is_plain_attention():
+    # the diagonal mask is the only difference at the initial temperature: the off-diagonal
+    # weights are the plain attention's weights renormalised without the diagonal
+    lsa = LSA(32, heads=2, dim_head=16).double().eval()
+    plain = Attention(32, heads=2, dim_head=16).double().eval()
+    plain.load_state_dict(lsa.state_dict(), strict=False)
+    plain.fused = False
+    x = torch.randn(1, 5, 32, dtype=torch.float64)
+    maps = {}
+    lsa.attention_probs.register_forward_hook(lambda _m, _i, out: maps.setdefault('lsa', out))
+    plain.attention_probs.register_forward_hook(lambda _m, _i, out: maps.setdefault('plain', out))
+    lsa(x), plain(x)
+    off_diagonal = maps['plain'] * (1 - torch.eye(5, dtype=torch.float64))
+    torch.testing.assert_close(maps['lsa'], off_diagonal / off_diagonal.sum(-1, keepdim=True))
+
+
+def test_a_single_token_is_still_defined():
+    lsa = LSA(16, heads=2, dim_head=8)
+    assert torch.isfinite(lsa(torch.randn(2, 1, 16))).all()
+
+
+def test_works_with_torch_compile():
+    model = ViT(**tiny_vit_kwargs()).eval()
+    img = torch.randn(2, 3, 16, 24)
+    compiled = torch.compile(model, backend='eager', fullgraph=True)
+    torch.testing.assert_close(compiled(img), model(img))
+
+
+def test_tiny_model_overfits_32_real_digits():
+    images, labels = digits_batch(32)
+    model = ViT(image_size=8, patch_size=2, num_classes=10, dim=64, depth=2, heads=4, dim_head=16,
+                mlp_dim=128, channels=1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    for step in range(300):
+        loss = F.cross_entropy(model(images), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % 10 == 9 and (model(images).argmax(-1) == labels).all():
+            break
+    model.eval()
+    with torch.no_grad():
+        accuracy = (model(images).argmax(-1) == labels).float().mean().item()
+    assert accuracy == 1.0, f'training accuracy {accuracy} after {step + 1} steps'
+
+
+@pytest.mark.parametrize('override, error, message', [
+    (dict(patch_size=(1, 8), image_size=(16, 24)), ValueError, r'patch_size must be at least 2.*\(1, 8\)'),
+    (dict(patch_size=0), ValueError, r'patch_size must be a positive int, got 0'),
+    (dict(dim_head=0), ValueError, r'dim_head must be a positive int'),
+    (dict(pool='max'), ValueError, r"pool must be 'cls'"),
+])
+def test_invalid_configuration(override, error, message):
+    with pytest.raises(error, match=message):
+        ViT(**tiny_vit_kwargs(**override))
+
+
+def test_invalid_input_is_refused():
+    with pytest.raises(ValueError, match=r'img must be 16x24'):
+        ViT(**tiny_vit_kwargs())(torch.randn(1, 3, 16, 16))

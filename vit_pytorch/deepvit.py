@@ -1,0 +1,79 @@
+"""DeepViT: re-attention.
+
+"DeepViT: Towards Deeper Vision Transformer", Zhou et al., arXiv 2103.11886: in deep ViTs the
+attention maps of later layers become nearly identical ("attention collapse"); re-attention
+regenerates them by mixing the heads' maps with a learned head-by-head matrix, followed by a
+normalisation, so that deeper stacks keep learning.
+
+    Re-Attention(Q, K, V) = Norm(Theta^T softmax(Q K^T / sqrt(d))) V            (paper, eq. 3)
+
+Theta is an (heads, heads) matrix and Norm is a LayerNorm across the heads, as in the
+`vit-pytorch` package (the official code uses a 1x1 convolution and a BatchNorm over heads).
+Everything else is the core ViT (`vit_pytorch.vit`).
+
+    import torch
+    from vit_pytorch.deepvit import DeepViT
+
+    model = DeepViT(image_size=256, patch_size=32, num_classes=1000,
+                    dim=1024, depth=6, heads=16, mlp_dim=2048, dropout=0.1, emb_dropout=0.1)
+    logits = model(torch.randn(1, 3, 256, 256))   # (1, 1000)
+"""
+
+import torch
+import torch.nn.functional as F
+from einops import einsum, rearrange
+from einops.layers.torch import Rearrange
+from torch import nn
+
+from vit_pytorch import vit
+
+
+class ReAttention(vit.Attention):
+    """The core attention with the heads' maps remixed by `reattn_weights` and normed across heads.
+
+    Re-attention needs the attention matrix itself, so it is always formed explicitly and always
+    passes through `attention_probs` (`fused` stays False); the recorded map is the re-attention
+    map, the one that multiplies the values.
+    """
+
+    def __init__(self, dim, heads=8, dim_head=64, dropout=0.):
+        super().__init__(dim, heads, dim_head, dropout)
+        self.fused = False
+        self.reattn_weights = nn.Parameter(torch.randn(heads, heads))
+        self.reattn_norm = nn.Sequential(
+            Rearrange('b h i j -> b i j h'),
+            nn.LayerNorm(heads),
+            Rearrange('b i j h -> b h i j'),
+        )
+
+    def forward(self, x):
+        x = self.norm(x)
+        q, k, v = rearrange(self.to_qkv(x), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=self.heads)
+        attn = (q @ k.transpose(-1, -2) * self.scale).softmax(dim=-1)
+        attn = F.dropout(attn, self.dropout, self.training)
+        attn = einsum(attn, self.reattn_weights, 'b h i j, h g -> b g i j')
+        attn = self.attention_probs(self.reattn_norm(attn))
+        out = rearrange(attn @ v, 'b h n d -> b n (h d)')
+        return self.to_out(out)
+
+
+class Transformer(vit.Transformer):
+    """The core pre-norm stack with re-attention in every layer."""
+
+    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout=0.):
+        super().__init__(dim, 0, heads, dim_head, mlp_dim, dropout)
+        self.layers.extend(
+            nn.ModuleList([ReAttention(dim, heads, dim_head, dropout), vit.FeedForward(dim, mlp_dim, dropout)])
+            for _ in range(depth)
+        )
+
+
+class DeepViT(vit.ViT):
+    """The core ViT (same arguments, methods and `num_classes=0` behaviour) with re-attention."""
+
+    def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim,
+                 pool='cls', channels=3, dim_head=64, dropout=0., emb_dropout=0.):
+        super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim,
+                         depth=depth, heads=heads, mlp_dim=mlp_dim, pool=pool, channels=channels,
+                         dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout)
+        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout)

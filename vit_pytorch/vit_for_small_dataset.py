@@ -1,0 +1,105 @@
+"""ViT for small datasets: shifted patch tokenization and locality self-attention.
+
+"Vision Transformer for Small-Size Datasets", Lee, Lee and Song, arXiv 2112.13492: give the
+ViT the locality bias that small datasets cannot teach it.
+  - Shifted Patch Tokenization (SPT, section 3.2): the image is concatenated along channels with
+    four copies of itself shifted by half a patch in the four diagonal directions, then cut into
+    patches, layer-normed and projected, so each token also sees its neighbours' pixels.
+  - Locality Self-Attention (LSA, section 3.3): a token may not attend to itself (the diagonal of
+    the similarity matrix is masked), and the softmax temperature is learned, which sharpens the
+    attention towards the other tokens.
+
+`vit-pytorch` shifts by one pixel left, right, up and down; here the shifts are the paper's
+(half a patch, diagonally). Parameter names and shapes are those of `vit-pytorch`.
+
+    import torch
+    from vit_pytorch.vit_for_small_dataset import ViT
+
+    model = ViT(image_size=32, patch_size=4, num_classes=10,
+                dim=192, depth=9, heads=12, dim_head=16, mlp_dim=384)
+    logits = model(torch.randn(8, 3, 32, 32))   # (8, 10)
+"""
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from einops.layers.torch import Rearrange
+from torch import nn
+
+from vit_pytorch import vit
+
+
+class SPT(nn.Module):
+    """Shifted patch tokenization: (b, c, h, w) -> (b, patches, dim)."""
+
+    def __init__(self, *, dim, patch_size, channels=3):
+        super().__init__()
+        patch_height, patch_width = vit.positive_pair('patch_size', patch_size)
+        if patch_height < 2 or patch_width < 2:
+            raise ValueError(f"patch_size must be at least 2 in both sides for a half-patch shift, got {patch_size}")
+        self.shift = (patch_height // 2, patch_width // 2)
+        patch_dim = 5 * channels * patch_height * patch_width
+        self.to_patch_tokens = nn.Sequential(
+            Rearrange('b c (h p1) (w p2) -> b (h w) (p1 p2 c)', p1=patch_height, p2=patch_width),
+            nn.LayerNorm(patch_dim),
+            nn.Linear(patch_dim, dim),
+        )
+
+    def shifted_copies(self, img):
+        """The image and its four diagonal shifts, zero-filled: (b, 5 c, h, w)."""
+        dy, dx = self.shift
+        # F.pad with a negative width crops: (left, right, top, bottom) = (sx, -sx, sy, -sy)
+        # moves the content by sx columns to the right and sy rows down
+        shifts = [(sy, sx) for sy in (-dy, dy) for sx in (-dx, dx)]
+        return torch.cat([img] + [F.pad(img, (sx, -sx, sy, -sy)) for sy, sx in shifts], dim=1)
+
+    def forward(self, img):
+        return self.to_patch_tokens(self.shifted_copies(img))
+
+
+class LSA(vit.Attention):
+    """Locality self-attention: the core attention without the diagonal and with a learned temperature.
+
+    `temperature` holds the log of the learned scale (initially dim_head ** -0.5, the usual
+    scale), as in `vit-pytorch`. The masked matrix is always formed explicitly and passed through
+    `attention_probs` (`fused` stays False); its diagonal is exactly zero.
+    """
+
+    def __init__(self, dim, heads=8, dim_head=64, dropout=0.):
+        super().__init__(dim, heads, dim_head, dropout)
+        self.fused = False
+        self.temperature = nn.Parameter(torch.tensor(dim_head ** -0.5).log())
+
+    def forward(self, x):
+        x = self.norm(x)
+        q, k, v = rearrange(self.to_qkv(x), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=self.heads)
+        dots = q @ k.transpose(-1, -2) * self.temperature.exp()
+        self_mask = torch.eye(dots.shape[-1], dtype=torch.bool, device=dots.device)
+        # a finite fill: its exp underflows to exactly 0, and a lone token (n = 1) still has a defined softmax
+        dots = dots.masked_fill(self_mask, -torch.finfo(dots.dtype).max)
+        attn = self.attention_probs(dots.softmax(dim=-1))
+        out = F.dropout(attn, self.dropout, self.training) @ v
+        return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
+
+
+class Transformer(vit.Transformer):
+    """The core pre-norm stack with locality self-attention in every layer."""
+
+    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout=0.):
+        super().__init__(dim, 0, heads, dim_head, mlp_dim, dropout)
+        self.layers.extend(
+            nn.ModuleList([LSA(dim, heads, dim_head, dropout), vit.FeedForward(dim, mlp_dim, dropout)])
+            for _ in range(depth)
+        )
+
+
+class ViT(vit.ViT):
+    """The core ViT (same arguments, methods and `num_classes=0` behaviour) with SPT and LSA."""
+
+    def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim,
+                 pool='cls', channels=3, dim_head=64, dropout=0., emb_dropout=0.):
+        super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim,
+                         depth=depth, heads=heads, mlp_dim=mlp_dim, pool=pool, channels=channels,
+                         dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout)
+        self.to_patch_embedding = SPT(dim=dim, patch_size=self.patch_size, channels=channels)
+        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout)
