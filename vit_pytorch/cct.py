@@ -1,0 +1,310 @@
+"""Compact Convolutional Transformer (CCT).
+
+"Escaping the Big Data Paradigm with Compact Transformers", Hassani et al., arXiv 2104.05704:
+replace the patch embedding by a small convolutional tokenizer (conv, ReLU, max-pool, repeated)
+and the cls token by sequence pooling (a learned softmax weighting of the output tokens), so that
+a compact transformer trains well from scratch on small datasets.
+
+The named configurations follow the reference implementation (SHI-Labs/Compact-Transformers):
+`cct_7(img_size=32, kernel_size=3, n_conv_layers=1, num_classes=10, positional_embedding='learnable')`
+is CCT-7/3x1, the paper's CIFAR-10 model, with 3,760,139 parameters (3.76M in the paper).
+The layer is the reference one: x + attention(LayerNorm(x)), then a LayerNorm of the residual
+stream itself, then x + MLP(x); stochastic depth grows linearly over the layers.
+
+    import torch
+    from vit_pytorch.cct import CCT, cct_7
+
+    model = cct_7(img_size=32, kernel_size=3, n_conv_layers=1, num_classes=10,
+                  positional_embedding='learnable')
+    logits = model(torch.randn(2, 3, 32, 32))   # (2, 10)
+
+    model = CCT(img_size=(224, 448), embedding_dim=384, n_conv_layers=2, kernel_size=7, stride=2,
+                padding=3, pooling_kernel_size=3, pooling_stride=2, pooling_padding=1,
+                num_layers=14, num_heads=6, mlp_ratio=3., num_classes=1000,
+                positional_embedding='learnable')
+    logits = model(torch.randn(1, 3, 224, 448))  # (1, 1000)
+"""
+
+import torch
+from einops import einsum, rearrange
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from vit_pytorch import vit
+
+# named configurations: (num_layers, num_heads, mlp_ratio, embedding_dim)
+CONFIGS = {
+    'cct_2': (2, 2, 1, 128),
+    'cct_4': (4, 2, 1, 128),
+    'cct_6': (6, 4, 2, 256),
+    'cct_7': (7, 4, 2, 256),
+    'cct_8': (8, 4, 2, 256),
+    'cct_14': (14, 6, 3, 384),
+    'cct_16': (16, 6, 3, 384),
+}
+
+POSITIONAL_EMBEDDINGS = ('sine', 'learnable', 'none')
+
+# helpers
+
+
+def sinusoidal_embedding(length, dim):
+    """The reference's 1D table: sin(p / 10000 ** (2 (i // 2) / dim)) at even i, cos at odd i; (length, dim)."""
+    position = torch.arange(length, dtype=torch.float64)[:, None]
+    channel = torch.arange(dim)
+    angles = position / 10000 ** (2 * (channel // 2) / dim)
+    return torch.where(channel % 2 == 0, angles.sin(), angles.cos()).float()
+
+
+def conv_output_size(size, kernel_size, stride, padding):
+    return (size + 2 * padding - kernel_size) // stride + 1
+
+
+def drop_path(x, rate, training):
+    """Stochastic depth: drop the whole residual branch for a random subset of the samples."""
+    if rate == 0. or not training:
+        return x
+    keep = x.new_empty(x.shape[0], 1, 1).bernoulli_(1 - rate)
+    return x * keep / (1 - rate)
+
+
+def _non_negative_number(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be non-negative, got {value}")
+    return value
+
+
+# classes
+
+
+class Tokenizer(nn.Module):
+    """`n_conv_layers` x (conv without bias, ReLU, max-pool); (b, c, h, w) -> (b, h' w', dim)."""
+
+    def __init__(self, *, channels, dim, n_conv_layers, kernel_size, stride, padding,
+                 pooling_kernel_size, pooling_stride, pooling_padding, in_planes=64):
+        super().__init__()
+        widths = [channels] + [in_planes] * (n_conv_layers - 1) + [dim]
+        self.conv_layers = nn.Sequential(*[
+            nn.Sequential(
+                nn.Conv2d(chan_in, chan_out, kernel_size, stride, padding, bias=False),
+                nn.ReLU(),
+                nn.MaxPool2d(pooling_kernel_size, pooling_stride, pooling_padding),
+            )
+            for chan_in, chan_out in zip(widths[:-1], widths[1:])
+        ])
+        self.geometry = (n_conv_layers, kernel_size, stride, padding,
+                         pooling_kernel_size, pooling_stride, pooling_padding)
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight)
+
+    def grid_size(self, height, width):
+        """The (h', w') token grid for an input of height x width, without running the convolutions."""
+        layers, kernel, stride, padding, pool_kernel, pool_stride, pool_padding = self.geometry
+        for _ in range(layers):
+            height, width = (conv_output_size(conv_output_size(side, kernel, stride, padding),
+                                              pool_kernel, pool_stride, pool_padding) for side in (height, width))
+        return height, width
+
+    def forward(self, img):
+        return rearrange(self.conv_layers(img), 'b d h w -> b (h w) d')
+
+
+class Attention(vit.Attention):
+    """The core attention (whose LayerNorm is CCT's pre-norm) with heads of width dim / heads, an
+    always-present output projection, and separate attention and projection dropouts."""
+
+    def __init__(self, dim, heads, attention_dropout=0.1, projection_dropout=0.):
+        super().__init__(dim, heads, dim // heads, attention_dropout)
+        self.to_out = nn.Sequential(nn.Linear(dim, dim), nn.Dropout(projection_dropout))
+
+
+class TransformerEncoderLayer(nn.Module):
+    def __init__(self, dim, heads, mlp_dim, dropout=0., attention_dropout=0.1, drop_path_rate=0.):
+        super().__init__()
+        self.self_attn = Attention(dim, heads, attention_dropout, dropout)
+        self.norm1 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(
+            nn.Linear(dim, mlp_dim),
+            nn.GELU(),
+            nn.Dropout(dropout),
+            nn.Linear(mlp_dim, dim),
+            nn.Dropout(dropout),
+        )
+        self.drop_path_rate = drop_path_rate
+
+    def forward(self, x):
+        x = x + drop_path(self.self_attn(x), self.drop_path_rate, self.training)
+        x = self.norm1(x)            # the reference norms the residual stream itself here
+        return x + drop_path(self.mlp(x), self.drop_path_rate, self.training)
+
+
+class Transformer(nn.Module):
+    """CCT's layers and a final LayerNorm; `return_layers` and checkpointing as in the core."""
+
+    def __init__(self, dim, depth, heads, mlp_dim, dropout=0., attention_dropout=0.1, stochastic_depth_rate=0.):
+        super().__init__()
+        rates = [stochastic_depth_rate * i / max(depth - 1, 1) for i in range(depth)]
+        self.layers = nn.ModuleList([
+            TransformerEncoderLayer(dim, heads, mlp_dim, dropout, attention_dropout, rate) for rate in rates
+        ])
+        self.norm = nn.LayerNorm(dim)
+        self.grad_checkpointing = False
+
+    def forward(self, x, *, return_layers=False):
+        outputs = []
+        for layer in self.layers:
+            if self.grad_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(layer, x, use_reentrant=False)
+            else:
+                x = layer(x)
+            outputs.append(x)
+        x = self.norm(x)
+        return (x, outputs) if return_layers else x
+
+
+class SequencePool(nn.Module):
+    """Sequence pooling: softmax(Linear(x)) over the tokens weights their average; (b, n, d) -> (b, d).
+
+    The (b, n) weights pass through `pool_weights` (an identity) for forward hooks.
+    """
+
+    def __init__(self, dim):
+        super().__init__()
+        self.attention_pool = nn.Linear(dim, 1)
+        self.pool_weights = nn.Identity()
+
+    def forward(self, x):
+        weights = self.pool_weights(rearrange(self.attention_pool(x), 'b n 1 -> b n').softmax(dim=-1))
+        return einsum(weights, x, 'b n, b n d -> b d')
+
+
+class CCT(nn.Module):
+    """Compact Convolutional Transformer; `num_classes=0` makes `forward` return the pooled embedding (b, dim).
+
+    `positional_embedding`: 'learnable' (a trained table, the paper's CIFAR models), 'sine' (a fixed
+    1D sin-cos table, a buffer that is not saved) or 'none' (then any input size works).
+    """
+
+    def __init__(self, *, img_size=224, embedding_dim=768, n_input_channels=3, n_conv_layers=1,
+                 kernel_size=7, stride=2, padding=3, pooling_kernel_size=3, pooling_stride=2, pooling_padding=1,
+                 num_layers=12, num_heads=12, mlp_ratio=4.0, num_classes=1000, positional_embedding='sine',
+                 dropout_rate=0., attention_dropout=0.1, stochastic_depth_rate=0.1):
+        super().__init__()
+        self.image_size = vit.positive_pair('img_size', img_size)
+        for name, value in dict(embedding_dim=embedding_dim, n_input_channels=n_input_channels,
+                                n_conv_layers=n_conv_layers, kernel_size=kernel_size, stride=stride,
+                                pooling_kernel_size=pooling_kernel_size, pooling_stride=pooling_stride,
+                                num_layers=num_layers, num_heads=num_heads).items():
+            vit.positive_int(name, value)
+        for name, value in dict(padding=padding, pooling_padding=pooling_padding, num_classes=num_classes).items():
+            vit.non_negative_int(name, value)
+        for name, value in dict(dropout_rate=dropout_rate, attention_dropout=attention_dropout,
+                                stochastic_depth_rate=stochastic_depth_rate).items():
+            vit.probability(name, value)
+        if _non_negative_number('mlp_ratio', mlp_ratio) == 0 or int(embedding_dim * mlp_ratio) == 0:
+            raise ValueError(f"mlp_ratio must give an MLP width of at least 1, got {mlp_ratio}")
+        if embedding_dim % num_heads:
+            raise ValueError(f"embedding_dim {embedding_dim} must be divisible by num_heads {num_heads}")
+        if pooling_padding > pooling_kernel_size // 2:
+            raise ValueError(f"pooling_padding must be at most half of pooling_kernel_size "
+                             f"({pooling_kernel_size}), got {pooling_padding}")
+        if positional_embedding not in POSITIONAL_EMBEDDINGS:
+            raise ValueError(f"positional_embedding must be one of {POSITIONAL_EMBEDDINGS}, got {positional_embedding!r}")
+
+        self.channels = n_input_channels
+        self.num_classes = num_classes
+        self.tokenizer = Tokenizer(channels=n_input_channels, dim=embedding_dim, n_conv_layers=n_conv_layers,
+                                   kernel_size=kernel_size, stride=stride, padding=padding,
+                                   pooling_kernel_size=pooling_kernel_size, pooling_stride=pooling_stride,
+                                   pooling_padding=pooling_padding)
+        self.grid_size = self.tokenizer.grid_size(*self.image_size)
+        if min(self.grid_size) < 1:
+            raise ValueError(f"img_size {self.image_size} is too small for the tokenizer: it leaves a "
+                             f"{self.grid_size} token grid")
+        sequence_length = self.grid_size[0] * self.grid_size[1]
+
+        self.positional_embedding = positional_embedding
+        if positional_embedding == 'learnable':
+            self.positional_emb = nn.Parameter(torch.zeros(sequence_length, embedding_dim))
+            nn.init.trunc_normal_(self.positional_emb, std=0.2)
+        elif positional_embedding == 'sine':
+            self.register_buffer('positional_emb', sinusoidal_embedding(sequence_length, embedding_dim),
+                                 persistent=False)
+        else:
+            self.positional_emb = None
+        self.dropout = nn.Dropout(dropout_rate)
+
+        self.transformer = Transformer(embedding_dim, num_layers, num_heads, int(embedding_dim * mlp_ratio),
+                                       dropout_rate, attention_dropout, stochastic_depth_rate)
+        self.pool = SequencePool(embedding_dim)
+        self.fc = nn.Linear(embedding_dim, num_classes) if num_classes > 0 else None
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.trunc_normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    def set_grad_checkpointing(self, enable=True):
+        self.transformer.grad_checkpointing = enable
+
+    def forward_features(self, img):
+        """Tokens after the final norm: (b, h' w', dim)."""
+        fixed_size = None if self.positional_emb is None else self.image_size
+        vit.check_images(img, channels=self.channels, patch_size=(1, 1), image_size=fixed_size)
+        x = self.tokenizer(img)
+        if self.positional_emb is not None:
+            x = x + self.positional_emb
+        return self.transformer(self.dropout(x))
+
+    def forward_head(self, tokens, pre_logits=False):
+        x = self.pool(tokens)
+        return x if pre_logits or self.fc is None else self.fc(x)
+
+    def forward(self, img):
+        return self.forward_head(self.forward_features(img))
+
+
+def _cct(name, *, kernel_size=3, stride=None, padding=None, **kwargs):
+    num_layers, num_heads, mlp_ratio, embedding_dim = CONFIGS[name]
+    stride = max(1, kernel_size // 2 - 1) if stride is None else stride
+    padding = max(1, kernel_size // 2) if padding is None else padding
+    return CCT(num_layers=num_layers, num_heads=num_heads, mlp_ratio=mlp_ratio, embedding_dim=embedding_dim,
+               kernel_size=kernel_size, stride=stride, padding=padding, **kwargs)
+
+
+def cct_2(**kwargs):
+    """CCT-2 (2 layers, 2 heads, width 128, MLP ratio 1); other arguments as for `CCT`."""
+    return _cct('cct_2', **kwargs)
+
+
+def cct_4(**kwargs):
+    """CCT-4 (4 layers, 2 heads, width 128, MLP ratio 1)."""
+    return _cct('cct_4', **kwargs)
+
+
+def cct_6(**kwargs):
+    """CCT-6 (6 layers, 4 heads, width 256, MLP ratio 2)."""
+    return _cct('cct_6', **kwargs)
+
+
+def cct_7(**kwargs):
+    """CCT-7 (7 layers, 4 heads, width 256, MLP ratio 2)."""
+    return _cct('cct_7', **kwargs)
+
+
+def cct_8(**kwargs):
+    """CCT-8 (8 layers, 4 heads, width 256, MLP ratio 2)."""
+    return _cct('cct_8', **kwargs)
+
+
+def cct_14(**kwargs):
+    """CCT-14 (14 layers, 6 heads, width 384, MLP ratio 3)."""
+    return _cct('cct_14', **kwargs)
+
+
+def cct_16(**kwargs):
+    """CCT-16 (16 layers, 6 heads, width 384, MLP ratio 3)."""
+    return _cct('cct_16', **kwargs)
