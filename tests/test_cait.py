@@ -1,0 +1,209 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import digits_batch
+from vit_pytorch.cait import CaiT, ClassAttention, TalkingHeadsAttention, cait_s24_224, cait_xxs24_224
+
+
+def tiny_cait(**overrides):
+    kwargs = dict(image_size=(16, 24), patch_size=(4, 8), num_classes=5, dim=32, depth=2, cls_depth=2,
+                  heads=2, dim_head=16, mlp_dim=64)
+    kwargs.update(overrides)
+    return CaiT(**kwargs)
+
+
+def count(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+# shapes and gradients
+
+
+def test_output_shapes():
+    model = tiny_cait()
+    img = torch.randn(3, 3, 16, 24)
+    assert model(img).shape == (3, 5)
+    assert model.forward_features(img).shape == (3, 1 + 4 * 3, 32)
+    assert tiny_cait(num_classes=0)(img).shape == (3, 1 + 4 * 3, 32)
+
+
+def test_every_parameter_gets_a_gradient():
+    model = tiny_cait()
+    model(torch.randn(2, 3, 16, 24)).sum().backward()
+    missing = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not missing
+
+
+# the paper's models (counts of the reference implementation, timm's cait_*_224)
+
+
+@pytest.mark.parametrize('build, expected', [(cait_xxs24_224, 11_956_264), (cait_s24_224, 46_916_200)])
+def test_named_configuration_parameter_counts(build, expected):
+    with torch.device('meta'):
+        model = build()
+    assert count(model) == expected
+
+
+# what makes CaiT different
+
+
+def test_layer_scale_starts_at_its_init_value_and_scales_the_residual():
+    model = tiny_cait(layer_scale_init=0.25).eval()
+    attn_branch = model.patch_transformer.layers[0][0]
+    assert torch.equal(attn_branch.scale, torch.full((32,), 0.25))
+    x = torch.randn(2, 12, 32)
+    with torch.no_grad():
+        assert torch.allclose(attn_branch(x), 0.25 * attn_branch.fn(x))
+        attn_branch.scale.zero_()
+        assert torch.equal(attn_branch(x), torch.zeros_like(x))
+
+
+@pytest.mark.parametrize('depth, expected', [(12, 0.1), (18, 0.1), (24, 1e-5), (36, 1e-6)])
+def test_layer_scale_default_follows_the_papers_depth_rule(depth, expected):
+    model = tiny_cait(depth=depth)
+    branches = [branch for layer in model.patch_transformer.layers for branch in layer]
+    branches += [branch for layer in model.cls_transformer.layers for branch in layer]
+    assert len(branches) == 2 * depth + 2 * 2
+    assert all(torch.equal(branch.scale.data, torch.full((32,), expected)) for branch in branches)
+
+
+def test_class_attention_leaves_patch_tokens_unchanged():
+    model = tiny_cait().eval()
+    img = torch.randn(2, 3, 16, 24)
+    with torch.no_grad():
+        patches = model.patch_transformer(model.to_patch_embedding(img) + model.pos_embedding)
+        tokens = model.forward_features(img)
+    assert torch.allclose(tokens[:, 1:], model.norm(patches), atol=1e-6)
+
+
+def test_patch_tokens_do_not_see_the_cls_token():
+    model = tiny_cait().eval()
+    img = torch.randn(2, 3, 16, 24)
+    with torch.no_grad():
+        before = model.forward_features(img)
+        model.cls_token.add_(1.0)
+        after = model.forward_features(img)
+    assert torch.equal(before[:, 1:], after[:, 1:])
+    assert not torch.allclose(before[:, 0], after[:, 0])
+
+
+def test_talking_heads_equals_per_head_formula():
+    attn = TalkingHeadsAttention(16, heads=3, dim_head=4).eval()
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        q, k, v = attn.to_qkv(attn.norm(x)).chunk(3, dim=-1)
+        q, k, v = (t.reshape(2, 5, 3, 4).transpose(1, 2) for t in (q, k, v))
+        logits = q @ k.transpose(-1, -2) / 2.0                        # dim_head ** 0.5 = 2
+        w1, b1 = attn.mix_heads_pre_attn.weight, attn.mix_heads_pre_attn.bias
+        w2, b2 = attn.mix_heads_post_attn.weight, attn.mix_heads_post_attn.bias
+        mixed = torch.stack([sum(w1[g, h] * logits[:, h] for h in range(3)) + b1[g] for g in range(3)], dim=1)
+        probs = mixed.softmax(dim=-1)
+        weights = torch.stack([sum(w2[g, h] * probs[:, h] for h in range(3)) + b2[g] for g in range(3)], dim=1)
+        expected = attn.to_out((weights @ v).transpose(1, 2).reshape(2, 5, 12))
+        assert torch.allclose(attn(x), expected, atol=1e-5)
+
+
+def test_talking_heads_mixes_information_across_heads():
+    attn = TalkingHeadsAttention(16, heads=2, dim_head=8).eval()
+    x = torch.randn(1, 4, 16)
+    with torch.no_grad():
+        attn.mix_heads_pre_attn.weight.copy_(torch.eye(2))
+        attn.mix_heads_post_attn.weight.copy_(torch.eye(2))
+        attn.mix_heads_pre_attn.bias.zero_()
+        attn.mix_heads_post_attn.bias.zero_()
+        separate = attn(x)
+        attn.mix_heads_post_attn.weight.copy_(torch.tensor([[0., 1.], [1., 0.]]))
+        swapped = attn(x)
+    assert not torch.allclose(separate, swapped)
+
+
+def test_stochastic_depth_drops_branches_per_sample_only_in_training():
+    model = tiny_cait(layer_dropout=0.5)
+    branch = model.patch_transformer.layers[0][1]
+    x = torch.randn(64, 3, 32)
+    model.train()
+    out = branch(x)
+    dropped = (out.abs().sum(dim=(1, 2)) == 0)
+    assert 0 < dropped.sum() < 64
+    kept = ~dropped
+    assert torch.allclose(out[kept], branch.fn(x[kept]) * branch.scale / 0.5, atol=1e-6)
+    model.eval()
+    assert torch.allclose(branch(x), branch.fn(x) * branch.scale)
+
+
+# attention protocol and compile
+
+
+def test_attention_modules_follow_the_recorder_protocol_and_paths_agree():
+    model = tiny_cait().eval()
+    img = torch.randn(2, 3, 16, 24)
+    with torch.no_grad():
+        fused = model(img)
+        maps = []
+        hooks = []
+        for module in model.modules():
+            if isinstance(module, (TalkingHeadsAttention, ClassAttention)):
+                module.fused = False
+                hooks.append(module.attention_probs.register_forward_hook(lambda m, i, o: maps.append(o)))
+        explicit = model(img)
+    assert torch.allclose(fused, explicit, atol=1e-5)
+    assert [tuple(m.shape) for m in maps] == [(2, 2, 12, 12)] * 2 + [(2, 2, 1, 13)] * 2
+    assert all(torch.allclose(m.sum(-1), torch.ones(())) for m in maps)
+
+
+def test_compiles_without_graph_breaks():
+    model = tiny_cait().eval()
+    img = torch.randn(2, 3, 16, 24)
+    compiled = torch.compile(model, fullgraph=True, backend='eager')
+    with torch.no_grad():
+        assert torch.allclose(compiled(img), model(img), atol=1e-5)
+
+
+# learning
+
+
+def test_tiny_model_overfits_32_real_digits():
+    images, labels = digits_batch(32)
+    model = CaiT(image_size=8, patch_size=4, num_classes=10, dim=32, depth=1, cls_depth=1, heads=2,
+                 dim_head=16, mlp_dim=64, channels=1, layer_scale_init=0.1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    for step in range(300):
+        loss = F.cross_entropy(model(images), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % 10 == 9:
+            with torch.no_grad():
+                if (model(images).argmax(-1) == labels).all():
+                    break
+    model.eval()
+    with torch.no_grad():
+        accuracy = (model(images).argmax(-1) == labels).float().mean().item()
+    assert accuracy == 1.0, f'training accuracy {accuracy} after {step + 1} steps'
+
+
+# errors
+
+
+@pytest.mark.parametrize('overrides, error, match', [
+    (dict(cls_depth=0), ValueError, 'cls_depth'),
+    (dict(depth=2.5), TypeError, 'depth'),
+    (dict(layer_dropout=1.0), ValueError, 'layer_dropout'),
+    (dict(layer_scale_init=0.0), ValueError, 'layer_scale_init'),
+    (dict(patch_size=5), ValueError, 'divisible'),
+])
+def test_bad_arguments_are_refused_with_their_name(overrides, error, match):
+    with pytest.raises(error, match=match):
+        tiny_cait(**overrides)
+
+
+def test_wrong_image_size_is_refused():
+    with pytest.raises(ValueError, match='image_size'):
+        tiny_cait()(torch.randn(1, 3, 16, 16))
+
+
+def test_unknown_variant_is_refused():
+    from vit_pytorch.cait import cait
+    with pytest.raises(ValueError, match='variant'):
+        cait('tiny')

@@ -1,0 +1,215 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import digits_batch
+from vit_pytorch.xcit import (ClassAttention, FourierPositionEncoding, LocalPatchInteraction, XCAttention, XCiT,
+                              xcit_tiny_12_p16_224)
+
+
+def tiny_xcit(**overrides):
+    kwargs = dict(image_size=(16, 24), patch_size=4, num_classes=5, dim=32, depth=2, cls_depth=2,
+                  heads=2, dim_head=16, mlp_dim=64)
+    kwargs.update(overrides)
+    return XCiT(**kwargs)
+
+
+def attention_maps(model, img):
+    """Every attention map of one explicit forward pass, in call order."""
+    maps, hooks = [], []
+    for module in model.modules():
+        if isinstance(module, (XCAttention, ClassAttention)):
+            module.fused = False
+            hooks.append(module.attention_probs.register_forward_hook(lambda m, i, o: maps.append(o)))
+    with torch.no_grad():
+        out = model(img)
+    for hook in hooks:
+        hook.remove()
+    return out, maps
+
+
+# shapes and gradients
+
+
+def test_output_shapes():
+    model = tiny_xcit()
+    img = torch.randn(3, 3, 16, 24)
+    assert model(img).shape == (3, 5)
+    assert model.forward_features(img).shape == (3, 1 + 4 * 6, 32)
+    assert tiny_xcit(num_classes=0)(img).shape == (3, 1 + 4 * 6, 32)
+
+
+def test_every_parameter_gets_a_gradient():
+    model = tiny_xcit()
+    model(torch.randn(2, 3, 16, 24)).sum().backward()
+    missing = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not missing
+
+
+def test_any_image_size_divisible_by_the_patch_size_works():
+    model = tiny_xcit().eval()
+    assert model(torch.randn(1, 3, 32, 8)).shape == (1, 5)
+
+
+# the paper's model (count of the reference implementation, timm's xcit_tiny_12_p16_224)
+
+
+def test_named_configuration_parameter_count():
+    with torch.device('meta'):
+        model = xcit_tiny_12_p16_224()
+    assert sum(p.numel() for p in model.parameters()) == 6_716_272
+
+
+def test_conv_stem_halves_the_image_log2_patch_size_times():
+    model = xcit_tiny_12_p16_224()
+    convs = [m for m in model.to_patch_embedding[0] if isinstance(m, torch.nn.Conv2d)]
+    assert [(c.in_channels, c.out_channels, c.stride) for c in convs] == [
+        (3, 24, (2, 2)), (24, 48, (2, 2)), (48, 96, (2, 2)), (96, 192, (2, 2))]
+
+
+# what makes XCiT different
+
+
+def test_xca_attention_map_is_dim_head_square_and_rows_sum_to_one():
+    model = tiny_xcit().eval()
+    for height, width in ((16, 24), (32, 32)):
+        _, maps = attention_maps(model, torch.randn(2, 3, height, width))
+        xca_maps = maps[:2]
+        assert all(m.shape == (2, 2, 16, 16) for m in xca_maps)       # (b, heads, dim_head, dim_head)
+        assert all(torch.allclose(m.sum(-1), torch.ones(())) for m in xca_maps)
+
+
+def test_xca_equals_the_papers_formula():
+    attn = XCAttention(12, heads=3, dim_head=4).eval()
+    with torch.no_grad():
+        attn.temperature.copy_(torch.tensor([0.5, 1.0, 2.0]).view(3, 1, 1))
+    x = torch.randn(2, 7, 12)
+    with torch.no_grad():
+        q, k, v = attn.to_qkv(attn.norm(x)).chunk(3, dim=-1)
+        heads = []
+        for h in range(3):
+            qh, kh, vh = (t[..., 4 * h:4 * h + 4] for t in (q, k, v))   # (b, n, d)
+            qh, kh = qh / qh.norm(dim=1, keepdim=True), kh / kh.norm(dim=1, keepdim=True)
+            weights = (kh.transpose(1, 2) @ qh * attn.temperature[h]).softmax(dim=1)   # (b, d_k, d_q)
+            heads.append(vh @ weights)                                  # V softmax(K^T Q / tau), (b, n, d)
+        expected = attn.to_out(torch.cat(heads, dim=-1))
+        assert torch.allclose(attn(x), expected, atol=1e-5)
+        attn.fused = False
+        assert torch.allclose(attn(x), expected, atol=1e-5)
+
+
+def test_local_patch_interaction_only_mixes_neighbours_within_two_convolutions():
+    lpi = LocalPatchInteraction(8).eval()
+    x = torch.randn(1, 7 * 7, 8, requires_grad=True)
+    lpi(x, grid=(7, 7))[0, 3 * 7 + 3].sum().backward()                  # the token at row 3, column 3
+    reached = (x.grad[0].abs().sum(-1) > 0).view(7, 7)
+    expected = torch.zeros(7, 7, dtype=torch.bool)
+    expected[1:6, 1:6] = True                                           # two 3x3 convs: a 5x5 window
+    assert torch.equal(reached, expected)
+
+
+def test_fourier_position_encoding_matches_formula():
+    encoding = FourierPositionEncoding(dim=6, hidden_dim=4, temperature=100)
+    with torch.no_grad():
+        encoding.to_embedding.weight.copy_(torch.eye(6, 8))
+        encoding.to_embedding.bias.zero_()
+        table = encoding(2, 3)
+    for row in range(2):
+        for col in range(3):
+            y, x = (row + 1) / 2 * 2 * math.pi, (col + 1) / 3 * 2 * math.pi
+            features = []
+            for value in (y, x):
+                for i in range(4):
+                    angle = value / 100 ** (2 * (i // 2) / 4)
+                    features.append(math.sin(angle) if i % 2 == 0 else math.cos(angle))
+            assert torch.allclose(table[row * 3 + col], torch.tensor(features[:6]), atol=1e-5)
+
+
+def test_patch_tokens_do_not_see_the_cls_token():
+    model = tiny_xcit().eval()
+    img = torch.randn(2, 3, 16, 24)
+    with torch.no_grad():
+        before = model.forward_features(img)
+        model.cls_token.add_(1.0)
+        after = model.forward_features(img)
+    assert torch.allclose(before[:, 1:], after[:, 1:], atol=1e-6)
+    assert not torch.allclose(before[:, 0], after[:, 0])
+
+
+def test_layer_scale_starts_at_its_init_value():
+    model = tiny_xcit(layer_scale_init=1e-5)
+    scales = [branch.scale for layer in model.xcit_transformer.layers for branch in layer]
+    scales += [p for block in model.cls_transformer for p in (block.attn_scale, block.ff_scale)]
+    assert len(scales) == 3 * 2 + 2 * 2
+    assert all(torch.equal(s.data, torch.full((32,), 1e-5)) for s in scales)
+
+
+# attention protocol and compile
+
+
+def test_fused_and_explicit_paths_agree():
+    model = tiny_xcit().eval()
+    img = torch.randn(2, 3, 16, 24)
+    with torch.no_grad():
+        fused = model(img)
+    explicit, maps = attention_maps(model, img)
+    assert torch.allclose(fused, explicit, atol=1e-5)
+    assert [tuple(m.shape) for m in maps] == [(2, 2, 16, 16)] * 2 + [(2, 2, 1, 25)] * 2
+
+
+def test_compiles_without_graph_breaks():
+    model = tiny_xcit().eval()
+    img = torch.randn(2, 3, 16, 24)
+    compiled = torch.compile(model, fullgraph=True, backend='eager')
+    with torch.no_grad():
+        assert torch.allclose(compiled(img), model(img), atol=1e-5)
+
+
+# learning
+
+
+def test_tiny_model_overfits_32_real_digits():
+    images, labels = digits_batch(32)
+    model = XCiT(image_size=8, patch_size=2, num_classes=10, dim=32, depth=1, cls_depth=1, heads=2,
+                 dim_head=16, mlp_dim=64, channels=1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    for step in range(300):
+        loss = F.cross_entropy(model(images), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % 10 == 9:
+            model.eval()
+            with torch.no_grad():
+                done = (model(images).argmax(-1) == labels).all()
+            model.train()
+            if done:
+                break
+    model.eval()
+    with torch.no_grad():
+        accuracy = (model(images).argmax(-1) == labels).float().mean().item()
+    assert accuracy == 1.0, f'training accuracy {accuracy} after {step + 1} steps'
+
+
+# errors
+
+
+@pytest.mark.parametrize('overrides, error, match', [
+    (dict(patch_size=6), ValueError, 'patch_size'),
+    (dict(patch_size=(4, 8)), ValueError, 'patch_size'),
+    (dict(dim=30, patch_size=8, image_size=16), ValueError, 'dim'),
+    (dict(local_patch_kernel_size=4), ValueError, 'local_patch_kernel_size'),
+    (dict(cls_depth=0), ValueError, 'cls_depth'),
+    (dict(layer_scale_init=-1.0), ValueError, 'layer_scale_init'),
+    (dict(dropout=-0.1), ValueError, 'dropout'),
+])
+def test_bad_arguments_are_refused_with_their_name(overrides, error, match):
+    with pytest.raises(error, match=match):
+        tiny_xcit(**overrides)
+
+
+def test_image_not_divisible_by_the_patch_size_is_refused():
+    with pytest.raises(ValueError, match='divisible'):
+        tiny_xcit()(torch.randn(1, 3, 18, 24))
