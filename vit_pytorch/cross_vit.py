@@ -1,0 +1,322 @@
+"""CrossViT: a two-branch, multi-scale Vision Transformer.
+
+"CrossViT: Cross-Attention Multi-Scale Vision Transformer for Image Classification", Chen, Fan
+and Panda, arXiv 2103.14899: run a small-patch and a large-patch ViT side by side, and after
+each round of self-attention let each branch's cls token visit the other branch, projected to
+its width, as the only query of a cross-attention over the other branch's patch tokens. The
+patch tokens are never cross-attended to each other, so the exchange costs linear time; the
+prediction is the mean of the two branches' heads.
+
+    import torch
+    from vit_pytorch.cross_vit import CrossViT, crossvit_tiny_240
+
+    model = CrossViT(image_size=240, num_classes=1000, sm_dim=96, lg_dim=192,
+                     sm_patch_size=12, sm_enc_depth=1, sm_enc_heads=3, sm_enc_mlp_dim=384,
+                     lg_patch_size=16, lg_enc_depth=4, lg_enc_heads=3, lg_enc_mlp_dim=768,
+                     lg_image_size=224, cross_attn_depth=1, cross_attn_heads=3, depth=3)
+    logits = model(torch.randn(2, 3, 240, 240))   # (2, 1000)
+
+    paper_model = crossvit_tiny_240()              # CrossViT-Ti, 7,014,800 parameters
+
+As in the paper the large branch may see the image resized (`lg_image_size`, bicubic), so that
+both branches have about as many patches per side (20 at 240 / 12 and 14 at 224 / 16).
+"""
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange, repeat
+from einops.layers.torch import Rearrange
+from torch import nn
+
+from vit_pytorch import vit
+
+# classes
+
+
+class ImageEmbedder(nn.Module):
+    """Patch tokens of one branch with a cls token and learned positions: (b, 1 + n, dim).
+
+    Images of another size than `image_size` are first resized to it (bicubic), which is
+    how the large branch of the paper sees a 240 image at 224.
+    """
+
+    def __init__(self, *, dim, image_size, patch_size, channels=3, dropout=0., patch_norm=True, norm_eps=1e-5):
+        super().__init__()
+        self.image_size = image_size
+        patch_height, patch_width = patch_size
+        grid = vit.patch_grid(image_size, patch_size)
+        patch_dim = channels * patch_height * patch_width
+        self.to_patch_embedding = nn.Sequential(
+            Rearrange('b c (h p1) (w p2) -> b (h w) (p1 p2 c)', p1=patch_height, p2=patch_width),
+            nn.LayerNorm(patch_dim, eps=norm_eps) if patch_norm else nn.Identity(),
+            nn.Linear(patch_dim, dim),
+            nn.LayerNorm(dim, eps=norm_eps) if patch_norm else nn.Identity(),
+        )
+        self.cls_token = nn.Parameter(torch.zeros(1, dim))
+        self.pos_embedding = nn.Parameter(torch.zeros(1 + grid[0] * grid[1], dim))
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        nn.init.trunc_normal_(self.pos_embedding, std=0.02)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, img):
+        if tuple(img.shape[-2:]) != self.image_size:
+            img = F.interpolate(img, size=self.image_size, mode='bicubic', align_corners=False)
+        x = self.to_patch_embedding(img)
+        x = torch.cat((repeat(self.cls_token, 'n d -> b n d', b=x.shape[0]), x), dim=1)
+        return self.dropout(x + self.pos_embedding)
+
+
+class Transformer(vit.Transformer):
+    """One branch's encoder: the core's pre-norm stack without a final norm.
+
+    CrossViT normalises each branch once, after the last multi-scale block.
+    """
+
+    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout=0., *, qkv_bias=False, norm_eps=1e-5):
+        super().__init__(dim, depth, heads, dim_head, mlp_dim, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps)
+        self.norm = nn.Identity()
+
+
+class CrossAttention(nn.Module):
+    """Pre-norm attention whose only query is the first token (the visiting cls token).
+
+    Input (b, 1 + n, dim) = [cls, other branch's patches]; output (b, 1, dim). With
+    `fused=False` the (b, heads, 1, 1 + n) map passes through `attention_probs`.
+    """
+
+    def __init__(self, dim, heads=8, dim_head=64, dropout=0., *, qkv_bias=False, norm_eps=1e-5):
+        super().__init__()
+        inner_dim = heads * dim_head
+        self.heads = heads
+        self.scale = dim_head ** -0.5
+        self.dropout = dropout
+        self.fused = True
+
+        self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.to_q = nn.Linear(dim, inner_dim, bias=qkv_bias)
+        self.to_kv = nn.Linear(dim, inner_dim * 2, bias=qkv_bias)
+        self.attention_probs = nn.Identity()
+        self.to_out = nn.Sequential(nn.Linear(inner_dim, dim), nn.Dropout(dropout))
+
+    def forward(self, x):
+        x = self.norm(x)
+        q = rearrange(self.to_q(x[:, :1]), 'b n (h d) -> b h n d', h=self.heads)
+        k, v = rearrange(self.to_kv(x), 'b n (kv h d) -> kv b h n d', kv=2, h=self.heads)
+        dropout_p = self.dropout if self.training else 0.
+        if self.fused:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=self.scale)
+        else:
+            attn = self.attention_probs((q @ k.transpose(-1, -2) * self.scale).softmax(dim=-1))
+            out = F.dropout(attn, dropout_p) @ v
+        return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
+
+
+class CrossFusion(nn.Module):
+    """One branch's cls token visits the other branch (CrossViT eq. 7-8).
+
+    The cls token is projected to the other width (f: LayerNorm, GELU, Linear), updated by
+    `depth` residual cross-attention layers over [itself, the other branch's patches], and
+    projected back (g); the result replaces the cls token.
+    """
+
+    def __init__(self, dim, other_dim, depth, heads, dim_head, dropout=0., *, qkv_bias=False, norm_eps=1e-5):
+        super().__init__()
+        self.project_in = nn.Sequential(nn.LayerNorm(dim, eps=norm_eps), nn.GELU(), nn.Linear(dim, other_dim))
+        self.layers = nn.ModuleList([
+            CrossAttention(other_dim, heads, dim_head, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps)
+            for _ in range(depth)
+        ])
+        self.project_out = nn.Sequential(nn.LayerNorm(other_dim, eps=norm_eps), nn.GELU(),
+                                         nn.Linear(other_dim, dim))
+
+    def forward(self, cls_token, other_patches):
+        cls_token = self.project_in(cls_token)                          # (b, 1, other_dim)
+        for attn in self.layers:
+            cls_token = attn(torch.cat((cls_token, other_patches), dim=1)) + cls_token
+        return self.project_out(cls_token)                              # (b, 1, dim)
+
+
+class CrossTransformer(nn.Module):
+    """Both cls tokens visit the other branch, from the same (pre-fusion) tokens; patches are kept."""
+
+    def __init__(self, sm_dim, lg_dim, depth, heads, dim_head=None, dropout=0., *, qkv_bias=False, norm_eps=1e-5):
+        super().__init__()
+        blocks = dict(qkv_bias=qkv_bias, norm_eps=norm_eps)
+        self.sm_attend_lg = CrossFusion(sm_dim, lg_dim, depth, heads, dim_head or lg_dim // heads, dropout, **blocks)
+        self.lg_attend_sm = CrossFusion(lg_dim, sm_dim, depth, heads, dim_head or sm_dim // heads, dropout, **blocks)
+
+    def forward(self, sm_tokens, lg_tokens):
+        (sm_cls, sm_patches), (lg_cls, lg_patches) = (sm_tokens[:, :1], sm_tokens[:, 1:]), \
+            (lg_tokens[:, :1], lg_tokens[:, 1:])
+        sm_cls, lg_cls = self.sm_attend_lg(sm_cls, lg_patches), self.lg_attend_sm(lg_cls, sm_patches)
+        return torch.cat((sm_cls, sm_patches), dim=1), torch.cat((lg_cls, lg_patches), dim=1)
+
+
+class MultiScaleEncoder(nn.Module):
+    """`depth` rounds of: each branch's own encoder, then the cls-token exchange."""
+
+    def __init__(self, *, depth, sm_dim, lg_dim, sm_enc_params, lg_enc_params, cross_attn_heads,
+                 cross_attn_depth, cross_attn_dim_head=None, dropout=0., qkv_bias=False, norm_eps=1e-5):
+        super().__init__()
+        blocks = dict(qkv_bias=qkv_bias, norm_eps=norm_eps)
+        self.layers = nn.ModuleList([
+            nn.ModuleList([
+                Transformer(sm_dim, dropout=dropout, **sm_enc_params, **blocks),
+                Transformer(lg_dim, dropout=dropout, **lg_enc_params, **blocks),
+                CrossTransformer(sm_dim, lg_dim, cross_attn_depth, cross_attn_heads, cross_attn_dim_head, dropout,
+                                 **blocks),
+            ])
+            for _ in range(depth)
+        ])
+
+    def forward(self, sm_tokens, lg_tokens):
+        for sm_enc, lg_enc, cross_attend in self.layers:
+            sm_tokens, lg_tokens = sm_enc(sm_tokens), lg_enc(lg_tokens)
+            sm_tokens, lg_tokens = cross_attend(sm_tokens, lg_tokens)
+        return sm_tokens, lg_tokens
+
+
+class CrossViT(nn.Module):
+    """CrossViT with vit-pytorch's keyword arguments.
+
+    `forward_features` returns both branches' normed tokens, (sm_tokens, lg_tokens), each
+    (b, 1 + n, dim); `num_classes=0` makes `forward` return them. The logits are the mean of
+    the two heads, as in the paper (vit-pytorch sums them).
+
+    Options beyond vit-pytorch's API (the named configurations such as `crossvit_tiny_240`
+    set the paper's values):
+      cross_attn_dim_head  None: each cross-attention uses its own width / cross_attn_heads (the paper).
+      lg_image_size        size the large branch resizes the image to (224 for 240 in the paper);
+                           None: image_size.
+      patch_norm           LayerNorms around the patch projections (False: the paper).
+      qkv_bias             bias on the query/key/value projections (True: the paper).
+      norm_eps             epsilon of every LayerNorm (1e-6 in the paper's code).
+    """
+
+    def __init__(self, *, image_size, num_classes, sm_dim, lg_dim, sm_patch_size=12, sm_enc_depth=1,
+                 sm_enc_heads=8, sm_enc_mlp_dim=2048, sm_enc_dim_head=64, lg_patch_size=16, lg_enc_depth=4,
+                 lg_enc_heads=8, lg_enc_mlp_dim=2048, lg_enc_dim_head=64, cross_attn_depth=2, cross_attn_heads=8,
+                 cross_attn_dim_head=64, depth=3, dropout=0.1, emb_dropout=0.1, channels=3, lg_image_size=None,
+                 patch_norm=True, qkv_bias=False, norm_eps=1e-5):
+        super().__init__()
+        self.image_size = vit.positive_pair('image_size', image_size)
+        lg_image_size = self.image_size if lg_image_size is None else vit.positive_pair('lg_image_size',
+                                                                                          lg_image_size)
+        sm_patch_size = vit.positive_pair('sm_patch_size', sm_patch_size)
+        lg_patch_size = vit.positive_pair('lg_patch_size', lg_patch_size)
+        for name, size, patch in (('image_size', self.image_size, sm_patch_size),
+                                  ('lg_image_size', lg_image_size, lg_patch_size)):
+            if size[0] % patch[0] or size[1] % patch[1]:
+                raise ValueError(f"{name} {size} must be divisible by the branch's patch size {patch}")
+        for name, value in dict(sm_dim=sm_dim, lg_dim=lg_dim, sm_enc_depth=sm_enc_depth, sm_enc_heads=sm_enc_heads,
+                                sm_enc_mlp_dim=sm_enc_mlp_dim, sm_enc_dim_head=sm_enc_dim_head,
+                                lg_enc_depth=lg_enc_depth, lg_enc_heads=lg_enc_heads, lg_enc_mlp_dim=lg_enc_mlp_dim,
+                                lg_enc_dim_head=lg_enc_dim_head, cross_attn_depth=cross_attn_depth,
+                                cross_attn_heads=cross_attn_heads, depth=depth, channels=channels).items():
+            vit.positive_int(name, value)
+        if cross_attn_dim_head is None:
+            for name, width in (('sm_dim', sm_dim), ('lg_dim', lg_dim)):
+                if width % cross_attn_heads:
+                    raise ValueError(f"{name}={width} must be divisible by cross_attn_heads={cross_attn_heads} "
+                                     f"when cross_attn_dim_head is None")
+        else:
+            vit.positive_int('cross_attn_dim_head', cross_attn_dim_head)
+        vit.non_negative_int('num_classes', num_classes)
+        vit.probability('dropout', dropout)
+        vit.probability('emb_dropout', emb_dropout)
+
+        self.channels = channels
+        self.num_classes = num_classes
+        self.patch_size = sm_patch_size
+        embed = dict(channels=channels, dropout=emb_dropout, patch_norm=patch_norm, norm_eps=norm_eps)
+        self.sm_image_embedder = ImageEmbedder(dim=sm_dim, image_size=self.image_size, patch_size=sm_patch_size,
+                                               **embed)
+        self.lg_image_embedder = ImageEmbedder(dim=lg_dim, image_size=lg_image_size, patch_size=lg_patch_size,
+                                               **embed)
+        self.multi_scale_encoder = MultiScaleEncoder(
+            depth=depth, sm_dim=sm_dim, lg_dim=lg_dim,
+            sm_enc_params=dict(depth=sm_enc_depth, heads=sm_enc_heads, mlp_dim=sm_enc_mlp_dim,
+                               dim_head=sm_enc_dim_head),
+            lg_enc_params=dict(depth=lg_enc_depth, heads=lg_enc_heads, mlp_dim=lg_enc_mlp_dim,
+                               dim_head=lg_enc_dim_head),
+            cross_attn_heads=cross_attn_heads, cross_attn_depth=cross_attn_depth,
+            cross_attn_dim_head=cross_attn_dim_head, dropout=dropout, qkv_bias=qkv_bias, norm_eps=norm_eps,
+        )
+        self.sm_norm = nn.LayerNorm(sm_dim, eps=norm_eps)
+        self.lg_norm = nn.LayerNorm(lg_dim, eps=norm_eps)
+        self.sm_mlp_head = nn.Linear(sm_dim, num_classes) if num_classes > 0 else None
+        self.lg_mlp_head = nn.Linear(lg_dim, num_classes) if num_classes > 0 else None
+
+    def set_grad_checkpointing(self, enable=True):
+        for sm_enc, lg_enc, _ in self.multi_scale_encoder.layers:
+            sm_enc.grad_checkpointing = lg_enc.grad_checkpointing = enable
+
+    def forward_features(self, img):
+        """Both branches' tokens after the final norms: ((b, 1 + n_sm, sm_dim), (b, 1 + n_lg, lg_dim))."""
+        vit.check_images(img, channels=self.channels, patch_size=self.patch_size, image_size=self.image_size)
+        sm_tokens, lg_tokens = self.multi_scale_encoder(self.sm_image_embedder(img), self.lg_image_embedder(img))
+        return self.sm_norm(sm_tokens), self.lg_norm(lg_tokens)
+
+    def forward_head(self, tokens, pre_logits=False):
+        """The mean of both heads' logits; `pre_logits`: both cls tokens, (b, sm_dim + lg_dim)."""
+        sm_cls, lg_cls = tokens[0][:, 0], tokens[1][:, 0]
+        if pre_logits or self.sm_mlp_head is None:
+            return torch.cat((sm_cls, lg_cls), dim=-1)
+        return (self.sm_mlp_head(sm_cls) + self.lg_mlp_head(lg_cls)) / 2
+
+    def forward(self, img):
+        tokens = self.forward_features(img)
+        if self.sm_mlp_head is None:
+            return tokens
+        return self.forward_head(tokens)
+
+
+# the paper's models (Table 1): name -> (sm_dim, lg_dim, large-branch depth, heads, MLP ratio); all
+# with small patch 12 at 240, large patch 16 at 224, one small-branch layer, one cross-attention
+# layer, three multi-scale blocks
+CONFIGS = {
+    'tiny': (96, 192, 4, 3, 4),
+    'small': (192, 384, 4, 6, 4),
+    'base': (384, 768, 4, 12, 4),
+    '9': (128, 256, 3, 4, 3),
+    '15': (192, 384, 5, 6, 3),
+    '18': (224, 448, 6, 7, 3),
+}
+
+
+def crossvit(variant, *, num_classes=1000, **overrides):
+    """The paper's CrossViT `variant` (a key of CONFIGS) at 240; keyword arguments override the table."""
+    if variant not in CONFIGS:
+        raise ValueError(f"variant must be one of {sorted(CONFIGS)}, got {variant!r}")
+    sm_dim, lg_dim, lg_depth, heads, mlp_ratio = CONFIGS[variant]
+    kwargs = dict(image_size=240, num_classes=num_classes, sm_dim=sm_dim, lg_dim=lg_dim,
+                  sm_patch_size=12, sm_enc_depth=1, sm_enc_heads=heads, sm_enc_mlp_dim=mlp_ratio * sm_dim,
+                  sm_enc_dim_head=sm_dim // heads, lg_patch_size=16, lg_enc_depth=lg_depth, lg_enc_heads=heads,
+                  lg_enc_mlp_dim=mlp_ratio * lg_dim, lg_enc_dim_head=lg_dim // heads, cross_attn_depth=1,
+                  cross_attn_heads=heads, cross_attn_dim_head=None, depth=3, dropout=0., emb_dropout=0.,
+                  lg_image_size=224, patch_norm=False, qkv_bias=True, norm_eps=1e-6)
+    return CrossViT(**{**kwargs, **overrides})
+
+
+def crossvit_tiny_240(**kwargs):
+    return crossvit('tiny', **kwargs)
+
+
+def crossvit_small_240(**kwargs):
+    return crossvit('small', **kwargs)
+
+
+def crossvit_base_240(**kwargs):
+    return crossvit('base', **kwargs)
+
+
+def crossvit_9_240(**kwargs):
+    return crossvit('9', **kwargs)
+
+
+def crossvit_15_240(**kwargs):
+    return crossvit('15', **kwargs)
+
+
+def crossvit_18_240(**kwargs):
+    return crossvit('18', **kwargs)
