@@ -62,10 +62,16 @@ def test_counts_at_384_grow_by_the_extra_position_rows_only():
     assert num_parameters('B/16', image_size=384) - PUBLISHED_COUNTS['B/16'] == (577 - 197) * 768
 
 
-def test_headless_and_imagenet21k_counts():
+def test_headless_counts():
     assert num_parameters('B/16', num_classes=0) == 85_798_656
-    # the in21k checkpoints: 21843 classes behind a 768-wide tanh pre-logits layer
-    assert num_parameters('B/16', num_classes=21843, pre_logits_dim=768) == 103_186_515
+    assert num_parameters('H/14', num_classes=0) == 630_764_800
+
+
+@pytest.mark.parametrize('variant, width, count', [('B/16', 768, 103_186_515), ('L/16', 1024, 326_740_307),
+                                                   ('H/14', 1280, 660_385_363)])
+def test_imagenet21k_counts_with_the_pre_logits_layer(variant, width, count):
+    # the in21k checkpoints: 21843 classes behind a width-wide tanh pre-logits layer
+    assert num_parameters(variant, num_classes=21843, pre_logits_dim=width) == count
 
 
 def test_counting_builds_on_the_meta_device():
