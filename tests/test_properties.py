@@ -183,8 +183,8 @@ COMMON_BAD_ARGUMENTS = dict(
 MODELS = [
     ModelSpec(
         name='vit', target='vit:ViT', configs=vit_configs(),
-        example=dict(image_size=(16, 24), patch_size=(4, 8), num_classes=5, dim=32, depth=2, heads=2,
-                     dim_head=16, mlp_dim=64),
+        example=dict(image_size=(16, 24), patch_size=(4, 8), num_classes=5, dim=16, depth=2, heads=2,
+                     dim_head=8, mlp_dim=32),
         output_shapes=vit_output_shapes, outputs=vit_outputs,
         bad_arguments=dict(COMMON_BAD_ARGUMENTS, dropout=bad_probabilities(), emb_dropout=bad_probabilities(),
                            pool=bad_choices({'cls', 'mean'}), gelu_approximate=bad_choices({'none', 'tanh'}),
@@ -193,8 +193,8 @@ MODELS = [
     ),
     ModelSpec(
         name='simple_vit', target='simple_vit:SimpleViT', configs=simple_vit_configs(),
-        example=dict(image_size=(16, 24), patch_size=(4, 8), num_classes=5, dim=32, depth=2, heads=2,
-                     dim_head=16, mlp_dim=64),
+        example=dict(image_size=(16, 24), patch_size=(4, 8), num_classes=5, dim=16, depth=2, heads=2,
+                     dim_head=8, mlp_dim=32),
         output_shapes=simple_vit_output_shapes,
         bad_arguments=dict(COMMON_BAD_ARGUMENTS,
                            dim=st.one_of(bad_positive_ints(), st.sampled_from([4, 6, 30, 33]))),

@@ -1,0 +1,136 @@
+"""Deployment: torch.export with a dynamic batch, ONNX through the exporter torch recommends
+(`torch.onnx.export(..., dynamo=True)`), and TorchScript tracing.
+
+TorchScript: `torch.jit.trace` works and is tested, for users who still ship TorchScript.
+`torch.jit.script` is not supported: torch 2.13 deprecates both (it points to torch.export and
+torch.compile), and scripting cannot compile keyword-only arguments with defaults or einops
+patterns, which every model here uses. Use torch.export (or ONNX) instead.
+"""
+
+import warnings
+
+import pytest
+import torch
+
+from test_properties import MODELS
+
+EXPORTABLE = [spec for spec in MODELS if spec.name in ('vit', 'simple_vit')]
+export_table = pytest.mark.parametrize('spec', EXPORTABLE, ids=lambda spec: spec.name)
+
+
+def build(spec):
+    torch.manual_seed(0)
+    return spec.build(**spec.example).eval()
+
+
+def images(spec, batch):
+    return torch.randn(batch, *spec.image_shape(spec.example), generator=torch.Generator().manual_seed(batch))
+
+
+def export(model, spec):
+    batch = torch.export.Dim('batch', min=1, max=1024)
+    return torch.export.export(model, (images(spec, 2),), dynamic_shapes={'img': {0: batch}})
+
+
+@pytest.fixture(scope='module')
+def programs():
+    """name -> exported program of build(spec), made once (exporting takes seconds)."""
+    cache = {}
+
+    def program(spec):
+        if spec.name not in cache:
+            cache[spec.name] = export(build(spec), spec)
+        return cache[spec.name]
+    return program
+
+
+@export_table
+def test_exported_program_matches_eager_for_every_batch_size(spec, programs):
+    model = build(spec)
+    exported = programs(spec).module()
+    for batch in (1, 2, 5):
+        img = images(spec, batch)
+        with torch.no_grad():
+            torch.testing.assert_close(exported(img), model(img), rtol=1e-5, atol=1e-6)
+
+
+@export_table
+def test_exported_program_keeps_the_batch_dimension_symbolic(spec, programs):
+    program = programs(spec)
+    (placeholder,) = [node for node in program.graph.nodes
+                      if node.op == 'placeholder' and node.name not in program.graph_signature.inputs_to_parameters
+                      and node.name not in program.graph_signature.inputs_to_buffers]
+    batch, *rest = placeholder.meta['val'].shape
+    assert isinstance(batch, torch.SymInt)
+    assert rest == list(spec.image_shape(spec.example))
+
+
+@export_table
+def test_exported_program_survives_save_and_load(spec, programs, tmp_path):
+    model = build(spec)
+    torch.export.save(programs(spec), tmp_path / 'model.pt2')
+    loaded = torch.export.load(tmp_path / 'model.pt2').module()
+    img = images(spec, 3)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(img), model(img), rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope='module')
+def onnx_files(tmp_path_factory):
+    """One ONNX export per model (the exporter takes seconds), shared by the ONNX tests."""
+    pytest.importorskip('onnxscript', reason='torch.onnx.export(dynamo=True) needs onnxscript')
+    folder = tmp_path_factory.mktemp('onnx')
+    files = {}
+    for spec in EXPORTABLE:
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            program = torch.onnx.export(build(spec), (images(spec, 2),), dynamo=True, verbose=False,
+                                        input_names=['img'], output_names=['logits'],
+                                        dynamic_shapes={'img': {0: 'batch'}})
+        files[spec.name] = folder / f'{spec.name}.onnx'
+        program.save(str(files[spec.name]))
+    return files
+
+
+@export_table
+def test_onnx_model_is_valid_and_has_a_dynamic_batch(spec, onnx_files):
+    onnx = pytest.importorskip('onnx')
+    graph = onnx.load(str(onnx_files[spec.name]))
+    onnx.checker.check_model(graph)
+    (img,) = graph.graph.input
+    batch, *rest = img.type.tensor_type.shape.dim
+    assert batch.dim_param and not batch.HasField('dim_value')
+    assert [dim.dim_value for dim in rest] == list(spec.image_shape(spec.example))
+
+
+@export_table
+def test_onnxruntime_matches_eager(spec, onnx_files):
+    ort = pytest.importorskip('onnxruntime')
+    model = build(spec)
+    session = ort.InferenceSession(str(onnx_files[spec.name]), providers=['CPUExecutionProvider'])
+    for batch in (1, 4):
+        img = images(spec, batch)
+        (logits,) = session.run(None, {'img': img.numpy()})
+        with torch.no_grad():
+            torch.testing.assert_close(torch.from_numpy(logits), model(img), rtol=1e-4, atol=1e-4)
+
+
+@export_table
+def test_traced_model_matches_eager_for_another_batch_size(spec):
+    model = build(spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')          # deprecation and the tracer's notes on Python-level checks
+        traced = torch.jit.trace(model, (images(spec, 2),))
+    for batch in (1, 3):
+        img = images(spec, batch)
+        with torch.no_grad():
+            torch.testing.assert_close(traced(img), model(img), rtol=1e-5, atol=1e-6)
+
+
+@export_table
+def test_torch_jit_script_is_unsupported_as_documented(spec):
+    """If scripting starts to work, this fails: then test it and update the module docstring."""
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        with pytest.raises(torch.jit.frontend.NotSupportedError, match='keyword-only arguments'):
+            torch.jit.script(build(spec))
