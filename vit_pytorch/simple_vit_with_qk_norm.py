@@ -1,0 +1,63 @@
+"""SimpleViT with query-key normalisation.
+
+"Scaling Vision Transformers to 22 Billion Parameters", Dehghani et al., arXiv 2302.05442,
+section 2 ("QK normalization"): at scale the attention logits grow without bound and the
+softmax collapses to one-hot maps, which makes training diverge; applying a LayerNorm to the
+queries and keys, per head and before their dot product, bounds the logits.
+
+As in the paper the two LayerNorms act on each head's vectors (width dim_head, parameters
+shared by the heads) and have no bias. Unlike `vit-pytorch`'s module of the same name, which
+ends in a LayerNorm instead of a classifier, the head here is the usual Linear to `num_classes`.
+
+    import torch
+    from vit_pytorch.simple_vit_with_qk_norm import SimpleViT
+
+    model = SimpleViT(image_size=256, patch_size=32, num_classes=1000, dim=1024, depth=6,
+                      heads=16, mlp_dim=2048)
+    logits = model(torch.randn(1, 3, 256, 256))   # (1, 1000)
+"""
+
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from vit_pytorch import simple_vit, vit
+
+
+class Attention(simple_vit.Attention):
+    """SimpleViT's attention with q and k layer-normed per head before q k^T; fused or explicit as in the core."""
+
+    def __init__(self, dim, heads=8, dim_head=64):
+        super().__init__(dim, heads, dim_head)
+        self.q_norm = nn.LayerNorm(dim_head, bias=False)
+        self.k_norm = nn.LayerNorm(dim_head, bias=False)
+
+    def forward(self, x):
+        x = self.norm(x)
+        q, k, v = rearrange(self.to_qkv(x), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=self.heads)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if self.fused:
+            out = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
+        else:
+            out = self.attention_probs((q @ k.transpose(-1, -2) * self.scale).softmax(dim=-1)) @ v
+        return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
+
+
+class Transformer(vit.Transformer):
+    """The core pre-norm stack built from the QK-norm attention and SimpleViT's MLP."""
+
+    def __init__(self, dim, depth, heads, dim_head, mlp_dim):
+        super().__init__(dim, 0, heads, dim_head, mlp_dim)
+        self.layers.extend(
+            nn.ModuleList([Attention(dim, heads, dim_head), simple_vit.FeedForward(dim, mlp_dim)])
+            for _ in range(depth)
+        )
+
+
+class SimpleViT(simple_vit.SimpleViT):
+    """`vit_pytorch.simple_vit.SimpleViT` (same arguments and methods) with QK-normalised attention."""
+
+    def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, channels=3, dim_head=64):
+        super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim,
+                         depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head)
+        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim)
