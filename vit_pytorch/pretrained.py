@@ -182,7 +182,7 @@ def read_checkpoint(source):
 
 # loading: each format is a plan, one entry per tensor of our model:
 #   our key -> ({checkpoint key: expected shape}, convert(*tensors) -> our tensor)
-# A shape entry None matches any size; the position table is checked on its own.
+# The position table (shape None, convert None) is checked and resampled by _position_table.
 
 
 def _describe(model):
@@ -262,7 +262,7 @@ def _timm_plan(m):
         'to_patch_embedding.2.weight': ({'patch_embed.proj.weight': (d, m['channels'], ph, pw)}, _conv_to_linear),
         'to_patch_embedding.2.bias': ({'patch_embed.proj.bias': (d,)}, _same),
         'cls_token': ({'cls_token': (1, 1, d)}, _first),
-        'pos_embedding': ({'pos_embed': None}, _first),
+        'pos_embedding': ({'pos_embed': None}, None),
         'transformer.norm.weight': ({'norm.weight': (d,)}, _same),
         'transformer.norm.bias': ({'norm.bias': (d,)}, _same),
     }
@@ -303,7 +303,7 @@ def _hf_plan(m, keys):
                                         _conv_to_linear),
         'to_patch_embedding.2.bias': ({f'{p}embeddings.patch_embeddings.projection.bias': (d,)}, _same),
         'cls_token': ({f'{p}embeddings.cls_token': (1, 1, d)}, _first),
-        'pos_embedding': ({f'{p}embeddings.position_embeddings': None}, _first),
+        'pos_embedding': ({f'{p}embeddings.position_embeddings': None}, None),
         'transformer.norm.weight': ({f'{p}layernorm.weight': (d,)}, _same),
         'transformer.norm.bias': ({f'{p}layernorm.bias': (d,)}, _same),
     }
@@ -334,7 +334,7 @@ def _jax_plan(m):
                                         lambda w: rearrange(w, 'p1 p2 c d -> d (p1 p2 c)')),
         'to_patch_embedding.2.bias': ({'embedding/bias': (d,)}, _same),
         'cls_token': ({'cls': (1, 1, d)}, _first),
-        'pos_embedding': ({'Transformer/posembed_input/pos_embedding': None}, _first),
+        'pos_embedding': ({'Transformer/posembed_input/pos_embedding': None}, None),
         'transformer.norm.weight': ({'Transformer/encoder_norm/scale': (d,)}, _same),
         'transformer.norm.bias': ({'Transformer/encoder_norm/bias': (d,)}, _same),
     }
@@ -401,13 +401,11 @@ def _load(model, source, plan, head_prefixes, *, resample, load_head, fmt):
 
     converted, problems = {}, []
     for ours, (sources, convert) in plan.items():
-        tensors = []
-        for name, shape in sources.items():
-            tensor = state_dict[name]
-            if shape is not None and tuple(tensor.shape) != shape:
-                problems.append(f"{name}: shape {tuple(tensor.shape)}, expected {shape}")
-            tensors.append(tensor)
-        if len(tensors) == len(sources) and not problems:
+        tensors = [state_dict[name] for name in sources]
+        problems += [f"{name}: shape {tuple(tensor.shape)}, expected {shape}"
+                     for (name, shape), tensor in zip(sources.items(), tensors)
+                     if shape is not None and tuple(tensor.shape) != shape]
+        if not problems:
             if ours == 'pos_embedding':
                 converted[ours], problem = _position_table(next(iter(sources)), tensors[0], model, resample)
                 if problem:
