@@ -37,9 +37,8 @@ Numerics that decide parity with each reference (choose them when building):
     from vit_pytorch.pretrained import vit, vit_base_patch16_224, num_parameters, load_timm
 
     num_parameters('B/16')                                  # 86567656, counted on the meta device
-    model = vit('S/16', image_size=224, num_classes=1000)   # the paper's ViT-S/16
-    tiny = vit('Ti/16', image_size=32, num_classes=10)      # same widths, any resolution
-    logits = tiny(torch.randn(1, 3, 32, 32))                # (1, 10)
+    model = vit('Ti/16', image_size=64, num_classes=10)     # the paper's ViT-Ti/16, at 64x64
+    logits = model(torch.randn(1, 3, 64, 64))               # (1, 10)
     # with a checkpoint you have:
     #   load_timm(vit_base_patch16_224(), 'vit_base_patch16_224.safetensors')
     #   load_jax(vit('B/16', image_size=384, gelu_approximate='tanh'), 'ViT-B_16.npz')  # resampled to 24x24
