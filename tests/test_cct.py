@@ -240,3 +240,44 @@ def test_invalid_input_is_refused():
     model = CCT(**tiny_cct_kwargs())
     with pytest.raises(ValueError, match=r'3 channels'):
         model(torch.randn(1, 1, 16, 24))
+
+
+# parity with the reference code through vit-pytorch 1.26.14's port of it
+# (fixtures written by tests/fixtures/make_vit_pytorch_variant_fixtures.py)
+
+
+def load_fixture(case):
+    import json
+    import os
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    path = os.path.join(os.path.dirname(__file__), 'fixtures', f'vit_pytorch_1.26.14_{case}.safetensors')
+    tensors = load_file(path)
+    with safe_open(path, 'pt') as f:
+        config = json.loads(f.metadata()['config'])
+    config['img_size'] = tuple(config['img_size'])
+    state = {key[len('state_dict.'):]: value for key, value in tensors.items() if key.startswith('state_dict.')}
+    return config, state, tensors['input'], tensors['output']
+
+
+@pytest.mark.parametrize('case', ['cct_learnable', 'cct_sine'])
+def test_reference_checkpoint_loads_and_gives_its_outputs(case):
+    config, state, img, expected = load_fixture(case)
+    model = CCT(**config).eval()
+    model.load_state_dict(cct.convert_reference_state_dict(state))
+    with torch.no_grad():
+        torch.testing.assert_close(model(img), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_learned_table_does_not_load_into_a_sine_model():
+    config, state, _, _ = load_fixture('cct_learnable')
+    model = CCT(**dict(config, positional_embedding='sine'))
+    with pytest.raises(ValueError, match=r"not this model's fixed sine table.*positional_embedding='learnable'"):
+        model.load_state_dict(cct.convert_reference_state_dict(state))
+
+
+def test_converter_refuses_unknown_keys():
+    with pytest.raises(ValueError, match=r"does not know.*classifier.class_emb"):
+        cct.convert_reference_state_dict({'classifier.class_emb': torch.zeros(1, 1, 4)})

@@ -123,3 +123,35 @@ def test_invalid_input_names_the_expected_shape():
     model = DeepViT(**tiny_vit_kwargs())
     with pytest.raises(ValueError, match=r'3 channels'):
         model(torch.randn(1, 1, 16, 24))
+
+
+# parity with vit-pytorch 1.26.14 (fixture written by tests/fixtures/make_vit_pytorch_variant_fixtures.py)
+
+
+def load_fixture(case):
+    import json
+    import os
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    path = os.path.join(os.path.dirname(__file__), 'fixtures', f'vit_pytorch_1.26.14_{case}.safetensors')
+    tensors = load_file(path)
+    with safe_open(path, 'pt') as f:
+        config = json.loads(f.metadata()['config'])
+    state = {key[len('state_dict.'):]: value for key, value in tensors.items() if key.startswith('state_dict.')}
+    return config, state, tensors['input'], tensors['output']
+
+
+def test_vit_pytorch_deepvit_checkpoint_loads_and_gives_its_outputs():
+    config, state, img, expected = load_fixture('deepvit_cls')
+    model = DeepViT(**config).eval()
+    model.load_state_dict(state)
+    with torch.no_grad():
+        torch.testing.assert_close(model(img), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_vit_pytorch_mean_pool_checkpoint_is_refused():
+    config, state, _, _ = load_fixture('deepvit_cls')
+    with pytest.raises(ValueError, match=r"pool='mean'.*only its pool='cls' checkpoints load"):
+        DeepViT(**dict(config, pool='mean')).load_state_dict(state)

@@ -9,7 +9,9 @@ The named configurations follow the reference implementation (SHI-Labs/Compact-T
 `cct_7(img_size=32, kernel_size=3, n_conv_layers=1, num_classes=10, positional_embedding='learnable')`
 is CCT-7/3x1, the paper's CIFAR-10 model, with 3,760,139 parameters (3.76M in the paper).
 The layer is the reference one: x + attention(LayerNorm(x)), then a LayerNorm of the residual
-stream itself, then x + MLP(x); stochastic depth grows linearly over the layers.
+stream itself, then x + MLP(x); stochastic depth grows linearly over the layers. Checkpoints of
+the reference code (and of `vit-pytorch`'s port of it) load through
+`convert_reference_state_dict`.
 
     import torch
     from vit_pytorch.cct import CCT, cct_7
@@ -24,6 +26,8 @@ stream itself, then x + MLP(x); stochastic depth grows linearly over the layers.
                 positional_embedding='learnable')
     logits = model(torch.randn(1, 3, 224, 448))  # (1, 1000)
 """
+
+import re
 
 import torch
 from einops import einsum, rearrange
@@ -45,6 +49,21 @@ CONFIGS = {
 
 POSITIONAL_EMBEDDINGS = ('sine', 'learnable', 'none')
 
+# reference (SHI-Labs/Compact-Transformers and vit-pytorch) key -> ours
+REFERENCE_KEYS = [
+    (r'classifier\.blocks\.(\d+)\.pre_norm\.', r'transformer.layers.\1.self_attn.norm.'),
+    (r'classifier\.blocks\.(\d+)\.self_attn\.qkv\.', r'transformer.layers.\1.self_attn.to_qkv.'),
+    (r'classifier\.blocks\.(\d+)\.self_attn\.proj\.', r'transformer.layers.\1.self_attn.to_out.0.'),
+    (r'classifier\.blocks\.(\d+)\.linear1\.', r'transformer.layers.\1.mlp.0.'),
+    (r'classifier\.blocks\.(\d+)\.norm1\.', r'transformer.layers.\1.norm1.'),
+    (r'classifier\.blocks\.(\d+)\.linear2\.', r'transformer.layers.\1.mlp.3.'),
+    (r'classifier\.norm\.', 'transformer.norm.'),
+    (r'classifier\.attention_pool\.', 'pool.attention_pool.'),
+    (r'classifier\.fc\.', 'fc.'),
+    (r'classifier\.positional_emb$', 'positional_emb'),
+    (r'tokenizer\.conv_layers\.(\d+)\.0\.weight$', r'tokenizer.conv_layers.\1.0.weight'),
+]
+
 # helpers
 
 
@@ -54,6 +73,28 @@ def sinusoidal_embedding(length, dim):
     channel = torch.arange(dim)
     angles = position / 10000 ** (2 * (channel // 2) / dim)
     return torch.where(channel % 2 == 0, angles.sin(), angles.cos()).float()
+
+
+def convert_reference_state_dict(state_dict):
+    """A checkpoint of the reference CCT (SHI-Labs/Compact-Transformers, or vit-pytorch's port) in our keys.
+
+    The reference saves its position table, learned or sine, as `classifier.positional_emb`
+    (1, n, dim); it becomes `positional_emb` (n, dim). A 'sine' model checks that table against
+    its own on loading and drops it. Keys the converter does not know raise a ValueError.
+    """
+    converted, unknown = {}, []
+    for key, value in state_dict.items():
+        for pattern, replacement in REFERENCE_KEYS:
+            if re.match(pattern, key):
+                new_key = re.sub(pattern, replacement, key)
+                converted[new_key] = value[0] if new_key == 'positional_emb' else value
+                break
+        else:
+            unknown.append(key)
+    if unknown:
+        raise ValueError(f"state_dict has keys the reference CCT converter does not know "
+                         f"(a cls-token model, or not a CCT checkpoint?): {unknown[:5]}")
+    return converted
 
 
 def conv_output_size(size, kernel_size, stride, padding):
@@ -249,6 +290,18 @@ class CCT(nn.Module):
 
     def set_grad_checkpointing(self, enable=True):
         self.transformer.grad_checkpointing = enable
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        key = prefix + 'positional_emb'
+        if self.positional_embedding == 'sine' and key in state_dict:
+            table = state_dict.pop(key)
+            if table.shape != self.positional_emb.shape or not torch.allclose(
+                    table.to(self.positional_emb), self.positional_emb, atol=1e-4):
+                raise ValueError(
+                    f"{key} in the checkpoint is not this model's fixed sine table "
+                    f"(shape {tuple(table.shape)}): build the model with positional_embedding='learnable'"
+                )
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward_features(self, img):
         """Tokens after the final norm: (b, h' w', dim)."""

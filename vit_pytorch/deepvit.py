@@ -9,7 +9,9 @@ normalisation, so that deeper stacks keep learning.
 
 Theta is an (heads, heads) matrix and Norm is a LayerNorm across the heads, as in the
 `vit-pytorch` package (the official code uses a 1x1 convolution and a BatchNorm over heads).
-Everything else is the core ViT (`vit_pytorch.vit`).
+Everything else is the core ViT (`vit_pytorch.vit`). Checkpoints of `vit-pytorch`'s DeepViT
+(pool='cls') load unchanged: its head LayerNorm becomes the final norm (the same function on the
+cls token).
 
     import torch
     from vit_pytorch.deepvit import DeepViT
@@ -77,3 +79,18 @@ class DeepViT(vit.ViT):
                          depth=depth, heads=heads, mlp_dim=mlp_dim, pool=pool, channels=channels,
                          dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout)
         self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # vit-pytorch's DeepViT has no final norm in its transformer; its head is
+        # Sequential(LayerNorm, Linear) applied to the pooled token
+        norm_key, linear_key = prefix + 'mlp_head.0.', prefix + 'mlp_head.1.'
+        if norm_key + 'weight' in state_dict:
+            if self.pool == 'mean':
+                raise ValueError(
+                    "vit-pytorch's DeepViT(pool='mean') normalises after pooling, which this model (norm, "
+                    "then pool) cannot reproduce; only its pool='cls' checkpoints load"
+                )
+            for name in ('weight', 'bias'):
+                state_dict[prefix + 'transformer.norm.' + name] = state_dict.pop(norm_key + name)
+                state_dict[prefix + 'mlp_head.' + name] = state_dict.pop(linear_key + name)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
