@@ -305,8 +305,13 @@ class CCT(nn.Module):
 
     def forward_features(self, img):
         """Tokens after the final norm: (b, h' w', dim)."""
-        fixed_size = None if self.positional_emb is None else self.image_size
-        vit.check_images(img, channels=self.channels, patch_size=(1, 1), image_size=fixed_size)
+        vit.check_images(img, channels=self.channels, patch_size=(1, 1))
+        if self.positional_emb is not None and tuple(img.shape[-2:]) != self.image_size:
+            raise ValueError(
+                f"img must be {self.image_size[0]}x{self.image_size[1]} (h x w), the model's img_size, got "
+                f"{img.shape[-2]}x{img.shape[-1]}; positions are a table for that size "
+                f"(positional_embedding='none' accepts any size)"
+            )
         x = self.tokenizer(img)
         if self.positional_emb is not None:
             x = x + self.positional_emb
