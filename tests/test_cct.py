@@ -281,3 +281,16 @@ def test_a_learned_table_does_not_load_into_a_sine_model():
 def test_converter_refuses_unknown_keys():
     with pytest.raises(ValueError, match=r"does not know.*classifier.class_emb"):
         cct.convert_reference_state_dict({'classifier.class_emb': torch.zeros(1, 1, 4)})
+
+
+def test_recorder_sees_every_layer_and_the_token_grid():
+    from vit_pytorch.recorder import Recorder
+
+    model = CCT(**tiny_cct_kwargs()).eval()
+    img = torch.randn(2, 3, 16, 24)
+    with Recorder(model) as recorder:
+        logits = model(img)
+    assert recorder.attentions.shape == (2, 2, 2, 96, 96)
+    assert recorder.grid == (8, 12) and recorder.num_prefix_tokens == 0
+    assert all(layer.self_attn.fused for layer in model.transformer.layers)   # restored afterwards
+    torch.testing.assert_close(logits, model(img), atol=1e-5, rtol=1e-5)     # explicit path = fused path

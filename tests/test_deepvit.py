@@ -155,3 +155,14 @@ def test_vit_pytorch_mean_pool_checkpoint_is_refused():
     config, state, _, _ = load_fixture('deepvit_cls')
     with pytest.raises(ValueError, match=r"pool='mean'.*only its pool='cls' checkpoints load"):
         DeepViT(**dict(config, pool='mean')).load_state_dict(state)
+
+
+def test_recorder_sees_the_re_attention_maps():
+    from vit_pytorch.recorder import Recorder
+
+    model = DeepViT(**tiny_vit_kwargs()).eval()
+    img = torch.randn(2, 3, 16, 24)
+    logits, attns = Recorder(model)(img)
+    assert attns.shape == (2, 2, 2, 13, 13)                 # (b, layers, heads, n, n)
+    torch.testing.assert_close(logits, model(img))
+    assert all(attn.fused is False for attn, _ in model.transformer.layers)

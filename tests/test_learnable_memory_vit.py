@@ -192,3 +192,13 @@ def test_adapter_needs_a_memory_vit():
         Adapter(vit=core.ViT(**tiny_vit_kwargs()))
     with pytest.raises(TypeError, match=r'got Linear'):
         Adapter(vit=torch.nn.Linear(2, 2))
+
+
+def test_recorder_sees_the_memory_columns():
+    from vit_pytorch.recorder import Recorder
+
+    _, adapter = make_adapter(memories=3)
+    img = torch.randn(2, 3, 16, 24)
+    logits, attns = Recorder(adapter)(img)
+    assert attns.shape == (2, 2, 2, 14, 17)                   # (b, layers, heads, queries, keys + memories)
+    torch.testing.assert_close(logits, adapter(img), atol=1e-5, rtol=1e-5)

@@ -115,3 +115,13 @@ def test_tiny_model_overfits_32_real_digits():
 def test_invalid_configuration(override, error, message):
     with pytest.raises(error, match=message):
         ViT(**tiny_vit_kwargs(**override))
+
+
+def test_recorder_sees_every_branch():
+    from vit_pytorch.recorder import Recorder
+
+    model = ViT(**tiny_vit_kwargs(num_parallel_branches=3)).eval()
+    img = torch.randn(2, 3, 16, 24)
+    logits, attns = Recorder(model)(img)
+    assert attns.shape == (2, 2 * 3, 2, 13, 13)               # layers x branches maps
+    torch.testing.assert_close(logits, model(img), atol=1e-5, rtol=1e-5)

@@ -220,3 +220,16 @@ def test_patch_dropout_keep_count(prob, tokens, kept):
 def test_invalid_configuration(model_cls, override, error, message):
     with pytest.raises(error, match=message):
         model_cls(**tiny_vit_kwargs(**override))
+
+
+@pytest.mark.parametrize('model_cls, tokens, prefix', [(RegisterViT, 16, 4), (QKNormViT, 12, 0), (PatchDropoutViT, 12, 0)])
+def test_recorder_sees_every_layer(model_cls, tokens, prefix):
+    from vit_pytorch.recorder import Recorder
+
+    model = model_cls(**tiny_vit_kwargs()).eval()
+    img = torch.randn(2, 3, 16, 24)
+    with Recorder(model) as recorder:
+        logits = model(img)
+    assert recorder.attentions.shape == (2, 2, 2, tokens, tokens)
+    assert recorder.grid == (4, 3) and recorder.num_prefix_tokens == prefix
+    torch.testing.assert_close(logits, model(img), atol=1e-5, rtol=1e-5)

@@ -157,3 +157,12 @@ def test_invalid_configuration(override, error, message):
 def test_invalid_input_is_refused():
     with pytest.raises(ValueError, match=r'img must be 16x24'):
         ViT(**tiny_vit_kwargs())(torch.randn(1, 3, 16, 16))
+
+
+def test_recorder_sees_the_masked_diagonal():
+    from vit_pytorch.recorder import Recorder
+
+    model = ViT(**tiny_vit_kwargs()).eval()
+    _, attns = Recorder(model)(torch.randn(2, 3, 16, 24))
+    assert attns.shape == (2, 2, 2, 13, 13)
+    assert torch.equal(torch.diagonal(attns, dim1=-2, dim2=-1), torch.zeros(2, 2, 2, 13))

@@ -35,6 +35,7 @@ class SimpleViT(simple_vit.SimpleViT):
         super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim,
                          depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head)
         self.num_register_tokens = vit.positive_int('num_register_tokens', num_register_tokens)
+        self.num_prefix_tokens = num_register_tokens
         self.register_tokens = nn.Parameter(torch.zeros(num_register_tokens, dim))
         nn.init.trunc_normal_(self.register_tokens, std=0.02)
 
