@@ -1,0 +1,217 @@
+"""Pictures of the analyses in `vit_pytorch.analysis`, drawn as the ViT paper draws them, saved as PNG.
+
+Needs matplotlib (`pip install matplotlib`), imported only when a picture is drawn. Figures are
+rendered with the Agg canvas directly, so the pyplot backend and state of the caller (a
+notebook, say) are left alone. Every function writes one PNG and returns its path.
+
+    import torch
+    from vit_pytorch import ViT, analysis, plots
+    from vit_pytorch.recorder import Recorder
+
+    model = ViT(image_size=32, patch_size=8, num_classes=10, dim=64, depth=3, heads=4, mlp_dim=128).eval()
+    images = torch.rand(4, 3, 32, 32)
+    recorder = Recorder(model)
+    _, attns = recorder(images)
+    layout = dict(grid=recorder.grid, num_prefix_tokens=recorder.num_prefix_tokens)
+    rollout = analysis.to_patch_grid(analysis.attention_rollout(attns)[:, 0], **layout)
+    plots.save_attention_overlay(images, rollout, 'rollout.png')
+    plots.save_mean_attention_distance(analysis.mean_attention_distance(attns, patch_size=8, **layout),
+                                       'distance.png')
+"""
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+
+__all__ = ['save_attention_overlay', 'save_attention_heads', 'save_position_embedding_similarity',
+           'save_mean_attention_distance', 'save_patch_embedding_components']
+
+
+def _figure(width, height):
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise ImportError("vit_pytorch.plots needs matplotlib: pip install matplotlib") from error
+    figure = Figure(figsize=(width, height), layout='constrained')
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _save(figure, path, dpi):
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=dpi, format='png')
+    return path
+
+
+def _as_image(image):
+    """(c, H, W) in [0, 1] -> an array for imshow, and the colour map it needs."""
+    if image.ndim != 3 or image.shape[0] not in (1, 3):
+        raise ValueError(f"image must have shape (1 or 3, H, W), got {tuple(image.shape)}")
+    image = image.detach().float().cpu().clamp(0, 1)
+    if image.shape[0] == 1:
+        return image[0].numpy(), 'gray'
+    return rearrange(image, 'c h w -> h w c').numpy(), None
+
+
+def _upsampled(weights, size):
+    """(h, w) weights -> (H, W), scaled from their minimum (0) to their maximum (1) and bilinearly upsampled."""
+    weights = weights.detach().float().cpu()
+    weights = (weights - weights.min()) / (weights.max() - weights.min()).clamp_min(1e-12)
+    return F.interpolate(weights[None, None], size=size, mode='bilinear', align_corners=False)[0, 0].clamp(0, 1)
+
+
+def _off(axis):
+    axis.set_xticks([])
+    axis.set_yticks([])
+
+
+def save_attention_overlay(images, maps, path, *, titles=None, cmap='inferno', alpha=0.6, dpi=100):
+    """Attention on the input space (the paper's Figure 6), one column per image.
+
+    images: (k, c, H, W) in [0, 1]; maps: (k, h, w) weights on the patch grid, e.g. the cls
+    row of the attention rollout. Rows: the input, the map upsampled and laid over it, and
+    the input multiplied by the map as in the paper. Each map is stretched to [0, 1] from its
+    minimum to its maximum, since rollout maps are often nearly flat.
+    """
+    if images.ndim != 4 or maps.ndim != 3 or images.shape[0] != maps.shape[0]:
+        raise ValueError(f"images must be (k, c, H, W) and maps (k, h, w) with the same k, got "
+                         f"{tuple(images.shape)} and {tuple(maps.shape)}")
+    count = images.shape[0]
+    if titles is not None and len(titles) != count:
+        raise ValueError(f"titles must have one entry per image ({count}), got {len(titles)}")
+    height, width = images.shape[-2:]
+    panel_width, panel_height = 1.4 * width / max(height, width), 1.4 * height / max(height, width)
+    figure = _figure(panel_width * count + 0.4, panel_height * 3 + (0.4 if titles is not None else 0.2))
+    axes = figure.subplots(3, count, squeeze=False)
+    for column in range(count):
+        image, image_cmap = _as_image(images[column])
+        weights = _upsampled(maps[column], (height, width))
+        masked = images[column].detach().float().cpu().clamp(0, 1) * weights
+        masked, _ = _as_image(masked)
+        axes[0, column].imshow(image, cmap=image_cmap, vmin=0, vmax=1)
+        axes[1, column].imshow(image, cmap=image_cmap, vmin=0, vmax=1)
+        axes[1, column].imshow(weights.numpy(), cmap=cmap, alpha=alpha, vmin=0, vmax=1)
+        axes[2, column].imshow(masked, cmap=image_cmap, vmin=0, vmax=1)
+        if titles is not None:
+            axes[0, column].set_title(titles[column], fontsize=8)
+        for row in range(3):
+            _off(axes[row, column])
+    for row, label in enumerate(('input', 'attention', 'input x attention')):
+        axes[row, 0].set_ylabel(label, fontsize=8)
+    return _save(figure, path, dpi)
+
+
+def save_attention_heads(image, maps, path, *, title=None, cmap='inferno', alpha=0.6, dpi=100):
+    """One image and each head's attention map laid over it: image (c, H, W), maps (heads, h, w)."""
+    if maps.ndim != 3:
+        raise ValueError(f"maps must have shape (heads, h, w), got {tuple(maps.shape)}")
+    height, width = image.shape[-2:]
+    heads = maps.shape[0]
+    aspect = width / height
+    figure = _figure(1.8 * aspect * (heads + 1) + 0.3, 1.8 + 0.5)
+    axes = figure.subplots(1, heads + 1, squeeze=False)[0]
+    picture, image_cmap = _as_image(image)
+    axes[0].imshow(picture, cmap=image_cmap, vmin=0, vmax=1)
+    axes[0].set_title('input', fontsize=8)
+    for head in range(heads):
+        axes[head + 1].imshow(picture, cmap=image_cmap, vmin=0, vmax=1)
+        axes[head + 1].imshow(_upsampled(maps[head], (height, width)).numpy(), cmap=cmap, alpha=alpha,
+                              vmin=0, vmax=1)
+        axes[head + 1].set_title(f'head {head + 1}', fontsize=8)
+    for axis in axes:
+        _off(axis)
+    if title is not None:
+        figure.suptitle(title, fontsize=9)
+    return _save(figure, path, dpi)
+
+
+def save_position_embedding_similarity(similarity, path, *, dpi=100):
+    """Figure 7 (centre): tile (i, j) shows the cosine similarity of patch (i, j)'s position
+    embedding to those of all patches; similarity is (h, w, h, w). The colours span the
+    values' own range (the sin-cos table of SimpleViT, for one, never goes below about 0.8)."""
+    if similarity.ndim != 4:
+        raise ValueError(f"similarity must have shape (h, w, h, w), got {tuple(similarity.shape)}")
+    height, width = similarity.shape[:2]
+    tile = min(0.55, 5.0 / max(height, width))
+    figure = _figure(tile * width + 1.4, tile * height + 0.9)
+    axes = figure.subplots(height, width, squeeze=False, gridspec_kw=dict(wspace=0.02, hspace=0.02))
+    figure.get_layout_engine().set(w_pad=0.005, h_pad=0.005, wspace=0.01, hspace=0.01)
+    values = similarity.detach().float().cpu()
+    for row in range(height):
+        for column in range(width):
+            shown = axes[row, column].imshow(values[row, column].numpy(), cmap='viridis',
+                                             vmin=values.min().item(), vmax=values.max().item())
+            _off(axes[row, column])
+            for spine in axes[row, column].spines.values():
+                spine.set_visible(False)
+        axes[row, 0].set_ylabel(str(row + 1), fontsize=7, rotation=0, labelpad=8, va='center')
+    for column in range(width):
+        axes[-1, column].set_xlabel(str(column + 1), fontsize=7)
+    figure.supxlabel('Input patch column', fontsize=9)
+    figure.supylabel('Input patch row', fontsize=9)
+    figure.suptitle('Position embedding similarity', fontsize=10)
+    figure.colorbar(shown, ax=axes, shrink=0.8, label='Cosine similarity')
+    return _save(figure, path, dpi)
+
+
+def save_mean_attention_distance(distance, path, *, unit='pixels', uniform=None, dpi=100):
+    """Figure 7 (right): mean attention distance of every head against the layer it sits in.
+
+    distance: (layers, heads), or (b, layers, heads) averaged over the batch here. `uniform`,
+    the distance of attention spread evenly over the grid, is drawn as a dashed line when given.
+    """
+    if distance.ndim == 3:
+        distance = distance.mean(dim=0)
+    if distance.ndim != 2:
+        raise ValueError(f"distance must have shape (layers, heads) or (b, layers, heads), got {tuple(distance.shape)}")
+    values = distance.detach().float().cpu()
+    layers, heads = values.shape
+    figure = _figure(4.0, 3.2)
+    axis = figure.add_subplot()
+    depth = torch.arange(1, layers + 1).float()
+    for head in range(heads):
+        axis.scatter(depth.numpy(), values[:, head].numpy(), s=18, label=f'Head {head + 1}')
+    axis.set_xlabel('Network depth (layer)')
+    axis.set_ylabel(f'Mean attention distance ({unit})')
+    if uniform is not None:
+        axis.axhline(float(uniform), color='grey', linestyle='--', linewidth=1, label='uniform attention')
+    axis.set_xticks(depth.numpy())
+    axis.set_ylim(0, 1.1 * max(values.max().item(), float(uniform or 0)))
+    axis.grid(alpha=0.3)
+    if heads <= 16:
+        axis.legend(fontsize=6, ncols=2 if heads > 8 else 1, loc='lower left')
+    return _save(figure, path, dpi)
+
+
+def save_patch_embedding_components(components, path, *, explained=None, columns=7, dpi=100):
+    """Figure 7 (left): principal components of the patch-embedding filters, each scaled to [0, 1].
+
+    components: (k, c, patch_h, patch_w) with c = 1 (grey) or 3 (RGB); `explained`, the
+    fraction of variance of each, is printed under it when given.
+    """
+    if components.ndim != 4:
+        raise ValueError(f"components must have shape (k, c, patch_h, patch_w), got {tuple(components.shape)}")
+    count = components.shape[0]
+    columns = min(columns, count)
+    rows = -(-count // columns)
+    figure = _figure(0.9 * columns + 0.2, 0.95 * rows + 0.45)
+    axes = figure.subplots(rows, columns, squeeze=False)
+    values = components.detach().float().cpu()
+    for index, axis in enumerate(axes.flat):
+        _off(axis)
+        if index >= count:
+            axis.set_axis_off()
+            continue
+        component = values[index]
+        component = (component - component.min()) / (component.max() - component.min()).clamp_min(1e-12)
+        picture, cmap = _as_image(component)
+        axis.imshow(picture, cmap=cmap, vmin=0, vmax=1, interpolation='nearest')
+        if explained is not None:
+            axis.set_xlabel(f'{100 * float(explained[index]):.1f}%', fontsize=6)
+    kind = 'RGB embedding filters' if values.shape[1] == 3 else 'Embedding filters'
+    figure.suptitle(f'{kind} (first {count} principal components)', fontsize=9)
+    return _save(figure, path, dpi)

@@ -1,0 +1,398 @@
+"""Looking inside a model: attention maps, final embeddings and intermediate features.
+
+One mechanism for every model of the package. Attention modules share a protocol: a
+boolean attribute `fused` (True: `scaled_dot_product_attention`) and a child
+`attention_probs` (an identity) through which the explicit path passes its
+(b, heads, n_query, n_key) softmax. While a `Recorder` records, it sets `fused=False` on
+every such module and hooks `attention_probs`; afterwards it restores `fused` and removes
+its hooks, so the fused path outside recording is untouched and costs nothing.
+
+    import torch
+    from vit_pytorch import ViT
+    from vit_pytorch.recorder import Recorder, Extractor, forward_intermediates
+
+    model = ViT(image_size=32, patch_size=8, num_classes=10, dim=64, depth=3, heads=4, mlp_dim=128).eval()
+    img = torch.randn(2, 3, 32, 32)
+
+    logits, attns = Recorder(model)(img)         # attns: (2, 3 layers, 4 heads, 17, 17)
+
+    with Recorder(model) as recorder:            # or as a context manager around any call
+        logits = model(img)
+    attns, grid, prefix = recorder.attentions, recorder.grid, recorder.num_prefix_tokens   # (4, 4), 1
+
+    logits, tokens = Extractor(model)(img)       # tokens after the final norm: (2, 17, 64)
+    maps = forward_intermediates(model, img, indices=[0, 2], output='maps')   # 2 x (2, 64, 4, 4)
+"""
+
+import inspect
+
+from einops import rearrange
+from torch import nn
+
+from vit_pytorch.vit import pair
+
+__all__ = ['Recorder', 'Extractor', 'forward_intermediates', 'attention_modules', 'token_layout']
+
+
+def attention_modules(model):
+    """[(name, module)] of every module that follows the attention protocol, in definition order."""
+    return [
+        (name, module) for name, module in model.named_modules()
+        if isinstance(getattr(module, 'fused', None), bool)
+        and isinstance(getattr(module, 'attention_probs', None), nn.Module)
+    ]
+
+
+def _grid_with_aspect(num_patches, image_size):
+    """The (h, w) factorisation of `num_patches` with exactly the image's aspect ratio, or None."""
+    height, width = image_size if image_size is not None else (1, 1)
+    for h in range(1, num_patches + 1):
+        if num_patches % h == 0 and h * width == (num_patches // h) * height:
+            return h, num_patches // h
+    return None
+
+
+def token_layout(model, image_size, num_tokens):
+    """How a sequence of `num_tokens` tokens maps onto the image: ((h, w) patch grid, number of prefix tokens).
+
+    Prefix tokens (cls, distillation, registers) come before the patches, which are in
+    row-major order. When the model has a `patch_size`, the grid is the image size divided
+    by it and the prefix the (at most 8) tokens beyond the grid. Otherwise the grid is the
+    factorisation of the patch count with exactly the image's aspect ratio, trying the
+    model's `num_prefix_tokens` first, then 0 to 8 prefix tokens. Returns (None, None) when
+    the tokens do not form such a layout (pooled stages, channel attention).
+    """
+    patch_size = getattr(model, 'patch_size', None)
+    if patch_size is not None and image_size is not None:
+        (height, width), (patch_height, patch_width) = image_size, pair(patch_size)
+        if not (height % patch_height or width % patch_width):
+            grid = height // patch_height, width // patch_width
+            if 0 <= num_tokens - grid[0] * grid[1] <= 8:
+                return grid, num_tokens - grid[0] * grid[1]
+    prefix = getattr(model, 'num_prefix_tokens', None)
+    for candidate in ([prefix] if isinstance(prefix, int) else []) + list(range(9)):
+        if num_tokens - candidate > 0:
+            grid = _grid_with_aspect(num_tokens - candidate, image_size)
+            if grid is not None:
+                return grid, candidate
+    return None, None
+
+
+class _Hooks(nn.Module):
+    """Shared mechanics: hooks live only between `start()` and `stop()` (or inside `with`)."""
+
+    def __init__(self, model):
+        super().__init__()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        self.model = model
+        self._handles = []
+
+    @property
+    def recording(self):
+        return bool(self._handles)
+
+    def _install(self):
+        raise NotImplementedError
+
+    def _uninstall(self):
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def start(self):
+        if self.recording:
+            raise RuntimeError(f"this {type(self).__name__} is already recording; call stop() first")
+        try:
+            self._install()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self):
+        self._uninstall()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc_info):
+        self.stop()
+
+    def eject(self):
+        """Stop recording and hand back the model, as vit-pytorch's wrappers do."""
+        self.stop()
+        return self.model
+
+    def _run(self, *args, **kwargs):
+        if self.recording:
+            return self.model(*args, **kwargs)
+        with self:
+            return self.model(*args, **kwargs)
+
+
+class Recorder(_Hooks):
+    """Record every attention map of `model`.
+
+    `Recorder(model)(img)` returns `(logits, attns)`: attns is (b, layers, heads, n, n) when
+    every recorded map has the same shape, and otherwise (CaiT's class attention is
+    (b, heads, 1, n), XCiT's cross-covariance attention (b, heads, d, d), the two branches
+    of CrossViT differ in n) a list with one (b, heads, n_query, n_key) tensor per call of
+    an attention module, in the order they ran. `recorder.names` gives each map's module
+    name, `recorder.maps` always the list.
+
+    As a context manager it records every call of the model made inside it; the maps are
+    those of the model's latest call. `recorder.grid` and `recorder.num_prefix_tokens` say
+    how the keys of the last map (the model's final token sequence: [cls, patches] also for
+    CaiT and XCiT) lie on the image, or None; for maps of other layers use
+    `token_layout(model, recorder.image_size, n)`.
+
+    Maps are detached from the graph unless `detach=False`. Layer dropout (CaiT) or
+    anything else that skips layers in training mode skips their maps too: record in
+    `model.eval()` for one map per layer.
+    """
+
+    def __init__(self, model, *, detach=True):
+        super().__init__(model)
+        self.detach = detach
+        self.maps, self.names = [], []
+        self.image_size = None
+        if not attention_modules(model):
+            raise ValueError(
+                f"{type(model).__name__} has no attention module to record: none of its modules has a boolean "
+                f"`fused` attribute and an `attention_probs` child (the protocol of vit_pytorch.vit.Attention)"
+            )
+
+    def _install(self):
+        self._saved_fused = []
+        self._handles.append(self.model.register_forward_pre_hook(self._new_call))
+        for name, module in attention_modules(self.model):
+            self._saved_fused.append((module, module.fused))
+            module.fused = False
+            self._handles.append(module.attention_probs.register_forward_hook(self._recorder_for(name)))
+
+    def _uninstall(self):
+        super()._uninstall()
+        for module, fused in getattr(self, '_saved_fused', []):
+            module.fused = fused
+        self._saved_fused = []
+
+    def _new_call(self, module, args):
+        self.maps, self.names = [], []
+        image = args[0] if args else None
+        self.image_size = tuple(image.shape[-2:]) if hasattr(image, 'shape') and image.ndim >= 2 else None
+
+    def _recorder_for(self, name):
+        def hook(module, args, output):
+            self.maps.append(output.detach() if self.detach else output)
+            self.names.append(name)
+        return hook
+
+    @property
+    def attentions(self):
+        """The latest call's maps: (b, layers, heads, n, n) if all shapes agree, else the list."""
+        if not self.maps:
+            return None
+        if all(attn.shape == self.maps[0].shape for attn in self.maps):
+            return rearrange(self.maps, 'layers b h i j -> b layers h i j')
+        return list(self.maps)
+
+    def _layout(self):
+        if not self.maps:
+            return None, None
+        return token_layout(self.model, self.image_size, self.maps[-1].shape[-1])
+
+    @property
+    def grid(self):
+        return self._layout()[0]
+
+    @property
+    def num_prefix_tokens(self):
+        return self._layout()[1]
+
+    def forward(self, img, *args, **kwargs):
+        output = self._run(img, *args, **kwargs)
+        return output, self.attentions
+
+
+def _find_layer(model, layer, layer_name):
+    if layer is not None:
+        if not isinstance(layer, nn.Module):
+            raise TypeError(f"layer must be a torch.nn.Module inside the model, got {type(layer).__name__}")
+        return layer
+    modules = dict(model.named_modules())
+    if layer_name not in modules:
+        children = ', '.join(name for name, _ in model.named_children())
+        raise ValueError(
+            f"layer_name {layer_name!r} is not a module of {type(model).__name__}; pass layer=<module> or "
+            f"one of its module names (children: {children})"
+        )
+    return modules[layer_name]
+
+
+class _Restore:
+    """A handle whose remove() takes back a temporary `forward_features` wrapper."""
+
+    def __init__(self, model, previous):
+        self.model, self.previous = model, previous
+
+    def remove(self):
+        if self.previous is None:
+            del self.model.forward_features
+        else:
+            self.model.forward_features = self.previous
+
+
+class Extractor(_Hooks):
+    """Capture the final tokens of `model`, or the output of any one of its modules.
+
+    `Extractor(model)(img)` returns `(logits, embeddings)`, or the embeddings alone with
+    `return_embeddings_only=True`, as vit-pytorch's Extractor does. By default the
+    embeddings are what `model.forward_features` returns (for our ViTs all tokens after the
+    final norm, (b, prefix + h * w, dim); for CrossViT the pair of branches), caught by
+    wrapping that method while recording. `layer=<module>` or `layer_name='transformer'`
+    (vit-pytorch's default) hooks that module instead; when it returns a tuple, its first
+    element is taken. As a context manager it keeps `extractor.embeddings` from the latest
+    call.
+    """
+
+    def __init__(self, model, *, layer=None, layer_name=None, return_embeddings_only=False, detach=True):
+        super().__init__(model)
+        if layer is None and layer_name is None and not hasattr(model, 'forward_features'):
+            layer_name = 'transformer'
+        self.layer = None if layer is None and layer_name is None else _find_layer(model, layer, layer_name)
+        self.return_embeddings_only = return_embeddings_only
+        self.detach = detach
+        self.embeddings = None
+
+    def _install(self):
+        if self.layer is not None:
+            self._handles.append(self.layer.register_forward_hook(self._capture))
+            return
+        previous, forward_features = self.model.__dict__.get('forward_features'), self.model.forward_features
+
+        def capturing_forward_features(*args, **kwargs):
+            output = forward_features(*args, **kwargs)
+            self._keep(output)
+            return output
+
+        self.model.forward_features = capturing_forward_features
+        self._handles.append(_Restore(self.model, previous))
+
+    def _capture(self, module, args, output):
+        self._keep(output[0] if isinstance(output, (tuple, list)) else output)
+
+    def _keep(self, output):
+        if self.detach:
+            output = tuple(t.detach() for t in output) if isinstance(output, tuple) else output.detach()
+        self.embeddings = output
+
+    def forward(self, img, *args, **kwargs):
+        self.embeddings = None
+        output = self._run(img, *args, **kwargs)
+        return self.embeddings if self.return_embeddings_only else (output, self.embeddings)
+
+
+def _block_indices(indices, depth):
+    if indices is None:
+        return list(range(depth))
+    if isinstance(indices, int) and not isinstance(indices, bool):
+        if not 1 <= indices <= depth:
+            raise ValueError(f"indices as an int takes the last n blocks, 1 <= n <= {depth}, got {indices}")
+        return list(range(depth - indices, depth))
+    chosen = []
+    for index in indices:
+        if isinstance(index, bool) or not isinstance(index, int) or not -depth <= index < depth:
+            raise ValueError(f"indices must be block numbers in [-{depth}, {depth}), got {index!r} in {indices!r}")
+        chosen.append(index % depth)
+    return chosen
+
+
+def _run_collecting_blocks(model, img, transformer):
+    """Run the model once; every block output of `transformer`, in order."""
+    calls, handles = [], []
+    if 'return_layers' in inspect.signature(transformer.forward).parameters:
+        asked = []
+
+        def ask_for_layers(module, args, kwargs):
+            asked.append(kwargs.get('return_layers', False))
+            return args, {**kwargs, 'return_layers': True}
+
+        def take_layers(module, args, kwargs, output):
+            calls.append(list(output[1]))
+            return output if asked.pop() else output[0]
+
+        handles.append(transformer.register_forward_pre_hook(ask_for_layers, with_kwargs=True))
+        handles.append(transformer.register_forward_hook(take_layers, with_kwargs=True))
+    else:
+        layers = getattr(transformer, 'layers', None)
+        if not isinstance(layers, nn.ModuleList):
+            raise ValueError(
+                f"{type(transformer).__name__} neither supports forward(x, return_layers=True) nor has a "
+                f"`layers` ModuleList whose blocks could be hooked"
+            )
+        calls.append([])
+        for block in layers:
+            handles.append(block.register_forward_hook(
+                lambda module, args, output: calls[-1].append(output[0] if isinstance(output, tuple) else output)))
+    try:
+        (model.forward_features if hasattr(model, 'forward_features') else model)(img)
+    finally:
+        for handle in handles:
+            handle.remove()
+    calls = [outputs for outputs in calls if outputs]
+    if len(calls) != 1:
+        raise ValueError(
+            f"{type(transformer).__name__} ran {len(calls)} times in one forward of {type(model).__name__}; "
+            f"forward_intermediates needs a transformer that runs exactly once (pass transformer=<module>)"
+        )
+    return calls[0]
+
+
+def _find_transformer(model, transformer):
+    if transformer is not None:
+        if not isinstance(transformer, nn.Module):
+            raise TypeError(f"transformer must be a torch.nn.Module of the model, got {type(transformer).__name__}")
+        return transformer
+    if isinstance(getattr(model, 'transformer', None), nn.Module):
+        return model.transformer
+    stacks = [(name, child) for name, child in model.named_children()
+              if 'return_layers' in inspect.signature(child.forward).parameters]
+    if len(stacks) == 1:
+        return stacks[0][1]
+    raise ValueError(
+        f"{type(model).__name__} has no `transformer` module and {len(stacks)} children supporting "
+        f"forward(x, return_layers=True) ({', '.join(name for name, _ in stacks) or 'none'}); pass transformer=<module>"
+    )
+
+
+def forward_intermediates(model, img, indices=None, *, output='tokens', transformer=None):
+    """Outputs of chosen blocks of the model's transformer, for probing or as a dense-prediction backbone.
+
+    The transformer is `model.transformer`, else the one child whose forward takes
+    `return_layers` (CaiT's patch stage, XCiT's), else pass it as `transformer=`. The model
+    runs once (its `forward_features` when it has one).
+
+    indices: None for every block, an int n for the last n, or a list of block numbers
+             (negative counts from the end).
+    output:  'tokens' gives each block's output as it is, (b, n, dim) (before the final
+             norm); 'maps' drops the prefix tokens and lays the patches on their grid,
+             (b, dim, h, w).
+    """
+    if output not in ('tokens', 'maps'):
+        raise ValueError(f"output must be 'tokens' or 'maps', got {output!r}")
+    transformer = _find_transformer(model, transformer)
+    blocks = _run_collecting_blocks(model, img, transformer)
+    chosen = [blocks[i] for i in _block_indices(indices, len(blocks))]
+    if output == 'tokens':
+        return chosen
+    maps = []
+    for tokens in chosen:
+        grid, prefix = token_layout(model, tuple(img.shape[-2:]), tokens.shape[1])
+        if grid is None:
+            raise ValueError(
+                f"cannot lay {tokens.shape[1]} tokens of {type(model).__name__} on a patch grid for an image of "
+                f"size {tuple(img.shape[-2:])}; use output='tokens'"
+            )
+        maps.append(rearrange(tokens[:, prefix:], 'b (h w) d -> b d h w', h=grid[0], w=grid[1]))
+    return maps
