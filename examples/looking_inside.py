@@ -1,21 +1,23 @@
-"""Looking inside a ViT: draw the ViT paper's pictures for two small models trained here on CPU.
+"""Looking inside a ViT: draw the ViT paper's pictures for small models trained on CPU.
 
-1. A ViT trained on scikit-learn's handwritten digits (upsampled to 32x32, 4x4 patches: an
-   8x8 grid plus a cls token), or the model in a checkpoint written by
-   `python -m vit_pytorch.train` (--checkpoint). Pictures: attention rollout over test
-   digits (Figure 6), the last layer's cls attention per head, position-embedding
-   similarity, mean attention distance and principal components of the embedding filters
-   (Figure 7).
-2. A ViT trained to tell random 48x48 crops of the two photographs that ship with
-   scikit-learn (`china.jpg`, `flower.jpg`) apart, then run on each whole photograph (a
-   rectangular 13x20 patch grid, position embeddings resampled): rollout, per-head cls
-   attention and RGB embedding filters.
-3. The fixed sin-cos position table of SimpleViT, for comparison with the learned one.
+1. A ViT on scikit-learn's handwritten digits: the model in a checkpoint written by the
+   training command (--checkpoint), or, without one, a 6-layer ViT trained here for 20
+   epochs (digits upsampled to 32x32, 4x4 patches: an 8x8 grid plus a cls token).
+   Pictures: attention rollout over test digits (Figure 6 of the paper), the last layer's
+   cls attention per head, position-embedding similarity, mean attention distance and the
+   principal components of the embedding filters (Figure 7).
+2. A ViT trained for 300 steps to tell random 48x48 crops of the two photographs that ship
+   with scikit-learn (`china.jpg`, `flower.jpg`) apart, then run on each whole photograph
+   (a rectangular 13x20 patch grid, position embeddings resampled): rollout, per-head cls
+   attention, mean attention distance and RGB embedding filters.
+3. The fixed sin-cos position table of SimpleViT, for comparison with a learned one.
 
-    python examples/looking_inside.py                     # about two minutes on 2 CPU cores
-    python examples/looking_inside.py --checkpoint run/model.safetensors --out pictures/
+    python -m vit_pytorch.train --image-size 32 --out runs/digits-32        # 98.4% test accuracy
+    python examples/looking_inside.py --checkpoint runs/digits-32/checkpoint
+    python examples/looking_inside.py            # trains its own digits model instead
 
-Nothing is downloaded: both datasets ship inside scikit-learn.
+Nothing is downloaded: both data sets ship inside scikit-learn. CPU time measured on a
+shared 2-core machine: training 2 min, this script 27 s with a checkpoint, 94 s without.
 """
 
 import argparse

@@ -57,7 +57,7 @@ def token_layout(model, image_size, num_tokens):
 
     Prefix tokens (cls, distillation, registers) come before the patches, which are in
     row-major order. When the model has a `patch_size`, the grid is the image size divided
-    by it and the prefix the (at most 8) tokens beyond the grid. Otherwise the grid is the
+    by it and the prefix the tokens beyond the grid. Otherwise the grid is the
     factorisation of the patch count with exactly the image's aspect ratio, trying the
     model's `num_prefix_tokens` first, then 0 to 8 prefix tokens. Returns (None, None) when
     the tokens do not form such a layout (pooled stages, channel attention).
@@ -67,7 +67,7 @@ def token_layout(model, image_size, num_tokens):
         (height, width), (patch_height, patch_width) = image_size, pair(patch_size)
         if not (height % patch_height or width % patch_width):
             grid = height // patch_height, width // patch_width
-            if 0 <= num_tokens - grid[0] * grid[1] <= 8:
+            if num_tokens >= grid[0] * grid[1]:
                 return grid, num_tokens - grid[0] * grid[1]
     prefix = getattr(model, 'num_prefix_tokens', None)
     for candidate in ([prefix] if isinstance(prefix, int) else []) + list(range(9)):
