@@ -1,0 +1,322 @@
+"""The training command: it learns, resumes exactly, reads folders, draws, runs on 2 processes, and
+says clearly what is wrong. Runs use tiny models and few epochs to stay fast."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import digits_batch
+
+from vit_pytorch import checkpoint as ckpt
+from vit_pytorch import train
+from vit_pytorch.evaluate import load_digits, main as evaluate_main
+from vit_pytorch.models import MODELS, build_model, known_names
+
+TINY = ['--threads', '1', '--dim', '32', '--depth', '2', '--heads', '2', '--dim-head', '16', '--mlp-dim', '64']
+FAST = ['--quiet', '--no-plots', '--batch-size', '128', '--warmup-epochs', '1'] + TINY
+
+
+def run(*argv):
+    return train.main([str(arg) for arg in argv])
+
+
+def log_of(out):
+    return [json.loads(line) for line in (Path(out) / 'log.jsonl').read_text().splitlines()]
+
+
+def weights_of(out):
+    from safetensors.torch import load_file
+    return load_file(Path(out) / 'checkpoint' / 'model.safetensors')
+
+
+def write_image_folder(root, splits=(('train', 6), ('val', 3)), size=12):
+    """Two classes that a model can tell apart: horizontal and vertical stripes, as PNG files."""
+    from PIL import Image
+
+    generator = torch.Generator().manual_seed(0)
+    for split, count in splits:
+        for name in ('horizontal', 'vertical'):
+            folder = Path(root) / split / name
+            folder.mkdir(parents=True)
+            for index in range(count):
+                stripes = (torch.arange(size) // 2 % 2).float()
+                pattern = stripes[:, None] if name == 'horizontal' else stripes[None]
+                pattern = pattern.expand(size, size)
+                noisy = (0.8 * pattern + 0.2 * torch.rand(size, size, generator=generator)) * 255
+                rgb = noisy.to(torch.uint8)[..., None].expand(size, size, 3).contiguous().numpy()
+                Image.fromarray(rgb).save(folder / f'{index}.png')
+    return Path(root)
+
+
+# the recipe's pieces
+
+
+def test_model_arguments_parse_to_python_values():
+    assert train.parse_model_kwargs(['--dim', '192', '--pool', 'mean', '--qkv-bias', '--patch-size=(4, 8)',
+                                     '--dropout', '0.1']) == \
+        dict(dim=192, pool='mean', qkv_bias=True, patch_size=(4, 8), dropout=0.1)
+
+
+def test_learning_rate_warms_up_linearly_then_decays_as_a_cosine_to_zero():
+    schedule = dict(peak=1.0, warmup_steps=10, total_steps=110)
+    assert train.learning_rate(0, **schedule) == pytest.approx(0.1)
+    assert train.learning_rate(9, **schedule) == pytest.approx(1.0)
+    assert train.learning_rate(60, **schedule) == pytest.approx(0.5)          # halfway through the cosine
+    assert train.learning_rate(35, **schedule) == pytest.approx(0.5 * (1 + math.cos(math.pi / 4)))
+    assert train.learning_rate(110, **schedule) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_weight_decay_spares_norms_biases_position_embeddings_and_tokens():
+    model = build_model('vit', image_size=16, patch_size=4, num_classes=3, dim=32, depth=1, heads=2, mlp_dim=64)
+    decay, no_decay = train.parameter_groups(model, 0.05)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in decay['params']}
+    assert decay['weight_decay'] == 0.05 and no_decay['weight_decay'] == 0.0
+    assert decayed == {n for n, p in model.named_parameters()
+                       if p.ndim == 2 and n not in ('pos_embedding', 'cls_token')}
+    assert 'transformer.layers.0.0.to_qkv.weight' in decayed
+    assert 'pos_embedding' not in decayed and 'cls_token' not in decayed and 'mlp_head.bias' not in decayed
+
+
+def test_translate_shifts_each_image_by_its_own_offset_filling_with_zeros():
+    images = torch.arange(2 * 16, dtype=torch.float32).reshape(2, 1, 4, 4) + 1
+    shifted = train.translate(images, torch.tensor([[1, 0], [0, -1]]), pad=1)
+    down = torch.cat((torch.zeros(1, 4), images[0, 0, :3]))             # first image: one row down
+    left = torch.cat((images[1, 0, :, 1:], torch.zeros(4, 1)), dim=1)    # second image: one column left
+    assert torch.equal(shifted[0, 0], down) and torch.equal(shifted[1, 0], left)
+
+
+def test_digits_split_is_the_fixed_held_out_quarter():
+    train_set, test_set = load_digits('train'), load_digits('test')
+    assert (len(train_set), len(test_set)) == (1347, 450)
+    assert train_set.images.shape[1:] == (1, 16, 16)
+    assert torch.equal(load_digits('test').labels, test_set.labels)
+    per_digit = torch.bincount(torch.cat((train_set.labels, test_set.labels)))
+    assert (torch.bincount(test_set.labels) - per_digit / 4).abs().max() <= 1   # stratified: a quarter of each digit
+
+
+# training
+
+
+def test_short_run_on_digits_beats_80_percent_and_draws_its_curves(tmp_path):
+    out = tmp_path / 'run'
+    assert run('--epochs', 8, '--lr', 5e-3, '--out', out, '--quiet', '--batch-size', 64, *TINY) == 0
+    log = log_of(out)
+    assert [record['epoch'] for record in log] == list(range(1, 9))
+    assert log[-1]['test_accuracy'] >= 0.80          # 85.8% measured; chance is 10%
+    curves = out / 'curves.png'
+    assert curves.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n' and curves.stat().st_size > 5000
+    if (Path(train.__file__).parent / 'plots.py').exists():
+        assert (out / 'attention.png').stat().st_size > 0
+        assert (out / 'position_similarity.png').stat().st_size > 0
+
+
+def test_interrupted_run_resumed_matches_an_uninterrupted_run(tmp_path, monkeypatch):
+    whole, broken = tmp_path / 'whole', tmp_path / 'broken'
+    assert run('--epochs', 3, '--out', whole, *FAST) == 0
+
+    saves = []
+    real_save = train.save_checkpoint
+
+    def save_then_die(*args, **kwargs):
+        real_save(*args, **kwargs)
+        saves.append(1)
+        if len(saves) == 2:
+            raise KeyboardInterrupt                     # killed right after epoch 2 was saved
+
+    monkeypatch.setattr(train, 'save_checkpoint', save_then_die)
+    assert run('--epochs', 3, '--out', broken, *FAST) == 130
+    monkeypatch.setattr(train, 'save_checkpoint', real_save)
+    assert len(log_of(broken)) == 2
+    assert run('--out', broken, '--resume') == 0
+
+    expected, resumed = weights_of(whole), weights_of(broken)
+    assert expected.keys() == resumed.keys()
+    for key in expected:
+        assert torch.equal(expected[key], resumed[key]), key
+    timing = ('epoch_seconds', 'images_per_second', 'elapsed_seconds')
+    strip = lambda log: [{k: v for k, v in record.items() if k not in timing} for record in log]
+    assert strip(log_of(broken)) == strip(log_of(whole))
+
+
+def test_folder_data_set_trains_and_evaluate_reproduces_the_last_accuracy(tmp_path, capsys):
+    data = write_image_folder(tmp_path / 'stripes')
+    out = tmp_path / 'run'
+    assert run('--data', data, '--image-size', 8, '--patch-size', 4, '--epochs', 2, '--out', out,
+               '--batch-size', 4, '--translate', 0, '--hflip', '--mixup', 0.2, *FAST) == 0
+    config = json.loads((out / 'checkpoint' / 'config.json').read_text())
+    assert config['data']['classes'] == ['horizontal', 'vertical']
+    assert config['model_kwargs']['image_size'] == 8 and config['model_kwargs']['channels'] == 3
+    capsys.readouterr()
+    assert evaluate_main([str(out / 'checkpoint'), '--json']) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result['count'] == 6 and result['split'] == 'val'
+    assert result['accuracy'] == pytest.approx(log_of(out)[-1]['test_accuracy'])
+    assert result['loss'] == pytest.approx(log_of(out)[-1]['test_loss'], rel=1e-5)
+
+
+def test_two_processes_train_like_one_with_the_same_global_batch(tmp_path):
+    """torchrun with gloo: the 2 processes split each batch and average gradients, so after an epoch
+    the weights equal a single process's (up to the order of float additions)."""
+    single, double = tmp_path / 'single', tmp_path / 'double'
+    args = ['-m', 'vit_pytorch.train', '--epochs', '1', '--batch-size', '256', '--quiet', '--no-plots',
+            '--warmup-epochs', '1', '--threads', '1', '--dim', '32', '--depth', '1', '--heads', '2', '--dim-head', '16',
+            '--mlp-dim', '64', '--device', 'cpu']
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    assert run(*args[2:], '--out', single) == 0
+    process = subprocess.Popen(
+        [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', *args,
+         '--out', str(double)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        _, stderr = process.communicate(timeout=240)
+    finally:
+        if process.poll() is None:                       # take torchrun's workers down with it
+            os.killpg(process.pid, 9)
+            process.wait()
+    assert process.returncode == 0, stderr[-3000:]
+    one, two = weights_of(single), weights_of(double)
+    for key in one:
+        torch.testing.assert_close(two[key], one[key], rtol=1e-4, atol=1e-5, msg=key)
+    assert log_of(double)[0]['test_accuracy'] == pytest.approx(log_of(single)[0]['test_accuracy'], abs=0.01)
+
+
+# models by name
+
+
+def test_unknown_model_name_lists_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown model name 'vitt'.*simple_vit.*vit"):
+        build_model('vitt')
+
+
+def test_registry_names_the_class_each_module_defines():
+    assert MODELS['vit'] == 'vit_pytorch.vit:ViT' and MODELS['simple_vit'] == 'vit_pytorch.simple_vit:SimpleViT'
+    for name, target in MODELS.items():
+        module_name, class_name = target.split(':')
+        path = Path(train.__file__).parent / (module_name.rsplit('.', 1)[1] + '.py')
+        if path.exists():                               # variants arrive one by one
+            assert f'class {class_name}(' in path.read_text(), name
+    assert 'vit' in known_names() and any('S/16' in name for name in known_names())
+
+
+def test_named_configuration_builds_the_paper_vit():
+    pytest.importorskip('vit_pytorch.pretrained')
+    model = build_model('Ti/16', image_size=32, num_classes=10)
+    assert model.transformer.layers[0][0].to_qkv.in_features == 192 and len(model.transformer.layers) == 12
+
+
+# clear errors
+
+
+def test_missing_data_folder_is_named(tmp_path, capsys):
+    assert run('--data', tmp_path / 'nowhere', '--out', tmp_path / 'run', *FAST) == 2
+    assert f"data folder {tmp_path / 'nowhere'} does not exist" in capsys.readouterr().err
+
+
+def test_empty_class_folder_is_named(tmp_path, capsys):
+    data = write_image_folder(tmp_path / 'stripes', splits=(('train', 2), ('val', 1)))
+    (data / 'train' / 'diagonal').mkdir()
+    assert run('--data', data, '--image-size', 8, '--out', tmp_path / 'run', *FAST) == 2
+    assert f"class folder {data / 'train' / 'diagonal'} is empty" in capsys.readouterr().err
+
+
+def test_unknown_model_name_on_the_command_line(tmp_path, capsys):
+    assert run('--model', 'resnet', '--out', tmp_path / 'run', *FAST) == 2
+    error = capsys.readouterr().err
+    assert "unknown model name 'resnet'" in error and 'simple_vit' in error
+
+
+@pytest.fixture(scope='module')
+def saved(tmp_path_factory):
+    """A checkpoint folder of a tiny one-epoch run."""
+    out = tmp_path_factory.mktemp('saved') / 'run'
+    assert run('--epochs', 1, '--out', out, *FAST) == 0
+    return out / 'checkpoint'
+
+
+def corrupt_copy(saved, tmp_path, name, damage):
+    import shutil
+    copy = tmp_path / 'checkpoint'
+    shutil.copytree(saved, copy)
+    damage(copy / name)
+    return copy
+
+
+def test_truncated_weights_give_a_clear_error(saved, tmp_path, capsys):
+    copy = corrupt_copy(saved, tmp_path, 'model.safetensors',
+                        lambda file: file.write_bytes(file.read_bytes()[:1000]))
+    assert evaluate_main([str(copy)]) == 2
+    assert f"cannot read {copy / 'model.safetensors'}" in capsys.readouterr().err
+    with pytest.raises(ckpt.CheckpointError, match='corrupt, truncated'):
+        ckpt.load_model(copy)
+
+
+def test_corrupt_config_gives_a_clear_error(saved, tmp_path):
+    copy = corrupt_copy(saved, tmp_path, 'config.json', lambda file: file.write_text('{"model": "vit", '))
+    with pytest.raises(ckpt.CheckpointError, match='config.json is not valid JSON'):
+        ckpt.load_model(copy)
+
+
+def test_weights_from_another_run_are_caught(saved, tmp_path):
+    copy = corrupt_copy(saved, tmp_path, 'config.json', lambda file: file.write_text(
+        file.read_text().replace('"dim": 32', '"dim": 48')))
+    with pytest.raises(ckpt.CheckpointError, match='disagree'):
+        ckpt.load_model(copy)
+
+
+def test_weights_that_do_not_fit_the_model_list_the_entries(saved):
+    other = build_model('vit', image_size=16, patch_size=4, num_classes=10, dim=32, depth=1, heads=2,
+                        dim_head=16, mlp_dim=64, channels=1)
+    with pytest.raises(ckpt.CheckpointError, match=r'unexpected: transformer\.layers\.1\.'):
+        ckpt.load_weights(other, saved)
+
+
+def test_missing_checkpoint_and_weights_only_resume_are_explained(saved, tmp_path, capsys):
+    assert evaluate_main([str(tmp_path / 'none')]) == 2
+    assert f"no checkpoint at {tmp_path / 'none'}" in capsys.readouterr().err
+    import shutil
+    copy = tmp_path / 'weights_only'
+    shutil.copytree(saved, copy)
+    (copy / 'state.json').unlink()
+    assert run('--resume', copy, '--out', tmp_path / 'run', '--quiet') == 2
+    assert 'holds weights only' in capsys.readouterr().err
+
+
+def test_evaluate_reloads_the_model_without_the_trainer(saved, capsys):
+    import ast
+    import vit_pytorch.evaluate
+    tree = ast.parse(Path(vit_pytorch.evaluate.__file__).read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)} | \
+        {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert 'vit_pytorch.train' not in imported and 'vit_pytorch.checkpoint' in imported
+    model, config = ckpt.load_model(saved)
+    assert config['model'] == 'vit' and not model.training
+    capsys.readouterr()
+    assert evaluate_main([str(saved), '--json']) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result['count'], result['split']) == (450, 'test')
+    assert result['accuracy'] == pytest.approx(log_of(saved.parent)[-1]['test_accuracy'])
+
+
+@pytest.mark.parametrize('name', sorted(MODELS))
+def test_every_registered_model_builds_from_the_trainer_defaults_and_takes_a_step(name):
+    module = MODELS[name].split(':')[0].rsplit('.', 1)[1]
+    if not (Path(train.__file__).parent / f'{module}.py').exists():
+        pytest.skip(f'{module}.py is not written yet')
+    kwargs = train.model_config(name, {}, image_size=16, channels=1, num_classes=10)
+    model = build_model(name, **kwargs)
+    digits = digits_batch(8, size=16)
+    images, labels = digits[0], digits[1]
+    optimizer = torch.optim.AdamW(train.parameter_groups(model, 0.05), lr=1e-3)
+    outputs = model(images)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    assert all(output.shape == (8, 10) for output in outputs)
+    sum(torch.nn.functional.cross_entropy(output, labels) for output in outputs).backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer.step()
+    assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))

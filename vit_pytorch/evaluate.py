@@ -1,0 +1,221 @@
+"""Evaluate a trained checkpoint, and the data sets the trainer reads.
+
+    python -m vit_pytorch.evaluate runs/digits-vit/checkpoint
+    python -m vit_pytorch.evaluate runs/pets-vit/checkpoint --data ~/pets --split val
+
+The model is rebuilt from the checkpoint's JSON configuration and safetensors weights alone,
+and evaluated on the split it was tested on during training (or on `--data`). Data sets:
+
+  digits  scikit-learn's 1,797 handwritten 8x8 digits (shipped with scikit-learn, so offline),
+          split once and for all into 1,347 training and 450 test images (a stratified quarter,
+          random_state=0), resized to the model's image size.
+  folder  PATH/train/<class>/*.png|jpg|... and PATH/val/<class>/..., read with Pillow, the
+          shorter side resized to the image size and centre-cropped; decoded once and held in
+          memory as uint8.
+"""
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+
+IMAGE_SUFFIXES = ('.png', '.jpg', '.jpeg', '.bmp', '.gif', '.webp', '.tif', '.tiff')
+DIGITS_SPLITS = ('train', 'test')
+FOLDER_SPLITS = ('train', 'val')
+
+
+@dataclass
+class ImageSet:
+    """Images (n, c, h, w), uint8 in [0, 255] or float in [0, 1], with integer labels (n,)."""
+    images: torch.Tensor
+    labels: torch.Tensor
+    classes: list
+
+    def __len__(self):
+        return len(self.labels)
+
+    def floats(self, index=slice(None)):
+        images = self.images[index]
+        return images.float() / 255 if images.dtype == torch.uint8 else images.float()
+
+
+# data sets
+
+
+def load_digits(split, *, image_size=16):
+    """scikit-learn's digits, the fixed 'train' (1,347) or 'test' (450) split, resized to `image_size`."""
+    from sklearn.datasets import load_digits as sklearn_digits
+    from sklearn.model_selection import train_test_split
+
+    if split not in DIGITS_SPLITS:
+        raise ValueError(f"split must be one of {DIGITS_SPLITS} for the digits, got {split!r}")
+    digits = sklearn_digits()
+    train_index, test_index = train_test_split(range(len(digits.target)), test_size=0.25, random_state=0,
+                                               stratify=digits.target)
+    index = train_index if split == 'train' else test_index
+    images = torch.tensor(digits.images[index], dtype=torch.float32)[:, None] / 16   # (n, 1, 8, 8), in [0, 1]
+    height, width = _pair(image_size)
+    if (height, width) != (8, 8):
+        images = F.interpolate(images, size=(height, width), mode='bilinear', antialias=True).clamp(0, 1)
+    return ImageSet(images, torch.tensor(digits.target[index]), [str(digit) for digit in range(10)])
+
+
+def _pair(size):
+    return tuple(size) if isinstance(size, (tuple, list)) else (size, size)
+
+
+def _read_image(file, size, channels):
+    from PIL import Image, UnidentifiedImageError
+
+    height, width = size
+    try:
+        with Image.open(file) as image:
+            image = image.convert('L' if channels == 1 else 'RGB')
+            scale = max(height / image.height, width / image.width)
+            resized = (max(width, round(image.width * scale)), max(height, round(image.height * scale)))
+            image = image.resize(resized, Image.Resampling.BICUBIC)
+            left, top = (image.width - width) // 2, (image.height - height) // 2
+            image = image.crop((left, top, left + width, top + height))
+            data = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
+    except (UnidentifiedImageError, OSError) as error:
+        raise ValueError(f"cannot read image {file}: {error}") from error
+    return rearrange(data, '(h w c) -> c h w', h=height, w=width, c=channels)
+
+
+def folder_classes(root):
+    """Sorted class names: the subfolders of ROOT/train."""
+    root = Path(root).expanduser()
+    if not root.exists():
+        raise FileNotFoundError(f"data folder {root} does not exist")
+    if not root.is_dir():
+        raise NotADirectoryError(f"data folder {root} is not a folder")
+    train = root / 'train'
+    if not train.is_dir():
+        raise FileNotFoundError(f"data folder {root} has no train/ folder; expected {root}/train/<class>/*.png "
+                                f"and {root}/val/<class>/*.png")
+    classes = sorted(entry.name for entry in train.iterdir() if entry.is_dir())
+    if len(classes) < 2:
+        raise ValueError(f"{train} must hold one folder per class (at least two), found {classes}")
+    return classes
+
+
+def load_folder(root, split, *, image_size, channels=3, classes=None):
+    """ROOT/<split>/<class>/<images> as an ImageSet; `classes` (default: those of ROOT/train) fixes the labels."""
+    root = Path(root).expanduser()
+    classes = list(classes) if classes is not None else folder_classes(root)
+    folder = root / split
+    if not folder.is_dir():
+        raise FileNotFoundError(f"data folder {root} has no {split}/ folder; expected {folder}/<class>/*.png")
+    found = sorted(entry.name for entry in folder.iterdir() if entry.is_dir())
+    strangers = sorted(set(found) - set(classes))
+    if strangers:
+        raise ValueError(f"{folder} has class folders {strangers} that {root / 'train'} does not have "
+                         f"(training classes: {classes})")
+    size = _pair(image_size)
+    images, labels = [], []
+    for label, name in enumerate(classes):
+        class_folder = folder / name
+        if not class_folder.is_dir():
+            continue
+        files = sorted(file for file in class_folder.iterdir() if file.suffix.lower() in IMAGE_SUFFIXES)
+        if not files:
+            raise ValueError(f"class folder {class_folder} is empty: it has no images "
+                             f"({', '.join(IMAGE_SUFFIXES)}); add images or remove the folder")
+        images.extend(_read_image(file, size, channels) for file in files)
+        labels.extend([label] * len(files))
+    if not images:
+        raise ValueError(f"{folder} holds no images in class folders")
+    return ImageSet(torch.stack(images), torch.tensor(labels), classes)
+
+
+def load_split(data, split, *, image_size, channels, classes=None):
+    """The ImageSet of `split` for data 'digits' or a folder path."""
+    if data == 'digits':
+        if channels != 1:
+            raise ValueError(f"the digits are grayscale: channels must be 1, got {channels}")
+        return load_digits(split, image_size=image_size)
+    return load_folder(data, split, image_size=image_size, channels=channels, classes=classes)
+
+
+def normalise(images, mean, std):
+    """(images - mean) / std per channel."""
+    mean = torch.tensor(mean, dtype=images.dtype, device=images.device)
+    std = torch.tensor(std, dtype=images.dtype, device=images.device)
+    return (images - rearrange(mean, 'c -> c 1 1')) / rearrange(std, 'c -> c 1 1')
+
+
+# evaluation
+
+
+def autocast(device, enabled):
+    """bf16 autocast for `--amp` (CPU and GPU alike; bf16 needs no loss scaling)."""
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=enabled)
+
+
+@torch.no_grad()
+def evaluate(model, data, *, mean, std, batch_size=256, device='cpu', amp=False, rank=0, world_size=1):
+    """dict(loss, accuracy, correct, count) of `model` on `data`; with several processes each takes a shard."""
+    was_training = model.training
+    model.eval()
+    shard = torch.arange(rank, len(data), world_size)
+    totals = torch.zeros(3, dtype=torch.float64, device=device)       # loss sum, correct, count
+    for start in range(0, len(shard), batch_size):
+        index = shard[start:start + batch_size]
+        images = normalise(data.floats(index).to(device), mean, std)
+        labels = data.labels[index].to(device)
+        with autocast(device, amp):
+            logits = model(images)
+        totals += torch.stack([F.cross_entropy(logits.float(), labels, reduction='sum').double(),
+                               (logits.argmax(dim=-1) == labels).sum().double(),
+                               torch.tensor(len(index), dtype=torch.float64, device=device)])
+    if world_size > 1:
+        torch.distributed.all_reduce(totals)
+    model.train(was_training)
+    loss, correct, count = totals.tolist()
+    return dict(loss=loss / max(count, 1), accuracy=correct / max(count, 1), correct=int(correct), count=int(count))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog='python -m vit_pytorch.evaluate', description=__doc__.split('\n\n')[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('checkpoint', help='checkpoint folder (or its model.safetensors)')
+    parser.add_argument('--data', help="'digits' or a class-per-folder data set (default: the one it trained on)")
+    parser.add_argument('--split', help="split to evaluate (default: the one tested during training)")
+    parser.add_argument('--batch-size', type=int, default=256)
+    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--amp', action='store_true', help='bf16 autocast')
+    parser.add_argument('--json', action='store_true', help='print the result as one JSON line')
+    args = parser.parse_args(argv)
+
+    from vit_pytorch.checkpoint import CheckpointError, load_model
+
+    try:
+        model, config = load_model(args.checkpoint, device=args.device)
+        data_config = config.get('data', {})
+        source = args.data or data_config.get('source')
+        if source is None:
+            raise CheckpointError(f"{args.checkpoint} does not say what data it was trained on; pass --data")
+        split = args.split or data_config.get('test_split') or ('test' if source == 'digits' else 'val')
+        data = load_split(source, split, image_size=data_config['image_size'], channels=data_config['channels'],
+                          classes=data_config.get('classes') if source != 'digits' else None)
+        result = evaluate(model, data, mean=data_config['mean'], std=data_config['std'],
+                          batch_size=args.batch_size, device=args.device, amp=args.amp)
+    except (CheckpointError, FileNotFoundError, NotADirectoryError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    result.update(checkpoint=str(args.checkpoint), data=str(source), split=split)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{source} {split}: accuracy {100 * result['accuracy']:.2f}% ({result['correct']}/{result['count']}), "
+              f"loss {result['loss']:.4f}")
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Every model of the package by name, for the trainer and for checkpoints.
+
+`build_model('vit', image_size=32, patch_size=4, num_classes=10, dim=64, depth=4, heads=4,
+mlp_dim=128)` builds `vit_pytorch.vit.ViT`; a named configuration of the ViT paper such as
+'S/16' or 'B/16' goes through `vit_pytorch.pretrained.vit`. Modules are imported only when
+their model is built, so a name costs nothing until it is used. A checkpoint stores the name
+and the keyword arguments, which is all it takes to build the model again.
+
+    from vit_pytorch.models import build_model
+
+    model = build_model('simple_vit', image_size=32, patch_size=4, num_classes=10,
+                        dim=64, depth=2, heads=4, mlp_dim=128)
+"""
+
+import importlib
+import inspect
+import re
+
+# name -> "module:Class"; the module is imported on first use
+MODELS = {
+    'vit': 'vit_pytorch.vit:ViT',
+    'simple_vit': 'vit_pytorch.simple_vit:SimpleViT',
+    'cait': 'vit_pytorch.cait:CaiT',
+    'deepvit': 'vit_pytorch.deepvit:DeepViT',
+    't2t': 'vit_pytorch.t2t:T2TViT',
+    'cct': 'vit_pytorch.cct:CCT',
+    'cross_vit': 'vit_pytorch.cross_vit:CrossViT',
+    'xcit': 'vit_pytorch.xcit:XCiT',
+    'small_dataset_vit': 'vit_pytorch.vit_for_small_dataset:ViT',
+    'parallel_vit': 'vit_pytorch.parallel_vit:ViT',
+    'learnable_memory_vit': 'vit_pytorch.learnable_memory_vit:ViT',
+    'distillable_vit': 'vit_pytorch.distill:DistillableViT',
+}
+
+# 'Ti/16', 'S/16', 'B/32', ...: the paper's table, built by vit_pytorch.pretrained.vit
+NAMED_CONFIG = re.compile(r'[A-Za-z]+/\d+')
+
+
+def is_named_config(name):
+    return isinstance(name, str) and NAMED_CONFIG.fullmatch(name) is not None
+
+
+def known_names():
+    return sorted(MODELS) + ["a named ViT configuration such as 'S/16' or 'B/16'"]
+
+
+def _unknown(name, reason=''):
+    return ValueError(f"unknown model name {name!r}{reason}; known names: {', '.join(known_names())}")
+
+
+def model_class(name):
+    """The class registered under `name` (imported now), or a ValueError listing the known names."""
+    if not isinstance(name, str) or name not in MODELS:
+        raise _unknown(name)
+    module_name, class_name = MODELS[name].split(':')
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name != module_name:
+            raise
+        raise ValueError(f"model {name!r} needs module {module_name}, which is not installed in this "
+                         f"version of vit_pytorch") from error
+    return getattr(module, class_name)
+
+
+def _named_config_builder():
+    try:
+        from vit_pytorch.pretrained import vit
+    except ImportError as error:
+        raise ValueError("named configurations such as 'S/16' need vit_pytorch.pretrained, which is not "
+                         "available in this installation; use --model vit with explicit sizes instead") from error
+    return vit
+
+
+def _keywords(cls):
+    """Keyword arguments of `cls(...)`, following **kwargs into base classes; None when they stay open."""
+    names = set()
+    for klass in cls.__mro__:
+        if '__init__' not in vars(klass) or klass is object:
+            continue
+        signature = inspect.signature(klass.__init__)
+        names |= {p.name for p in signature.parameters.values()
+                  if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != 'self'}
+        if not any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+            return names
+    return None
+
+
+def parameters(name):
+    """Names of the keyword arguments that build `name`, or None when its constructor takes any."""
+    if is_named_config(name):
+        _named_config_builder()
+        from vit_pytorch.vit import ViT
+        return _keywords(ViT) | {'image_size', 'num_classes'}
+    return _keywords(model_class(name))
+
+
+def build_model(name, **kwargs):
+    """Build the model registered under `name` with `kwargs`; a name like 'B/16' builds that paper ViT."""
+    if is_named_config(name):
+        return _named_config_builder()(name, **kwargs)
+    return model_class(name)(**kwargs)

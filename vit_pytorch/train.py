@@ -1,0 +1,524 @@
+"""Train and evaluate a Vision Transformer in one command.
+
+    python -m vit_pytorch.train                       # small ViT on scikit-learn's digits
+    python -m vit_pytorch.train --data ~/pets --image-size 64 --epochs 100
+    python -m vit_pytorch.train --model vit --dim 192 --depth 6 --heads 3 --patch-size 8
+    python -m vit_pytorch.train --model S/16 --data ~/pets --image-size 224
+    python -m vit_pytorch.train --resume              # continue the run in --out
+    torchrun --nproc_per_node=2 -m vit_pytorch.train  # DistributedDataParallel (gloo on CPU, nccl on GPU)
+
+With no arguments it trains a 4-layer ViT of width 64 on the 1,347 training digits and tests
+it on the held-out 450 (see `vit_pytorch.evaluate`). Options the trainer does not know are the
+model's own keyword arguments (`--dim 192`, `--pool mean`, `--qkv-bias`), given to
+`vit_pytorch.models.build_model`; unless set, a small default size (patch 4, width 64, depth 4,
+4 heads of 16, MLP 128) fills in whatever the model accepts.
+
+The recipe, each part for small data sets: AdamW (weight decay only on weight matrices, not on
+norms, biases, position embeddings or tokens), linear warm-up then cosine decay to zero, label
+smoothing, gradient-norm clipping, random translation by up to `--translate` pixels, optional
+horizontal flips and mixup, optional bf16 mixed precision. Every epoch is seeded from (seed,
+epoch), so the same seed gives the same run, and a run resumed from a checkpoint continues
+exactly as if it had never stopped.
+
+Written to --out: log.jsonl (one JSON line per epoch), checkpoint/ (safetensors + JSON, replaced
+every epoch), curves.png, and, where vit_pytorch.plots exists, attention maps and position-
+embedding similarity.
+"""
+
+import argparse
+import ast
+import json
+import math
+import os
+import random
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vit_pytorch import models
+from vit_pytorch.checkpoint import CheckpointError, load_config, load_training_state, load_weights, save_checkpoint
+from vit_pytorch.evaluate import autocast, evaluate, folder_classes, load_split, normalise
+
+# the model size used when the command line does not set it (only the keys the model accepts)
+SMALL_MODEL = dict(patch_size=4, dim=64, depth=4, heads=4, dim_head=16, mlp_dim=128, cls_depth=2,
+                   sm_dim=64, lg_dim=128, sm_patch_size=2, lg_patch_size=4, sm_enc_heads=4, lg_enc_heads=4,
+                   sm_enc_mlp_dim=128, lg_enc_mlp_dim=256, sm_enc_dim_head=16, lg_enc_dim_head=16,
+                   lg_enc_depth=2, cross_attn_depth=1, cross_attn_heads=4, cross_attn_dim_head=16)
+# other spellings of a setting, as some models (CCT) keep their paper code's names
+ALIASES = dict(image_size=('img_size',), channels=('n_input_channels',), dim=('embedding_dim',),
+               depth=('num_layers',), heads=('num_heads',))
+
+# arguments that may differ in a resumed run without changing what it computes
+RUNTIME_ARGUMENTS = ('resume', 'out', 'quiet', 'device', 'plots', 'eval_batch_size', 'threads')
+
+
+def parse_args(argv=None):
+    """(training arguments, model keyword arguments) from the command line."""
+    parser = argparse.ArgumentParser(prog='python -m vit_pytorch.train', description=__doc__.split('\n\n')[0],
+                                     epilog='Any other --name value is a keyword argument of the model.',
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    data = parser.add_argument_group('data')
+    data.add_argument('--data', default='digits', help="'digits' or a folder with train/<class>/ and val/<class>/")
+    data.add_argument('--image-size', type=int, default=None, help='side in pixels (default: 16 digits, 32 folders)')
+    data.add_argument('--channels', type=int, default=None, help='1 gray or 3 RGB (default: 1 digits, 3 folders)')
+    model = parser.add_argument_group('model')
+    model.add_argument('--model', default='vit', help=f"one of {', '.join(models.known_names())}")
+    recipe = parser.add_argument_group('recipe')
+    recipe.add_argument('--epochs', type=int, default=50)
+    recipe.add_argument('--batch-size', type=int, default=64, help='over all processes together')
+    recipe.add_argument('--lr', type=float, default=3e-3, help='peak learning rate')
+    recipe.add_argument('--weight-decay', type=float, default=0.05)
+    recipe.add_argument('--warmup-epochs', type=float, default=3)
+    recipe.add_argument('--label-smoothing', type=float, default=0.1)
+    recipe.add_argument('--clip-grad', type=float, default=1.0, help='max gradient norm (0: off)')
+    recipe.add_argument('--translate', type=int, default=1, help='random shift by up to this many pixels')
+    recipe.add_argument('--hflip', action='store_true', help='random horizontal flips')
+    recipe.add_argument('--mixup', type=float, default=0.0, help='mixup Beta(a, a) parameter a (0: off)')
+    recipe.add_argument('--amp', action='store_true', help='bf16 autocast (mixed precision)')
+    recipe.add_argument('--seed', type=int, default=0)
+    run = parser.add_argument_group('run')
+    run.add_argument('--out', default=None, help='output folder (default: runs/<data>-<model>)')
+    run.add_argument('--resume', nargs='?', const='auto', default=None,
+                     help='continue from the checkpoint in --out (or the one given)')
+    run.add_argument('--device', default=None, help='cpu, cuda, cuda:1, ... (default: cuda when available)')
+    run.add_argument('--threads', type=int, default=None,
+                     help="CPU threads per process (default: 1 for the digits, else torch's)")
+    run.add_argument('--eval-batch-size', type=int, default=256)
+    run.add_argument('--no-plots', dest='plots', action='store_false', help='skip the PNG pictures')
+    run.add_argument('--quiet', action='store_true', help='no progress bars, only the final result')
+    args, rest = parser.parse_known_args(argv)
+    try:
+        model_kwargs = parse_model_kwargs(rest)
+    except ValueError as error:
+        parser.error(str(error))
+    return args, model_kwargs
+
+
+def _value(text):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def parse_model_kwargs(tokens):
+    """['--dim', '192', '--pool', 'mean', '--qkv-bias'] -> dict(dim=192, pool='mean', qkv_bias=True)."""
+    kwargs, index = {}, 0
+    while index < len(tokens):
+        token = tokens[index]
+        match = re.fullmatch(r'--([A-Za-z_][\w-]*)(?:=(.*))?', token)
+        if match is None:
+            raise ValueError(f"unrecognised argument {token!r}: model arguments look like --name value")
+        name = match[1].replace('-', '_')
+        if match[2] is not None:
+            kwargs[name], index = _value(match[2]), index + 1
+        elif index + 1 < len(tokens) and not tokens[index + 1].startswith('--'):
+            kwargs[name], index = _value(tokens[index + 1]), index + 2
+        else:
+            kwargs[name], index = True, index + 1
+    return kwargs
+
+
+# model
+
+
+def model_config(name, kwargs, *, image_size, channels, num_classes):
+    """The keyword arguments that build `name` for this data: defaults, data-given sizes, then the user's."""
+    accepted = models.parameters(name)
+
+    def spelling(key):
+        """The name `name` accepts for setting `key`, or None."""
+        if accepted is None:
+            return key
+        return next((candidate for candidate in (key, *ALIASES.get(key, ())) if candidate in accepted), None)
+
+    defaults = {} if models.is_named_config(name) else dict(SMALL_MODEL)
+    defaults.update(image_size=image_size, channels=channels, num_classes=num_classes)
+    config = {spelling(key): value for key, value in defaults.items() if spelling(key) is not None}
+    return {**config, **kwargs}
+
+
+def parameter_groups(model, weight_decay):
+    """AdamW groups: decay on weight matrices and kernels only; none on norms, biases, embeddings and tokens."""
+    decay, no_decay = [], []
+    for name, parameter in model.named_parameters():
+        if not parameter.requires_grad:
+            continue
+        # position tables and tokens are parameters themselves ('pos_embedding', 'cls_token'), not a Linear's weight
+        is_embedding = re.search(r'token|embed|pos', name.rsplit('.', 1)[-1]) is not None
+        (decay if parameter.ndim >= 2 and not is_embedding else no_decay).append(parameter)
+    return [dict(params=decay, weight_decay=weight_decay), dict(params=no_decay, weight_decay=0.0)]
+
+
+def learning_rate(step, *, peak, warmup_steps, total_steps):
+    """Linear warm-up from peak / warmup_steps to peak, then cosine decay to zero at total_steps."""
+    if step < warmup_steps:
+        return peak * (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return peak * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+# augmentation: drawn for the whole global batch, so every process (and a single process) sees the same
+
+
+def translate(images, shifts, pad):
+    """Shift each image by its (dy, dx) in [-pad, pad], filling with the image's border value 0 (black)."""
+    if pad == 0:
+        return images
+    batch, _, height, width = images.shape
+    padded = F.pad(images, (pad, pad, pad, pad))
+    rows = torch.arange(height)[None, :] + pad - shifts[:, :1]       # (b, h)
+    cols = torch.arange(width)[None, :] + pad - shifts[:, 1:]        # (b, w)
+    batch_index = torch.arange(batch)[:, None, None]
+    padded = padded.permute(0, 2, 3, 1)                              # (b, H, W, c)
+    return padded[batch_index, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
+
+
+def augment(images, labels, args, generator, rng, num_classes):
+    """Augmented images and soft targets: random shifts, optional flips, optional mixup."""
+    batch = len(images)
+    shifts = torch.randint(-args.translate, args.translate + 1, (batch, 2), generator=generator)
+    images = translate(images, shifts, args.translate)
+    if args.hflip:
+        flip = torch.rand(batch, generator=generator) < 0.5
+        images = torch.where(flip[:, None, None, None], images.flip(-1), images)
+    targets = F.one_hot(labels, num_classes).float()
+    if args.mixup > 0:
+        # mix each image with a partner from the batch, weight ~ Beta(a, a) (arXiv 1710.09412)
+        lam = rng.betavariate(args.mixup, args.mixup)
+        partner = torch.randperm(batch, generator=generator)
+        images = lam * images + (1 - lam) * images[partner]
+        targets = lam * targets + (1 - lam) * targets[partner]
+    return images, targets
+
+
+# processes
+
+
+def setup_distributed(device):
+    """(rank, world_size, device): one process, or one of torchrun's, with its process group started."""
+    world_size = int(os.environ.get('WORLD_SIZE', '1'))
+    rank, local_rank = int(os.environ.get('RANK', '0')), int(os.environ.get('LOCAL_RANK', '0'))
+    if device is None:
+        device = f'cuda:{local_rank}' if torch.cuda.is_available() and world_size > 1 else \
+            'cuda' if torch.cuda.is_available() else 'cpu'
+    if world_size > 1:
+        backend = 'nccl' if torch.device(device).type == 'cuda' else 'gloo'
+        if torch.device(device).type == 'cuda':
+            torch.cuda.set_device(torch.device(device))
+        torch.distributed.init_process_group(backend)
+    return rank, world_size, device
+
+
+def epoch_seed(seed, epoch):
+    return seed * 1_000_003 + epoch
+
+
+def _run_name(args):
+    data = 'digits' if args.data == 'digits' else Path(args.data).expanduser().resolve().name
+    return f"{data}-{re.sub(r'[^A-Za-z0-9_.-]+', '-', args.model)}"
+
+
+def _restore_arguments(args, checkpoint):
+    """The saved run's arguments and model kwargs; options that change the computation come from it."""
+    state_file = Path(checkpoint) / 'state.json'
+    if not state_file.exists():
+        raise CheckpointError(f"cannot resume: {checkpoint} has no training state (state.json); "
+                              f"it holds weights only")
+    try:
+        saved = json.loads(state_file.read_text())['args']
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise CheckpointError(f"cannot resume: {state_file} is corrupt or truncated ({error})") from error
+    for key, value in saved.items():
+        if key not in RUNTIME_ARGUMENTS:
+            setattr(args, key, value)
+    return args, load_config(checkpoint)['model_kwargs']
+
+
+def _format_seconds(seconds):
+    seconds = int(round(seconds))
+    return f'{seconds // 60}:{seconds % 60:02d}'
+
+
+# the run
+
+
+def train(args, model_kwargs):
+    """Train as the arguments say; returns the last epoch's record (with 'out' and 'checkpoint')."""
+    rank, world_size, device = setup_distributed(args.device)
+    threads = torch.get_num_threads()
+    try:
+        return _train(args, model_kwargs, rank, world_size, device)
+    finally:
+        torch.set_num_threads(threads)
+        if world_size > 1:
+            torch.distributed.destroy_process_group()
+
+
+def _train(args, model_kwargs, rank, world_size, device):
+    main_process = rank == 0
+    checkpoint = None
+    if args.resume is not None:
+        if args.resume == 'auto':
+            if args.out is None:
+                args.out = str(Path('runs') / _run_name(args))
+            checkpoint = Path(args.out) / 'checkpoint'
+        else:
+            checkpoint = Path(args.resume)
+            args.out = args.out or str(checkpoint.parent)
+        load_config(checkpoint)                                   # a clear error before anything else
+        args, model_kwargs = _restore_arguments(args, checkpoint)
+    out = Path(args.out or Path('runs') / _run_name(args))
+    args.out = str(out)
+    threads = args.threads
+    if threads is None and args.data == 'digits' and torch.device(device).type == 'cpu':
+        # a model this small gains less from intra-op threads than it loses to their synchronisation,
+        # by far on a busy machine (measured: 2 threads ran 7-30x slower than 1 on a shared 2-core box)
+        threads = 1
+    if threads:
+        torch.set_num_threads(threads)
+
+    # data
+    digits = args.data == 'digits'
+    image_size = args.image_size or (16 if digits else 32)
+    channels = args.channels or (1 if digits else 3)
+    classes = None if digits else folder_classes(args.data)
+    train_set = load_split(args.data, 'train', image_size=image_size, channels=channels, classes=classes)
+    test_split = 'test' if digits else 'val'
+    test_set = load_split(args.data, test_split, image_size=image_size, channels=channels, classes=classes)
+    num_classes = len(train_set.classes)
+    pixels = train_set.floats()
+    mean = pixels.mean(dim=(0, 2, 3)).tolist()
+    std = pixels.std(dim=(0, 2, 3)).clamp_min(1e-6).tolist()
+
+    # model and optimizer
+    kwargs = model_config(args.model, model_kwargs, image_size=image_size, channels=channels,
+                          num_classes=num_classes)
+    torch.manual_seed(args.seed)
+    try:
+        model = models.build_model(args.model, **kwargs).to(device)
+    except TypeError as error:
+        raise ValueError(f"cannot build model {args.model!r} with {kwargs}: {error}") from error
+    config = dict(model=args.model, model_kwargs=kwargs,
+                  data=dict(source=args.data if digits else str(Path(args.data).expanduser().resolve()),
+                            test_split=test_split, image_size=image_size, channels=channels,
+                            classes=train_set.classes, mean=mean, std=std))
+    optimizer = torch.optim.AdamW(parameter_groups(model, args.weight_decay), lr=args.lr)
+    history, elapsed, start_epoch = [], 0.0, 0
+    if checkpoint is not None:
+        load_weights(model, checkpoint, config=load_config(checkpoint))
+        state = load_training_state(checkpoint, optimizer)
+        history, elapsed, start_epoch = state['history'], state['elapsed'], state['epoch']
+    network = nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
+
+    batch_size = min(args.batch_size, len(train_set))
+    if batch_size % world_size:
+        raise ValueError(f"--batch-size {batch_size} must divide by the number of processes ({world_size})")
+    local_batch = batch_size // world_size
+    steps_per_epoch = len(train_set) // batch_size                 # whole batches only, the same on every process
+    total_steps = steps_per_epoch * args.epochs
+    warmup_steps = round(args.warmup_epochs * steps_per_epoch)
+
+    if main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / 'log.jsonl', 'w') as log:                   # rewritten: a resumed run drops lost epochs
+            log.writelines(json.dumps(record) + '\n' for record in history)
+        if not args.quiet:
+            count = sum(p.numel() for p in model.parameters())
+            print(f"{args.model} ({count:,} parameters) on {args.data}: {len(train_set)} training and "
+                  f"{len(test_set)} {test_split} images, {num_classes} classes, {image_size}px; "
+                  f"{world_size} process(es) on {device}; writing to {out}"
+                  + (f"; resumed after epoch {start_epoch}" if start_epoch else ''), flush=True)
+
+    record = history[-1] if history else None
+    for epoch in range(start_epoch, args.epochs):
+        started = time.perf_counter()
+        seed = epoch_seed(args.seed, epoch)
+        torch.manual_seed(seed)                                     # dropout and anything else drawing globally
+        generator, rng = torch.Generator().manual_seed(seed), random.Random(seed)
+        order = torch.randperm(len(train_set), generator=generator)
+        totals = torch.zeros(3, dtype=torch.float64)                # loss sum, correct, count (this process)
+        network.train()
+        bar = _progress(steps_per_epoch, epoch, args, main_process)
+        for step in range(steps_per_epoch):
+            index = order[step * batch_size:(step + 1) * batch_size]
+            images, targets = augment(train_set.floats(index), train_set.labels[index], args, generator, rng,
+                                      num_classes)
+            mine = slice(rank * local_batch, (rank + 1) * local_batch)
+            images = normalise(images[mine].to(device), mean, std)
+            targets, labels = targets[mine].to(device), train_set.labels[index][mine].to(device)
+
+            global_step = epoch * steps_per_epoch + step
+            lr = learning_rate(global_step, peak=args.lr, warmup_steps=warmup_steps, total_steps=total_steps)
+            for group in optimizer.param_groups:
+                group['lr'] = lr
+            with autocast(device, args.amp):
+                outputs = network(images)
+            # a model with two heads (DeiT's distillation token) trains both on the labels
+            outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+            loss = sum(F.cross_entropy(output.float(), targets, label_smoothing=args.label_smoothing)
+                       for output in outputs) / len(outputs)
+            logits = sum(output.detach().float() for output in outputs)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if args.clip_grad > 0:
+                nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)
+            optimizer.step()
+
+            totals += torch.tensor([loss.item() * len(labels), (logits.argmax(-1) == labels).sum().item(),
+                                    len(labels)], dtype=torch.float64)
+            if bar is not None:
+                done = time.perf_counter() - started
+                rate = (step + 1) * batch_size / done
+                left = (steps_per_epoch - step - 1) * done / (step + 1) + \
+                    (args.epochs - epoch - 1) * _epoch_time(history, done * steps_per_epoch / (step + 1))
+                bar.set_postfix_str(f"loss {totals[0] / totals[2]:.3f} acc {totals[1] / totals[2]:.3f} "
+                                    f"{rate:.0f} img/s, {_format_seconds(left)} left", refresh=False)
+                bar.update()
+        if bar is not None:
+            bar.close()
+        if world_size > 1:
+            torch.distributed.all_reduce(totals)
+        tested = evaluate(model, test_set, mean=mean, std=std, batch_size=args.eval_batch_size, device=device,
+                          amp=args.amp, rank=rank, world_size=world_size)
+        seconds = time.perf_counter() - started
+        elapsed += seconds
+        record = dict(epoch=epoch + 1, lr=lr, train_loss=totals[0].item() / totals[2].item(),
+                      train_accuracy=totals[1].item() / totals[2].item(), test_loss=tested['loss'],
+                      test_accuracy=tested['accuracy'], epoch_seconds=seconds,
+                      images_per_second=steps_per_epoch * batch_size / seconds, elapsed_seconds=elapsed)
+        history.append(record)
+        if main_process:
+            with open(out / 'log.jsonl', 'a') as log:
+                log.write(json.dumps(record) + '\n')
+            save_checkpoint(out / 'checkpoint', model=model, config=config, optimizer=optimizer,
+                            state=dict(epoch=epoch + 1, elapsed=elapsed, history=history, args=vars(args)))
+            if not args.quiet:
+                _write(f"epoch {epoch + 1}/{args.epochs}: train loss {record['train_loss']:.4f} "
+                       f"acc {record['train_accuracy']:.4f}, {test_split} loss {record['test_loss']:.4f} "
+                       f"acc {record['test_accuracy']:.4f}, {record['images_per_second']:.0f} img/s, "
+                       f"{seconds:.1f} s")
+
+    if main_process and args.plots and history:
+        save_curves(history, out / 'curves.png')
+        draw_inside(model, test_set, mean=mean, std=std, device=device, out=out)
+    if record is None:
+        raise ValueError(f"nothing to train: --epochs {args.epochs} and the run has done {start_epoch}")
+    return dict(record, out=str(out), checkpoint=str(out / 'checkpoint'), test_split=test_split)
+
+
+def _epoch_time(history, current):
+    """Seconds an epoch takes: the mean of the logged ones, or this one's estimate."""
+    recent = [record['epoch_seconds'] for record in history[-5:]]
+    return sum(recent) / len(recent) if recent else current
+
+
+def _progress(steps, epoch, args, main_process):
+    if not main_process or args.quiet:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=steps, desc=f'epoch {epoch + 1}/{args.epochs}', leave=False, dynamic_ncols=True,
+                mininterval=0.5)
+
+
+def _write(line):
+    try:
+        from tqdm import tqdm
+        tqdm.write(line)
+    except ImportError:
+        print(line, flush=True)
+
+
+# pictures
+
+
+def save_curves(history, path):
+    """Loss and accuracy per epoch, training and test, as one PNG."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    epochs = [record['epoch'] for record in history]
+    figure = Figure(figsize=(9, 3.5), layout='constrained')
+    FigureCanvasAgg(figure)
+    loss_axis, accuracy_axis = figure.subplots(1, 2)
+    for split in ('train', 'test'):
+        loss_axis.plot(epochs, [record[f'{split}_loss'] for record in history], label=split)
+        accuracy_axis.plot(epochs, [record[f'{split}_accuracy'] for record in history], label=split)
+    loss_axis.set(xlabel='epoch', ylabel='loss', title='Loss')
+    accuracy_axis.set(xlabel='epoch', ylabel='accuracy', title='Accuracy', ylim=(0, 1))
+    best = max(history, key=lambda record: record['test_accuracy'])
+    accuracy_axis.annotate(f"{100 * best['test_accuracy']:.1f}%", (best['epoch'], best['test_accuracy']),
+                           textcoords='offset points', xytext=(0, -14), ha='center', fontsize=8)
+    for axis in (loss_axis, accuracy_axis):
+        axis.grid(alpha=0.3)
+        axis.legend()
+    figure.savefig(path, dpi=100)
+    return path
+
+
+def draw_inside(model, data, *, mean, std, device, out, count=8):
+    """Attention maps on a few test images, attention distances and position-embedding similarity,
+    drawn by vit_pytorch.plots when the package has it; returns the paths written."""
+    try:
+        from vit_pytorch import analysis, plots
+        from vit_pytorch.recorder import Recorder
+    except ImportError:
+        return []
+    written = []
+    index = torch.arange(min(count, len(data)))
+    pictures = data.floats(index)
+    model.eval()
+    try:
+        recorder = Recorder(model)
+    except ValueError:                                               # a model without attention maps
+        return []
+    with torch.no_grad():
+        logits, attns = recorder(normalise(pictures.to(device), mean, std))
+    grid, prefix = recorder.grid, recorder.num_prefix_tokens
+    if isinstance(attns, torch.Tensor) and grid is not None:
+        rollout = analysis.attention_rollout(attns.float().cpu())
+        weights = rollout[:, 0] if prefix else rollout.mean(dim=1)   # cls row, or the mean over patches
+        maps = analysis.to_patch_grid(weights, grid=grid, num_prefix_tokens=prefix)
+        titles = [f"{data.classes[label]}: {data.classes[guess]}"
+                  for label, guess in zip(data.labels[index].tolist(), logits.argmax(-1).tolist())]
+        written.append(plots.save_attention_overlay(pictures, maps, out / 'attention.png', titles=titles))
+        patch_size = getattr(model, 'patch_size', 1)
+        distance = analysis.mean_attention_distance(attns.float().cpu(), grid=grid, num_prefix_tokens=prefix,
+                                                    patch_size=patch_size)
+        written.append(plots.save_mean_attention_distance(distance, out / 'attention_distance.png'))
+    table = getattr(model, 'pos_embedding', None)
+    if isinstance(table, nn.Parameter) and table.ndim == 2 and getattr(model, 'grid_size', None):
+        similarity = analysis.position_embedding_similarity(
+            table.cpu(), grid=model.grid_size, num_prefix_tokens=getattr(model, 'num_prefix_tokens', 0))
+        written.append(plots.save_position_embedding_similarity(similarity, out / 'position_similarity.png'))
+    return written
+
+
+def main(argv=None):
+    args, model_kwargs = parse_args(argv)
+    try:
+        result = train(args, model_kwargs)
+    except KeyboardInterrupt:
+        if args.out:
+            print(f"\ninterrupted; continue with: python -m vit_pytorch.train --out {args.out} --resume",
+                  file=sys.stderr)
+        return 130
+    except (CheckpointError, FileNotFoundError, NotADirectoryError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if int(os.environ.get('RANK', '0')) == 0:
+        print(f"{result['test_split']} accuracy {100 * result['test_accuracy']:.2f}% after {result['epoch']} epochs "
+              f"({result['elapsed_seconds']:.1f} s of training); checkpoint: {result['checkpoint']}", flush=True)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
