@@ -26,7 +26,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from vit_pytorch import SimpleViT, ViT, analysis, plots
 from vit_pytorch.recorder import Recorder
