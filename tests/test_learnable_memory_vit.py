@@ -62,8 +62,9 @@ def test_only_the_adapter_tensors_get_gradients():
     assert (adapter.memories_per_layer.grad.abs().sum(dim=(1, 2)) > 0).all()
 
 
-def test_the_adapter_leaves_the_frozen_models_tokens_unchanged():
-    base, adapter = make_adapter()
+@pytest.mark.parametrize('pool', ['cls', 'mean'])
+def test_the_adapter_leaves_the_frozen_models_tokens_unchanged(pool):
+    base, adapter = make_adapter(pool=pool)
     img = torch.randn(2, 3, 16, 24)
     with torch.no_grad():
         adapter.memories_per_layer.normal_(std=3.0)     # memories that would change any token reading them
