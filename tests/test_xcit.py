@@ -172,7 +172,7 @@ def test_compiles_without_graph_breaks():
 
 def test_tiny_model_overfits_32_real_digits():
     images, labels = digits_batch(32)
-    model = XCiT(image_size=8, patch_size=2, num_classes=10, dim=32, depth=1, cls_depth=1, heads=2,
+    model = XCiT(image_size=8, patch_size=4, num_classes=10, dim=32, depth=1, cls_depth=1, heads=2,
                  dim_head=16, mlp_dim=64, channels=1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     for step in range(300):

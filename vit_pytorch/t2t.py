@@ -21,12 +21,9 @@ Each `(kernel, stride)` of `t2t_layers` is one soft split with padding stride //
 paper's 7/4/2, 3/2/1, 3/2/1 shrink a 224 image to 14 x 14 tokens).
 """
 
-import math
-
 import torch
 import torch.nn.functional as F
 from einops import rearrange, repeat
-from einops.layers.torch import Rearrange
 from torch import nn
 
 from vit_pytorch import vit
