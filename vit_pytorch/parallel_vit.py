@@ -9,7 +9,9 @@ attention branches, then several MLP branches, all reading the same input:
 
 With k = 2 branches and half the depth, the model has the same parameters and compute as the
 sequential one but is shallower and wider, which the paper finds easier to optimise and faster
-in latency. The branches are the core's pre-norm `Attention` and `FeedForward`, unchanged.
+in latency. The branches are the core's pre-norm `Attention` and `FeedForward`, unchanged, and
+the rest is the core ViT (so its patch embedding carries the core's LayerNorms, where
+`vit-pytorch`'s parallel ViT has a bare Linear).
 
     import torch
     from vit_pytorch.parallel_vit import ViT
