@@ -236,6 +236,13 @@ def test_constructor_is_keyword_only():
         CCT(32)
 
 
+@pytest.mark.parametrize('size', [(2, 2), (1, 1), (16, 1)])
+def test_an_image_too_small_for_the_tokenizer_is_refused(size):
+    model = CCT(**tiny_cct_kwargs(positional_embedding='none', padding=0, pooling_padding=0))
+    with pytest.raises(ValueError, match=rf'img of {size[0]}x{size[1]} .*too small for the tokenizer'):
+        model(torch.randn(1, 3, *size))
+
+
 def test_invalid_input_is_refused():
     model = CCT(**tiny_cct_kwargs())
     with pytest.raises(ValueError, match=r'3 channels'):

@@ -306,6 +306,9 @@ class CCT(nn.Module):
     def forward_features(self, img):
         """Tokens after the final norm: (b, h' w', dim)."""
         vit.check_images(img, channels=self.channels, patch_size=(1, 1))
+        height, width = img.shape[-2:]
+        if min(self.tokenizer.grid_size(height, width)) < 1:
+            raise ValueError(f"img of {height}x{width} (h x w) is too small for the tokenizer: it leaves no tokens")
         if self.positional_emb is not None and tuple(img.shape[-2:]) != self.image_size:
             raise ValueError(
                 f"img must be {self.image_size[0]}x{self.image_size[1]} (h x w), the model's img_size, got "
