@@ -5,7 +5,7 @@ attention maps of later layers become nearly identical ("attention collapse"); r
 regenerates them by mixing the heads' maps with a learned head-by-head matrix, followed by a
 normalisation, so that deeper stacks keep learning.
 
-    Re-Attention(Q, K, V) = Norm(Theta^T softmax(Q K^T / sqrt(d))) V            (paper, eq. 3)
+    Re-Attention(Q, K, V) = Norm(Theta^T softmax(Q K^T / sqrt(d))) V
 
 Theta is an (heads, heads) matrix and Norm is a LayerNorm across the heads, as in the
 `vit-pytorch` package (the official code uses a 1x1 convolution and a BatchNorm over heads).

@@ -5,7 +5,7 @@ Jackson, arXiv 2203.15243: to adapt a pretrained ViT to a new task, keep all its
 learn only (a) a few "memory" tokens per layer, concatenated to that layer's input as extra keys
 and values (their own outputs are discarded), (b) a new class token and (c) a new head.
 
-With the paper's attention mask (section 3.3, "non-destructive fine-tuning") the original tokens
+With the paper's attention mask (its "non-destructive fine-tuning" setting) the original tokens
 attend neither to the memories nor to the new class token, so they compute exactly what the
 frozen model computes, and one forward pass can serve the old task and the new one; only the new
 class token reads the memories. `Adapter` implements that setting: its tokens after the

@@ -1,15 +1,15 @@
 """Parallel ViT.
 
-"Three things everyone should know about Vision Transformers", Touvron et al., arXiv 2203.09795,
-section 2: replace pairs of sequential blocks by parallel ones. Each layer sums several
+"Three things everyone should know about Vision Transformers", Touvron et al., arXiv 2203.09795:
+replace pairs of sequential blocks by parallel ones. Each layer sums several
 attention branches, then several MLP branches, all reading the same input:
 
     x = x + attn_1(x) + ... + attn_k(x)
     x = x + mlp_1(x) + ... + mlp_k(x)
 
 With k = 2 branches and half the depth, the model has the same parameters and compute as the
-sequential one but is shallower and wider, which the paper finds easier to optimise and faster
-in latency. The branches are the core's pre-norm `Attention` and `FeedForward`, unchanged, and
+sequential one but is shallower and wider; the paper finds it about as accurate, with lower
+latency. The branches are the core's pre-norm `Attention` and `FeedForward`, unchanged, and
 the rest is the core ViT (so its patch embedding carries the core's LayerNorms, where
 `vit-pytorch`'s parallel ViT has a bare Linear).
 

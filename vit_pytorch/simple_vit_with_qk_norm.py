@@ -1,12 +1,12 @@
 """SimpleViT with query-key normalisation.
 
-"Scaling Vision Transformers to 22 Billion Parameters", Dehghani et al., arXiv 2302.05442,
-section 2 ("QK normalization"): at scale the attention logits grow without bound and the
+"Scaling Vision Transformers to 22 Billion Parameters", Dehghani et al., arXiv 2302.05442
+("QK normalization"): at scale the attention logits grow without bound and the
 softmax collapses to one-hot maps, which makes training diverge; applying a LayerNorm to the
 queries and keys, per head and before their dot product, bounds the logits.
 
-As in the paper the two LayerNorms act on each head's vectors (width dim_head, parameters
-shared by the heads) and have no bias. Unlike `vit-pytorch`'s module of the same name, which
+The two LayerNorms act on each head's vectors (width dim_head; parameters shared by the heads)
+and, as in the paper, have no bias. Unlike `vit-pytorch`'s module of the same name, which
 ends in a LayerNorm instead of a classifier, the head here is the usual Linear to `num_classes`.
 
     import torch

@@ -2,10 +2,10 @@
 
 "Vision Transformer for Small-Size Datasets", Lee, Lee and Song, arXiv 2112.13492: give the
 ViT the locality bias that small datasets cannot teach it.
-  - Shifted Patch Tokenization (SPT, section 3.2): the image is concatenated along channels with
+  - Shifted Patch Tokenization (SPT): the image is concatenated along channels with
     four copies of itself shifted by half a patch in the four diagonal directions, then cut into
     patches, layer-normed and projected, so each token also sees its neighbours' pixels.
-  - Locality Self-Attention (LSA, section 3.3): a token may not attend to itself (the diagonal of
+  - Locality Self-Attention (LSA): a token may not attend to itself (the diagonal of
     the similarity matrix is masked), and the softmax temperature is learned, which sharpens the
     attention towards the other tokens.
 
