@@ -103,12 +103,13 @@ def test_digits_split_is_the_fixed_held_out_quarter():
 # training
 
 
-def test_short_run_on_digits_beats_80_percent_and_draws_its_curves(tmp_path):
+def test_short_run_on_digits_beats_90_percent_and_draws_its_curves(tmp_path):
     out = tmp_path / 'run'
-    assert run('--epochs', 8, '--lr', 5e-3, '--out', out, '--quiet', '--batch-size', 64, *TINY) == 0
+    assert run('--epochs', 8, '--lr', 5e-3, '--translate', 0, '--out', out, '--quiet', '--batch-size', 64,
+               *TINY) == 0
     log = log_of(out)
     assert [record['epoch'] for record in log] == list(range(1, 9))
-    assert log[-1]['test_accuracy'] >= 0.80          # 85.8% measured; chance is 10%
+    assert log[-1]['test_accuracy'] >= 0.90          # 96.2% measured (seeds 1, 2: 94.7%, 93.6%); chance is 10%
     curves = out / 'curves.png'
     assert curves.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n' and curves.stat().st_size > 5000
     if (Path(train.__file__).parent / 'plots.py').exists():
@@ -148,12 +149,12 @@ def test_folder_data_set_trains_and_evaluate_reproduces_the_last_accuracy(tmp_pa
     data = write_image_folder(tmp_path / 'stripes')
     out = tmp_path / 'run'
     assert run('--data', data, '--image-size', 8, '--patch-size', 4, '--epochs', 2, '--out', out,
-               '--batch-size', 4, '--translate', 0, '--hflip', '--mixup', 0.2, *FAST) == 0
+               '--batch-size', 4, '--translate', 0, '--hflip', '--mixup', 0.2, '--amp', *FAST) == 0
     config = json.loads((out / 'checkpoint' / 'config.json').read_text())
     assert config['data']['classes'] == ['horizontal', 'vertical']
     assert config['model_kwargs']['image_size'] == 8 and config['model_kwargs']['channels'] == 3
     capsys.readouterr()
-    assert evaluate_main([str(out / 'checkpoint'), '--json']) == 0
+    assert evaluate_main([str(out / 'checkpoint'), '--json', '--amp']) == 0
     result = json.loads(capsys.readouterr().out)
     assert result['count'] == 6 and result['split'] == 'val'
     assert result['accuracy'] == pytest.approx(log_of(out)[-1]['test_accuracy'])
