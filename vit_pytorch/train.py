@@ -5,7 +5,7 @@
     python -m vit_pytorch.train --model vit --dim 192 --depth 6 --heads 3 --patch-size 8
     python -m vit_pytorch.train --model S/16 --data ~/pets --image-size 224
     python -m vit_pytorch.train --resume              # continue the run in --out
-    torchrun --nproc_per_node=2 -m vit_pytorch.train  # DistributedDataParallel (gloo on CPU, nccl on GPU)
+    torchrun --standalone --nproc_per_node=2 -m vit_pytorch.train   # DDP: gloo on CPU, nccl on GPU
 
 With no arguments it trains a 4-layer ViT of width 64 on the 1,347 training digits and tests
 it on the held-out 450 (see `vit_pytorch.evaluate`). Options the trainer does not know are the
@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from torch import nn
 
 from vit_pytorch import models
@@ -169,7 +170,7 @@ def learning_rate(step, *, peak, warmup_steps, total_steps):
 
 
 def translate(images, shifts, pad):
-    """Shift each image by its (dy, dx) in [-pad, pad], filling with the image's border value 0 (black)."""
+    """Shift each image by its own (dy, dx) in [-pad, pad] pixels, filling the uncovered border with 0."""
     if pad == 0:
         return images
     batch, _, height, width = images.shape
@@ -177,8 +178,8 @@ def translate(images, shifts, pad):
     rows = torch.arange(height)[None, :] + pad - shifts[:, :1]       # (b, h)
     cols = torch.arange(width)[None, :] + pad - shifts[:, 1:]        # (b, w)
     batch_index = torch.arange(batch)[:, None, None]
-    padded = padded.permute(0, 2, 3, 1)                              # (b, H, W, c)
-    return padded[batch_index, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
+    padded = rearrange(padded, 'b c h w -> b h w c')
+    return rearrange(padded[batch_index, rows[:, :, None], cols[:, None, :]], 'b h w c -> b c h w')
 
 
 def augment(images, labels, args, generator, rng, num_classes):
