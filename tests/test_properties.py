@@ -638,11 +638,7 @@ def test_vit_norm_eps_is_validated(norm_eps):
         MODELS[0].build(**dict(MODELS[0].example, norm_eps=norm_eps))
 
 
-CCT_FINDING = ('cct finding, fix pending in vit_pytorch/cct.py (see the reliability report): with '
-               "positional_embedding='none' an image too small for the tokenizer is a RuntimeError from max_pool2d")
-
-
-@pytest.mark.xfail(strict=True, raises=NOT_RAISED_OR_WRONG_ERROR, reason=CCT_FINDING)
+# found by the fuzzing (a max_pool2d RuntimeError), fixed in cct.py
 @pytest.mark.parametrize('size', [(2, 2), (1, 1), (16, 1)])
 def test_cct_image_too_small_for_the_tokenizer_names_img(size):
     spec = next(spec for spec in MODELS if spec.name == 'cct')
