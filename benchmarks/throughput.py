@@ -1,0 +1,586 @@
+"""Throughput, memory and model-FLOPs utilisation of vit_pytorch's ViT and SimpleViT.
+
+For each named configuration (ViT-S/16, ViT-B/16) and image size it measures, in one process
+and in interleaved rounds (every model once per round, the order rotated each round):
+
+  - inference images/s (eval mode, `torch.inference_mode`) at several batch sizes;
+  - training-step images/s (forward, cross-entropy, backward, AdamW step);
+  - the machine's fp32 matmul peak, measured in every round, and from it the MFU
+    (model FLOP/s over that peak), with model FLOPs counted by `torch.utils.flop_counter`;
+  - peak memory of a training step: the peak RSS increase over two steps, each model in a
+    fresh subprocess (so that no allocator state leaks between models);
+
+against two baselines with identical weights (logits checked to agree before timing):
+
+  - `reference`: a plain ViT written below, with explicit softmax attention;
+  - `timm`: timm's `vit_*_patch16_224` of the same configuration, when timm is importable.
+
+Our ViT is built in the paper's configuration (patch_norm=False, qkv_bias=True,
+norm_eps=1e-6), which is timm's architecture exactly. Medians over rounds are reported, and
+each speed ratio is paired: it is taken within a round, so machine-wide slowdowns cancel.
+Other sections (`--sections`): `compile`, the torch.compile speed-up over eager, and
+`checkpointing`, the training memory that gradient checkpointing saves in a deep ViT.
+
+    python benchmarks/throughput.py --configs S/16 --image-sizes 224 --json results.json
+    PYTHONPATH=. /path/to/venv-with-timm/bin/python benchmarks/throughput.py --configs B/16
+    python benchmarks/throughput.py --sections compile,checkpointing
+
+Timings are wall-clock by default, so they include whatever else the machine is doing; read
+the spread columns. On a shared machine, `--threads 1 --clock cpu` times each step by this
+process's CPU time instead, which other jobs barely disturb.
+"""
+
+import argparse
+import copy
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from vit_pytorch import SimpleViT, ViT
+
+try:
+    import timm
+except ImportError:
+    timm = None
+
+CONFIGS = {
+    # width, depth, heads and MLP size from the ViT paper, Table 1 (S from DeiT / "How to train your ViT")
+    'S/16': dict(patch_size=16, dim=384, depth=12, heads=6, mlp_dim=1536),
+    'B/16': dict(patch_size=16, dim=768, depth=12, heads=12, mlp_dim=3072),
+    'L/16': dict(patch_size=16, dim=1024, depth=24, heads=16, mlp_dim=4096),
+}
+TIMM_NAMES = {'S/16': 'vit_small_patch16_224', 'B/16': 'vit_base_patch16_224', 'L/16': 'vit_large_patch16_224'}
+NUM_CLASSES = 1000
+SECTIONS = ('throughput', 'compile', 'checkpointing')
+MODELS = ('vit', 'reference', 'timm', 'simple_vit', 'simple_reference')
+# which model each one is compared with (paired ratios)
+BASELINES = {'vit': ('timm', 'reference'), 'simple_vit': ('simple_reference',)}
+
+
+# the plain reference: explicit softmax attention, plain torch reshapes, nothing fused
+
+
+class RefAttention(nn.Module):
+    def __init__(self, dim, heads, dim_head, qkv_bias, proj_bias, eps):
+        super().__init__()
+        self.heads, self.scale = heads, dim_head ** -0.5
+        self.norm = nn.LayerNorm(dim, eps=eps)
+        self.qkv = nn.Linear(dim, 3 * heads * dim_head, bias=qkv_bias)
+        self.proj = nn.Linear(heads * dim_head, dim, bias=proj_bias)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = self.qkv(self.norm(x)).reshape(b, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        attn = (q @ k.transpose(-2, -1) * self.scale).softmax(dim=-1)
+        return self.proj((attn @ v).transpose(1, 2).reshape(b, n, -1))
+
+
+class RefMlp(nn.Module):
+    def __init__(self, dim, hidden, eps):
+        super().__init__()
+        self.norm, self.fc1, self.fc2 = nn.LayerNorm(dim, eps=eps), nn.Linear(dim, hidden), nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(self.norm(x))))
+
+
+class RefViT(nn.Module):
+    """A pre-norm ViT in plain torch; `simple=True` gives SimpleViT's variant of it."""
+
+    def __init__(self, *, image_size, patch_size, dim, depth, heads, mlp_dim, dim_head=64, simple=False):
+        super().__init__()
+        eps = 1e-5 if simple else 1e-6
+        self.patch_size, self.simple = patch_size, simple
+        patch_dim, num_patches = 3 * patch_size ** 2, (image_size // patch_size) ** 2
+        self.patch_norm = nn.LayerNorm(patch_dim) if simple else nn.Identity()
+        self.patch_proj = nn.Linear(patch_dim, dim)
+        self.embed_norm = nn.LayerNorm(dim) if simple else nn.Identity()
+        if simple:
+            self.register_buffer('pos', torch.zeros(num_patches, dim))
+        else:
+            self.cls = nn.Parameter(torch.zeros(1, dim))
+            self.pos = nn.Parameter(torch.zeros(1 + num_patches, dim))
+        self.blocks = nn.ModuleList(
+            nn.ModuleList([RefAttention(dim, heads, dim_head, not simple, not simple, eps), RefMlp(dim, mlp_dim, eps)])
+            for _ in range(depth))
+        self.norm = nn.LayerNorm(dim, eps=eps)
+        self.head = nn.Linear(dim, NUM_CLASSES)
+
+    def forward(self, img):
+        b, c, h, w = img.shape
+        p = self.patch_size
+        x = img.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 3, 5, 1).reshape(b, (h // p) * (w // p), -1)
+        x = self.embed_norm(self.patch_proj(self.patch_norm(x)))
+        if not self.simple:
+            x = torch.cat((self.cls.expand(b, -1, -1), x), dim=1)
+        x = x + self.pos
+        for attn, mlp in self.blocks:
+            x = attn(x) + x
+            x = mlp(x) + x
+        x = self.norm(x)
+        return self.head(x.mean(dim=1) if self.simple else x[:, 0])
+
+
+# building the models, all with the weights of one source model
+
+
+def build_ours(kind, config, image_size):
+    kwargs = dict(image_size=image_size, num_classes=NUM_CLASSES, dim_head=64, **CONFIGS[config])
+    if kind == 'vit':
+        # the paper's ViT (= timm's): no patch norms, biased qkv, LayerNorm eps 1e-6
+        return ViT(patch_norm=False, qkv_bias=True, norm_eps=1e-6, **kwargs)
+    return SimpleViT(**kwargs)
+
+
+def ref_keys(ours, depth):
+    """(our key, reference key) pairs."""
+    simple = isinstance(ours, SimpleViT)
+    keys = [] if simple else [('cls_token', 'cls'), ('pos_embedding', 'pos')]
+    keys += [('to_patch_embedding.2.weight', 'patch_proj.weight'), ('to_patch_embedding.2.bias', 'patch_proj.bias')]
+    if simple:
+        keys += [(f'to_patch_embedding.{i}.{p}', f'{n}.{p}') for i, n in ((1, 'patch_norm'), (3, 'embed_norm'))
+                 for p in ('weight', 'bias')] + [('pos_embedding', 'pos')]
+    for i in range(depth):
+        ours_, ref = f'transformer.layers.{i}', f'blocks.{i}'
+        pairs = [('0.norm', '0.norm'), ('0.to_qkv', '0.qkv'), ('0.to_out' if simple else '0.to_out.0', '0.proj'),
+                 ('1.net.0', '1.norm'), ('1.net.1', '1.fc1'), ('1.net.3' if simple else '1.net.4', '1.fc2')]
+        for a, b in pairs:
+            keys += [(f'{ours_}.{a}.{p}', f'{ref}.{b}.{p}') for p in ('weight', 'bias')]
+    keys += [('transformer.norm.weight', 'norm.weight'), ('transformer.norm.bias', 'norm.bias')]
+    head = 'linear_head' if simple else 'mlp_head'
+    keys += [(f'{head}.weight', 'head.weight'), (f'{head}.bias', 'head.bias')]
+    return keys
+
+
+def timm_keys(depth, patch):
+    """(our key, timm key, how to convert our tensor) triples."""
+    keys = [('cls_token', 'cls_token', lambda t: t[None]), ('pos_embedding', 'pos_embed', lambda t: t[None]),
+            # our patch rows are (p1 p2 c), timm's conv kernel is (c, p1, p2)
+            ('to_patch_embedding.2.weight', 'patch_embed.proj.weight',
+             lambda t: t.reshape(t.shape[0], patch, patch, 3).permute(0, 3, 1, 2)),
+            ('to_patch_embedding.2.bias', 'patch_embed.proj.bias', None)]
+    for i in range(depth):
+        ours_, ref = f'transformer.layers.{i}', f'blocks.{i}'
+        for a, b in (('0.norm', 'norm1'), ('0.to_qkv', 'attn.qkv'), ('0.to_out.0', 'attn.proj'),
+                     ('1.net.0', 'norm2'), ('1.net.1', 'mlp.fc1'), ('1.net.4', 'mlp.fc2')):
+            keys += [(f'{ours_}.{a}.{p}', f'{ref}.{b}.{p}', None) for p in ('weight', 'bias')]
+    keys += [('transformer.norm.weight', 'norm.weight', None), ('transformer.norm.bias', 'norm.bias', None),
+             ('mlp_head.weight', 'head.weight', None), ('mlp_head.bias', 'head.bias', None)]
+    return keys
+
+
+def copy_weights(source, target, triples):
+    src = {**dict(source.named_parameters()), **dict(source.named_buffers())}
+    dst = {**dict(target.named_parameters()), **dict(target.named_buffers())}
+    if len(triples) != len(dst):
+        raise RuntimeError(f'{len(triples)} keys mapped for a target with {len(dst)} tensors')
+    with torch.no_grad():
+        for ours, theirs, convert in triples:
+            value = src[ours] if convert is None else convert(src[ours])
+            if value.shape != dst[theirs].shape:
+                raise RuntimeError(f'{ours} {tuple(value.shape)} does not fit {theirs} {tuple(dst[theirs].shape)}')
+            dst[theirs].copy_(value)
+
+
+def family(name):
+    return 'simple_vit' if name.startswith('simple') else 'vit'
+
+
+def build_baseline(kind, config, image_size, source=None):
+    """A baseline model; with `source`, carrying the source's weights."""
+    cfg = CONFIGS[config]
+    if kind == 'timm':
+        model = timm.create_model(TIMM_NAMES[config], pretrained=False, img_size=image_size, num_classes=NUM_CLASSES)
+        if source is not None:
+            copy_weights(source, model, timm_keys(cfg['depth'], cfg['patch_size']))
+        return model
+    model = RefViT(image_size=image_size, simple=kind == 'simple_reference', **cfg)
+    if source is not None:
+        present = set(source.state_dict(keep_vars=True)) | {n for n, _ in source.named_buffers()}
+        copy_weights(source, model, [(a, b, None) for a, b in ref_keys(source, cfg['depth']) if a in present])
+    return model
+
+
+def build_all(names, config, image_size, seed=0):
+    torch.manual_seed(seed)
+    # our model of each family needed, then every baseline with that model's weights
+    models = {kind: build_ours(kind, config, image_size) for kind in ('vit', 'simple_vit')
+              if kind in {family(name) for name in names}}
+    for kind in names:
+        if kind not in models:
+            models[kind] = build_baseline(kind, config, image_size, models[family(kind)])
+    # same weights, same function: check before timing anything
+    img = torch.randn(2, 3, image_size, image_size)
+    with torch.inference_mode():
+        for kind, model in models.items():
+            model.eval()
+            expected = models[family(kind)](img)
+            error = (model(img) - expected).abs().max().item()
+            if error > 1e-3:
+                raise RuntimeError(f'{kind} disagrees with our model by {error:.2e} on the same weights')
+    return {kind: models[kind] for kind in names}
+
+
+# measuring
+
+
+def training_flops(model, image_size):
+    """FLOPs of one training step (forward + backward) per image, and of a forward alone."""
+    img, label = torch.randn(1, 3, image_size, image_size), torch.zeros(1, dtype=torch.long)
+    model = copy.deepcopy(model).train()
+    with FlopCounterMode(display=False) as counter:
+        with torch.no_grad():
+            model(img)
+    forward = counter.get_total_flops()
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(model(img), label).backward()
+    return counter.get_total_flops(), forward
+
+
+def matmul_peak(size=2048, repeats=3):
+    """Best fp32 matmul FLOP/s of a few (size x size) @ (size x size) products."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)
+    best = float('inf')
+    for _ in range(repeats):
+        start = CLOCK()
+        torch.mm(a, b)
+        best = min(best, CLOCK() - start)
+    return 2 * size ** 3 / best
+
+
+# wall-clock by default; `--clock cpu` (this process's CPU time) with `--threads 1` keeps the
+# comparison steady on a machine shared with other jobs
+CLOCK = time.perf_counter
+
+
+class Runner:
+    """One model's inference and training step on fixed inputs."""
+
+    def __init__(self, model, image_size, batches, train_batch):
+        self.model = model
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+        generator = torch.Generator().manual_seed(1)
+        self.images = {b: torch.randn(b, 3, image_size, image_size, generator=generator)
+                       for b in sorted(set(batches) | {train_batch})}
+        self.labels = torch.randint(0, NUM_CLASSES, (train_batch,), generator=generator)
+
+    def infer(self, batch):
+        self.model.eval()
+        with torch.inference_mode():
+            self.model(self.images[batch])
+
+    def train(self, batch):
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(self.model(self.images[batch]), self.labels).backward()
+        self.optimizer.step()
+
+    def run(self, task, iterations):
+        kind, batch = task
+        step = self.infer if kind == 'infer' else self.train
+        start = CLOCK()
+        for _ in range(iterations):
+            step(batch)
+        return batch * iterations / (CLOCK() - start)
+
+
+def summary(values):
+    return dict(median=statistics.median(values), min=min(values), max=max(values), rounds=list(values))
+
+
+def interleaved(runners, tasks, rounds, seconds, peaks=None, log=print):
+    """images/s per task and model over `rounds` rounds; each model runs once per task per round."""
+    iterations = {}
+    for task in tasks:
+        # one untimed step per model (allocations, kernel selection), which also sizes the timed
+        # loop: the same number of steps for every model, from the slowest
+        durations = [task[1] / runner.run(task, 1) for runner in runners.values()]
+        iterations[task] = max(1, round(seconds / max(durations)))
+    speeds = {task: {name: [] for name in runners} for task in tasks}
+    names = list(runners)
+    for r in range(rounds):
+        if peaks is not None:
+            peaks.append(matmul_peak())
+        order = names[r % len(names):] + names[:r % len(names)]
+        for task in tasks:
+            for name in order:
+                speeds[task][name].append(runners[name].run(task, iterations[task]))
+        log(f'  round {r + 1}/{rounds} done')
+    return speeds, iterations
+
+
+def paired(speeds, name, baseline):
+    return summary([a / b for a, b in zip(speeds[name], speeds[baseline])])
+
+
+# memory, in a fresh process per measurement
+
+
+def rss_mib(field):
+    with open('/proc/self/status') as status:
+        for line in status:
+            if line.startswith(field + ':'):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f'{field} not in /proc/self/status')
+
+
+def memory_child(spec):
+    """Peak RSS increase (MiB) over two training steps, from a state with model, optimizer and batch built."""
+    torch.set_num_threads(spec['threads'])
+    torch.manual_seed(0)
+    if spec['model'] in ('vit', 'simple_vit'):
+        model = build_ours(spec['model'], spec['config'], spec['image_size'])
+    elif spec['model'] == 'deep_vit':
+        model = ViT(image_size=spec['image_size'], num_classes=NUM_CLASSES, patch_norm=False, qkv_bias=True,
+                    norm_eps=1e-6, **{**CONFIGS[spec['config']], 'depth': spec['depth']})
+    else:
+        model = build_baseline(spec['model'], spec['config'], spec['image_size'])
+    if spec.get('checkpointing'):
+        model.set_grad_checkpointing(True)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    img = torch.randn(spec['batch'], 3, spec['image_size'], spec['image_size'])
+    label = torch.randint(0, NUM_CLASSES, (spec['batch'],))
+    before = rss_mib('VmRSS')
+    times = []
+    for _ in range(2):
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(model(img), label).backward()
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+    params = sum(p.numel() for p in model.parameters()) * 4 / 2 ** 20
+    return dict(peak_increase_mib=rss_mib('VmHWM') - before, params_mib=params, step_s=times[-1])
+
+
+def measure_memory(spec):
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), '--memory-child', json.dumps(spec)],
+                         capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise RuntimeError(f'memory subprocess failed for {spec}:\n{out.stderr[-2000:]}')
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# sections
+
+
+def bench_config(args, config, image_size, log):
+    names = [m for m in args.models if m != 'timm' or timm is not None]
+    models = build_all(names, config, image_size)
+    # timm and the reference compute exactly what our model of the same family does; count
+    # on the reference, whose attention is plain matmuls that the counter sees
+    flops = {f: training_flops(build_baseline('simple_reference' if f == 'simple_vit' else 'reference',
+                                              config, image_size), image_size)
+             for f in {family(name) for name in names}}
+    runners = {name: Runner(model, image_size, args.batches, args.train_batch) for name, model in models.items()}
+    tasks = [('infer', b) for b in args.batches] + ([('train', args.train_batch)] if args.train_batch else [])
+    peaks = []
+    log(f'{config} @ {image_size}: {", ".join(names)}; tasks {tasks}')
+    speeds, iterations = interleaved(runners, tasks, args.rounds, args.seconds, peaks, log)
+    peak = summary(peaks)
+    result = dict(config=config, image_size=image_size, tokens=(image_size // 16) ** 2, models=names,
+                  iterations={f'{k}@{b}': n for (k, b), n in iterations.items()},
+                  matmul_peak_flops=peak, flops_per_image={}, speed={}, ratios={}, mfu={}, memory={})
+    for name in names:
+        train_flops, forward_flops = flops[family(name)]
+        result['flops_per_image'][name] = dict(forward=forward_flops, train_step=train_flops)
+        for task in tasks:
+            key = f'{task[0]}@{task[1]}'
+            result['speed'].setdefault(key, {})[name] = summary(speeds[task][name])
+            per_image = forward_flops if task[0] == 'infer' else train_flops
+            # MFU pairs each round's speed with the same round's matmul peak
+            result['mfu'].setdefault(key, {})[name] = summary(
+                [s * per_image / p for s, p in zip(speeds[task][name], peaks)])
+        for baseline in BASELINES.get(name, ()):
+            if baseline in names:
+                result['ratios'][f'{name}/{baseline}'] = {
+                    f'{k}@{b}': paired(speeds[(k, b)], name, baseline) for k, b in tasks}
+    if args.memory and args.train_batch:
+        for name in names:
+            spec = dict(model=name, config=config, image_size=image_size, batch=args.train_batch, threads=args.threads)
+            runs = [measure_memory(spec)['peak_increase_mib'] for _ in range(args.memory)]
+            result['memory'][name] = summary(runs)
+            log(f'  memory {name}: {statistics.median(runs):.0f} MiB')
+    return result
+
+
+def bench_compile(args, log):
+    """torch.compile speed-up over eager for our models (inference and a training step)."""
+    config, image_size = args.configs[0], args.image_sizes[0]
+    results = {}
+    for kind in ('vit', 'simple_vit'):
+        if kind not in args.models:
+            continue
+        torch.manual_seed(0)
+        eager = build_ours(kind, config, image_size)
+        compiled = torch.compile(copy.deepcopy(eager), fullgraph=True)
+        runners = {'eager': Runner(eager, image_size, [args.compile_batch], args.compile_batch),
+                   'compiled': Runner(compiled, image_size, [args.compile_batch], args.compile_batch)}
+        tasks = [('infer', args.compile_batch), ('train', args.compile_batch)]
+        start = time.perf_counter()
+        for task in tasks:
+            runners['compiled'].run(task, 1)
+        compile_s = time.perf_counter() - start
+        log(f'compile {kind} {config} @ {image_size}: compiled in {compile_s:.0f} s')
+        speeds, _ = interleaved(runners, tasks, args.rounds, args.seconds, log=log)
+        results[kind] = dict(config=config, image_size=image_size, batch=args.compile_batch, compile_s=compile_s,
+                             speed={f'{k}@{b}': {n: summary(speeds[(k, b)][n]) for n in runners} for k, b in tasks},
+                             speedup={f'{k}@{b}': paired(speeds[(k, b)], 'compiled', 'eager') for k, b in tasks})
+    return results
+
+
+def bench_checkpointing(args, log):
+    """Training-step memory of a deep ViT with and without gradient checkpointing."""
+    config, image_size = args.configs[0], args.image_sizes[0]
+    base = dict(model='deep_vit', config=config, depth=args.checkpoint_depth, image_size=image_size,
+                batch=args.train_batch or 8, threads=args.threads)
+    result = dict(config=config, depth=args.checkpoint_depth, image_size=image_size, batch=base['batch'])
+    for label, flag in (('off', False), ('on', True)):
+        runs = [measure_memory({**base, 'checkpointing': flag}) for _ in range(max(1, args.memory))]
+        result[label] = dict(peak_increase_mib=summary([r['peak_increase_mib'] for r in runs]),
+                             step_s=summary([r['step_s'] for r in runs]), params_mib=runs[0]['params_mib'])
+        log(f'checkpointing {label}: {result[label]["peak_increase_mib"]["median"]:.0f} MiB')
+    result['saved_mib'] = result['off']['peak_increase_mib']['median'] - result['on']['peak_increase_mib']['median']
+    return result
+
+
+# report
+
+
+def spread(s, fmt='{:.1f}'):
+    return f'{fmt.format(s["median"])} ({fmt.format(s["min"])}-{fmt.format(s["max"])})'
+
+
+def table(rows, header):
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    line = lambda r: '  '.join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    return '\n'.join([line(header), line(['-' * w for w in widths])] + [line(r) for r in rows])
+
+
+def report(results):
+    out = []
+    m = results['machine']
+    out.append(f"{m['cpu']}, {m['threads']} threads, {m['clock']} clock, torch {m['torch']}, timm {m['timm'] or 'not installed'}; "
+               f"fp32; medians over rounds (min-max)")
+    for r in results['configs']:
+        peak = r['matmul_peak_flops']
+        out.append(f"\n{r['config']} @ {r['image_size']} px ({r['tokens']} patches); "
+                   f"fp32 matmul peak {spread({k: v / 1e9 for k, v in peak.items() if k != 'rounds'}, '{:.0f}')} GFLOP/s")
+        keys = list(r['speed'])
+        header = ['model', 'GFLOP/img'] + [f'{k} img/s' for k in keys] + [f'MFU {keys[-1]}', 'train MiB']
+        rows = []
+        for name in r['models']:
+            mem = r['memory'].get(name)
+            rows.append([name, f"{r['flops_per_image'][name]['forward'] / 1e9:.2f}"]
+                        + [spread(r['speed'][k][name]) for k in keys]
+                        + [f"{r['mfu'][keys[-1]][name]['median']:.0%}", f"{mem['median']:.0f}" if mem else '-'])
+        out.append(table(rows, header))
+        if r['ratios']:
+            rows = []
+            for pair, ratios in r['ratios'].items():
+                mems = pair.split('/')
+                mem = (f"{r['memory'][mems[0]]['median'] / r['memory'][mems[1]]['median']:.2f}"
+                       if all(x in r['memory'] for x in mems) else '-')
+                rows.append([pair] + [spread(ratios[k], '{:.2f}') for k in keys] + [mem])
+            out.append('\npaired speed ratios (same round), and memory ratio:')
+            out.append(table(rows, ['ratio'] + keys + ['train MiB']))
+    for kind, c in results.get('compile', {}).items():
+        out.append(f"\ntorch.compile {kind} {c['config']} @ {c['image_size']}, batch {c['batch']} "
+                   f"(compile {c['compile_s']:.0f} s): speed-up "
+                   + ', '.join(f"{k} {spread(v, '{:.2f}')}x" for k, v in c['speedup'].items()))
+    c = results.get('checkpointing')
+    if c:
+        out.append(f"\ngradient checkpointing, ViT {c['config']} width, depth {c['depth']}, {c['image_size']} px, "
+                   f"batch {c['batch']}: training-step peak {c['off']['peak_increase_mib']['median']:.0f} MiB -> "
+                   f"{c['on']['peak_increase_mib']['median']:.0f} MiB (saves {c['saved_mib']:.0f} MiB; step "
+                   f"{c['off']['step_s']['median']:.1f} s -> {c['on']['step_s']['median']:.1f} s)")
+    return '\n'.join(out)
+
+
+def machine(threads, clock):
+    cpu = platform.processor() or platform.machine()
+    try:
+        out = subprocess.run(['lscpu'], capture_output=True, text=True, check=True).stdout
+        fields = dict(line.split(':', 1) for line in out.splitlines() if ':' in line)
+        cpu = f"{fields['Model name'].strip()}, {fields['CPU(s)'].strip()} cores"
+    except (OSError, subprocess.CalledProcessError, KeyError):
+        pass
+    return dict(cpu=cpu, threads=threads, clock=clock, torch=torch.__version__, timm=timm.__version__ if timm else None,
+                python=platform.python_version())
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    ints = lambda s: [int(x) for x in s.split(',') if x]
+    names = lambda s: [x for x in s.split(',') if x]
+    parser.add_argument('--configs', type=names, default=['S/16'], help=f'comma-separated, of {list(CONFIGS)}')
+    parser.add_argument('--image-sizes', type=ints, default=[224], help='comma-separated, e.g. 224,384')
+    parser.add_argument('--models', type=names, default=list(MODELS), help=f'comma-separated, of {MODELS}')
+    parser.add_argument('--batches', type=ints, default=[1, 8, 32], help='inference batch sizes')
+    parser.add_argument('--train-batch', type=int, default=8, help='training-step batch size (0: no training)')
+    parser.add_argument('--rounds', type=int, default=5, help='interleaved rounds')
+    parser.add_argument('--seconds', type=float, default=0.5, help='target length of one timing')
+    parser.add_argument('--memory', type=int, default=1, help='fresh-process memory runs per model (0: none)')
+    parser.add_argument('--sections', type=names, default=['throughput'],
+                        help='comma-separated, of throughput (speed, MFU, memory per model), compile '
+                             '(torch.compile speed-up over eager), checkpointing (memory saved in a deep ViT)')
+    parser.add_argument('--compile-batch', type=int, default=8)
+    parser.add_argument('--checkpoint-depth', type=int, default=24, help='depth of the ViT for the checkpointing section')
+    parser.add_argument('--threads', type=int, default=torch.get_num_threads())
+    parser.add_argument('--clock', choices=('wall', 'cpu'), default='wall',
+                        help='time steps by the wall clock, or by this process\'s CPU time (on a busy '
+                             'machine, with --threads 1)')
+    parser.add_argument('--json', help='write the results to this JSON file')
+    parser.add_argument('--memory-child', help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for name in args.configs:
+        if name not in CONFIGS:
+            parser.error(f'unknown config {name!r}; choose from {list(CONFIGS)}')
+    for name in args.sections:
+        if name not in SECTIONS:
+            parser.error(f'unknown section {name!r}; choose from {SECTIONS}')
+    for name in args.models:
+        if name not in MODELS:
+            parser.error(f'unknown model {name!r}; choose from {MODELS}')
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.memory_child:
+        print(json.dumps(memory_child(json.loads(args.memory_child))))
+        return
+    torch.set_num_threads(args.threads)
+    global CLOCK
+    CLOCK = time.process_time if args.clock == 'cpu' else time.perf_counter
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)
+    results = dict(machine=machine(args.threads, args.clock), command=' '.join(['python', 'benchmarks/throughput.py'] + sys.argv[1:]),
+                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'), configs=[])
+    if 'throughput' in args.sections:
+        for config in args.configs:
+            for image_size in args.image_sizes:
+                results['configs'].append(bench_config(args, config, image_size, log))
+    if 'compile' in args.sections:
+        results['compile'] = bench_compile(args, log)
+    if 'checkpointing' in args.sections:
+        results['checkpointing'] = bench_checkpointing(args, log)
+    print(report(results))
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == '__main__':
+    main()
