@@ -14,6 +14,15 @@ setup(
         'einops>=0.8',
     ],
     extras_require={
-        'test': ['pytest', 'numpy', 'scikit-learn', 'safetensors'],
+        'test': ['pytest', 'hypothesis', 'numpy', 'scikit-learn', 'safetensors', 'pillow', 'matplotlib', 'tqdm'],
+        'train': ['tqdm', 'safetensors', 'scikit-learn', 'matplotlib', 'pillow'],
+        'pretrained': ['safetensors', 'numpy'],
+        'plots': ['matplotlib'],
+    },
+    entry_points={
+        'console_scripts': [
+            'vit-train = vit_pytorch.train:main',
+            'vit-evaluate = vit_pytorch.evaluate:main',
+        ],
     },
 )

@@ -38,6 +38,10 @@ def test_invalid_configuration(model_cls, override, error, message):
     (dict(dropout='0.1'), TypeError, r'dropout must be a float'),
     (dict(gelu_approximate='fast'), ValueError, r"gelu_approximate must be 'none' or 'tanh'"),
     (dict(pre_logits_dim=0), ValueError, r'pre_logits_dim must be a positive int'),
+    (dict(norm_eps=0.0), ValueError, r'norm_eps must be a positive finite float, got 0.0'),
+    (dict(qkv_bias='yes'), TypeError, r"qkv_bias must be True or False, got 'yes'"),
+    (dict(dynamic_image_size=1), TypeError, r'dynamic_image_size must be True or False'),
+    (dict(patch_norm=None), TypeError, r'patch_norm must be True or False'),
 ])
 def test_invalid_vit_option(override, error, message):
     with pytest.raises(error, match=message):
@@ -74,6 +78,15 @@ def test_vit_names_the_expected_size():
     model = ViT(**tiny_vit_kwargs())
     with pytest.raises(ValueError, match=r'img must be 16x24.*got 32x32.*dynamic_image_size=True'):
         model(torch.randn(1, 3, 32, 32))
+
+
+@pytest.mark.parametrize('model_cls', MODELS)
+def test_image_dtype_must_match_the_model_outside_autocast(model_cls):
+    model = model_cls(**tiny_vit_kwargs())
+    with pytest.raises(TypeError, match=r'img has dtype torch.float64.*torch.float32'):
+        model(torch.randn(1, 3, 16, 24, dtype=torch.float64))
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        assert model(torch.randn(1, 3, 16, 24)).shape == (1, 5)
 
 
 def test_dynamic_vit_still_requires_divisible_sizes():

@@ -604,16 +604,12 @@ def test_invalid_input_raises_an_error_naming_img(spec, data):
     assert names_argument(str(error.value), 'img'), f'{error.value!r} does not name img'
 
 
-# What the fuzzing found in the core; each xfail is strict, so it fails (XPASS) once the fix lands.
-# The fix for each is in the reliability report (vit.check_images / ViT.__init__).
-
-CORE_FINDING = 'core finding, fix pending in vit.py (see the reliability report)'
-NOT_RAISED_OR_WRONG_ERROR = (RuntimeError, pytest.fail.Exception, AssertionError)
+# What the fuzzing found in the core, fixed in vit.check_images / ViT.__init__:
+# another float dtype was a RuntimeError from deep inside a Linear, an empty image gave NaN logits
+# (SimpleViT) or an F.interpolate RuntimeError (dynamic ViT), any norm_eps was accepted.
 
 
-@pytest.mark.parametrize('spec', MODELS[:2], ids=lambda spec: spec.name)
-@pytest.mark.xfail(strict=True, raises=NOT_RAISED_OR_WRONG_ERROR, reason=f'{CORE_FINDING}: a float64 / '
-                   'float16 / bfloat16 image into a float32 model is a RuntimeError from deep inside a Linear')
+@pytest.mark.parametrize('spec', MODELS, ids=lambda spec: spec.name)
 @pytest.mark.parametrize('dtype', [torch.float64, torch.float16, torch.bfloat16])
 def test_image_of_another_float_dtype_raises_an_error_naming_img(spec, dtype):
     model = spec.build(**spec.example)
@@ -621,8 +617,6 @@ def test_image_of_another_float_dtype_raises_an_error_naming_img(spec, dtype):
         model(torch.randn(2, *spec.image_shape(spec.example), dtype=dtype))
 
 
-@pytest.mark.xfail(strict=True, raises=NOT_RAISED_OR_WRONG_ERROR, reason=f'{CORE_FINDING}: a zero-height '
-                   'image gives NaN logits in SimpleViT and an F.interpolate RuntimeError in a dynamic ViT')
 @pytest.mark.parametrize('spec', [
     MODELS[1],
     ModelSpec(**{**MODELS[0].__dict__, 'example': dict(MODELS[0].example, dynamic_image_size=True)}),
@@ -634,8 +628,6 @@ def test_empty_image_raises_an_error_naming_img(spec, size):
         model(torch.randn(2, spec.image_shape(spec.example)[0], *size))
 
 
-@pytest.mark.xfail(strict=True, raises=NOT_RAISED_OR_WRONG_ERROR, reason=f'{CORE_FINDING}: ViT accepts any norm_eps; '
-                   "a negative one gives NaN, a string fails in forward naming layer_norm's 'eps'")
 @pytest.mark.parametrize('norm_eps', [-1.0, 0.0, '1e-6', None, math.nan])
 def test_vit_norm_eps_is_validated(norm_eps):
     with pytest.raises((ValueError, TypeError), match=r'\bnorm_eps\b'):

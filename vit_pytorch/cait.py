@@ -249,7 +249,8 @@ class CaiT(nn.Module):
 
     def forward_features(self, img):
         """[cls, patch tokens] after both stages and the final norm: (b, 1 + h * w, dim)."""
-        vit.check_images(img, channels=self.channels, patch_size=self.patch_size, image_size=self.image_size)
+        vit.check_images(img, channels=self.channels, patch_size=self.patch_size, image_size=self.image_size,
+                         dtype=self.pos_embedding.dtype)
         x = self.dropout(self.to_patch_embedding(img) + self.pos_embedding)
         x = self.patch_transformer(x)                                   # (b, h * w, dim)
         cls_tokens = repeat(self.cls_token, 'n d -> b n d', b=x.shape[0])

@@ -305,7 +305,8 @@ class CCT(nn.Module):
 
     def forward_features(self, img):
         """Tokens after the final norm: (b, h' w', dim)."""
-        vit.check_images(img, channels=self.channels, patch_size=(1, 1))
+        vit.check_images(img, channels=self.channels, patch_size=(1, 1),
+                         dtype=self.transformer.norm.weight.dtype)
         height, width = img.shape[-2:]
         if min(self.tokenizer.grid_size(height, width)) < 1:
             raise ValueError(f"img of {height}x{width} (h x w) is too small for the tokenizer: it leaves no tokens")

@@ -18,6 +18,7 @@ whole.
     model, config = load_model('runs/digits-vit/checkpoint')
 """
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -69,7 +70,8 @@ def save_checkpoint(directory, *, model, config, optimizer=None, state=None):
     staging.mkdir(parents=True)
 
     weights = {key: value.detach().cpu().contiguous() for key, value in model.state_dict().items()}
-    safetensors.torch.save_file(weights, staging / MODEL_FILE, metadata={'config': config_text})
+    safetensors.torch.save_file(weights, staging / MODEL_FILE,
+                                metadata={'config': config_text, 'sha256': _digest(weights)})
     (staging / CONFIG_FILE).write_text(config_text + '\n')
     if optimizer is not None:
         tensors, rest = _optimizer_tensors(optimizer)
@@ -87,6 +89,16 @@ def save_checkpoint(directory, *, model, config, optimizer=None, state=None):
 
 
 # reading
+
+
+def _digest(tensors):
+    """sha256 of the tensors' names, dtypes, shapes and bytes: safetensors itself has no checksum."""
+    digest = hashlib.sha256()
+    for key in sorted(tensors):
+        tensor = tensors[key].detach().cpu().contiguous()
+        digest.update(f'{key}|{tensor.dtype}|{tuple(tensor.shape)}|'.encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _locate(path):
@@ -113,6 +125,8 @@ def _read_tensors(file, what):
     except Exception as error:  # safetensors raises its own SafetensorError for bad headers and sizes
         raise CheckpointError(f"cannot read {file} ({what}): the file is corrupt, truncated or not "
                               f"safetensors ({error})") from error
+    if 'sha256' in metadata and _digest(tensors) != metadata['sha256']:
+        raise CheckpointError(f"{file} ({what}) is corrupt: its tensors do not match the checksum saved with them")
     return tensors, metadata
 
 

@@ -253,7 +253,8 @@ class CrossViT(nn.Module):
 
     def forward_features(self, img):
         """Both branches' tokens after the final norms: ((b, 1 + n_sm, sm_dim), (b, 1 + n_lg, lg_dim))."""
-        vit.check_images(img, channels=self.channels, patch_size=self.patch_size, image_size=self.image_size)
+        vit.check_images(img, channels=self.channels, patch_size=self.patch_size, image_size=self.image_size,
+                         dtype=self.sm_norm.weight.dtype)
         sm_tokens, lg_tokens = self.multi_scale_encoder(self.sm_image_embedder(img), self.lg_image_embedder(img))
         return self.sm_norm(sm_tokens), self.lg_norm(lg_tokens)
 

@@ -92,7 +92,8 @@ class DistillableViT(ViT):
     def embed(self, img):
         """Tokens `[cls, distill, patches]` with position embeddings: (b, 2 + h * w, dim)."""
         grid = check_images(img, channels=self.channels, patch_size=self.patch_size,
-                            image_size=None if self.dynamic_image_size else self.image_size)
+                            image_size=None if self.dynamic_image_size else self.image_size,
+                            dtype=self.pos_embedding.dtype)
         x = self.to_patch_embedding(img)                                   # (b, h * w, dim)
         prefix = repeat(torch.cat((self.cls_token, self.distill_token)), 'n d -> b n d', b=x.shape[0])
         x = torch.cat((prefix, x), dim=1)                                  # (b, 2 + h * w, dim)

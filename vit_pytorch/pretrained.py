@@ -153,8 +153,13 @@ def read_checkpoint(source):
     elif isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if path.endswith('.safetensors'):
+            from safetensors import SafetensorError
             from safetensors.torch import load_file
-            state_dict = load_file(path)
+            try:
+                state_dict = load_file(path)
+            except SafetensorError as error:
+                raise CheckpointError(f"{path}: cannot read it: the file is corrupt, truncated or not "
+                                      f"safetensors ({error})") from error
         elif path.endswith('.npz'):
             import numpy as np
             try:
@@ -165,11 +170,17 @@ def read_checkpoint(source):
         else:
             try:
                 state_dict = torch.load(path, map_location='cpu', weights_only=True)
+            except FileNotFoundError:
+                raise
             except pickle.UnpicklingError as error:
                 raise CheckpointError(
                     f"{path}: refused to unpickle it: it holds objects other than tensors and plain containers, "
                     f"and unpickling those can run arbitrary code. Re-save only the state_dict, or use safetensors. "
                     f"({str(error).splitlines()[0]})") from error
+            except (RuntimeError, OSError, EOFError, UnicodeDecodeError) as error:
+                raise CheckpointError(f"{path}: cannot read it as a torch file: it is corrupt or truncated "
+                                      f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'no detail'})"
+                                      ) from error
     else:
         raise TypeError(f"checkpoint must be a path or a state_dict mapping, got {type(source).__name__}")
     for wrapper in ('model', 'state_dict'):

@@ -48,7 +48,8 @@ class SimpleViT(simple_vit.SimpleViT):
 
     def forward_features(self, img):
         """Patch tokens after the final norm: (b, h * w, dim), or (b, kept, dim) in training."""
-        grid = vit.check_images(img, channels=self.channels, patch_size=self.patch_size)
+        grid = vit.check_images(img, channels=self.channels, patch_size=self.patch_size,
+                                dtype=self.pos_embedding.dtype)
         x = self.to_patch_embedding(img)                              # (b, h * w, dim)
         x = x + self.pos_embedding_for(grid).to(x.dtype)
         return self.transformer(self.patch_dropout(x))

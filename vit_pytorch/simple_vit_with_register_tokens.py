@@ -41,7 +41,8 @@ class SimpleViT(simple_vit.SimpleViT):
 
     def forward_features(self, img):
         """Registers, then patch tokens, after the final norm: (b, registers + h * w, dim)."""
-        grid = vit.check_images(img, channels=self.channels, patch_size=self.patch_size)
+        grid = vit.check_images(img, channels=self.channels, patch_size=self.patch_size,
+                                dtype=self.pos_embedding.dtype)
         x = self.to_patch_embedding(img)                              # (b, h * w, dim)
         x = x + self.pos_embedding_for(grid).to(x.dtype)
         registers = repeat(self.register_tokens, 'r d -> b r d', b=x.shape[0])

@@ -209,7 +209,8 @@ class T2TViT(nn.Module):
 
     def forward_features(self, img):
         """[cls, tokens] after the backbone: (b, 1 + n, dim)."""
-        vit.check_images(img, channels=self.channels, patch_size=(1, 1), image_size=self.image_size)
+        vit.check_images(img, channels=self.channels, patch_size=(1, 1), image_size=self.image_size,
+                         dtype=self.cls_token.dtype)
         x = self.to_patch_embedding(img)                                # (b, n, dim)
         x = torch.cat((repeat(self.cls_token, 'n d -> b n d', b=x.shape[0]), x), dim=1)
         return self.transformer(self.dropout(x + self.pos_embedding))

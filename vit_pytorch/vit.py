@@ -20,6 +20,8 @@ norm_eps=1e-6` give the paper's model exactly (see `vit_pytorch.pretrained`).
 This file needs only torch and einops; copy it as is.
 """
 
+import math
+
 import torch
 import torch.nn.functional as F
 from einops import rearrange, repeat
@@ -69,6 +71,20 @@ def probability(name, value):
     return float(value)
 
 
+def positive_float(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a positive float, got {value!r} ({type(value).__name__})")
+    if not 0.0 < value < math.inf:
+        raise ValueError(f"{name} must be a positive finite float, got {value}")
+    return float(value)
+
+
+def boolean(name, value):
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return value
+
+
 def patch_grid(image_size, patch_size):
     """(h, w) patch grid of an image, or a ValueError when the sides do not divide."""
     (image_height, image_width), (patch_height, patch_width) = image_size, patch_size
@@ -80,21 +96,29 @@ def patch_grid(image_size, patch_size):
     return image_height // patch_height, image_width // patch_width
 
 
-def check_images(img, *, channels, patch_size, image_size=None):
+def check_images(img, *, channels, patch_size, image_size=None, dtype=None):
     """Validate a (b, c, h, w) image batch; returns its (h, w) patch grid.
 
-    `image_size=None` accepts any size divisible by `patch_size`.
+    `image_size=None` accepts any size divisible by `patch_size`; `dtype`, the model's
+    parameter dtype, is required of `img` outside autocast.
     """
     if not isinstance(img, torch.Tensor):
         raise TypeError(f"img must be a torch.Tensor of shape (b, c, h, w), got {type(img).__name__}")
     if not img.is_floating_point():
         raise TypeError(f"img must be a floating point tensor, got dtype {img.dtype}; convert with img.float()")
+    if dtype is not None and img.dtype != dtype and not torch.is_autocast_enabled(img.device.type):
+        raise TypeError(
+            f"img has dtype {img.dtype} but the model's parameters are {dtype}; "
+            f"convert with img.to({dtype}) or run the model under torch.autocast"
+        )
     if img.ndim != 4:
         hint = " (a single image? add a batch dimension with img.unsqueeze(0))" if img.ndim == 3 else ""
         raise ValueError(f"img must have shape (b, c, h, w), got a {img.ndim}-d tensor of shape {tuple(img.shape)}{hint}")
     if img.shape[1] != channels:
         raise ValueError(f"img must have {channels} channels (dim 1), got shape {tuple(img.shape)}")
     size = tuple(img.shape[-2:])
+    if size[0] < patch_size[0] or size[1] < patch_size[1]:
+        raise ValueError(f"img must be at least one patch {tuple(patch_size)} high and wide, got {size[0]}x{size[1]}")
     if image_size is not None and size != tuple(image_size):
         raise ValueError(
             f"img must be {image_size[0]}x{image_size[1]} (h x w), the model's image_size, got {size[0]}x{size[1]}; "
@@ -258,6 +282,9 @@ class ViT(nn.Module):
         non_negative_int('num_classes', num_classes)
         probability('dropout', dropout)
         probability('emb_dropout', emb_dropout)
+        positive_float('norm_eps', norm_eps)
+        for name, value in dict(patch_norm=patch_norm, qkv_bias=qkv_bias, dynamic_image_size=dynamic_image_size).items():
+            boolean(name, value)
         if pool not in ('cls', 'mean'):
             raise ValueError(f"pool must be 'cls' (cls token) or 'mean' (mean pooling), got {pool!r}")
         if gelu_approximate not in ('none', 'tanh'):
@@ -317,7 +344,8 @@ class ViT(nn.Module):
     def embed(self, img):
         """Patch tokens with prefix token and position embeddings: (b, prefix + h * w, dim)."""
         grid = check_images(img, channels=self.channels, patch_size=self.patch_size,
-                            image_size=None if self.dynamic_image_size else self.image_size)
+                            image_size=None if self.dynamic_image_size else self.image_size,
+                            dtype=self.pos_embedding.dtype)
         x = self.to_patch_embedding(img)                              # (b, h * w, dim)
         cls_tokens = repeat(self.cls_token, 'n d -> b n d', b=x.shape[0])
         x = torch.cat((cls_tokens, x), dim=1)                         # (b, prefix + h * w, dim)

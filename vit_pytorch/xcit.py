@@ -341,7 +341,8 @@ class XCiT(nn.Module):
 
     def forward_features(self, img):
         """[cls, patch tokens] after both stages and the final norm: (b, 1 + h * w, dim)."""
-        grid = vit.check_images(img, channels=self.channels, patch_size=self.patch_size)
+        grid = vit.check_images(img, channels=self.channels, patch_size=self.patch_size,
+                                dtype=self.cls_token.dtype)
         x = self.to_patch_embedding(img)                               # (b, h * w, dim)
         x = self.dropout(x + self.pos_embedding(*grid))
         x = self.xcit_transformer(x, grid=grid)
