@@ -81,9 +81,7 @@ def worker(rank, engine, store, out_dir):
                 for attn, ff in model.transformer.layers:
                     fully_shard(attn)
                     fully_shard(ff)
-                # FSDP2 cannot reduce-scatter a zero-element gradient (mean pooling's (0, dim)
-                # cls_token): there is nothing to shard or synchronise, so leave it out
-                fully_shard(model, ignored_params={p for p in model.parameters() if p.numel() == 0})
+                fully_shard(model)
                 grads, params = train(model, img[local], labels[local], full_tensor=gather)
             results[name] = dict(grads=grads, params=params)
         torch.save(results, os.path.join(out_dir, f'rank{rank}.pt'))

@@ -30,6 +30,9 @@ MODELS = {
     'parallel_vit': 'vit_pytorch.parallel_vit:ViT',
     'learnable_memory_vit': 'vit_pytorch.learnable_memory_vit:ViT',
     'distillable_vit': 'vit_pytorch.distill:DistillableViT',
+    'simple_vit_with_register_tokens': 'vit_pytorch.simple_vit_with_register_tokens:SimpleViT',
+    'simple_vit_with_qk_norm': 'vit_pytorch.simple_vit_with_qk_norm:SimpleViT',
+    'simple_vit_with_patch_dropout': 'vit_pytorch.simple_vit_with_patch_dropout:SimpleViT',
 }
 
 # 'Ti/16', 'S/16', 'B/32', ...: the paper's table, built by vit_pytorch.pretrained.vit

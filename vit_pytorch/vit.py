@@ -306,10 +306,14 @@ class ViT(nn.Module):
             nn.Linear(patch_dim, dim),
             nn.LayerNorm(dim, eps=norm_eps) if patch_norm else nn.Identity(),
         )
-        # vit-pytorch keeps a (0, dim) cls_token under mean pooling; so do we, for its checkpoints
-        self.cls_token = nn.Parameter(torch.zeros(self.num_prefix_tokens, dim))
+        if pool == 'cls':
+            self.cls_token = nn.Parameter(torch.zeros(1, dim))
+            nn.init.trunc_normal_(self.cls_token, std=0.02)
+        else:
+            # vit-pytorch saves a (0, dim) cls_token under mean pooling: an empty buffer keeps that key
+            # for its checkpoints without an empty parameter (which FSDP cannot shard)
+            self.register_buffer('cls_token', torch.zeros(0, dim))
         self.pos_embedding = nn.Parameter(torch.zeros(self.num_prefix_tokens + num_patches, dim))
-        nn.init.trunc_normal_(self.cls_token, std=0.02)
         nn.init.trunc_normal_(self.pos_embedding, std=0.02)
         self.dropout = nn.Dropout(emb_dropout)
 
