@@ -14,7 +14,9 @@ setup(
         'einops>=0.8',
     ],
     extras_require={
-        'test': ['pytest', 'hypothesis', 'numpy', 'scikit-learn', 'safetensors', 'pillow', 'matplotlib', 'tqdm'],
+        'test': ['pytest', 'hypothesis', 'numpy', 'scikit-learn', 'safetensors', 'pillow', 'matplotlib', 'tqdm',
+                 'onnx', 'onnxscript', 'onnxruntime'],
+        'export': ['onnx', 'onnxscript', 'onnxruntime'],
         'train': ['tqdm', 'safetensors', 'scikit-learn', 'matplotlib', 'pillow'],
         'pretrained': ['safetensors', 'numpy'],
         'plots': ['matplotlib'],
