@@ -214,4 +214,7 @@ def test_live_timm_distilled_deit():
 
 def test_module_docstring_example_runs():
     example = distill.__doc__.split('    import torch', 1)[1].split('\nThis file', 1)[0]
-    exec(textwrap.dedent('    import torch' + example), {})
+    namespace = {}
+    exec(textwrap.dedent('    import torch' + example), namespace)
+    assert namespace['logits'].shape == (4, 10)
+    assert namespace['loss'].ndim == 0 and torch.isfinite(namespace['loss'])

@@ -384,7 +384,9 @@ def test_resample_presets_are_what_the_docstring_says():
 
 def test_module_docstring_example_runs():
     example = pretrained.__doc__.split('    import torch', 1)[1].split('\nOnly torch', 1)[0]
-    exec(textwrap.dedent('    import torch' + example), {})
+    namespace = {}
+    exec(textwrap.dedent('    import torch' + example), namespace)
+    assert namespace['logits'].shape == (1, 10)
 
 
 # live comparisons, when the reference packages are installed
