@@ -4,7 +4,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import digits_batch, tiny_vit_kwargs
-from vit_pytorch.deepvit import DeepViT, ReAttention
+from vit_pytorch.deepvit import DeepViT, ReAttention, deepvit, deepvit_16, deepvit_24, deepvit_32
 from vit_pytorch.vit import Attention
 
 
@@ -166,3 +166,57 @@ def test_recorder_sees_the_re_attention_maps():
     assert attns.shape == (2, 2, 2, 13, 13)                 # (b, layers, heads, n, n)
     torch.testing.assert_close(logits, model(img))
     assert all(attn.fused is False for attn, _ in model.transformer.layers)
+
+
+# the paper's models, counted on the meta device (nothing allocated)
+
+
+def paper_formula_count(depth, dim=384, heads=12, mlp_dim=1152, patch=16, image=224, num_classes=1000):
+    """DeepViT-`depth` from its definition: a qkv-biased pre-norm ViT plus (heads x heads) mixing and a
+    LayerNorm over heads per block; the official 1x1 convolution's bias (heads per block) left out."""
+    patch_embed = 3 * patch * patch * dim + dim
+    tokens = (image // patch) ** 2 + 1
+    attention = 2 * dim + (dim * 3 * dim + 3 * dim) + (dim * dim + dim)
+    mlp = 2 * dim + (dim * mlp_dim + mlp_dim) + (mlp_dim * dim + dim)
+    re_attention = heads * heads + 2 * heads
+    head = 2 * dim + dim * num_classes + num_classes
+    return patch_embed + dim + tokens * dim + depth * (attention + mlp + re_attention) + head
+
+
+def count(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize('build, depth', [(deepvit_16, 16), (deepvit_24, 24), (deepvit_32, 32)])
+def test_named_configuration_counts_match_the_architecture(build, depth):
+    with torch.device('meta'):
+        model = build()
+    assert model.pos_embedding.is_meta
+    assert len(model.transformer.layers) == depth
+    assert count(model) == paper_formula_count(depth)
+
+
+@pytest.mark.parametrize('build, published_millions', [(deepvit_24, 36.3), (deepvit_32, 48.1)])
+def test_named_configuration_counts_round_to_the_published_figures(build, published_millions):
+    # official README, "Comparison with ViTs" table (#params of DeepViT-24 / DeepViT-32)
+    with torch.device('meta'):
+        model = build()
+    assert round(count(model) / 1e5) == round(published_millions * 10)
+
+
+def test_deepvit_16_is_24_4_million_where_the_paper_prints_24_5():
+    # the same table prints 24.5M for DeepViT-16, but its own definition (official
+    # deepvit_patch16_224_re_attn_16b, conv bias included: 24,426,664) rounds to 24.4M
+    with torch.device('meta'):
+        model = deepvit_16()
+    assert round(count(model) / 1e5) == 244
+    assert count(model) + 16 * 12 == 24_426_664
+
+
+def test_named_configuration_overrides_and_validation():
+    with torch.device('meta'):
+        model = deepvit_24(num_classes=10, image_size=384)
+    assert model.mlp_head.out_features == 10
+    assert model.pos_embedding.shape == (1 + 24 * 24, 384)
+    with pytest.raises(ValueError, match=r"variant must be one of \['16', '24', '32'\], got 'S'"):
+        deepvit('S')

@@ -13,6 +13,19 @@ Everything else is the core ViT (`vit_pytorch.vit`). Checkpoints of `vit-pytorch
 (pool='cls') load unchanged: its head LayerNorm becomes the final norm (the same function on the
 cls token).
 
+The paper's models (official code, `deepvit_patch16_224_re_attn_{16,24,32}b`): patch 16, width 384,
+12 heads of 32, MLP 1152 (ratio 3), re-attention in every block, qkv bias, LayerNorm eps 1e-6,
+a plain patch projection:
+
+    deepvit_16()    16 blocks   24.4M parameters (published: 24.5M)
+    deepvit_24()    24 blocks   36.3M            (published: 36.3M)
+    deepvit_32()    32 blocks   48.1M            (published: 48.1M)
+
+Our re-attention has no bias on its head-mixing matrix (the official 1x1 convolution has one):
+12 parameters fewer per block. DeepViT-S and DeepViT-L (the official `deepvit_S`/`deepvit_L`,
+27M and 55M) are not offered: they add a two-convolution BatchNorm stem, re-attention only in the
+last 5 of 16 / 12 of 32 blocks and a residual rescaling, which this module does not implement.
+
     import torch
     from vit_pytorch.deepvit import DeepViT
 
@@ -38,8 +51,8 @@ class ReAttention(vit.Attention):
     map, the one that multiplies the values.
     """
 
-    def __init__(self, dim, heads=8, dim_head=64, dropout=0.):
-        super().__init__(dim, heads, dim_head, dropout)
+    def __init__(self, dim, heads=8, dim_head=64, dropout=0., *, qkv_bias=False, norm_eps=1e-5):
+        super().__init__(dim, heads, dim_head, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps)
         self.fused = False
         self.reattn_weights = nn.Parameter(torch.randn(heads, heads))
         self.reattn_norm = nn.Sequential(
@@ -62,23 +75,31 @@ class ReAttention(vit.Attention):
 class Transformer(vit.Transformer):
     """The core pre-norm stack with re-attention in every layer."""
 
-    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout=0.):
-        super().__init__(dim, 0, heads, dim_head, mlp_dim, dropout)
+    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout=0., *, qkv_bias=False, norm_eps=1e-5):
+        super().__init__(dim, 0, heads, dim_head, mlp_dim, dropout, norm_eps=norm_eps)
         self.layers.extend(
-            nn.ModuleList([ReAttention(dim, heads, dim_head, dropout), vit.FeedForward(dim, mlp_dim, dropout)])
+            nn.ModuleList([ReAttention(dim, heads, dim_head, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps),
+                           vit.FeedForward(dim, mlp_dim, dropout, norm_eps=norm_eps)])
             for _ in range(depth)
         )
 
 
 class DeepViT(vit.ViT):
-    """The core ViT (same arguments, methods and `num_classes=0` behaviour) with re-attention."""
+    """The core ViT (same arguments, methods and `num_classes=0` behaviour) with re-attention.
+
+    `patch_norm`, `qkv_bias` and `norm_eps` are the core's (defaults: vit-pytorch's model;
+    `patch_norm=False, qkv_bias=True, norm_eps=1e-6`: the paper's).
+    """
 
     def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim,
-                 pool='cls', channels=3, dim_head=64, dropout=0., emb_dropout=0.):
+                 pool='cls', channels=3, dim_head=64, dropout=0., emb_dropout=0.,
+                 patch_norm=True, qkv_bias=False, norm_eps=1e-5):
         super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim,
                          depth=depth, heads=heads, mlp_dim=mlp_dim, pool=pool, channels=channels,
-                         dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout)
-        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout)
+                         dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout,
+                         patch_norm=patch_norm, qkv_bias=qkv_bias, norm_eps=norm_eps)
+        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout,
+                                       qkv_bias=qkv_bias, norm_eps=norm_eps)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # vit-pytorch's DeepViT has no final norm in its transformer; its head is
@@ -94,3 +115,29 @@ class DeepViT(vit.ViT):
                 state_dict[prefix + 'transformer.norm.' + name] = state_dict.pop(norm_key + name)
                 state_dict[prefix + 'mlp_head.' + name] = state_dict.pop(linear_key + name)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+# the paper's models (official code, deepvit_patch16_224_re_attn_*b): name -> depth; all with patch 16,
+# width 384, 12 heads of 32, MLP ratio 3, qkv bias, LayerNorm eps 1e-6 and no patch LayerNorm
+CONFIGS = {'16': 16, '24': 24, '32': 32}
+
+
+def deepvit(variant, *, image_size=224, num_classes=1000, **overrides):
+    """The paper's DeepViT-`variant` (a key of CONFIGS); keyword arguments override the table."""
+    if variant not in CONFIGS:
+        raise ValueError(f"variant must be one of {sorted(CONFIGS)}, got {variant!r}")
+    kwargs = dict(image_size=image_size, patch_size=16, num_classes=num_classes, dim=384, depth=CONFIGS[variant],
+                  heads=12, dim_head=32, mlp_dim=1152, patch_norm=False, qkv_bias=True, norm_eps=1e-6)
+    return DeepViT(**{**kwargs, **overrides})
+
+
+def deepvit_16(**kwargs):
+    return deepvit('16', **kwargs)
+
+
+def deepvit_24(**kwargs):
+    return deepvit('24', **kwargs)
+
+
+def deepvit_32(**kwargs):
+    return deepvit('32', **kwargs)
