@@ -4,7 +4,8 @@ import torch.nn.functional as F
 
 from conftest import digits_batch, tiny_vit_kwargs
 from vit_pytorch import vit
-from vit_pytorch.parallel_vit import Parallel, ViT
+from vit_pytorch.parallel_vit import (Parallel, ViT, parallel_vit, vit_base_6x2, vit_base_18x2, vit_large_12x2,
+                                      vit_small_6x2, vit_small_18x2)
 
 
 def count(model):
@@ -125,3 +126,59 @@ def test_recorder_sees_every_branch():
     logits, attns = Recorder(model)(img)
     assert attns.shape == (2, 2 * 3, 2, 13, 13)               # layers x branches maps
     torch.testing.assert_close(logits, model(img), atol=1e-5, rtol=1e-5)
+
+
+# the paper's models, counted on the meta device (nothing allocated)
+
+
+def sequential_vit_formula_count(dim, blocks, patch=16, image=224, num_classes=1000):
+    """A qkv-biased pre-norm ViT of `blocks` blocks (MLP ratio 4) from its definition."""
+    patch_embed = 3 * patch * patch * dim + dim
+    tokens = (image // patch) ** 2 + 1
+    attention = 2 * dim + (dim * 3 * dim + 3 * dim) + (dim * dim + dim)
+    mlp = 2 * dim + (dim * 4 * dim + 4 * dim) + (4 * dim * dim + dim)
+    head = 2 * dim + dim * num_classes + num_classes
+    return patch_embed + dim + tokens * dim + blocks * (attention + mlp) + head
+
+
+PAPER_MODELS = [(vit_small_6x2, 384, 6, 2), (vit_small_18x2, 384, 18, 2), (vit_base_6x2, 768, 6, 2),
+                (vit_base_18x2, 768, 18, 2), (vit_large_12x2, 1024, 12, 2)]
+
+
+@pytest.mark.parametrize('build, dim, depth, branches', PAPER_MODELS)
+def test_named_configuration_has_the_parameters_of_the_sequential_vit(build, dim, depth, branches):
+    with torch.device('meta'):
+        model = build()
+    assert model.pos_embedding.is_meta
+    assert len(model.transformer.layers) == depth
+    assert all(len(attns.fns) == len(ffs.fns) == branches for attns, ffs in model.transformer.layers)
+    assert count(model) == sequential_vit_formula_count(dim, depth * branches)
+
+
+@pytest.mark.parametrize('build, published_millions', [(vit_small_6x2, 22), (vit_base_6x2, 86)])
+def test_twelve_block_models_round_to_deits_published_figures(build, published_millions):
+    # DeiT (arXiv 2012.12877) Table 1: DeiT-S 22M, DeiT-B 86M, the sequential 12x1 models; DeiT's table
+    # truncates to whole millions (DeiT-Ti's 5.7M is printed 5M)
+    with torch.device('meta'):
+        model = build()
+    assert count(model) // 10 ** 6 == published_millions
+
+
+@pytest.mark.parametrize('build, timm_count, layer_scale', [
+    (vit_small_18x2, 64_665_448, 18 * 2 * 2 * 384),
+    (vit_base_18x2, 256_731_880, 18 * 2 * 2 * 768),
+])
+def test_18x2_models_are_the_released_ones_without_layer_scale(build, timm_count, layer_scale):
+    # timm 1.x vit_{small,base}_patch16_18x2_224 (the paper's released checkpoints), counted on the meta
+    # device: they add a LayerScale vector to each of the 2 x 2 branches of the 18 blocks
+    with torch.device('meta'):
+        model = build()
+    assert count(model) + layer_scale == timm_count
+
+
+def test_named_configuration_overrides_and_validation():
+    with torch.device('meta'):
+        model = parallel_vit('small', 8, 3, num_classes=10)
+    assert len(model.transformer.layers[0][0].fns) == 3 and model.mlp_head.out_features == 10
+    with pytest.raises(ValueError, match=r"width must be one of \['base', 'large', 'small'\], got 'huge'"):
+        parallel_vit('huge', 16)
