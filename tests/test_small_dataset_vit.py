@@ -4,7 +4,7 @@ import torch.nn.functional as F
 
 from conftest import digits_batch, tiny_vit_kwargs
 from vit_pytorch.vit import Attention
-from vit_pytorch.vit_for_small_dataset import LSA, SPT, ViT
+from vit_pytorch.vit_for_small_dataset import LSA, SPT, ViT, sl_vit, sl_vit_cifar, sl_vit_tiny_imagenet
 
 
 def record_attention(model, img):
@@ -166,3 +166,48 @@ def test_recorder_sees_the_masked_diagonal():
     _, attns = Recorder(model)(torch.randn(2, 3, 16, 24))
     assert attns.shape == (2, 2, 2, 13, 13)
     assert torch.equal(torch.diagonal(attns, dim1=-2, dim2=-1), torch.zeros(2, 2, 2, 13))
+
+
+# the paper's models, counted on the meta device (nothing allocated)
+
+
+def official_sl_vit_count(image, patch, num_classes, dim=192, depth=9, heads=12, dim_head=16, mlp_ratio=2):
+    """SL-ViT as the official code builds it (SPT, LSA with one temperature per head, no qkv bias,
+    pre-norm blocks, LayerNorm + Linear head), from its definition."""
+    inner, mlp_dim = heads * dim_head, dim * mlp_ratio
+    spt_dim = 5 * 3 * patch * patch
+    spt = 2 * spt_dim + spt_dim * dim + dim
+    tokens = (image // patch) ** 2 + 1
+    attention = 2 * dim + dim * 3 * inner + (inner * dim + dim) + heads
+    mlp = 2 * dim + (dim * mlp_dim + mlp_dim) + (mlp_dim * dim + dim)
+    head = 2 * dim + dim * num_classes + num_classes
+    return spt + dim + tokens * dim + depth * (attention + mlp) + head
+
+
+def count(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize('build, image, patch, num_classes', [
+    (sl_vit_cifar, 32, 4, 100), (sl_vit_tiny_imagenet, 64, 8, 200)])
+def test_named_configuration_counts_are_the_official_ones_but_the_per_head_temperatures(build, image, patch,
+                                                                                        num_classes):
+    with torch.device('meta'):
+        model = build()
+    assert model.pos_embedding.is_meta
+    assert model.patch_size == (patch, patch) and model.mlp_head.out_features == num_classes
+    # one learned temperature per layer here, one per head (12) in the official code
+    assert count(model) + 9 * (12 - 1) == official_sl_vit_count(image, patch, num_classes)
+
+
+def test_named_configuration_counts_in_millions():
+    with torch.device('meta'):
+        cifar, tiny = sl_vit_cifar(), sl_vit_tiny_imagenet()
+    assert (round(count(cifar) / 1e4), round(count(tiny) / 1e4)) == (275, 291)
+
+
+def test_patch_follows_the_image_size_as_in_the_official_code():
+    with torch.device('meta'):
+        assert sl_vit(image_size=32, num_classes=10).patch_size == (4, 4)
+        assert sl_vit(image_size=64, num_classes=10).patch_size == (8, 8)
+        assert sl_vit_cifar(num_classes=10, patch_size=2).patch_size == (2, 2)

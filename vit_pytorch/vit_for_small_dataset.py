@@ -18,6 +18,16 @@ ViT the locality bias that small datasets cannot teach it.
     model = ViT(image_size=32, patch_size=4, num_classes=10,
                 dim=192, depth=9, heads=12, dim_head=16, mlp_dim=384)
     logits = model(torch.randn(8, 3, 32, 32))   # (8, 10)
+
+The paper's SL-ViT (official code, `create_model('vit')` with SPT and LSA): width 192, depth 9,
+12 heads of 16, MLP ratio 2, patch 4 on 32-pixel images (CIFAR-10/100, SVHN) and 8 on 64-pixel
+ones (Tiny-ImageNet):
+
+    sl_vit_cifar(num_classes=100)          32 px, patch 4   2.75M parameters
+    sl_vit_tiny_imagenet(num_classes=200)  64 px, patch 8   2.91M parameters
+
+The official LSA learns one temperature per head; here, as in `vit-pytorch`, one per layer
+(11 parameters fewer per layer).
 """
 
 import torch
@@ -103,3 +113,19 @@ class ViT(vit.ViT):
                          dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout)
         self.to_patch_embedding = SPT(dim=dim, patch_size=self.patch_size, channels=channels)
         self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout)
+
+
+def sl_vit(*, image_size=32, num_classes=100, **overrides):
+    """The paper's SL-ViT for `image_size` images: patch 4 at 32 pixels, else 8 (as the official code)."""
+    patch_size = 4 if image_size == 32 else 8
+    kwargs = dict(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=192, depth=9,
+                  heads=12, dim_head=16, mlp_dim=384)
+    return ViT(**{**kwargs, **overrides})
+
+
+def sl_vit_cifar(**kwargs):
+    return sl_vit(**{'image_size': 32, 'num_classes': 100, **kwargs})
+
+
+def sl_vit_tiny_imagenet(**kwargs):
+    return sl_vit(**{'image_size': 64, 'num_classes': 200, **kwargs})
