@@ -4,7 +4,8 @@ import torch.nn.functional as F
 
 from conftest import digits_batch, tiny_vit_kwargs
 from vit_pytorch import vit as core
-from vit_pytorch.learnable_memory_vit import Adapter, Attention, ViT, memory_attention_mask
+from vit_pytorch.learnable_memory_vit import (Adapter, Attention, ViT, memory_adapter_b_16, memory_attention_mask,
+                                              vit_b_16)
 
 
 def record_attention(model, img):
@@ -203,3 +204,46 @@ def test_recorder_sees_the_memory_columns():
     logits, attns = Recorder(adapter)(img)
     assert attns.shape == (2, 2, 2, 14, 17)                   # (b, layers, heads, queries, keys + memories)
     torch.testing.assert_close(logits, adapter(img), atol=1e-5, rtol=1e-5)
+
+
+# the paper's model, counted on the meta device (nothing allocated)
+
+
+def vit_b_16_formula_count(num_classes=1000, dim=768, depth=12, mlp_dim=3072, patch=16, image=224):
+    """The ViT paper's B/16 (qkv bias, pre-norm blocks, plain patch projection) from its definition."""
+    patch_embed = 3 * patch * patch * dim + dim
+    tokens = (image // patch) ** 2 + 1
+    attention = 2 * dim + (dim * 3 * dim + 3 * dim) + (dim * dim + dim)
+    mlp = 2 * dim + (dim * mlp_dim + mlp_dim) + (mlp_dim * dim + dim)
+    head = 2 * dim + dim * num_classes + num_classes
+    return patch_embed + dim + tokens * dim + depth * (attention + mlp) + head
+
+
+def count(model, trainable_only=False):
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+def test_vit_b_16_count_matches_the_architecture_and_the_published_figure():
+    with torch.device('meta'):
+        model = vit_b_16()
+    assert model.pos_embedding.is_meta
+    assert count(model) == vit_b_16_formula_count()
+    # ViT paper (arXiv 2010.11929) Table 1: ViT-Base 86M; the exact count is timm's vit_base_patch16_224's
+    assert count(model) // 10 ** 6 == 86
+    assert count(model) == 86_567_656
+
+
+@pytest.mark.parametrize('memories, classes', [(1, 2), (5, 100), (20, 1000)])
+def test_memory_adapter_trains_only_the_memories_the_new_cls_token_and_head(memories, classes):
+    with torch.device('meta'):
+        adapter = memory_adapter_b_16(num_memories_per_layer=memories, num_classes=classes)
+    assert count(adapter, trainable_only=True) == 12 * memories * 768 + 768 + 768 * classes + classes
+    assert count(adapter) - count(adapter, trainable_only=True) == vit_b_16_formula_count()
+
+
+def test_memory_adapter_wraps_a_given_vit():
+    with torch.device('meta'):
+        backbone = vit_b_16(num_classes=10)
+        adapter = memory_adapter_b_16(vit=backbone, num_memories_per_layer=2)
+    assert adapter.vit is backbone
+    assert adapter.memories_per_layer.shape == (12, 2, 768)

@@ -22,6 +22,14 @@ loads into it) whose layers accept memories and a mask.
     adapter = Adapter(vit=vit, num_memories_per_layer=10, num_classes=2)
     logits = adapter(torch.randn(4, 3, 256, 256))            # (4, 2)
     optimizer = torch.optim.AdamW(adapter.parameters())      # only the adapter's tensors train
+
+The paper adapts ViT-B/16 (the ViT paper's model: patch 16, width 768, depth 12, 12 heads, MLP
+3072, qkv bias, LayerNorm eps 1e-6, a plain patch projection), 86.6M parameters; an adapter with m
+memories per layer adds 12 m 768 + 768 + (768 + 1) classes trainable parameters:
+
+    vit_b_16(num_classes=1000)                              the frozen backbone, 86.6M
+    memory_adapter_b_16(num_memories_per_layer=m, num_classes=c, vit=None)
+                                                            a new ViT-B/16 (or `vit`) with an adapter
 """
 
 import torch
@@ -64,10 +72,11 @@ class Attention(core.Attention):
 class Transformer(core.Transformer):
     """The core pre-norm stack; `memories` (depth, m, dim) hands each layer its own memory tokens."""
 
-    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout=0.):
-        super().__init__(dim, 0, heads, dim_head, mlp_dim, dropout)
+    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout=0., *, qkv_bias=False, norm_eps=1e-5):
+        super().__init__(dim, 0, heads, dim_head, mlp_dim, dropout, norm_eps=norm_eps)
         self.layers.extend(
-            nn.ModuleList([Attention(dim, heads, dim_head, dropout), core.FeedForward(dim, mlp_dim, dropout)])
+            nn.ModuleList([Attention(dim, heads, dim_head, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps),
+                           core.FeedForward(dim, mlp_dim, dropout, norm_eps=norm_eps)])
             for _ in range(depth)
         )
 
@@ -90,14 +99,21 @@ class Transformer(core.Transformer):
 
 
 class ViT(core.ViT):
-    """The core ViT (same arguments, parameters and methods) whose transformer accepts memories."""
+    """The core ViT (same arguments, parameters and methods) whose transformer accepts memories.
+
+    `patch_norm`, `qkv_bias` and `norm_eps` are the core's (defaults: vit-pytorch's model;
+    `patch_norm=False, qkv_bias=True, norm_eps=1e-6`: the ViT paper's).
+    """
 
     def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim,
-                 pool='cls', channels=3, dim_head=64, dropout=0., emb_dropout=0.):
+                 pool='cls', channels=3, dim_head=64, dropout=0., emb_dropout=0.,
+                 patch_norm=True, qkv_bias=False, norm_eps=1e-5):
         super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim,
                          depth=depth, heads=heads, mlp_dim=mlp_dim, pool=pool, channels=channels,
-                         dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout)
-        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout)
+                         dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout,
+                         patch_norm=patch_norm, qkv_bias=qkv_bias, norm_eps=norm_eps)
+        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout,
+                                       qkv_bias=qkv_bias, norm_eps=norm_eps)
 
 
 def memory_attention_mask(num_tokens, num_memories, device=None):
@@ -154,3 +170,16 @@ class Adapter(nn.Module):
 
     def forward(self, img):
         return self.forward_head(self.forward_features(img))
+
+
+def vit_b_16(*, image_size=224, num_classes=1000, **overrides):
+    """ViT-B/16 as the paper adapts it (the ViT paper's model), with memory-ready layers."""
+    kwargs = dict(image_size=image_size, patch_size=16, num_classes=num_classes, dim=768, depth=12, heads=12,
+                  dim_head=64, mlp_dim=3072, patch_norm=False, qkv_bias=True, norm_eps=1e-6)
+    return ViT(**{**kwargs, **overrides})
+
+
+def memory_adapter_b_16(*, num_memories_per_layer=10, num_classes=2, vit=None):
+    """An `Adapter` on `vit` (a new `vit_b_16()` when None, to be loaded with pretrained weights)."""
+    return Adapter(vit=vit_b_16() if vit is None else vit, num_memories_per_layer=num_memories_per_layer,
+                   num_classes=num_classes)
