@@ -21,9 +21,17 @@ each speed ratio is paired: it is taken within a round, so machine-wide slowdown
 Other sections (`--sections`): `compile`, the torch.compile speed-up over eager, and
 `checkpointing`, the training memory that gradient checkpointing saves in a deep ViT.
 
+`--registry` measures models registered in `vit_pytorch.models` instead (or `all` of them),
+each at a named configuration of its paper where its module has a constructor for one
+(`cait_xxs24_224`, `t2t_vit_14`, CCT-7/3x1 at 32 px, ...) and at ViT-S/16's size otherwise
+(`REGISTRY`), with its own input size and training loss (DeiT's distillation loss for
+`distillable_vit`). Their FLOPs are counted with explicit attention (`fused=False`), which
+the counter sees. `--tiny` shrinks them to a few milliseconds a step, for tests.
+
     python benchmarks/throughput.py --configs S/16 --image-sizes 224 --json results.json
     PYTHONPATH=. /path/to/venv-with-timm/bin/python benchmarks/throughput.py --configs B/16
     python benchmarks/throughput.py --sections compile,checkpointing
+    python benchmarks/throughput.py --registry cait,xcit,cross_vit,t2t,cct --batches 1,8 --rounds 3
 
 Timings are wall-clock by default, so they include whatever else the machine is doing; read
 the spread columns. On a shared machine, `--threads 1 --clock cpu` times each step by this
@@ -33,6 +41,7 @@ process's CPU time instead, which other jobs barely disturb.
 import argparse
 import copy
 import datetime
+import importlib
 import json
 import os
 import platform
@@ -47,6 +56,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from vit_pytorch import SimpleViT, ViT
+from vit_pytorch import models as registry
 
 try:
     import timm
@@ -65,6 +75,34 @@ SECTIONS = ('throughput', 'compile', 'checkpointing')
 MODELS = ('vit', 'reference', 'timm', 'simple_vit', 'simple_reference')
 # which model each one is compared with (paired ratios)
 BASELINES = {'vit': ('timm', 'reference'), 'simple_vit': ('simple_reference',)}
+
+# `--registry`: name -> (preset, the module's constructor of that name or None, keyword arguments,
+# image size, channels, classes); without a constructor, the module's class at ViT-S/16's size
+S16 = dict(image_size=224, patch_size=16, num_classes=NUM_CLASSES, dim=384, depth=12, heads=6, mlp_dim=1536)
+REGISTRY = {
+    'vit': ('S/16', None, dict(S16, patch_norm=False, qkv_bias=True, norm_eps=1e-6), 224, 3, NUM_CLASSES),
+    'simple_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
+    'cait': ('cait_xxs24_224', 'cait_xxs24_224', {}, 224, 3, NUM_CLASSES),
+    'deepvit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
+    't2t': ('t2t_vit_14', 't2t_vit_14', {}, 224, 3, NUM_CLASSES),
+    # the paper's CIFAR-10 model, CCT-7/3x1: one 3x3 convolution in the tokenizer, learned positions
+    'cct': ('cct_7/3x1 (32 px, 10 classes)', 'cct_7',
+            dict(img_size=32, kernel_size=3, n_conv_layers=1, num_classes=10, positional_embedding='learnable'),
+            32, 3, 10),
+    'cross_vit': ('crossvit_tiny_240', 'crossvit_tiny_240', {}, 240, 3, NUM_CLASSES),
+    'xcit': ('xcit_tiny_12_p16_224', 'xcit_tiny_12_p16_224', {}, 224, 3, NUM_CLASSES),
+    'small_dataset_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
+    # as many attention and MLP blocks as S/16, in 6 layers of 2 parallel branches
+    'parallel_vit': ('S/16, 6 layers x 2 branches', None, dict(S16, depth=6, num_parallel_branches=2), 224, 3, NUM_CLASSES),
+    'learnable_memory_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
+    'distillable_vit': ('deit_small_distilled_patch16_224', 'deit_small_distilled_patch16_224', {}, 224, 3,
+                        NUM_CLASSES),
+    'simple_vit_with_register_tokens': ('S/16, 4 registers', None, S16, 224, 3, NUM_CLASSES),
+    'simple_vit_with_qk_norm': ('S/16', None, S16, 224, 3, NUM_CLASSES),
+    'simple_vit_with_patch_dropout': ('S/16, patch dropout 0.5', None, S16, 224, 3, NUM_CLASSES),
+}
+# `--tiny`: the training command's small model on 16-pixel gray images, 10 classes
+TINY = dict(image_size=16, channels=1, num_classes=10)
 
 
 # the plain reference: explicit softmax attention, plain torch reshapes, nothing fused
@@ -231,19 +269,73 @@ def build_all(names, config, image_size, seed=0):
     return {kind: models[kind] for kind in names}
 
 
+# registry models: each with its input and its training loss
+
+
+def classification_loss(model, img, labels):
+    return F.cross_entropy(model(img), labels)
+
+
+class DistillationLoss:
+    """DeiT's soft-distillation loss of a `DistillableViT`, through `DistillWrapper` as in training.
+
+    The teacher is a linear map of the mean colour, whose cost is negligible, so that the step
+    measured is the student's: DeiT's teacher (a RegNetY) is a separate model with its own cost.
+    """
+
+    def __init__(self, channels, num_classes):
+        self.teacher = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_classes))
+
+    def __call__(self, model, img, labels):
+        from vit_pytorch.distill import DistillWrapper
+
+        return DistillWrapper(teacher=self.teacher, student=model, temperature=3.0, alpha=0.5)(img, labels)
+
+
+def registry_workload(name, tiny=False):
+    """The model registered as `name` at its `REGISTRY` preset (or tiny), with its input and loss."""
+    if tiny:
+        from vit_pytorch.train import model_config
+
+        preset, channels, num_classes = 'tiny', TINY['channels'], TINY['num_classes']
+        image_size = TINY['image_size']
+        model = registry.build_model(name, **model_config(name, {}, **TINY))
+    else:
+        preset, constructor, kwargs, image_size, channels, num_classes = REGISTRY[name]
+        if constructor is None:
+            model = registry.build_model(name, **kwargs)
+        else:
+            module = importlib.import_module(registry.MODELS[name].split(':')[0])
+            model = getattr(module, constructor)(**kwargs)
+    loss = DistillationLoss(channels, num_classes) if name == 'distillable_vit' else classification_loss
+    return dict(name=name, preset=preset, model=model, image_size=image_size, channels=channels,
+                num_classes=num_classes, loss=loss, params=sum(p.numel() for p in model.parameters()))
+
+
+def explicit_attention(model):
+    """`model` with every attention module on its explicit path (the flop counter misses fused attention)."""
+    for module in model.modules():
+        if isinstance(getattr(module, 'fused', None), bool):
+            module.fused = False
+    return model
+
+
 # measuring
 
 
-def training_flops(model, image_size):
-    """FLOPs of one training step (forward + backward) per image, and of a forward alone."""
-    img, label = torch.randn(1, 3, image_size, image_size), torch.zeros(1, dtype=torch.long)
-    model = copy.deepcopy(model).train()
+def training_flops(model, image_size, *, channels=3, num_classes=NUM_CLASSES, loss=classification_loss):
+    """FLOPs of one training step (forward + loss + backward) per image, and of an inference forward alone."""
+    img = torch.randn(1, channels, image_size, image_size)
+    label = torch.randint(0, num_classes, (1,))
+    model = explicit_attention(copy.deepcopy(model)).eval()
+    # with autograd on: under no_grad, the counter's module tracker rejects a parameter's view
+    # (CaiT's expanded cls token); the forward's FLOPs are the same either way
     with FlopCounterMode(display=False) as counter:
-        with torch.no_grad():
-            model(img)
+        model(img)
     forward = counter.get_total_flops()
+    model.train()
     with FlopCounterMode(display=False) as counter:
-        F.cross_entropy(model(img), label).backward()
+        loss(model, img, label).backward()
     return counter.get_total_flops(), forward
 
 
@@ -267,13 +359,14 @@ CLOCK = time.perf_counter
 class Runner:
     """One model's inference and training step on fixed inputs."""
 
-    def __init__(self, model, image_size, batches, train_batch):
-        self.model = model
+    def __init__(self, model, image_size, batches, train_batch, *, channels=3, num_classes=NUM_CLASSES,
+                 loss=classification_loss):
+        self.model, self.loss = model, loss
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
         generator = torch.Generator().manual_seed(1)
-        self.images = {b: torch.randn(b, 3, image_size, image_size, generator=generator)
+        self.images = {b: torch.randn(b, channels, image_size, image_size, generator=generator)
                        for b in sorted(set(batches) | {train_batch})}
-        self.labels = torch.randint(0, NUM_CLASSES, (train_batch,), generator=generator)
+        self.labels = torch.randint(0, num_classes, (train_batch,), generator=generator)
 
     def infer(self, batch):
         self.model.eval()
@@ -283,7 +376,7 @@ class Runner:
     def train(self, batch):
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(self.model(self.images[batch]), self.labels).backward()
+        self.loss(self.model, self.images[batch], self.labels).backward()
         self.optimizer.step()
 
     def run(self, task, iterations):
@@ -299,14 +392,22 @@ def summary(values):
     return dict(median=statistics.median(values), min=min(values), max=max(values), rounds=list(values))
 
 
-def interleaved(runners, tasks, rounds, seconds, peaks=None, log=print):
-    """images/s per task and model over `rounds` rounds; each model runs once per task per round."""
+def interleaved(runners, tasks, rounds, seconds, peaks=None, log=print, same_steps=True):
+    """images/s per task and model over `rounds` rounds; each model runs once per task per round.
+
+    `same_steps=False` sizes each model's timed loop by its own speed (models of unlike cost,
+    compared with none): the iterations are then {task: {model: steps}}.
+    """
     iterations = {}
     for task in tasks:
         # one untimed step per model (allocations, kernel selection), which also sizes the timed
         # loop: the same number of steps for every model, from the slowest
-        durations = [task[1] / runner.run(task, 1) for runner in runners.values()]
-        iterations[task] = max(1, round(seconds / max(durations)))
+        durations = {name: task[1] / runner.run(task, 1) for name, runner in runners.items()}
+        if same_steps:
+            iterations[task] = max(1, round(seconds / max(durations.values())))
+        else:
+            iterations[task] = {name: max(1, round(seconds / d)) for name, d in durations.items()}
+    steps = lambda task, name: iterations[task] if same_steps else iterations[task][name]
     speeds = {task: {name: [] for name in runners} for task in tasks}
     names = list(runners)
     for r in range(rounds):
@@ -315,7 +416,7 @@ def interleaved(runners, tasks, rounds, seconds, peaks=None, log=print):
         order = names[r % len(names):] + names[:r % len(names)]
         for task in tasks:
             for name in order:
-                speeds[task][name].append(runners[name].run(task, iterations[task]))
+                speeds[task][name].append(runners[name].run(task, steps(task, name)))
         log(f'  round {r + 1}/{rounds} done')
     return speeds, iterations
 
@@ -339,7 +440,12 @@ def memory_child(spec):
     """Peak RSS increase (MiB) over two training steps, from a state with model, optimizer and batch built."""
     torch.set_num_threads(spec['threads'])
     torch.manual_seed(0)
-    if spec['model'] in ('vit', 'simple_vit'):
+    channels, num_classes, loss = 3, NUM_CLASSES, classification_loss
+    if 'registry' in spec:
+        workload = registry_workload(spec['registry'], spec['tiny'])
+        model, spec['image_size'] = workload['model'], workload['image_size']
+        channels, num_classes, loss = workload['channels'], workload['num_classes'], workload['loss']
+    elif spec['model'] in ('vit', 'simple_vit'):
         model = build_ours(spec['model'], spec['config'], spec['image_size'])
     elif spec['model'] == 'deep_vit':
         model = ViT(image_size=spec['image_size'], num_classes=NUM_CLASSES, patch_norm=False, qkv_bias=True,
@@ -350,14 +456,14 @@ def memory_child(spec):
         model.set_grad_checkpointing(True)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    img = torch.randn(spec['batch'], 3, spec['image_size'], spec['image_size'])
-    label = torch.randint(0, NUM_CLASSES, (spec['batch'],))
+    img = torch.randn(spec['batch'], channels, spec['image_size'], spec['image_size'])
+    label = torch.randint(0, num_classes, (spec['batch'],))
     before = rss_mib('VmRSS')
     times = []
     for _ in range(2):
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(model(img), label).backward()
+        loss(model, img, label).backward()
         optimizer.step()
         times.append(time.perf_counter() - start)
     params = sum(p.numel() for p in model.parameters()) * 4 / 2 ** 20
@@ -392,8 +498,20 @@ def bench_config(args, config, image_size, log):
     result = dict(config=config, image_size=image_size, tokens=(image_size // 16) ** 2, models=names,
                   iterations={f'{k}@{b}': n for (k, b), n in iterations.items()},
                   matmul_peak_flops=peak, flops_per_image={}, speed={}, ratios={}, mfu={}, memory={})
+    fill_speeds(result, tasks, speeds, peaks, {name: flops[family(name)] for name in names})
     for name in names:
-        train_flops, forward_flops = flops[family(name)]
+        for baseline in BASELINES.get(name, ()):
+            if baseline in names:
+                result['ratios'][f'{name}/{baseline}'] = {
+                    f'{k}@{b}': paired(speeds[(k, b)], name, baseline) for k, b in tasks}
+    if args.memory and args.train_batch:
+        fill_memory(result, args, log, lambda name: dict(model=name, config=config, image_size=image_size))
+    return result
+
+
+def fill_speeds(result, tasks, speeds, peaks, flops):
+    """FLOPs per image, speeds and MFU of every model into `result`; `flops`: name -> (train step, forward)."""
+    for name, (train_flops, forward_flops) in flops.items():
         result['flops_per_image'][name] = dict(forward=forward_flops, train_step=train_flops)
         for task in tasks:
             key = f'{task[0]}@{task[1]}'
@@ -402,16 +520,41 @@ def bench_config(args, config, image_size, log):
             # MFU pairs each round's speed with the same round's matmul peak
             result['mfu'].setdefault(key, {})[name] = summary(
                 [s * per_image / p for s, p in zip(speeds[task][name], peaks)])
-        for baseline in BASELINES.get(name, ()):
-            if baseline in names:
-                result['ratios'][f'{name}/{baseline}'] = {
-                    f'{k}@{b}': paired(speeds[(k, b)], name, baseline) for k, b in tasks}
+
+
+def fill_memory(result, args, log, spec_of):
+    """Training-step memory of every model into `result`, each run in a fresh process."""
+    for name in result['models']:
+        spec = dict(spec_of(name), batch=args.train_batch, threads=args.threads)
+        runs = [measure_memory(spec)['peak_increase_mib'] for _ in range(args.memory)]
+        result['memory'][name] = summary(runs)
+        log(f'  memory {name}: {statistics.median(runs):.0f} MiB')
+
+
+def bench_registry(args, log):
+    """Speed, FLOPs, MFU and memory of models registered in `vit_pytorch.models`, each at its preset.
+
+    The models differ in cost, so each times as many steps as fill `--seconds` for it; they are
+    still interleaved, every model once per round. FLOPs are counted with explicit attention.
+    """
+    torch.manual_seed(0)
+    workloads = {name: registry_workload(name, args.tiny) for name in args.registry}
+    flops = {name: training_flops(w['model'], w['image_size'], channels=w['channels'],
+                                  num_classes=w['num_classes'], loss=w['loss']) for name, w in workloads.items()}
+    runners = {name: Runner(w['model'], w['image_size'], args.batches, args.train_batch, channels=w['channels'],
+                            num_classes=w['num_classes'], loss=w['loss']) for name, w in workloads.items()}
+    tasks = [('infer', b) for b in args.batches] + ([('train', args.train_batch)] if args.train_batch else [])
+    peaks = []
+    log(f'registry: {", ".join(workloads)}; tasks {tasks}')
+    speeds, iterations = interleaved(runners, tasks, args.rounds, args.seconds, peaks, log, same_steps=False)
+    presets = {name: {k: w[k] for k in ('preset', 'image_size', 'channels', 'num_classes', 'params')}
+               for name, w in workloads.items()}
+    result = dict(config='registry', image_size=None, tokens=None, models=list(workloads), presets=presets,
+                  iterations={f'{k}@{b}': n for (k, b), n in iterations.items()},
+                  matmul_peak_flops=summary(peaks), flops_per_image={}, speed={}, ratios={}, mfu={}, memory={})
+    fill_speeds(result, tasks, speeds, peaks, flops)
     if args.memory and args.train_batch:
-        for name in names:
-            spec = dict(model=name, config=config, image_size=image_size, batch=args.train_batch, threads=args.threads)
-            runs = [measure_memory(spec)['peak_increase_mib'] for _ in range(args.memory)]
-            result['memory'][name] = summary(runs)
-            log(f'  memory {name}: {statistics.median(runs):.0f} MiB')
+        fill_memory(result, args, log, lambda name: dict(registry=name, tiny=args.tiny))
     return result
 
 
@@ -475,14 +618,20 @@ def report(results):
                f"fp32; medians over rounds (min-max)")
     for r in results['configs']:
         peak = r['matmul_peak_flops']
-        out.append(f"\n{r['config']} @ {r['image_size']} px ({r['tokens']} patches); "
+        presets = r.get('presets')
+        where = ('registry models, each at its preset' if presets else
+                 f"{r['config']} @ {r['image_size']} px ({r['tokens']} patches)")
+        out.append(f"\n{where}; "
                    f"fp32 matmul peak {spread({k: v / 1e9 for k, v in peak.items() if k != 'rounds'}, '{:.0f}')} GFLOP/s")
         keys = list(r['speed'])
-        header = ['model', 'GFLOP/img'] + [f'{k} img/s' for k in keys] + [f'MFU {keys[-1]}', 'train MiB']
+        header = (['model'] + (['preset', 'px', 'Mparams'] if presets else []) + ['GFLOP/img']
+                  + [f'{k} img/s' for k in keys] + [f'MFU {keys[-1]}', 'train MiB'])
         rows = []
         for name in r['models']:
             mem = r['memory'].get(name)
-            rows.append([name, f"{r['flops_per_image'][name]['forward'] / 1e9:.2f}"]
+            p = presets[name] if presets else None
+            rows.append([name] + ([p['preset'], p['image_size'], f"{p['params'] / 1e6:.2f}"] if p else [])
+                        + [f"{r['flops_per_image'][name]['forward'] / 1e9:.2f}"]
                         + [spread(r['speed'][k][name]) for k in keys]
                         + [f"{r['mfu'][keys[-1]][name]['median']:.0%}", f"{mem['median']:.0f}" if mem else '-'])
         out.append(table(rows, header))
@@ -533,9 +682,16 @@ def parse_args(argv=None):
     parser.add_argument('--rounds', type=int, default=5, help='interleaved rounds')
     parser.add_argument('--seconds', type=float, default=0.5, help='target length of one timing')
     parser.add_argument('--memory', type=int, default=1, help='fresh-process memory runs per model (0: none)')
-    parser.add_argument('--sections', type=names, default=['throughput'],
+    parser.add_argument('--sections', type=names, default=None,
                         help='comma-separated, of throughput (speed, MFU, memory per model), compile '
-                             '(torch.compile speed-up over eager), checkpointing (memory saved in a deep ViT)')
+                             '(torch.compile speed-up over eager), checkpointing (memory saved in a deep ViT); '
+                             'default throughput, or none when --registry is given')
+    parser.add_argument('--registry', type=names, default=[],
+                        help=f'comma-separated models of vit_pytorch.models, or all, each at its preset: '
+                             f'{", ".join(f"{n} ({v[0]})" for n, v in REGISTRY.items())}')
+    parser.add_argument('--tiny', action='store_true',
+                        help=f'registry models at the training command\'s small size on {TINY["image_size"]}-pixel '
+                             f'images with {TINY["channels"]} channel (a few ms a step; for tests)')
     parser.add_argument('--compile-batch', type=int, default=8)
     parser.add_argument('--checkpoint-depth', type=int, default=24, help='depth of the ViT for the checkpointing section')
     parser.add_argument('--threads', type=int, default=torch.get_num_threads())
@@ -545,6 +701,15 @@ def parse_args(argv=None):
     parser.add_argument('--json', help='write the results to this JSON file')
     parser.add_argument('--memory-child', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.sections is None:
+        args.sections = [] if args.registry else ['throughput']
+    if args.registry == ['all']:
+        args.registry = list(registry.MODELS)
+    for name in args.registry:
+        if name not in registry.MODELS:
+            parser.error(f'unknown registry model {name!r}; choose from {list(registry.MODELS)} or all')
+        if name not in REGISTRY and not args.tiny:
+            parser.error(f'registry model {name!r} has no preset in REGISTRY yet; add one (or use --tiny)')
     for name in args.configs:
         if name not in CONFIGS:
             parser.error(f'unknown config {name!r}; choose from {list(CONFIGS)}')
@@ -572,6 +737,8 @@ def main(argv=None):
         for config in args.configs:
             for image_size in args.image_sizes:
                 results['configs'].append(bench_config(args, config, image_size, log))
+    if args.registry:
+        results['configs'].append(bench_registry(args, log))
     if 'compile' in args.sections:
         results['compile'] = bench_compile(args, log)
     if 'checkpointing' in args.sections:

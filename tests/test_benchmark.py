@@ -1,0 +1,139 @@
+"""benchmarks/throughput.py measures every model registered in vit_pytorch.models.
+
+All registered models run once through the script's own measuring code (`bench_registry`)
+at the `--tiny` size, one round of one step per task, and every number it reports for each
+must be a positive finite one. No test depends on how fast anything is.
+"""
+
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from vit_pytorch import ViT
+from vit_pytorch.models import MODELS
+
+SCRIPT = os.path.join(os.path.dirname(__file__), os.pardir, 'benchmarks', 'throughput.py')
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location('throughput', SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope='module')
+def throughput():
+    return load_script()
+
+
+@pytest.fixture(scope='module')
+def tiny_results(throughput):
+    """One tiny run of every registered model, as `--registry all --tiny` measures them."""
+    threads = torch.get_num_threads()
+    args = throughput.parse_args(['--registry', 'all', '--tiny', '--rounds', '1', '--seconds', '0',
+                                  '--batches', '1,2', '--train-batch', '2', '--memory', '0', '--threads', '1'])
+    torch.set_num_threads(1)
+    try:
+        result = throughput.bench_registry(args, log=lambda msg: None)
+    finally:
+        torch.set_num_threads(threads)
+    return result
+
+
+def positive_finite(value):
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+@pytest.mark.parametrize('name', list(MODELS))
+def test_every_registered_model_gets_positive_finite_speeds_and_flops(tiny_results, name):
+    assert name in tiny_results['models']
+    for task in ('infer@1', 'infer@2', 'train@2'):
+        speed = tiny_results['speed'][task][name]
+        assert len(speed['rounds']) == 1
+        assert all(positive_finite(s) for s in speed['rounds']), (task, speed)
+        assert positive_finite(tiny_results['mfu'][task][name]['median'])
+    flops = tiny_results['flops_per_image'][name]
+    assert positive_finite(flops['forward']) and positive_finite(flops['train_step'])
+    # a training step is a forward plus a backward, which costs more than the forward
+    assert flops['train_step'] > flops['forward']
+
+
+def test_every_registered_model_has_a_preset(throughput):
+    assert set(throughput.REGISTRY) == set(MODELS)
+
+
+def test_registry_all_expands_to_every_registered_model(throughput):
+    assert throughput.parse_args(['--registry', 'all']).registry == list(MODELS)
+
+
+def test_registry_replaces_the_default_section_only(throughput):
+    assert throughput.parse_args([]).sections == ['throughput']
+    assert throughput.parse_args(['--registry', 'cct']).sections == []
+    assert throughput.parse_args(['--registry', 'cct', '--sections', 'throughput']).sections == ['throughput']
+
+
+def test_unknown_registry_name_is_refused(throughput, capsys):
+    with pytest.raises(SystemExit):
+        throughput.parse_args(['--registry', 'not_a_model'])
+    assert 'not_a_model' in capsys.readouterr().err
+
+
+def test_tiny_report_names_every_model(throughput, tiny_results):
+    text = throughput.report(dict(machine=throughput.machine(1, 'wall'), configs=[tiny_results]))
+    for name in MODELS:
+        assert f'\n{name} ' in text
+
+
+def test_flops_with_explicit_attention_match_the_plain_reference(throughput):
+    # our ViT counted through its explicit path against the script's independent plain-torch
+    # ViT of the same size; the fused path would hide the attention matmuls from the counter
+    size = dict(image_size=32, patch_size=8, dim=64, depth=2, heads=2, mlp_dim=128)
+    ours = ViT(num_classes=throughput.NUM_CLASSES, dim_head=64, patch_norm=False, qkv_bias=True, **size)
+    reference = throughput.RefViT(dim_head=64, **size)
+    assert throughput.training_flops(ours, 32) == throughput.training_flops(reference, 32)
+    tokens, heads, dim_head = 1 + (32 // 8) ** 2, 2, 64
+    attention_matmuls = 2 * 2 * tokens * tokens * dim_head * heads * size['depth']     # q k^T and attn v
+    with torch.no_grad():
+        from torch.utils.flop_counter import FlopCounterMode
+        with FlopCounterMode(display=False) as counter:
+            ours.eval()(torch.randn(1, 3, 32, 32))
+    assert throughput.training_flops(ours, 32)[1] - counter.get_total_flops() == attention_matmuls
+
+
+def test_distillable_vit_trains_on_the_distillation_loss(throughput):
+    # in training mode DistillableViT returns two logits; cross-entropy alone would fail on them
+    workload = throughput.registry_workload('distillable_vit', tiny=True)
+    assert isinstance(workload['loss'], throughput.DistillationLoss)
+    model = workload['model'].train()
+    img = torch.randn(2, workload['channels'], workload['image_size'], workload['image_size'])
+    assert isinstance(model(img), tuple)
+    loss = workload['loss'](model, img, torch.tensor([0, 1]))
+    loss.backward()
+    assert loss.ndim == 0 and model.distill_token.grad is not None and model.distill_head.weight.grad is not None
+
+
+def test_cct_preset_is_the_papers_cifar_model(throughput):
+    # CCT-7/3x1 on 32x32 CIFAR-10: 3,760,139 parameters in the reference implementation
+    workload = throughput.registry_workload('cct')
+    assert (workload['image_size'], workload['num_classes'], workload['params']) == (32, 10, 3_760_139)
+
+
+def test_memory_child_measures_a_registry_model(throughput):
+    threads = torch.get_num_threads()
+    try:
+        out = throughput.memory_child(dict(registry='distillable_vit', tiny=True, batch=2, threads=1))
+    finally:
+        torch.set_num_threads(threads)
+    assert out['params_mib'] > 0 and out['step_s'] > 0 and math.isfinite(out['peak_increase_mib'])
+
+
+def test_help_exits_zero():
+    out = subprocess.run([sys.executable, SCRIPT, '--help'], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert '--registry' in out.stdout
