@@ -53,7 +53,7 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
 from vit_pytorch import SimpleViT, ViT
 from vit_pytorch import models as registry
@@ -323,6 +323,19 @@ def explicit_attention(model):
 # measuring
 
 
+def conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
+                        _output_padding, _groups, output_mask, out_shape=None, **kwargs):
+    """A convolution's backward: each gradient asked for costs what the forward does.
+
+    torch's own formula ignores `groups` in the weight gradient, which counts a depthwise
+    convolution's backward about `groups` times over (XCiT's local patch interaction).
+    """
+    return conv_flop_count(x_shape, w_shape, grad_out_shape, transposed) * (bool(output_mask[0]) + bool(output_mask[1]))
+
+
+FLOP_FORMULAS = {torch.ops.aten.convolution_backward: conv_backward_flops}
+
+
 def training_flops(model, image_size, *, channels=3, num_classes=NUM_CLASSES, loss=classification_loss):
     """FLOPs of one training step (forward + loss + backward) per image, and of an inference forward alone."""
     img = torch.randn(1, channels, image_size, image_size)
@@ -330,11 +343,11 @@ def training_flops(model, image_size, *, channels=3, num_classes=NUM_CLASSES, lo
     model = explicit_attention(copy.deepcopy(model)).eval()
     # with autograd on: under no_grad, the counter's module tracker rejects a parameter's view
     # (CaiT's expanded cls token); the forward's FLOPs are the same either way
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS) as counter:
         model(img)
     forward = counter.get_total_flops()
     model.train()
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS) as counter:
         loss(model, img, label).backward()
     return counter.get_total_flops(), forward
 

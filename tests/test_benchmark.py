@@ -106,6 +106,23 @@ def test_flops_with_explicit_attention_match_the_plain_reference(throughput):
     assert throughput.training_flops(ours, 32)[1] - counter.get_total_flops() == attention_matmuls
 
 
+@pytest.mark.parametrize('groups', [1, 8])
+def test_a_convolutions_backward_counts_twice_its_forward(throughput, groups):
+    # grad of the input and grad of the weight each cost a forward, grouped or not (torch's own
+    # formula counts a grouped convolution's weight gradient `groups` times over)
+    from torch.utils.flop_counter import FlopCounterMode
+
+    conv = torch.nn.Conv2d(8, 8, 3, padding=1, groups=groups)
+    x = torch.randn(1, 8, 6, 6, requires_grad=True)
+    with FlopCounterMode(display=False, custom_mapping=throughput.FLOP_FORMULAS) as counter:
+        y = conv(x)
+    forward = counter.get_total_flops()
+    assert forward == 2 * 6 * 6 * 8 * (8 // groups) * 3 * 3
+    with FlopCounterMode(display=False, custom_mapping=throughput.FLOP_FORMULAS) as counter:
+        y.sum().backward()
+    assert counter.get_total_flops() == 2 * forward
+
+
 def test_distillable_vit_trains_on_the_distillation_loss(throughput):
     # in training mode DistillableViT returns two logits; cross-entropy alone would fail on them
     workload = throughput.registry_workload('distillable_vit', tiny=True)
