@@ -256,7 +256,12 @@ def train(args, model_kwargs):
     rank, world_size, device = setup_distributed(args.device)
     threads = torch.get_num_threads()
     try:
-        return _train(args, model_kwargs, rank, world_size, device)
+        record = _train(args, model_kwargs, rank, world_size, device)
+        if world_size > 1:
+            # wait for every process (the first one writes the last checkpoint) before tearing gloo down:
+            # a process that leaves while its peer is still in the group can abort the peer
+            torch.distributed.barrier()
+        return record
     finally:
         torch.set_num_threads(threads)
         if world_size > 1:
