@@ -25,14 +25,15 @@ from pathlib import Path
 
 import torch
 
+# one error for every weight file the package reads: training checkpoints and pretrained weights alike
+from vit_pytorch.pretrained import CheckpointError
+
 FORMAT = 'vit_pytorch.checkpoint'
 VERSION = 1
 MODEL_FILE, CONFIG_FILE = 'model.safetensors', 'config.json'
 OPTIMIZER_FILE, STATE_FILE = 'optimizer.safetensors', 'state.json'
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read or does not fit: missing, corrupt, truncated or mismatched files."""
 
 
 def _safetensors():

@@ -76,7 +76,8 @@ RESAMPLE = {
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that does not fit the model: missing, unexpected or misshapen entries, or an unsafe file."""
+    """A weight file that cannot be read safely or does not fit the model: missing, corrupt or truncated
+    files, missing, unexpected or misshapen entries, or an unsafe (pickled-object) file."""
 
 
 # the model table
