@@ -2,11 +2,10 @@ import os
 
 import pytest
 import torch
-import torch.nn.functional as F
 from einops import rearrange
 from safetensors.torch import load_file
 
-from conftest import digits_batch
+from conftest import digits_batch, fit_fixed_batch
 from vit_pytorch.cait import CaiT, ClassAttention, TalkingHeadsAttention, cait_s24_224, cait_xxs24_224
 
 
@@ -216,20 +215,8 @@ def test_tiny_model_overfits_32_real_digits():
     images, labels = digits_batch(32)
     model = CaiT(image_size=8, patch_size=4, num_classes=10, dim=32, depth=1, cls_depth=1, heads=2,
                  dim_head=16, mlp_dim=64, channels=1, layer_scale_init=0.1)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-    for step in range(300):
-        loss = F.cross_entropy(model(images), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if step % 10 == 9:
-            with torch.no_grad():
-                if (model(images).argmax(-1) == labels).all():
-                    break
-    model.eval()
-    with torch.no_grad():
-        accuracy = (model(images).argmax(-1) == labels).float().mean().item()
-    assert accuracy == 1.0, f'training accuracy {accuracy} after {step + 1} steps'
+    accuracy, steps = fit_fixed_batch(model, images, labels)
+    assert accuracy == 1.0, f'training accuracy {accuracy} after {steps} steps'
 
 
 # errors

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import digits_batch
+from conftest import digits_batch, fit_fixed_batch
 from vit_pytorch import cct
 from vit_pytorch.cct import CCT, sinusoidal_embedding
 
@@ -199,18 +199,8 @@ def test_tiny_model_overfits_32_real_digits():
     model = CCT(img_size=8, embedding_dim=64, n_input_channels=1, kernel_size=3, stride=1, padding=1,
                 num_layers=2, num_heads=4, mlp_ratio=2, num_classes=10, positional_embedding='learnable',
                 attention_dropout=0., stochastic_depth_rate=0.)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-    for step in range(300):
-        loss = F.cross_entropy(model(images), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if step % 10 == 9 and (model(images).argmax(-1) == labels).all():
-            break
-    model.eval()
-    with torch.no_grad():
-        accuracy = (model(images).argmax(-1) == labels).float().mean().item()
-    assert accuracy == 1.0, f'training accuracy {accuracy} after {step + 1} steps'
+    accuracy, steps = fit_fixed_batch(model, images, labels)
+    assert accuracy == 1.0, f'training accuracy {accuracy} after {steps} steps'
 
 
 @pytest.mark.parametrize('override, error, message', [

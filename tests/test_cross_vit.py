@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from safetensors.torch import load_file
 
-from conftest import digits_batch
+from conftest import digits_batch, fit_fixed_batch
 from vit_pytorch.cross_vit import (CrossAttention, CrossFusion, CrossViT, crossvit_small_240, crossvit_tiny_240)
 
 
@@ -203,20 +203,8 @@ def test_tiny_model_overfits_32_real_digits():
                      sm_enc_heads=2, sm_enc_mlp_dim=64, sm_enc_dim_head=16, lg_patch_size=4, lg_enc_depth=1,
                      lg_enc_heads=2, lg_enc_mlp_dim=64, lg_enc_dim_head=16, cross_attn_depth=1, cross_attn_heads=2,
                      depth=1, dropout=0., emb_dropout=0., channels=1)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-    for step in range(300):
-        loss = F.cross_entropy(model(images), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if step % 10 == 9:
-            with torch.no_grad():
-                if (model(images).argmax(-1) == labels).all():
-                    break
-    model.eval()
-    with torch.no_grad():
-        accuracy = (model(images).argmax(-1) == labels).float().mean().item()
-    assert accuracy == 1.0, f'training accuracy {accuracy} after {step + 1} steps'
+    accuracy, steps = fit_fixed_batch(model, images, labels)
+    assert accuracy == 1.0, f'training accuracy {accuracy} after {steps} steps'
 
 
 # errors

@@ -1,8 +1,7 @@
 import pytest
 import torch
-import torch.nn.functional as F
 
-from conftest import digits_batch, tiny_vit_kwargs
+from conftest import digits_batch, fit_fixed_batch, tiny_vit_kwargs
 from vit_pytorch import vit
 from vit_pytorch.parallel_vit import (Parallel, ViT, parallel_vit, vit_base_6x2, vit_base_18x2, vit_large_12x2,
                                       vit_small_6x2, vit_small_18x2)
@@ -93,18 +92,8 @@ def test_tiny_model_overfits_32_real_digits():
     images, labels = digits_batch(32)
     model = ViT(image_size=8, patch_size=2, num_classes=10, dim=64, depth=1, heads=4, dim_head=16,
                 mlp_dim=128, channels=1, num_parallel_branches=2)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-    for step in range(300):
-        loss = F.cross_entropy(model(images), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if step % 10 == 9 and (model(images).argmax(-1) == labels).all():
-            break
-    model.eval()
-    with torch.no_grad():
-        accuracy = (model(images).argmax(-1) == labels).float().mean().item()
-    assert accuracy == 1.0, f'training accuracy {accuracy} after {step + 1} steps'
+    accuracy, steps = fit_fixed_batch(model, images, labels)
+    assert accuracy == 1.0, f'training accuracy {accuracy} after {steps} steps'
 
 
 @pytest.mark.parametrize('override, error, message', [

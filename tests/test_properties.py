@@ -87,14 +87,6 @@ def simple_vit_configs(draw):
     )
 
 
-def vit_outputs(model, img):
-    """ViT's documented outputs: logits, or with num_classes=0 the tokens and the pooled embedding."""
-    out = model(img)
-    if model.num_classes == 0:
-        return [out, model.forward_head(out, pre_logits=True)]
-    return [out]
-
-
 def vit_output_shapes(kwargs, batch, grid):
     if kwargs['num_classes'] > 0:
         return [(batch, kwargs['num_classes'])]

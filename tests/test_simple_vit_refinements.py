@@ -2,9 +2,8 @@
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from conftest import digits_batch, tiny_vit_kwargs
+from conftest import digits_batch, fit_fixed_batch, tiny_vit_kwargs
 from vit_pytorch import simple_vit
 from vit_pytorch.simple_vit_with_patch_dropout import PatchDropout
 from vit_pytorch.simple_vit_with_patch_dropout import SimpleViT as PatchDropoutViT
@@ -56,23 +55,8 @@ def test_tiny_model_overfits_32_real_digits(model_cls):
     images, labels = digits_batch(32)
     model = model_cls(image_size=8, patch_size=2, num_classes=10, dim=64, depth=2, heads=4, dim_head=16,
                       mlp_dim=128, channels=1)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-    for step in range(300):
-        loss = F.cross_entropy(model(images), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if step % 10 == 9:
-            model.eval()
-            with torch.no_grad():
-                done = (model(images).argmax(-1) == labels).all()
-            model.train()
-            if done:
-                break
-    model.eval()
-    with torch.no_grad():
-        accuracy = (model(images).argmax(-1) == labels).float().mean().item()
-    assert accuracy == 1.0, f'training accuracy {accuracy} after {step + 1} steps'
+    accuracy, steps = fit_fixed_batch(model, images, labels)
+    assert accuracy == 1.0, f'training accuracy {accuracy} after {steps} steps'
 
 
 # register tokens

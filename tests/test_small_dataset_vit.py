@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import digits_batch, tiny_vit_kwargs
+from conftest import digits_batch, fit_fixed_batch, tiny_vit_kwargs
 from vit_pytorch.vit import Attention
 from vit_pytorch.vit_for_small_dataset import LSA, SPT, ViT, sl_vit, sl_vit_cifar, sl_vit_tiny_imagenet
 
@@ -129,18 +129,8 @@ def test_tiny_model_overfits_32_real_digits():
     images, labels = digits_batch(32)
     model = ViT(image_size=8, patch_size=2, num_classes=10, dim=64, depth=2, heads=4, dim_head=16,
                 mlp_dim=128, channels=1)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-    for step in range(300):
-        loss = F.cross_entropy(model(images), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if step % 10 == 9 and (model(images).argmax(-1) == labels).all():
-            break
-    model.eval()
-    with torch.no_grad():
-        accuracy = (model(images).argmax(-1) == labels).float().mean().item()
-    assert accuracy == 1.0, f'training accuracy {accuracy} after {step + 1} steps'
+    accuracy, steps = fit_fixed_batch(model, images, labels)
+    assert accuracy == 1.0, f'training accuracy {accuracy} after {steps} steps'
 
 
 @pytest.mark.parametrize('override, error, message', [

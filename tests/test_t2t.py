@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import digits_batch
+from conftest import digits_batch, fit_fixed_batch
 from vit_pytorch.t2t import SoftSplit, T2TViT, TokenAttention, sinusoid_table, t2t_vit, t2t_vit_14
 
 
@@ -156,20 +156,8 @@ def test_tiny_model_overfits_32_real_digits():
     images, labels = digits_batch(32)
     model = T2TViT(image_size=8, num_classes=10, dim=32, depth=1, heads=2, dim_head=16, mlp_dim=64, channels=1,
                    t2t_layers=((3, 2), (3, 2)), token_dim=16)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-    for step in range(300):
-        loss = F.cross_entropy(model(images), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if step % 10 == 9:
-            with torch.no_grad():
-                if (model(images).argmax(-1) == labels).all():
-                    break
-    model.eval()
-    with torch.no_grad():
-        accuracy = (model(images).argmax(-1) == labels).float().mean().item()
-    assert accuracy == 1.0, f'training accuracy {accuracy} after {step + 1} steps'
+    accuracy, steps = fit_fixed_batch(model, images, labels)
+    assert accuracy == 1.0, f'training accuracy {accuracy} after {steps} steps'
 
 
 # errors

@@ -2,10 +2,9 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 from einops import rearrange
 
-from conftest import digits_batch, tiny_vit_kwargs
+from conftest import digits_batch, fit_fixed_batch, tiny_vit_kwargs
 from vit_pytorch import SimpleViT, ViT
 from vit_pytorch.vit import Attention, resample_pos_embedding
 
@@ -273,17 +272,5 @@ def test_tiny_model_overfits_32_real_digits(model_cls):
     images, labels = digits_batch(32)
     model = model_cls(image_size=8, patch_size=2, num_classes=10, dim=64, depth=2, heads=4,
                       dim_head=16, mlp_dim=128, channels=1)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-    for step in range(300):
-        loss = F.cross_entropy(model(images), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if step % 25 == 24:
-            with torch.no_grad():
-                if (model(images).argmax(-1) == labels).all():
-                    break
-    model.eval()
-    with torch.no_grad():
-        accuracy = (model(images).argmax(-1) == labels).float().mean().item()
-    assert accuracy == 1.0, f'training accuracy {accuracy} after {step + 1} steps'
+    accuracy, steps = fit_fixed_batch(model, images, labels)
+    assert accuracy == 1.0, f'training accuracy {accuracy} after {steps} steps'

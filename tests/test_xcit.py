@@ -3,10 +3,9 @@ import os
 
 import pytest
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from conftest import digits_batch
+from conftest import digits_batch, fit_fixed_batch
 from vit_pytorch.xcit import (ClassAttention, FourierPositionEncoding, LocalPatchInteraction, XCAttention, XCiT,
                               xcit_tiny_12_p16_224)
 
@@ -231,23 +230,8 @@ def test_tiny_model_overfits_32_real_digits():
     images, labels = digits_batch(32)
     model = XCiT(image_size=8, patch_size=4, num_classes=10, dim=32, depth=1, cls_depth=1, heads=2,
                  dim_head=16, mlp_dim=64, channels=1)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-    for step in range(300):
-        loss = F.cross_entropy(model(images), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if step % 10 == 9:
-            model.eval()
-            with torch.no_grad():
-                done = (model(images).argmax(-1) == labels).all()
-            model.train()
-            if done:
-                break
-    model.eval()
-    with torch.no_grad():
-        accuracy = (model(images).argmax(-1) == labels).float().mean().item()
-    assert accuracy == 1.0, f'training accuracy {accuracy} after {step + 1} steps'
+    accuracy, steps = fit_fixed_batch(model, images, labels)
+    assert accuracy == 1.0, f'training accuracy {accuracy} after {steps} steps'
 
 
 # errors
