@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from conftest import tiny_vit_kwargs
+from helpers import tiny_vit_kwargs
 from vit_pytorch import ViT
 from vit_pytorch.analysis import (attention_rollout, cls_attention, mean_attention_distance, patch_embedding_components,
                                   patch_filters, position_embedding_similarity, to_patch_grid)

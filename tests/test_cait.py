@@ -5,7 +5,7 @@ import torch
 from einops import rearrange
 from safetensors.torch import load_file
 
-from conftest import digits_batch, fit_fixed_batch
+from helpers import count, digits_batch, fit_fixed_batch
 from vit_pytorch.cait import CaiT, ClassAttention, TalkingHeadsAttention, cait_s24_224, cait_xxs24_224
 
 
@@ -15,9 +15,6 @@ def tiny_cait(**overrides):
     kwargs.update(overrides)
     return CaiT(**kwargs)
 
-
-def count(model):
-    return sum(p.numel() for p in model.parameters())
 
 
 # shapes and gradients

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import digits_batch, fit_fixed_batch
+from helpers import count, digits_batch, fit_fixed_batch, reference_case
 from vit_pytorch import cct
 from vit_pytorch.cct import CCT, sinusoidal_embedding
 
@@ -15,9 +15,6 @@ def tiny_cct_kwargs(**overrides):
     kwargs.update(overrides)
     return kwargs
 
-
-def count(model):
-    return sum(p.numel() for p in model.parameters())
 
 
 def test_output_shapes():
@@ -243,25 +240,9 @@ def test_invalid_input_is_refused():
 # (fixtures written by tests/fixtures/make_vit_pytorch_variant_fixtures.py)
 
 
-def load_fixture(case):
-    import json
-    import os
-
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    path = os.path.join(os.path.dirname(__file__), 'fixtures', f'vit_pytorch_1.26.14_{case}.safetensors')
-    tensors = load_file(path)
-    with safe_open(path, 'pt') as f:
-        config = json.loads(f.metadata()['config'])
-    config['img_size'] = tuple(config['img_size'])
-    state = {key[len('state_dict.'):]: value for key, value in tensors.items() if key.startswith('state_dict.')}
-    return config, state, tensors['input'], tensors['output']
-
-
 @pytest.mark.parametrize('case', ['cct_learnable', 'cct_sine'])
 def test_reference_checkpoint_loads_and_gives_its_outputs(case):
-    config, state, img, expected = load_fixture(case)
+    config, state, img, expected = reference_case(f'vit_pytorch_1.26.14_{case}', 'img_size')
     model = CCT(**config).eval()
     model.load_state_dict(cct.convert_reference_state_dict(state))
     with torch.no_grad():
@@ -269,7 +250,7 @@ def test_reference_checkpoint_loads_and_gives_its_outputs(case):
 
 
 def test_a_learned_table_does_not_load_into_a_sine_model():
-    config, state, _, _ = load_fixture('cct_learnable')
+    config, state, _, _ = reference_case('vit_pytorch_1.26.14_cct_learnable', 'img_size')
     model = CCT(**dict(config, positional_embedding='sine'))
     with pytest.raises(ValueError, match=r"not this model's fixed sine table.*positional_embedding='learnable'"):
         model.load_state_dict(cct.convert_reference_state_dict(state))

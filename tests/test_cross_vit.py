@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from safetensors.torch import load_file
 
-from conftest import digits_batch, fit_fixed_batch
+from helpers import digits_batch, fit_fixed_batch
 from vit_pytorch.cross_vit import (CrossAttention, CrossFusion, CrossViT, crossvit_small_240, crossvit_tiny_240)
 
 

@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import digits_batch, fit_fixed_batch, tiny_vit_kwargs
+from helpers import count, digits_batch, fit_fixed_batch, reference_case, tiny_vit_kwargs
 from vit_pytorch.deepvit import DeepViT, ReAttention, deepvit, deepvit_16, deepvit_24, deepvit_32
 from vit_pytorch.vit import Attention
 
@@ -118,23 +118,8 @@ def test_invalid_input_names_the_expected_shape():
 # parity with vit-pytorch 1.26.14 (fixture written by tests/fixtures/make_vit_pytorch_variant_fixtures.py)
 
 
-def load_fixture(case):
-    import json
-    import os
-
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    path = os.path.join(os.path.dirname(__file__), 'fixtures', f'vit_pytorch_1.26.14_{case}.safetensors')
-    tensors = load_file(path)
-    with safe_open(path, 'pt') as f:
-        config = json.loads(f.metadata()['config'])
-    state = {key[len('state_dict.'):]: value for key, value in tensors.items() if key.startswith('state_dict.')}
-    return config, state, tensors['input'], tensors['output']
-
-
 def test_vit_pytorch_deepvit_checkpoint_loads_and_gives_its_outputs():
-    config, state, img, expected = load_fixture('deepvit_cls')
+    config, state, img, expected = reference_case('vit_pytorch_1.26.14_deepvit_cls')
     model = DeepViT(**config).eval()
     model.load_state_dict(state)
     with torch.no_grad():
@@ -142,7 +127,7 @@ def test_vit_pytorch_deepvit_checkpoint_loads_and_gives_its_outputs():
 
 
 def test_vit_pytorch_mean_pool_checkpoint_is_refused():
-    config, state, _, _ = load_fixture('deepvit_cls')
+    config, state, _, _ = reference_case('vit_pytorch_1.26.14_deepvit_cls')
     with pytest.raises(ValueError, match=r"pool='mean'.*only its pool='cls' checkpoints load"):
         DeepViT(**dict(config, pool='mean')).load_state_dict(state)
 
@@ -172,9 +157,6 @@ def paper_formula_count(depth, dim=384, heads=12, mlp_dim=1152, patch=16, image=
     head = 2 * dim + dim * num_classes + num_classes
     return patch_embed + dim + tokens * dim + depth * (attention + mlp + re_attention) + head
 
-
-def count(model):
-    return sum(p.numel() for p in model.parameters())
 
 
 @pytest.mark.parametrize('build, depth', [(deepvit_16, 16), (deepvit_24, 24), (deepvit_32, 32)])

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from conftest import digits_batch
+from helpers import digits_batch
 from vit_pytorch import ViT
 from vit_pytorch import distill
 from vit_pytorch.distill import DistillableViT, DistillWrapper

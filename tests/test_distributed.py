@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from conftest import tiny_vit_kwargs
+from helpers import tiny_vit_kwargs
 from vit_pytorch import SimpleViT, ViT
 
 WORLD_SIZE, GLOBAL_BATCH, STEPS = 2, 8, 3

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import tiny_vit_kwargs
+from helpers import tiny_vit_kwargs
 from vit_pytorch import SimpleViT, ViT
 
 MODELS = [ViT, SimpleViT]

@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import digits_batch, fit_fixed_batch, tiny_vit_kwargs
+from helpers import count, digits_batch, fit_fixed_batch, tiny_vit_kwargs
 from vit_pytorch import vit as core
 from vit_pytorch.learnable_memory_vit import (Adapter, Attention, ViT, memory_adapter_b_16, memory_attention_mask,
                                               vit_b_16)
@@ -211,9 +211,6 @@ def vit_b_16_formula_count(num_classes=1000, dim=768, depth=12, mlp_dim=3072, pa
     head = 2 * dim + dim * num_classes + num_classes
     return patch_embed + dim + tokens * dim + depth * (attention + mlp) + head
 
-
-def count(model, trainable_only=False):
-    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
 
 
 def test_vit_b_16_count_matches_the_architecture_and_the_published_figure():

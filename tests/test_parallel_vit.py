@@ -1,14 +1,11 @@
 import pytest
 import torch
 
-from conftest import digits_batch, fit_fixed_batch, tiny_vit_kwargs
+from helpers import count, digits_batch, fit_fixed_batch, tiny_vit_kwargs
 from vit_pytorch import vit
 from vit_pytorch.parallel_vit import (Parallel, ViT, parallel_vit, vit_base_6x2, vit_base_18x2, vit_large_12x2,
                                       vit_small_6x2, vit_small_18x2)
 
-
-def count(model):
-    return sum(p.numel() for p in model.parameters())
 
 
 def test_output_shapes():

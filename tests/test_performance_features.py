@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import digits_batch, tiny_vit_kwargs
+from helpers import digits_batch, tiny_vit_kwargs
 from vit_pytorch import SimpleViT, ViT
 from vit_pytorch.vit import Attention
 

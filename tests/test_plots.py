@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from conftest import digits_batch, tiny_vit_kwargs
+from helpers import digits_batch, tiny_vit_kwargs
 from vit_pytorch import ViT, analysis
 from vit_pytorch.recorder import Recorder
 from vit_pytorch.simple_vit import posemb_sincos_2d

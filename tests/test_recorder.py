@@ -5,7 +5,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from conftest import digits_batch, tiny_vit_kwargs
+from helpers import digits_batch, tiny_vit_kwargs
 from vit_pytorch import SimpleViT, ViT
 from vit_pytorch.recorder import Extractor, Recorder, attention_modules, forward_intermediates, token_layout
 

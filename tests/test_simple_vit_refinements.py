@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import digits_batch, fit_fixed_batch, tiny_vit_kwargs
+from helpers import digits_batch, fit_fixed_batch, tiny_vit_kwargs
 from vit_pytorch import simple_vit
 from vit_pytorch.simple_vit_with_patch_dropout import PatchDropout
 from vit_pytorch.simple_vit_with_patch_dropout import SimpleViT as PatchDropoutViT

@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import digits_batch, fit_fixed_batch, tiny_vit_kwargs
+from helpers import count, digits_batch, fit_fixed_batch, tiny_vit_kwargs
 from vit_pytorch.vit import Attention
 from vit_pytorch.vit_for_small_dataset import LSA, SPT, ViT, sl_vit, sl_vit_cifar, sl_vit_tiny_imagenet
 
@@ -173,9 +173,6 @@ def official_sl_vit_count(image, patch, num_classes, dim=192, depth=9, heads=12,
     head = 2 * dim + dim * num_classes + num_classes
     return spt + dim + tokens * dim + depth * (attention + mlp) + head
 
-
-def count(model):
-    return sum(p.numel() for p in model.parameters())
 
 
 @pytest.mark.parametrize('build, image, patch, num_classes', [

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import digits_batch, fit_fixed_batch
+from helpers import digits_batch, fit_fixed_batch
 from vit_pytorch.t2t import SoftSplit, T2TViT, TokenAttention, sinusoid_table, t2t_vit, t2t_vit_14
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import digits_batch
+from helpers import digits_batch
 
 from vit_pytorch import checkpoint as ckpt
 from vit_pytorch import train

@@ -4,7 +4,7 @@ import pytest
 import torch
 from einops import rearrange
 
-from conftest import digits_batch, fit_fixed_batch, tiny_vit_kwargs
+from helpers import digits_batch, fit_fixed_batch, tiny_vit_kwargs
 from vit_pytorch import SimpleViT, ViT
 from vit_pytorch.vit import Attention, resample_pos_embedding
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import digits_batch, fit_fixed_batch
+from helpers import digits_batch, fit_fixed_batch
 from vit_pytorch.xcit import (ClassAttention, FourierPositionEncoding, LocalPatchInteraction, XCAttention, XCiT,
                               xcit_tiny_12_p16_224)
 

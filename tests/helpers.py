@@ -1,0 +1,102 @@
+"""Helpers shared by the tests: model sizes, real data, a training loop, counts and fixtures.
+
+Import them by name (`from helpers import digits_batch`); `conftest.py` keeps only pytest's fixtures.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+FIXTURES = Path(__file__).parent / 'fixtures'
+
+
+def tiny_vit_kwargs(**overrides):
+    """Keyword arguments of a tiny non-square ViT: 16x24 images, 4x8 patches (a 4x3 grid), 5 classes."""
+    kwargs = dict(image_size=(16, 24), patch_size=(4, 8), num_classes=5, dim=32, depth=2,
+                  heads=2, dim_head=16, mlp_dim=64)
+    kwargs.update(overrides)
+    return kwargs
+
+
+def count(model, *, trainable_only=False):
+    """The number of parameters of `model` (of those with requires_grad when `trainable_only`)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+def digits_batch(count=32, size=8):
+    """`count` real 8x8 handwritten digits from scikit-learn, as (count, 1, size, size) in [0, 1], and their labels."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = torch.tensor(digits.images[:count], dtype=torch.float32)[:, None] / 16.0
+    if size != 8:
+        images = F.interpolate(images, size=(size, size), mode='nearest')
+    return images, torch.tensor(digits.target[:count])
+
+
+def fit_fixed_batch(model, images, labels, *, parameters=None, lr=3e-3, max_steps=300, check_every=10):
+    """AdamW on one fixed batch until every label is predicted (checked in eval mode) or `max_steps`.
+
+    Returns (eval-mode accuracy on the batch, steps taken); each module's train/eval mode is restored.
+    """
+    modes = {module: module.training for module in model.modules()}
+
+    def accuracy():
+        model.eval()
+        with torch.no_grad():
+            correct = (model(images).argmax(-1) == labels).float().mean().item()
+        for module, training in modes.items():
+            module.training = training
+        return correct
+
+    parameters = model.parameters() if parameters is None else parameters
+    optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0)
+    for step in range(1, max_steps + 1):
+        loss = F.cross_entropy(model(images), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % check_every == 0 and accuracy() == 1.0:
+            break
+    return accuracy(), step
+
+
+def load_fixture(name):
+    """A committed fixture `tests/fixtures/<name>.safetensors`: (metadata, state_dict, other tensors).
+
+    Fixture scripts store the model's weights under 'state_dict.<key>', anything else (inputs,
+    reference outputs) under its own name, and JSON strings (e.g. the constructor's 'config') in
+    the metadata, which comes back decoded where it parses as JSON.
+    """
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    path = FIXTURES / f'{name}.safetensors'
+    with safe_open(path, 'pt') as f:
+        raw = f.metadata() or {}
+    metadata = {}
+    for key, value in raw.items():
+        try:
+            metadata[key] = json.loads(value)
+        except json.JSONDecodeError:
+            metadata[key] = value
+    tensors = load_file(path)
+    state_dict = {k.removeprefix('state_dict.'): v for k, v in tensors.items() if k.startswith('state_dict.')}
+    others = {k: v for k, v in tensors.items() if not k.startswith('state_dict.')}
+    return metadata, state_dict, others
+
+
+def as_tuples(config, *names):
+    """`config` with the lists under `names` turned into tuples (JSON has no tuples)."""
+    return {**config, **{name: tuple(config[name]) for name in names if isinstance(config.get(name), list)}}
+
+
+def reference_case(name, *tuple_names):
+    """(config, state_dict, input, output) of a fixture written by a reference implementation.
+
+    `config` holds the constructor's keyword arguments, with the lists under `tuple_names` as tuples.
+    """
+    metadata, state_dict, tensors = load_fixture(name)
+    return as_tuples(metadata['config'], *tuple_names), state_dict, tensors['input'], tensors['output']
