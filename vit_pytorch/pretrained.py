@@ -6,24 +6,30 @@ from one small table (width, depth, MLP size, heads) into the core `ViT` with th
 paper's numerics: no LayerNorms around the patch projection, a bias on the qkv
 projection, LayerNorm epsilon 1e-6, dim_head = width / heads.
 
-Loaders (nothing downloads; a local file or an in-memory state_dict):
-  load_timm   timm `vit_*` / `deit_*` state_dicts, and DeiT's own `.pth` files
-              (distilled ones into `vit_pytorch.distill.DistillableViT`);
-  load_hf     Hugging Face `ViTModel` / `ViTForImageClassification` (saved legacy
-              names `...encoder.layer.N.attention.attention.query...` or the
-              in-memory names of transformers 5 `...layers.N.attention.q_proj...`);
-  load_jax    the official `.npz` files of google-research/vision_transformer.
-Files are read with safetensors, `torch.load(weights_only=True)` or
-`numpy.load(allow_pickle=False)`: no arbitrary object is ever unpickled. Every
-shape is checked before anything is copied; missing and unexpected keys are
-reported by their names in the checkpoint.
+Loaders (nothing downloads; a local file, a folder or an in-memory state_dict):
+  load_timm          timm state_dicts (`vit_*`, `deit_*`, `cait_*`, `xcit_*`, `crossvit_*`,
+                     the parallel `vit_*_18x2_*`), and DeiT's own `.pth` files;
+  load_hf            Hugging Face `ViT*` / `DeiT*` models: a `save_pretrained` folder (config.json
+                     and the weights), its `model.safetensors`, or a state_dict (the saved names
+                     `...encoder.layer.N.attention.attention.query...` or the in-memory names of
+                     transformers 5, `...layers.N.attention.q_proj...`);
+  load_jax           the official `.npz` files of google-research/vision_transformer;
+  load_vit_pytorch   state_dicts saved by the `vit-pytorch` package (1.26.14 and the older
+                     layouts its ViT had), for every model that computes what vit-pytorch's does.
+Each model says which of these it takes (see "Plans" below); any other pair is a TypeError
+naming the formats the model does take. Files are recognised by their content and read with
+safetensors, `torch.load(weights_only=True)` or `numpy.load(allow_pickle=False)`: no arbitrary
+object is ever unpickled, and a file that is unreadable, truncated, or not what its name says
+is a `CheckpointError` naming the file. Every shape is checked before anything is copied;
+missing and unexpected keys are reported by their names in the checkpoint.
 
 Numerics that decide parity with each reference (choose them when building):
   GELU        timm and Hugging Face use the exact GELU (`gelu_approximate='none'`, the
               default here); the JAX code uses the tanh approximation: build with
               `gelu_approximate='tanh'` to reproduce its outputs (about 1e-3 apart on logits).
   LayerNorm   1e-6 here, in timm and in JAX; Hugging Face configs usually say
-              `layer_norm_eps=1e-12`: pass `norm_eps=config.layer_norm_eps`.
+              `layer_norm_eps=1e-12`: pass `norm_eps=config.layer_norm_eps` (a folder's
+              config.json is checked against the model).
   resolution  a checkpoint whose patch grid differs from the model's has its position
               embeddings resampled in 2D (prefix rows kept), with `resample=`:
                 'timm' bicubic, antialias (timm loading a checkpoint at another size);
@@ -31,7 +37,9 @@ Numerics that decide parity with each reference (choose them when building):
                        this package's `dynamic_image_size=True`);
                 'jax'  bilinear, align_corners=True (the JAX code's scipy.ndimage.zoom, order 1);
               or a dict of `vit_pytorch.vit.resample_pos_embedding` options, e.g.
-              `dict(mode='bilinear')` for timm's own `.npz` loader.
+              `dict(mode='bilinear')` for timm's own `.npz` loader. The checkpoint's grid is
+              the model's when the position counts agree, else the folder's config.json,
+              else `checkpoint_grid=(h, w)`, else a square.
 
     import torch
     from vit_pytorch.pretrained import vit, vit_base_patch16_224, num_parameters, load_timm
@@ -43,20 +51,36 @@ Numerics that decide parity with each reference (choose them when building):
     #   load_timm(vit_base_patch16_224(), 'vit_base_patch16_224.safetensors')
     #   load_jax(vit('B/16', image_size=384, gelu_approximate='tanh'), 'ViT-B_16.npz')  # resampled to 24x24
 
+Plans. Each model's module ends with a section "# loading checkpoints" holding one function per
+format it takes: `timm_plan`, `hf_plan`, `jax_plan`, `vit_pytorch_plan`, each
+`(model, checkpoint_keys) -> (plan, head_prefixes)`:
+  plan           {our key: ({checkpoint key: expected shape}, convert)}; convert(*tensors) gives
+                 our tensor. A position table has convert = dict(num_prefix_tokens=p, grid=(h, w))
+                 and shape None: it is checked and resampled here.
+  head_prefixes  the checkpoint's head keys start with one of these (left out by load_head=False).
+A plan raises ValueError saying what differs when the model cannot hold such checkpoints;
+`vit_pytorch_plan` returns None when the keys already agree (a strict `load_state_dict`).
+The loaders use the module of the model's class, or of the first base class whose module has
+that section; the core `ViT`'s plans are the ones at the end of this module (the paper's ViT).
+
 Only torch and einops are needed, plus safetensors or numpy to read those files.
 """
 
+import copy
+import json
 import math
 import os
 import pickle
 import re
+import sys
+import zipfile
 from collections.abc import Mapping
 
 import torch
 from einops import rearrange
+from torch import nn
 
-from vit_pytorch.distill import DistillableViT
-from vit_pytorch.vit import ViT, resample_pos_embedding
+from vit_pytorch.vit import ViT, positive_pair, resample_pos_embedding
 
 # width, depth, MLP size, heads (paper Table 1; Ti and S from "How to train your ViT?", arXiv 2106.10270)
 VARIANTS = {
@@ -76,8 +100,9 @@ RESAMPLE = {
 
 
 class CheckpointError(ValueError):
-    """A weight file that cannot be read safely or does not fit the model: missing, corrupt or truncated
-    files, missing, unexpected or misshapen entries, or an unsafe (pickled-object) file."""
+    """A weight file that cannot be read safely or does not fit the model: corrupt, truncated or
+    disguised files, missing, unexpected or misshapen entries, an unsafe (pickled-object) file, or
+    a checkpoint of a model that computes something else. The message names the file."""
 
 
 # the model table
@@ -131,7 +156,7 @@ def vit_huge_patch14_224(**kwargs): return vit('H/14', image_size=224, **kwargs)
 
 __all__ = [
     'VARIANTS', 'RESAMPLE', 'CheckpointError', 'decode_variant', 'vit', 'num_parameters',
-    'load_timm', 'load_hf', 'load_jax', 'read_checkpoint',
+    'load_timm', 'load_hf', 'load_jax', 'load_vit_pytorch', 'read_checkpoint',
     'vit_tiny_patch16_224', 'vit_tiny_patch16_384', 'vit_small_patch8_224', 'vit_small_patch16_224',
     'vit_small_patch16_384', 'vit_small_patch32_224', 'vit_small_patch32_384', 'vit_base_patch8_224',
     'vit_base_patch16_224', 'vit_base_patch16_384', 'vit_base_patch32_224', 'vit_base_patch32_384',
@@ -142,85 +167,404 @@ __all__ = [
 
 # reading files
 
+SAFETENSORS, NPZ, TORCH = 'safetensors', 'npz', 'torch'
+WHAT = {SAFETENSORS: 'a safetensors file', NPZ: 'a numpy .npz archive', TORCH: 'a torch file (torch.save)',
+        'npy': 'a single numpy array (.npy), not a set of named weights', 'zip': 'a zip archive of other files',
+        'empty': 'empty (truncated to nothing, or never written)', 'unknown': 'none of safetensors, .npz or a torch file'}
+ZIPPED = (NPZ, TORCH)   # both are zip archives
+# the weights a Hugging Face `save_pretrained` folder may hold, in the order they are looked for
+FOLDER_WEIGHTS = ('model.safetensors', 'model.safetensors.index.json', 'pytorch_model.bin',
+                  'pytorch_model.bin.index.json')
+
 
 def read_checkpoint(source):
-    """A flat {name: tensor} from a path (.safetensors, .npz, or a torch file) or a mapping.
+    """A flat {name: tensor} from a path (.safetensors, .npz, a torch file, or a `save_pretrained`
+    folder) or a mapping.
 
+    A file is recognised by its content; one whose content is not what its name says is refused.
     Torch files are read with `weights_only=True`; a `{'model': ...}` or `{'state_dict': ...}`
     wrapper (DeiT's and many training scripts' `.pth` files) is unwrapped.
     """
+    return _read(source)[0]
+
+
+def _read(source):
+    """(state_dict, name of the source for messages, the folder's config.json as a dict or None)."""
     if isinstance(source, Mapping):
-        state_dict = dict(source)
-    elif isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
-        if path.endswith('.safetensors'):
-            from safetensors import SafetensorError
-            from safetensors.torch import load_file
-            try:
-                state_dict = load_file(path)
-            except SafetensorError as error:
-                raise CheckpointError(f"{path}: cannot read it: the file is corrupt, truncated or not "
-                                      f"safetensors ({error})") from error
-        elif path.endswith('.npz'):
-            import numpy as np
-            try:
-                with np.load(path, allow_pickle=False) as arrays:
-                    state_dict = {name: arrays[name] for name in arrays.files}
-            except ValueError as error:
-                raise CheckpointError(f"{path}: refused to read an .npz holding pickled objects ({error})") from error
-        else:
-            try:
-                state_dict = torch.load(path, map_location='cpu', weights_only=True)
-            except FileNotFoundError:
-                raise
-            except pickle.UnpicklingError as error:
-                raise CheckpointError(
-                    f"{path}: refused to unpickle it: it holds objects other than tensors and plain containers, "
-                    f"and unpickling those can run arbitrary code. Re-save only the state_dict, or use safetensors. "
-                    f"({str(error).splitlines()[0]})") from error
-            except (RuntimeError, OSError, EOFError, UnicodeDecodeError) as error:
-                raise CheckpointError(f"{path}: cannot read it as a torch file: it is corrupt or truncated "
-                                      f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'no detail'})"
-                                      ) from error
-    else:
+        return _tensors(dict(source), 'the state_dict'), 'the state_dict', None
+    if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"checkpoint must be a path or a state_dict mapping, got {type(source).__name__}")
+    path = os.fspath(source)
+    if os.path.isdir(path):
+        return _read_folder(path)
+    return _read_file(path), path, None
+
+
+def _file_kind(path):
+    """What the file holds, judged by its first bytes (and a zip archive's member names)."""
+    with open(path, 'rb') as file:
+        head = file.read(16)
+    if not head:
+        return 'empty'
+    if head.startswith(b'PK'):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+        except zipfile.BadZipFile:
+            return 'broken zip'
+        if names and all(name.endswith('.npy') for name in names):
+            return NPZ
+        return TORCH if any(name.endswith('data.pkl') for name in names) else 'zip'
+    if head.startswith(b'\x93NUMPY'):
+        return 'npy'
+    if head.startswith(b'\x80'):          # a pickle: torch's legacy (pre-1.6) format
+        return TORCH
+    if len(head) > 8 and head[8:9] == b'{':   # 8 bytes of header length, then the JSON header
+        return SAFETENSORS
+    return 'unknown'
+
+
+def _read_file(path):
+    expected = SAFETENSORS if path.endswith('.safetensors') else NPZ if path.endswith('.npz') else TORCH
+    kind = _file_kind(path)      # FileNotFoundError for a path that does not exist
+    if kind == 'broken zip' and expected in ZIPPED:
+        raise CheckpointError(f"{path}: cannot read it as {WHAT[expected]}: it is corrupt or truncated "
+                              f"(a zip archive whose directory cannot be read)")
+    if kind == 'broken zip':
+        kind = 'unknown'
+    if kind != expected:
+        raise CheckpointError(f"{path}: its name says {WHAT[expected]}, but the file is {WHAT[kind]}"
+                              + ("; rename it if that is what it holds" if kind in (SAFETENSORS, NPZ, TORCH) else ''))
+    try:
+        if kind == SAFETENSORS:
+            from safetensors.torch import load_file
+            state_dict = load_file(path)
+        elif kind == NPZ:
+            import numpy as np
+            with np.load(path, allow_pickle=False) as arrays:
+                state_dict = {name: torch.from_numpy(arrays[name]) for name in arrays.files}
+        else:
+            state_dict = torch.load(path, map_location='cpu', weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise CheckpointError(
+            f"{path}: refused to unpickle it: it holds objects other than tensors and plain containers, "
+            f"and unpickling those can run arbitrary code. Re-save only the state_dict, or use safetensors. "
+            f"({str(error).splitlines()[0]})") from error
+    except Exception as error:    # whatever the reader met: the file is not what it claims to be
+        detail = str(error).splitlines()[0] if str(error) else 'no detail'
+        if kind == NPZ and 'pickle' in detail:
+            raise CheckpointError(f"{path}: refused to read an .npz holding pickled objects ({detail})") from error
+        raise CheckpointError(f"{path}: cannot read it as {WHAT[kind]}: it is corrupt or truncated "
+                              f"({type(error).__name__}: {detail})") from error
+    if not isinstance(state_dict, Mapping):
+        raise CheckpointError(f"{path}: holds a {type(state_dict).__name__}, not a state_dict of named tensors")
+    return _tensors(dict(state_dict), path)
+
+
+def _read_folder(path):
+    """The weights and config.json of a `save_pretrained` folder (Hugging Face, or timm's hub folders)."""
+    config_path = os.path.join(path, 'config.json')
+    config = None
+    if os.path.isfile(config_path):
+        try:
+            with open(config_path) as file:
+                config = json.load(file)
+        except (OSError, ValueError) as error:
+            raise CheckpointError(f"{config_path}: cannot read it as JSON: corrupt or truncated ({error})") from error
+        if not isinstance(config, dict):
+            raise CheckpointError(f"{config_path}: holds a {type(config).__name__}, not a JSON object")
+    for name in FOLDER_WEIGHTS:
+        weights = os.path.join(path, name)
+        if not os.path.isfile(weights):
+            continue
+        if not name.endswith('.index.json'):
+            return _read_file(weights), weights, config
+        try:
+            with open(weights) as file:
+                shards = sorted(set(json.load(file)['weight_map'].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            raise CheckpointError(f"{weights}: not a readable shard index (a JSON object with a 'weight_map')"
+                                  f" ({type(error).__name__}: {error})") from error
+        state_dict = {}
+        for shard in shards:
+            state_dict.update(_read_file(os.path.join(path, shard)))
+        return state_dict, weights, config
+    present = ', '.join(sorted(os.listdir(path))) or 'nothing'
+    raise CheckpointError(f"{path}: a folder without weights: expected one of {', '.join(FOLDER_WEIGHTS)} "
+                          f"(as save_pretrained writes them); it holds {present}")
+
+
+def _tensors(state_dict, name):
     for wrapper in ('model', 'state_dict'):
         if set(state_dict) == {wrapper} and isinstance(state_dict[wrapper], Mapping):
             state_dict = dict(state_dict[wrapper])
-    return {name: value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
-            for name, value in state_dict.items()}
+    tensors = {key: _as_tensor(value) for key, value in state_dict.items()}
+    others = [f"{key} ({type(state_dict[key]).__name__})" for key, value in tensors.items() if value is None]
+    if others:
+        raise CheckpointError(f"{name}: these entries are not tensors: {', '.join(others[:5])}"
+                              f"{' ...' if len(others) > 5 else ''}; save only the model's state_dict")
+    return tensors
 
 
-# loading: each format is a plan, one entry per tensor of our model:
-#   our key -> ({checkpoint key: expected shape}, convert(*tensors) -> our tensor)
-# The position table (shape None, convert None) is checked and resampled by _position_table.
+def _as_tensor(value):
+    """A tensor, or a numpy array of numbers as one (in-memory JAX parameters); None for anything else."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if type(value).__module__ == 'numpy' and getattr(getattr(value, 'dtype', None), 'kind', 'O') in 'biuf':
+        return torch.as_tensor(value)
+    return None
 
 
-def _describe(model):
-    """The sizes a plan needs, read from the model (which must be the paper's ViT)."""
-    if not isinstance(model, ViT):
-        raise TypeError(f"model must be a vit_pytorch ViT, got {type(model).__name__}")
-    first_attn, first_ff = model.transformer.layers[0]
-    problems = []
-    if not isinstance(model.to_patch_embedding[1], torch.nn.Identity):
-        problems.append('patch_norm=False')
-    if first_attn.to_qkv.bias is None:
-        problems.append('qkv_bias=True')
-    if model.pool != 'cls':
-        problems.append("pool='cls'")
-    if isinstance(first_attn.to_out, torch.nn.Identity):
-        problems.append('an output projection (heads > 1)')
+# the loaders
+
+
+FORMATS = {'timm': 'timm', 'hf': 'Hugging Face', 'jax': 'JAX', 'vit_pytorch': 'vit-pytorch'}
+
+
+def load_timm(model, checkpoint, *, resample='timm', load_head=True, checkpoint_grid=None):
+    """Load a timm state_dict (or file) into `model`; returns the model.
+
+    `model` is the matching model of this package: `ViT` for `vit_*` / `deit_*`, `DistillableViT`
+    for `deit_*_distilled_*`, `CaiT`, `XCiT`, `CrossViT`, or the parallel `ViT` for
+    `vit_*_18x2_*`. `load_head=False` leaves the checkpoint's head(s) and pre-logits layer out
+    (fine-tuning on other classes); `checkpoint_grid=(h, w)` is the patch grid the checkpoint
+    was trained at, needed only to resample a table that is neither the model's nor square.
+    """
+    return _load_format(model, checkpoint, 'timm', resample=resample, load_head=load_head,
+                        checkpoint_grid=checkpoint_grid)
+
+
+def load_hf(model, checkpoint, *, resample='hf', load_head=True, checkpoint_grid=None):
+    """Load a Hugging Face `ViTModel` / `ViTForImageClassification` (into `ViT`) or a
+    `DeiTForImageClassificationWithTeacher` (into `DistillableViT`): a `save_pretrained` folder,
+    its `model.safetensors`, or a state_dict.
+
+    A folder's config.json gives the checkpoint's grid and is checked against the model: its
+    `layer_norm_eps` (usually 1e-12) and `hidden_act` must be the model's `norm_eps` and GELU.
+    `qkv_bias=False` checkpoints load into models built with `qkv_bias=False`. A `ViTModel`
+    pooler loads into the pre-logits layer (`pre_logits_dim=dim`), or is left out with
+    `load_head=False`.
+    """
+    return _load_format(model, checkpoint, 'hf', resample=resample, load_head=load_head,
+                        checkpoint_grid=checkpoint_grid)
+
+
+def load_jax(model, checkpoint, *, resample='jax', load_head=True, checkpoint_grid=None):
+    """Load an official JAX `.npz` checkpoint (google-research/vision_transformer) into `model`.
+
+    The JAX code uses the tanh GELU: build with `gelu_approximate='tanh'` to reproduce its
+    outputs, or keep the exact GELU to reproduce timm / Hugging Face running the same weights.
+    The ImageNet-21k files carry `pre_logits` (build with `pre_logits_dim=dim`, or `load_head=False`).
+    """
+    return _load_format(model, checkpoint, 'jax', resample=resample, load_head=load_head,
+                        checkpoint_grid=checkpoint_grid)
+
+
+def load_vit_pytorch(model, checkpoint):
+    """Load a state_dict saved by the `vit-pytorch` package into the matching model; returns the model.
+
+    Build the model with the keyword arguments the checkpoint was saved with. Models whose
+    parameters already carry vit-pytorch's names load strictly; the others are converted
+    (split or fused projections, a head LayerNorm that is our final norm). A model whose
+    vit-pytorch counterpart computes another function is refused with what differs.
+    """
+    plan_function = _plan_function(model, 'vit_pytorch')
+    state_dict, name, _ = _read(checkpoint)
+    planned = _make_plan(plan_function, model, state_dict, name)
+    if planned is not None:
+        return _load(model, state_dict, *planned, name=name, fmt='vit_pytorch', resample=RESAMPLE['timm'],
+                     load_head=True)
+    # the keys agree: the model's own load hooks bring older layouts up to date. Tried on a copy
+    # first, so that a checkpoint that does not fit leaves the model untouched.
+    trial = copy.deepcopy(model)
+    try:
+        trial.load_state_dict(state_dict, strict=True)
+    except (RuntimeError, ValueError) as error:
+        raise CheckpointError(f"{name}: the vit-pytorch checkpoint does not fit this {type(model).__name__} "
+                              f"(nothing was copied): {error}") from error
+    model.load_state_dict(trial.state_dict())
+    return model
+
+
+def _load_format(model, checkpoint, fmt, *, resample, load_head, checkpoint_grid):
+    plan_function = _plan_function(model, fmt)
+    state_dict, name, config = _read(checkpoint)
+    if fmt == 'jax' and any(key.startswith('opt/target/') for key in state_dict):
+        # old optimizer checkpoints nest the parameters under opt/target/
+        state_dict = {key.removeprefix('opt/target/'): value for key, value in state_dict.items()}
+    config_grid = _check_hf_config(model, config, name) if fmt == 'hf' and config else None
+    plan, head_prefixes = _make_plan(plan_function, model, state_dict, name)
+    return _load(model, state_dict, plan, head_prefixes, name=name, fmt=fmt, resample=resample,
+                 load_head=load_head, checkpoint_grid=checkpoint_grid, config_grid=config_grid)
+
+
+def _plans_of(cls):
+    """{format: plan function} of the module that defines `cls` (this module for the core ViT)."""
+    module = sys.modules[__name__] if cls is ViT else sys.modules.get(cls.__module__)
+    return {fmt: getattr(module, f'{fmt}_plan') for fmt in FORMATS if callable(getattr(module, f'{fmt}_plan', None))}
+
+
+def _plan_function(model, fmt):
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a vit_pytorch model (an nn.Module), got {type(model).__name__}")
+    for cls in type(model).__mro__:
+        plans = _plans_of(cls)
+        if plans:
+            if fmt not in plans:
+                raise TypeError(f"no {FORMATS[fmt]} checkpoints exist for {type(model).__name__}; it loads: "
+                                f"{', '.join(FORMATS[other] for other in plans)}")
+            return plans[fmt]
+    raise TypeError(f"model must be a vit_pytorch model with checkpoint plans, got {type(model).__name__}")
+
+
+def _make_plan(plan_function, model, state_dict, name):
+    try:
+        return plan_function(model, list(state_dict))
+    except ValueError as error:      # the plan says what differs between the model and such checkpoints
+        raise CheckpointError(f"{name}: {error}") from error
+
+
+def _check_hf_config(model, config, name):
+    """Refuse a folder whose config.json computes another function than the model; its patch grid."""
+    eps = config.get('layer_norm_eps')
+    ours = sorted({module.eps for module in model.modules() if isinstance(module, nn.LayerNorm)})
+    if eps is not None and any(not math.isclose(value, eps, rel_tol=1e-6) for value in ours):
+        raise CheckpointError(f"{name}: its config.json says layer_norm_eps={eps}, the model's LayerNorms use "
+                              f"eps {', '.join(map(str, ours))}: build the model with norm_eps={eps}")
+    act = config.get('hidden_act')
+    approximate = {'gelu': 'none', 'gelu_new': 'tanh', 'gelu_pytorch_tanh': 'tanh', 'gelu_fast': 'tanh'}
+    gelus = sorted({module.approximate for module in model.modules() if isinstance(module, nn.GELU)})
+    if act is not None and (act not in approximate or any(value != approximate[act] for value in gelus)):
+        wanted = f"gelu_approximate={approximate[act]!r}" if act in approximate else "an activation this package has"
+        raise CheckpointError(f"{name}: its config.json says hidden_act={act!r}, the model's GELUs use "
+                              f"approximate={gelus}: build the model with {wanted}")
+    image_size, patch_size = config.get('image_size'), config.get('patch_size')
+    try:
+        (image_height, image_width), (patch_height, patch_width) = (
+            [value] * 2 if isinstance(value, int) else value for value in (image_size, patch_size))
+        return image_height // patch_height, image_width // patch_width
+    except (TypeError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _resample_options(resample):
+    if isinstance(resample, str):
+        if resample not in RESAMPLE:
+            raise ValueError(f"resample must be one of {sorted(RESAMPLE)} or a dict of resample_pos_embedding "
+                             f"options, got {resample!r}")
+        return RESAMPLE[resample]
+    if not isinstance(resample, Mapping):
+        raise TypeError(f"resample must be one of {sorted(RESAMPLE)} or a dict of resample_pos_embedding options, "
+                        f"got {type(resample).__name__}")
+    return dict(resample)
+
+
+def _load(model, state_dict, plan, head_prefixes, *, name, fmt, resample, load_head, checkpoint_grid=None,
+          config_grid=None):
+    resample = _resample_options(resample)
+    head_prefixes = tuple(head_prefixes)
+    tables = [ours for ours, (_, convert) in plan.items() if isinstance(convert, Mapping)]
+    if checkpoint_grid is not None:
+        checkpoint_grid = positive_pair('checkpoint_grid', checkpoint_grid)
+        if len(tables) != 1:
+            raise ValueError(f"checkpoint_grid needs a model with one position table; "
+                             f"{type(model).__name__} has {len(tables)}")
+    heads = {ours for ours, (sources, _) in plan.items()
+             if sources and all(key.startswith(head_prefixes) for key in sources)} if head_prefixes else set()
+    planned = set(plan)
+    if not load_head:
+        plan = {ours: entry for ours, entry in plan.items() if ours not in heads}
+
+    wanted = [key for sources, _ in plan.values() for key in sources]
+    ignored = head_prefixes if not load_head else ()
+    missing = [key for key in wanted if key not in state_dict]
+    unexpected = sorted(key for key in set(state_dict) - set(wanted) if not (ignored and key.startswith(ignored)))
+    if missing or unexpected:
+        lines = [f"{name}: the {FORMATS[fmt]} checkpoint does not fit this {type(model).__name__}:"]
+        if missing:
+            lines.append(f"  missing keys ({len(missing)}): {', '.join(missing)}")
+        if unexpected:
+            lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected)}")
+        raise CheckpointError('\n'.join(lines + _head_hint(missing + unexpected, head_prefixes)))
+
+    targets = model.state_dict()
+    converted, problems = {}, []
+    for ours, (sources, convert) in plan.items():
+        tensors = [state_dict[key] for key in sources]
+        mismatched = [f"{key}: shape {tuple(tensor.shape)}, expected {shape}"
+                      for (key, shape), tensor in zip(sources.items(), tensors)
+                      if shape is not None and tuple(tensor.shape) != tuple(shape)]
+        if mismatched:
+            problems += mismatched
+            continue
+        if isinstance(convert, Mapping):
+            tensor, problem = _position_table(next(iter(sources)), tensors[0], targets[ours].shape, resample,
+                                              checkpoint_grid=checkpoint_grid, config_grid=config_grid, **convert)
+            if problem:
+                problems.append(problem)
+                continue
+        else:
+            tensor = convert(*tensors)
+        if ours in targets and tuple(tensor.shape) != tuple(targets[ours].shape):
+            problems.append(f"{', '.join(sources)}: gives {ours} of shape {tuple(tensor.shape)}, "
+                            f"the model's is {tuple(targets[ours].shape)}")
+            continue
+        converted[ours] = tensor
     if problems:
-        raise ValueError(f"these checkpoints hold the paper's ViT; build the model with {', '.join(problems)} "
-                         f"(e.g. vit_pytorch.pretrained.vit('B/16'))")
-    linear = model.to_patch_embedding[2]
-    return dict(
-        dim=linear.out_features, depth=len(model.transformer.layers), heads=first_attn.heads,
-        dim_head=first_attn.to_qkv.out_features // 3 // first_attn.heads, mlp_dim=first_ff.net[1].out_features,
-        patch=model.patch_size, channels=model.channels, num_classes=model.num_classes,
-        pre_logits=None if isinstance(model.to_latent, torch.nn.Identity) else model.to_latent[0].out_features,
-        distilled=isinstance(model, DistillableViT),
-    )
+        lines = [f"{name}: the {FORMATS[fmt]} checkpoint does not fit this {type(model).__name__} "
+                 f"(nothing was copied):"] + [f"  {line}" for line in problems]
+        raise CheckpointError('\n'.join(lines + _head_hint(problems, head_prefixes)))
+
+    left_out = sorted(set(targets) - planned)
+    if left_out:
+        raise CheckpointError(f"{name}: the {FORMATS[fmt]} format has nothing for these parameters of "
+                              f"{type(model).__name__}: {', '.join(left_out)}")
+    with torch.no_grad():
+        result = model.load_state_dict(converted, strict=False)
+    if result.unexpected_keys or set(result.missing_keys) - heads:
+        raise CheckpointError(f"{name}: the {FORMATS[fmt]} plan of {type(model).__name__} does not match the "
+                              f"model: missing {result.missing_keys}, unexpected {result.unexpected_keys}")
+    return model
+
+
+def _position_table(key, table, target_shape, resample, *, num_prefix_tokens, grid, checkpoint_grid=None,
+                    config_grid=None):
+    """A checkpoint's (1, prefix + h * w, d) or (prefix + h * w, d) table on the model's grid, or a problem."""
+    dim, prefix = target_shape[-1], num_prefix_tokens
+    if table.ndim == 3 and table.shape[0] == 1:
+        table = table[0]
+    rows = table.shape[0] - prefix if table.ndim == 2 else 0
+    if table.ndim != 2 or table.shape[1] != dim or rows <= 0:
+        return None, (f"{key}: shape {tuple(table.shape)}, expected (1, {prefix} + h * w, {dim}) with {prefix} "
+                      f"prefix token(s) before an h x w grid")
+    side = math.isqrt(rows)
+    if checkpoint_grid is not None:
+        if math.prod(checkpoint_grid) != rows:
+            return None, (f"{key}: {rows} positions after {prefix} prefix token(s), but checkpoint_grid="
+                          f"{checkpoint_grid} has {math.prod(checkpoint_grid)}")
+        source = checkpoint_grid
+    elif config_grid is not None and math.prod(config_grid) == rows:
+        source = config_grid
+    elif rows == math.prod(grid):
+        source = tuple(grid)
+    elif side * side == rows:
+        source = (side, side)
+    else:
+        return None, (f"{key}: {rows} positions after {prefix} prefix token(s) are neither the model's "
+                      f"{grid[0]} x {grid[1]} grid nor a square one: pass checkpoint_grid=(h, w), the grid "
+                      f"the checkpoint was trained at")
+    table = resample_pos_embedding(table, old_grid=source, new_grid=grid, num_prefix_tokens=prefix, **resample)
+    return table.reshape(target_shape), None
+
+
+def _head_hint(names, head_prefixes):
+    if not head_prefixes or not any(name.startswith(head_prefixes) for name in names):
+        return []
+    return ["  the head or pre-logits layer differs: build the model with the checkpoint's num_classes (and "
+            "pre-logits layer), or pass load_head=False and call model.reset_classifier(num_classes)"]
+
+
+# loading checkpoints: the paper's ViT (the core `ViT`, and the models that reuse its plans)
 
 
 def _same(tensor):
@@ -244,8 +588,38 @@ def _concat(*tensors):
     return torch.cat(tensors)
 
 
+def describe_paper_vit(model, *, qkv_bias=None):
+    """The sizes a plan of the paper's ViT needs, read from the core `ViT` (or a model with its
+    parameter names); a ValueError names the arguments to change. `qkv_bias`: whether the
+    checkpoint has a qkv bias (None: unknown)."""
+    shapes = {key: tuple(value.shape) for key, value in model.state_dict().items()}
+    first = 'transformer.layers.0.0.'
+    problems = []
+    if 'to_patch_embedding.1.weight' in shapes:
+        problems.append('patch_norm=False')
+    if getattr(model, 'pool', 'cls') != 'cls':
+        problems.append("pool='cls'")
+    if first + 'to_out.0.weight' not in shapes:
+        problems.append('an output projection (heads > 1)')
+    if qkv_bias is not None and (first + 'to_qkv.bias' in shapes) != qkv_bias:
+        problems.append(f'qkv_bias={qkv_bias}')
+    if problems:
+        raise ValueError(f"these checkpoints hold the paper's ViT; build the model with {', '.join(problems)} "
+                         f"(e.g. vit_pytorch.pretrained.vit('B/16'))")
+    dim = shapes['to_patch_embedding.2.weight'][0]
+    heads = model.transformer.layers[0][0].heads
+    return dict(
+        dim=dim, depth=len(model.transformer.layers), heads=heads,
+        dim_head=shapes[first + 'to_qkv.weight'][0] // 3 // heads, mlp_dim=shapes['transformer.layers.0.1.net.1.weight'][0],
+        patch=tuple(model.patch_size), channels=model.channels, qkv_bias=first + 'to_qkv.bias' in shapes,
+        num_classes=shapes['mlp_head.weight'][0] if 'mlp_head.weight' in shapes else 0,
+        pre_logits=shapes['to_latent.0.weight'][0] if 'to_latent.0.weight' in shapes else None,
+        table=dict(num_prefix_tokens=model.num_prefix_tokens, grid=tuple(model.grid_size)),
+    )
+
+
 def _head_plan(m, names, *, transposed=False):
-    """Plan entries of the pre-logits layer and head(s); `names` gives their checkpoint keys.
+    """Plan entries of the pre-logits layer and head; `names` gives their checkpoint keys.
 
     `transposed`: the checkpoint stores Dense kernels (in, out) as JAX does, not Linear weights (out, in).
     """
@@ -261,24 +635,29 @@ def _head_plan(m, names, *, transposed=False):
         k = m['num_classes']
         plan['mlp_head.weight'] = weight('head.weight', k, m['pre_logits'] or m['dim'])
         plan['mlp_head.bias'] = ({names['head.bias']: (k,)}, _same)
-        if m['distilled']:
-            plan['distill_head.weight'] = weight('head_dist.weight', k, m['dim'])
-            plan['distill_head.bias'] = ({names['head_dist.bias']: (k,)}, _same)
     return plan
 
 
-def _timm_plan(m):
+def _refuse_distilled(model, keys, token):
+    if token in keys and getattr(model, 'distill_token', None) is None:
+        raise ValueError(f"the checkpoint is a distilled DeiT (it has {token}): load it into "
+                         f"vit_pytorch.distill.DistillableViT, which has the distillation token and head")
+
+
+def timm_plan(model, keys):
+    """timm `VisionTransformer` (`vit_*`, `deit_*`) -> the core ViT."""
+    _refuse_distilled(model, keys, 'dist_token')
+    m = describe_paper_vit(model, qkv_bias='blocks.0.attn.qkv.bias' in keys if 'blocks.0.attn.qkv.weight' in keys
+                           else None)
     d, inner, mlp, (ph, pw) = m['dim'], m['heads'] * m['dim_head'], m['mlp_dim'], m['patch']
     plan = {
         'to_patch_embedding.2.weight': ({'patch_embed.proj.weight': (d, m['channels'], ph, pw)}, _conv_to_linear),
         'to_patch_embedding.2.bias': ({'patch_embed.proj.bias': (d,)}, _same),
         'cls_token': ({'cls_token': (1, 1, d)}, _first),
-        'pos_embedding': ({'pos_embed': None}, None),
+        'pos_embedding': ({'pos_embed': None}, m['table']),
         'transformer.norm.weight': ({'norm.weight': (d,)}, _same),
         'transformer.norm.bias': ({'norm.bias': (d,)}, _same),
     }
-    if m['distilled']:
-        plan['distill_token'] = ({'dist_token': (1, 1, d)}, _first)
     for i in range(m['depth']):
         ours, theirs = f'transformer.layers.{i}.', f'blocks.{i}.'
         for our_name, their_name, shape in [
@@ -289,19 +668,21 @@ def _timm_plan(m):
             ('1.net.1.weight', 'mlp.fc1.weight', (mlp, d)), ('1.net.1.bias', 'mlp.fc1.bias', (mlp,)),
             ('1.net.4.weight', 'mlp.fc2.weight', (d, mlp)), ('1.net.4.bias', 'mlp.fc2.bias', (d,)),
         ]:
-            plan[ours + our_name] = ({theirs + their_name: shape}, _same)
+            if our_name != '0.to_qkv.bias' or m['qkv_bias']:
+                plan[ours + our_name] = ({theirs + their_name: shape}, _same)
     # timm before 0.6 kept the paper's representation layer as pre_logits.fc
-    names = {'pre_logits.weight': 'pre_logits.fc.weight', 'pre_logits.bias': 'pre_logits.fc.bias',
-             'head.weight': 'head.weight', 'head.bias': 'head.bias',
-             'head_dist.weight': 'head_dist.weight', 'head_dist.bias': 'head_dist.bias'}
-    plan.update(_head_plan(m, names))
-    return plan, ('head.', 'head_dist.', 'pre_logits.')
+    plan.update(_head_plan(m, {'pre_logits.weight': 'pre_logits.fc.weight', 'pre_logits.bias': 'pre_logits.fc.bias',
+                               'head.weight': 'head.weight', 'head.bias': 'head.bias'}))
+    if getattr(model, 'distill_token', None) is not None:
+        _add_distillation(plan, model, token='dist_token', head='head_dist')
+    return plan, ('head.', 'pre_logits.', 'head_dist.')
 
 
-def _hf_plan(m, keys):
-    d, inner, mlp, (ph, pw) = m['dim'], m['heads'] * m['dim_head'], m['mlp_dim'], m['patch']
-    # ViTForImageClassification nests the encoder under `vit.`; ViTModel does not
-    p = 'vit.' if any(key.startswith('vit.') for key in keys) else ''
+def hf_plan(model, keys):
+    """Hugging Face `ViTModel` / `ViTForImageClassification` (and the encoder of `DeiT*`) -> the core ViT."""
+    # the encoder sits under `vit.` (ViTForImageClassification), `deit.` (DeiT) or at the top (ViTModel)
+    anchors = [key for key in keys if key.endswith('embeddings.cls_token')]
+    p = anchors[0][:-len('embeddings.cls_token')] if anchors else ''
     # files on disk (and transformers < 5 in memory) use the legacy names; transformers 5 renamed them in memory
     legacy = not any(key.startswith(f'{p}layers.') for key in keys)
     layer = f'{p}encoder.layer.{{}}.' if legacy else f'{p}layers.{{}}.'
@@ -309,21 +690,27 @@ def _hf_plan(m, keys):
         ('attention.attention.query', 'attention.attention.key', 'attention.attention.value',
          'attention.output.dense', 'intermediate.dense', 'output.dense') if legacy else
         ('attention.q_proj', 'attention.k_proj', 'attention.v_proj', 'attention.o_proj', 'mlp.fc1', 'mlp.fc2'))
+    first = layer.format(0)
+    _refuse_distilled(model, keys, f'{p}embeddings.distillation_token')
+    m = describe_paper_vit(model, qkv_bias=f'{first}{q}.bias' in keys if f'{first}{q}.weight' in keys else None)
+    d, inner, mlp, (ph, pw) = m['dim'], m['heads'] * m['dim_head'], m['mlp_dim'], m['patch']
     plan = {
         'to_patch_embedding.2.weight': ({f'{p}embeddings.patch_embeddings.projection.weight': (d, m['channels'], ph, pw)},
                                         _conv_to_linear),
         'to_patch_embedding.2.bias': ({f'{p}embeddings.patch_embeddings.projection.bias': (d,)}, _same),
         'cls_token': ({f'{p}embeddings.cls_token': (1, 1, d)}, _first),
-        'pos_embedding': ({f'{p}embeddings.position_embeddings': None}, None),
+        'pos_embedding': ({f'{p}embeddings.position_embeddings': None}, m['table']),
         'transformer.norm.weight': ({f'{p}layernorm.weight': (d,)}, _same),
         'transformer.norm.bias': ({f'{p}layernorm.bias': (d,)}, _same),
     }
     for i in range(m['depth']):
         ours, theirs = f'transformer.layers.{i}.', layer.format(i)
         for kind in ('weight', 'bias'):
-            qkv_shape = (inner, d) if kind == 'weight' else (inner,)
-            # HF keeps q, k and v apart; ours is one Linear with rows [q; k; v], head-major within each
-            plan[ours + f'0.to_qkv.{kind}'] = ({theirs + f'{name}.{kind}': qkv_shape for name in (q, k, v)}, _concat)
+            if kind == 'weight' or m['qkv_bias']:
+                # HF keeps q, k and v apart; ours is one Linear with rows [q; k; v], head-major within each
+                qkv_shape = (inner, d) if kind == 'weight' else (inner,)
+                plan[ours + f'0.to_qkv.{kind}'] = ({theirs + f'{name}.{kind}': qkv_shape for name in (q, k, v)},
+                                                  _concat)
             for our_name, their_name, shape in [
                 ('0.norm', 'layernorm_before', (d,)), ('0.to_out.0', o, (d, inner)), ('1.net.0', 'layernorm_after', (d,)),
                 ('1.net.1', fc1, (mlp, d)), ('1.net.4', fc2, (d, mlp)),
@@ -331,13 +718,31 @@ def _hf_plan(m, keys):
                 shape = shape[:1] if kind == 'bias' else shape
                 plan[ours + f'{our_name}.{kind}'] = ({theirs + f'{their_name}.{kind}': shape}, _same)
     # ViTModel's pooler (Linear + tanh on token 0) has the shape and place of the paper's pre-logits layer
-    names = {'pre_logits.weight': 'pooler.dense.weight', 'pre_logits.bias': 'pooler.dense.bias',
-             'head.weight': 'classifier.weight', 'head.bias': 'classifier.bias'}
-    plan.update(_head_plan(m, names))
-    return plan, ('classifier.', 'pooler.')
+    plan.update(_head_plan(m, {'pre_logits.weight': 'pooler.dense.weight', 'pre_logits.bias': 'pooler.dense.bias',
+                               'head.weight': 'classifier.weight', 'head.bias': 'classifier.bias'}))
+    if getattr(model, 'distill_token', None) is not None:
+        _add_distillation(plan, model, token=f'{p}embeddings.distillation_token', head='distillation_classifier')
+        for kind in ('weight', 'bias'):
+            if f'mlp_head.{kind}' in plan:
+                sources, convert = plan[f'mlp_head.{kind}']
+                plan[f'mlp_head.{kind}'] = ({f'cls_classifier.{kind}': shape for shape in sources.values()}, convert)
+        return plan, ('cls_classifier.', 'distillation_classifier.', f'{p}pooler.')
+    return plan, ('classifier.', f'{p}pooler.')
 
 
-def _jax_plan(m):
+def _add_distillation(plan, model, *, token, head):
+    d = model.pos_embedding.shape[-1]
+    plan['distill_token'] = ({token: (1, 1, d)}, _first)
+    if model.distill_head is not None:
+        k = model.distill_head.out_features
+        plan['distill_head.weight'] = ({f'{head}.weight': (k, d)}, _same)
+        plan['distill_head.bias'] = ({f'{head}.bias': (k,)}, _same)
+
+
+def jax_plan(model, keys):
+    """The official JAX `.npz` files (pre-Linen names) -> the core ViT."""
+    attn0 = 'Transformer/encoderblock_0/MultiHeadDotProductAttention_1/'
+    m = describe_paper_vit(model, qkv_bias=attn0 + 'query/bias' in keys if attn0 + 'query/kernel' in keys else None)
     d, h, e, mlp, (ph, pw) = m['dim'], m['heads'], m['dim_head'], m['mlp_dim'], m['patch']
     plan = {
         # conv kernel HWIO (p1, p2, c, d) flattens straight into our (p1 p2 c) patch order
@@ -345,7 +750,7 @@ def _jax_plan(m):
                                         lambda w: rearrange(w, 'p1 p2 c d -> d (p1 p2 c)')),
         'to_patch_embedding.2.bias': ({'embedding/bias': (d,)}, _same),
         'cls_token': ({'cls': (1, 1, d)}, _first),
-        'pos_embedding': ({'Transformer/posembed_input/pos_embedding': None}, None),
+        'pos_embedding': ({'Transformer/posembed_input/pos_embedding': None}, m['table']),
         'transformer.norm.weight': ({'Transformer/encoder_norm/scale': (d,)}, _same),
         'transformer.norm.bias': ({'Transformer/encoder_norm/bias': (d,)}, _same),
     }
@@ -356,9 +761,10 @@ def _jax_plan(m):
         plan[ours + '0.to_qkv.weight'] = (
             {attn + f'{name}/kernel': (d, h, e) for name in ('query', 'key', 'value')},
             lambda *ws: torch.cat([rearrange(w, 'd h e -> (h e) d') for w in ws]))
-        plan[ours + '0.to_qkv.bias'] = (
-            {attn + f'{name}/bias': (h, e) for name in ('query', 'key', 'value')},
-            lambda *bs: torch.cat([rearrange(b, 'h e -> (h e)') for b in bs]))
+        if m['qkv_bias']:
+            plan[ours + '0.to_qkv.bias'] = (
+                {attn + f'{name}/bias': (h, e) for name in ('query', 'key', 'value')},
+                lambda *bs: torch.cat([rearrange(b, 'h e -> (h e)') for b in bs]))
         plan[ours + '0.to_out.0.weight'] = ({attn + 'out/kernel': (h, e, d)}, lambda w: rearrange(w, 'h e d -> d (h e)'))
         plan[ours + '0.to_out.0.bias'] = ({attn + 'out/bias': (d,)}, _same)
         for our_name, norm in (('0.norm', 'LayerNorm_0'), ('1.net.0', 'LayerNorm_2')):
@@ -368,119 +774,11 @@ def _jax_plan(m):
         plan[ours + '1.net.1.bias'] = ({mlp_block + 'Dense_0/bias': (mlp,)}, _same)
         plan[ours + '1.net.4.weight'] = ({mlp_block + 'Dense_1/kernel': (mlp, d)}, _transpose)
         plan[ours + '1.net.4.bias'] = ({mlp_block + 'Dense_1/bias': (d,)}, _same)
-    names = {'pre_logits.weight': 'pre_logits/kernel', 'pre_logits.bias': 'pre_logits/bias',
-             'head.weight': 'head/kernel', 'head.bias': 'head/bias'}
-    plan.update(_head_plan(m, names, transposed=True))
+    plan.update(_head_plan(m, {'pre_logits.weight': 'pre_logits/kernel', 'pre_logits.bias': 'pre_logits/bias',
+                               'head.weight': 'head/kernel', 'head.bias': 'head/bias'}, transposed=True))
     return plan, ('head/', 'pre_logits/')
 
 
-def _position_table(name, table, model, resample):
-    """Check a (1, prefix + n, d) checkpoint table; resample its square grid to the model's grid."""
-    prefix, dim = model.num_prefix_tokens, model.pos_embedding.shape[-1]
-    rows = table.shape[1] - prefix if table.ndim == 3 else 0
-    side = math.isqrt(max(rows, 0))
-    if table.ndim != 3 or table.shape[0] != 1 or table.shape[2] != dim or rows <= 0 or side * side != rows:
-        return None, (f"{name}: shape {tuple(table.shape)}, expected (1, {prefix} + h * w, {dim}) with "
-                      f"{prefix} prefix token(s) and a square h x w grid")
-    return resample_pos_embedding(table[0], old_grid=(side, side), new_grid=model.grid_size,
-                                  num_prefix_tokens=prefix, **resample), None
-
-
-def _load(model, source, plan, head_prefixes, *, resample, load_head, fmt):
-    state_dict = read_checkpoint(source)
-    if isinstance(resample, str):
-        if resample not in RESAMPLE:
-            raise ValueError(f"resample must be one of {sorted(RESAMPLE)} or a dict of resample_pos_embedding "
-                             f"options, got {resample!r}")
-        resample = RESAMPLE[resample]
-    head_keys = {'to_latent.0.weight', 'to_latent.0.bias', 'mlp_head.weight', 'mlp_head.bias',
-                 'distill_head.weight', 'distill_head.bias'}
-    if not load_head:
-        plan = {ours: entry for ours, entry in plan.items() if ours not in head_keys}
-
-    wanted = [name for sources, _ in plan.values() for name in sources]
-    ignored = tuple(head_prefixes) if not load_head else ()
-    missing = [name for name in wanted if name not in state_dict]
-    unexpected = sorted(name for name in set(state_dict) - set(wanted) if not name.startswith(ignored))
-    if missing or unexpected:
-        lines = [f"{fmt} checkpoint does not fit this model:"]
-        if missing:
-            lines.append(f"  missing keys ({len(missing)}): {', '.join(missing)}")
-        if unexpected:
-            lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected)}")
-        raise CheckpointError('\n'.join(lines + _head_hint(missing + unexpected, head_prefixes)))
-
-    converted, problems = {}, []
-    for ours, (sources, convert) in plan.items():
-        tensors = [state_dict[name] for name in sources]
-        problems += [f"{name}: shape {tuple(tensor.shape)}, expected {shape}"
-                     for (name, shape), tensor in zip(sources.items(), tensors)
-                     if shape is not None and tuple(tensor.shape) != shape]
-        if not problems:
-            if ours == 'pos_embedding':
-                converted[ours], problem = _position_table(next(iter(sources)), tensors[0], model, resample)
-                if problem:
-                    problems.append(problem)
-            else:
-                converted[ours] = convert(*tensors)
-    if problems:
-        lines = [f"{fmt} checkpoint does not fit this model (nothing was copied):"] + [f"  {line}" for line in problems]
-        raise CheckpointError('\n'.join(lines + _head_hint(problems, head_prefixes)))
-
-    targets = model.state_dict()
-    left_out = sorted(set(targets) - set(converted) - (head_keys if not load_head else set()))
-    if left_out:
-        raise CheckpointError(f"the {fmt} format has nothing for these parameters of the model: {', '.join(left_out)}")
-    with torch.no_grad():
-        for ours, tensor in converted.items():
-            targets[ours].copy_(tensor)
-    return model
-
-
-def _head_hint(names, head_prefixes):
-    if not any(name.startswith(head_prefixes) for name in names):
-        return []
-    return ["  the head or pre-logits layer differs: build the model with the checkpoint's num_classes and "
-            "pre_logits_dim, or pass load_head=False and call model.reset_classifier(num_classes)"]
-
-
-def load_timm(model, checkpoint, *, resample='timm', load_head=True):
-    """Load a timm `vit_*` / `deit_*` state_dict (or file) into `model`; returns the model.
-
-    A `deit_*_distilled_*` checkpoint loads into a `DistillableViT`. `load_head=False` leaves the
-    checkpoint's head(s) and pre-logits layer out (fine-tuning on other classes).
-    """
-    return _load(model, checkpoint, *_timm_plan(_describe(model)), resample=resample, load_head=load_head, fmt='timm')
-
-
-def load_hf(model, checkpoint, *, resample='hf', load_head=True):
-    """Load a Hugging Face `ViTModel` / `ViTForImageClassification` state_dict (or `model.safetensors`).
-
-    HF configs usually carry `layer_norm_eps=1e-12`: build the model with that `norm_eps` for parity.
-    A `ViTModel` pooler loads into the pre-logits layer (`pre_logits_dim=dim`), or is left out
-    with `load_head=False`.
-    """
-    state_dict = read_checkpoint(checkpoint)
-    plan, heads = _hf_plan(_no_distill(_describe(model), 'Hugging Face ViT'), state_dict)
-    return _load(model, state_dict, plan, heads, resample=resample, load_head=load_head, fmt='Hugging Face')
-
-
-def load_jax(model, checkpoint, *, resample='jax', load_head=True):
-    """Load an official JAX `.npz` checkpoint (google-research/vision_transformer) into `model`.
-
-    The JAX code uses the tanh GELU: build with `gelu_approximate='tanh'` to reproduce its
-    outputs, or keep the exact GELU to reproduce timm / Hugging Face running the same weights.
-    The ImageNet-21k files carry `pre_logits` (build with `pre_logits_dim=dim`, or `load_head=False`).
-    """
-    state_dict = read_checkpoint(checkpoint)
-    # old optimizer checkpoints nest the parameters under opt/target/
-    if any(name.startswith('opt/target/') for name in state_dict):
-        state_dict = {name.removeprefix('opt/target/'): value for name, value in state_dict.items()}
-    plan, heads = _jax_plan(_no_distill(_describe(model), 'JAX'))
-    return _load(model, state_dict, plan, heads, resample=resample, load_head=load_head, fmt='JAX')
-
-
-def _no_distill(description, fmt):
-    if description['distilled']:
-        raise ValueError(f"{fmt} checkpoints have no distillation token: load them into a ViT, not a DistillableViT")
-    return description
+def vit_pytorch_plan(model, keys):
+    """vit-pytorch's `ViT` has our parameter names (older layouts are fixed by `ViT`'s load hook)."""
+    return None
