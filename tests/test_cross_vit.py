@@ -7,7 +7,8 @@ from einops import rearrange
 from safetensors.torch import load_file
 
 from helpers import digits_batch, fit_fixed_batch
-from vit_pytorch.cross_vit import (CrossAttention, CrossFusion, CrossViT, crossvit_small_240, crossvit_tiny_240)
+from vit_pytorch.cross_vit import CrossFusion, CrossViT, crossvit_small_240, crossvit_tiny_240
+from vit_pytorch.vit import ClassAttention
 
 
 def tiny_cross_vit(**overrides):
@@ -179,7 +180,7 @@ def test_fused_and_explicit_paths_agree_and_maps_are_visible():
         for module in model.modules():
             if hasattr(module, 'attention_probs'):
                 module.fused = False
-                if isinstance(module, CrossAttention):
+                if isinstance(module, ClassAttention):
                     module.attention_probs.register_forward_hook(lambda m, i, o: maps.append(o.shape))
         explicit = model(img)
     assert torch.allclose(fused, explicit, atol=1e-5)

@@ -1,5 +1,6 @@
 """Every invalid configuration or input raises ValueError/TypeError naming the argument."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -78,6 +79,25 @@ def test_vit_names_the_expected_size():
     model = ViT(**tiny_vit_kwargs())
     with pytest.raises(ValueError, match=r'img must be 16x24.*got 32x32.*dynamic_image_size=True'):
         model(torch.randn(1, 3, 32, 32))
+
+
+def test_a_size_the_patches_do_not_divide_is_not_told_to_try_dynamic_image_size_alone():
+    # 30x30 on a 32-pixel, 8-pixel-patch ViT: dynamic_image_size=True would fail too, so the message
+    # says to resize, and names a size that would work with it
+    model = ViT(**tiny_vit_kwargs(image_size=32, patch_size=8))
+    with pytest.raises(ValueError, match=r'img must be 32x32.*got 30x30; resize it to 32x32.*divisible by '
+                                         r'patch_size \(8, 8\), e.g. 24x24, and then need dynamic_image_size'):
+        model(torch.randn(1, 3, 30, 30))
+    dynamic = ViT(**tiny_vit_kwargs(image_size=32, patch_size=8, dynamic_image_size=True))
+    assert dynamic(torch.randn(1, 3, 24, 24)).shape == (1, 5)        # the size it names works
+
+
+@pytest.mark.parametrize('model_cls', MODELS)
+def test_a_numpy_array_is_told_how_to_become_a_tensor(model_cls):
+    model = model_cls(**tiny_vit_kwargs())
+    with pytest.raises(TypeError, match=r'torch.Tensor.*got ndarray; convert a numpy array with '
+                                        r'torch.from_numpy\(array\).float\(\)'):
+        model(np.zeros((1, 3, 16, 24), dtype=np.float32))
 
 
 @pytest.mark.parametrize('model_cls', MODELS)

@@ -122,22 +122,24 @@ def test_recorded_attention_shows_who_reads_the_memories():
 
 def test_fused_and_explicit_paths_agree_with_memories_and_mask():
     attn = Attention(32, heads=4, dim_head=8).double().eval()
+    attn.layer_index = 1
     x = torch.randn(2, 5, 32, dtype=torch.float64)
-    memories = torch.randn(3, 32, dtype=torch.float64)
+    memories = torch.randn(2, 3, 32, dtype=torch.float64)        # (depth, m, dim): this layer reads row 1
     mask = memory_attention_mask(4, 3)
-    fused = attn(x, memories, mask)
+    fused = attn(x, memories=memories, mask=mask)
     attn.fused = False
-    torch.testing.assert_close(attn(x, memories, mask), fused, atol=1e-12, rtol=0)
+    torch.testing.assert_close(attn(x, memories=memories, mask=mask), fused, atol=1e-12, rtol=0)
 
 
 def test_memories_are_keys_and_values_of_the_normed_layer_input():
     attn = Attention(32, heads=1, dim_head=16).double().eval()
+    attn.layer_index = 0
     x = torch.randn(1, 4, 32, dtype=torch.float64)
     memories = torch.randn(2, 32, dtype=torch.float64)
     full = torch.cat((x, memories[None]), dim=1)
     q, k, v = attn.to_qkv(attn.norm(full)).chunk(3, dim=-1)
     weights = torch.softmax(q[:, :4] @ k.transpose(-1, -2) / 4.0, dim=-1)
-    torch.testing.assert_close(attn(x, memories), attn.to_out(weights @ v), atol=1e-12, rtol=0)
+    torch.testing.assert_close(attn(x, memories=memories[None]), attn.to_out(weights @ v), atol=1e-12, rtol=0)
 
 
 def test_works_with_torch_compile():

@@ -37,7 +37,7 @@ def test_layer_adds_every_branch_to_the_same_input():
     x = torch.randn(2, 13, 32)
     y = x + sum(attn(x) for attn in attns.fns)
     expected = y + sum(ff(y) for ff in ffs.fns)
-    torch.testing.assert_close(model.transformer.layer(attns, ffs, x), expected)
+    torch.testing.assert_close(model.transformer.layer(model.transformer.layers[0], x), expected)
 
 
 def test_branches_are_independent_modules():

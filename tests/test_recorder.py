@@ -111,12 +111,23 @@ def test_grid_follows_the_input_of_a_dynamic_size_model():
     assert (recorder.grid, recorder.num_prefix_tokens) == ((6, 5), 1)
 
 
-def test_token_layout_factorises_with_the_aspect_ratio_when_there_is_no_patch_size():
-    model = nn.Linear(1, 1)
-    assert token_layout(model, (32, 64), 1 + 4 * 8) == ((4, 8), 1)
-    assert token_layout(model, (32, 32), 49) == ((7, 7), 0)
-    assert token_layout(model, (30, 70), 1 + 3 * 7) == ((3, 7), 1)
-    assert token_layout(model, (30, 70), 12) == (None, None)
+class DeclaredLayout(nn.Module):
+    """A model that declares a 3-pixel token grid and two prefix tokens, as every model of the package does."""
+
+    num_prefix_tokens = 2
+
+    def token_grid(self, image_size):
+        return image_size[0] // 3, image_size[1] // 3
+
+
+def test_token_layout_is_what_the_model_declares_not_a_guess():
+    model = DeclaredLayout()
+    assert token_layout(model, (12, 24), 2 + 4 * 8) == ((4, 8), 2)
+    assert token_layout(model, (12, 24), 4 * 8) == ((4, 8), 0)         # the patches alone
+    assert token_layout(model, (12, 24), 1 + 4 * 8) == (None, None)    # neither: not this model's sequence
+    assert token_layout(model, (12, 12), 2 + 16) == ((4, 4), 2)        # another image size
+    # a model that declares nothing gets no layout, even where a factorisation would fit
+    assert token_layout(nn.Linear(1, 1), (32, 32), 49) == (None, None)
 
 
 class TwoShapes(nn.Module):

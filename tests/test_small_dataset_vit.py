@@ -8,15 +8,11 @@ from vit_pytorch.vit_for_small_dataset import LSA, SPT, ViT, sl_vit, sl_vit_cifa
 
 
 def record_attention(model, img):
-    maps = []
-    hooks = [m.attention_probs.register_forward_hook(lambda _m, _i, out: maps.append(out))
-             for m in model.modules() if hasattr(m, 'attention_probs')]
-    try:
+    from vit_pytorch.recorder import Recorder
+
+    with Recorder(model) as recorder:
         model(img)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return maps
+    return recorder.maps
 
 
 def test_output_shapes():
@@ -97,13 +93,26 @@ def test_temperature_starts_at_the_usual_scale_and_is_learned():
     assert lsa.temperature.grad is not None and lsa.temperature.grad != 0
 
 
+def test_fused_and_explicit_lsa_agree():
+    lsa = LSA(32, heads=2, dim_head=16).double().eval()
+    x = torch.randn(2, 5, 32, dtype=torch.float64)
+    fused = lsa(x)
+    lsa.fused = False
+    torch.testing.assert_close(lsa(x), fused, atol=1e-12, rtol=0)
+    lone = torch.randn(2, 1, 32, dtype=torch.float64)                # a lone token attends to itself only
+    explicit = lsa(lone)
+    lsa.fused = True
+    assert torch.isfinite(lsa(lone)).all()
+    torch.testing.assert_close(lsa(lone), explicit, atol=1e-12, rtol=0)
+
+
 def test_without_the_mask_lsa_is_plain_attention():
     # the diagonal mask is the only difference at the initial temperature: the off-diagonal
     # weights are the plain attention's weights renormalised without the diagonal
     lsa = LSA(32, heads=2, dim_head=16).double().eval()
     plain = Attention(32, heads=2, dim_head=16).double().eval()
     plain.load_state_dict(lsa.state_dict(), strict=False)
-    plain.fused = False
+    lsa.fused = plain.fused = False
     x = torch.randn(1, 5, 32, dtype=torch.float64)
     maps = {}
     lsa.attention_probs.register_forward_hook(lambda _m, _i, out: maps.setdefault('lsa', out))

@@ -142,8 +142,10 @@ def test_forward_is_forward_head_of_forward_features():
 def test_final_norm_is_applied_to_features():
     model = ViT(**tiny_vit_kwargs()).eval()
     tokens = model.forward_features(torch.randn(2, 3, 16, 24))
-    # a LayerNorm with its initial affine parameters leaves each token with mean 0 and variance 1
+    # a LayerNorm with its initial affine parameters leaves each token with mean 0 and (biased)
+    # variance 1, up to its epsilon: var / (var + eps) with the tokens' own variance before the norm
     torch.testing.assert_close(tokens.mean(-1), torch.zeros(2, 13), atol=1e-5, rtol=0)
+    torch.testing.assert_close(tokens.var(-1, unbiased=False), torch.ones(2, 13), atol=1e-3, rtol=0)
 
 
 def test_simple_vit_num_classes_zero_returns_pooled_embedding():

@@ -22,7 +22,6 @@ with that probability while training (and the kept ones rescaled).
 import torch
 import torch.nn.functional as F
 from einops import rearrange, repeat
-from einops.layers.torch import Rearrange
 from torch import nn
 
 from vit_pytorch import vit
@@ -39,31 +38,10 @@ def layer_scale_init_for(depth):
     return 1e-6
 
 
-def drop_path(x, p, training):
-    """Stochastic depth: zero a residual branch for a random subset of the samples, rescale the rest."""
-    if p == 0. or not training:
-        return x
-    keep = torch.empty(x.shape[0], *((1,) * (x.ndim - 1)), device=x.device, dtype=x.dtype).bernoulli_(1 - p)
-    return x * keep / (1 - p)
-
-
 # classes
 
 
-class LayerScale(nn.Module):
-    """`fn(x) * scale`, one learned scale per channel starting at `init_value`, then stochastic depth."""
-
-    def __init__(self, dim, fn, init_value, layer_dropout=0.):
-        super().__init__()
-        self.fn = fn
-        self.scale = nn.Parameter(torch.full((dim,), float(init_value)))
-        self.layer_dropout = layer_dropout
-
-    def forward(self, x, **kwargs):
-        return drop_path(self.fn(x, **kwargs) * self.scale, self.layer_dropout, self.training)
-
-
-class TalkingHeadsAttention(nn.Module):
+class TalkingHeadsAttention(vit.Attention):
     """Pre-norm self-attention whose heads exchange information before and after the softmax.
 
     Talking heads (Shazeer et al., arXiv 2003.02436): the (b, heads, n, n) logits are mixed
@@ -74,19 +52,11 @@ class TalkingHeadsAttention(nn.Module):
     """
 
     def __init__(self, dim, heads=8, dim_head=64, dropout=0., *, qkv_bias=False, norm_eps=1e-5):
-        super().__init__()
-        inner_dim = heads * dim_head
-        self.heads = heads
-        self.scale = dim_head ** -0.5
+        super().__init__(dim, heads, dim_head, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps,
+                         to_out=nn.Sequential(nn.Linear(heads * dim_head, dim), nn.Dropout(dropout)))
         self.fused = False
-
-        self.norm = nn.LayerNorm(dim, eps=norm_eps)
-        self.to_qkv = nn.Linear(dim, inner_dim * 3, bias=qkv_bias)
         self.mix_heads_pre_attn = nn.Linear(heads, heads)
         self.mix_heads_post_attn = nn.Linear(heads, heads)
-        self.attention_probs = nn.Identity()
-        self.dropout = nn.Dropout(dropout)
-        self.to_out = nn.Sequential(nn.Linear(inner_dim, dim), nn.Dropout(dropout))
 
     @staticmethod
     def mix_heads(attn, linear):
@@ -94,91 +64,26 @@ class TalkingHeadsAttention(nn.Module):
         return attn + rearrange(linear.bias, 'g -> g 1 1')
 
     def forward(self, x):
-        x = self.norm(x)
-        q, k, v = rearrange(self.to_qkv(x), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=self.heads)
+        q, k, v = self.qkv(x)
         dots = self.mix_heads(q @ k.transpose(-1, -2) * self.scale, self.mix_heads_pre_attn)
         attn = self.attention_probs(dots.softmax(dim=-1))
-        attn = self.dropout(self.mix_heads(attn, self.mix_heads_post_attn))
-        out = rearrange(attn @ v, 'b h n d -> b n (h d)')
-        return self.to_out(out)
-
-
-class ClassAttention(nn.Module):
-    """The cls token attends to itself and the patch tokens; only the cls token is computed.
-
-    Input `cls_tokens` (b, 1, dim) and `context` (b, n, dim); output (b, 1, dim). One
-    LayerNorm normalises [cls, patches] for both the query and the keys/values (CaiT eq. 1).
-    With `fused=False` the (b, heads, 1, 1 + n) map passes through `attention_probs`.
-    """
-
-    def __init__(self, dim, heads=8, dim_head=64, dropout=0., *, qkv_bias=False, norm_eps=1e-5):
-        super().__init__()
-        inner_dim = heads * dim_head
-        self.heads = heads
-        self.scale = dim_head ** -0.5
-        self.dropout = dropout
-        self.fused = True
-
-        self.norm = nn.LayerNorm(dim, eps=norm_eps)
-        self.to_q = nn.Linear(dim, inner_dim, bias=qkv_bias)
-        self.to_kv = nn.Linear(dim, inner_dim * 2, bias=qkv_bias)
-        self.attention_probs = nn.Identity()
-        self.to_out = nn.Sequential(nn.Linear(inner_dim, dim), nn.Dropout(dropout))
-
-    def forward(self, cls_tokens, *, context):
-        x = self.norm(torch.cat((cls_tokens, context), dim=1))       # (b, 1 + n, dim)
-        q = rearrange(self.to_q(x[:, :1]), 'b n (h d) -> b h n d', h=self.heads)
-        k, v = rearrange(self.to_kv(x), 'b n (kv h d) -> kv b h n d', kv=2, h=self.heads)
-        dropout_p = self.dropout if self.training else 0.
-        if self.fused:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=self.scale)
-        else:
-            attn = self.attention_probs((q @ k.transpose(-1, -2) * self.scale).softmax(dim=-1))
-            out = F.dropout(attn, dropout_p) @ v
-        out = rearrange(out, 'b h n d -> b n (h d)')
-        return self.to_out(out)
-
-
-class Transformer(vit.Transformer):
-    """The self-attention stage: the core's pre-norm stack with LayerScale and talking heads.
-
-    No final norm: CaiT normalises once, after the class-attention stage.
-    """
-
-    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout=0., *, layer_dropout=0.,
-                 layer_scale_init=1e-5, qkv_bias=False, norm_eps=1e-5):
-        super().__init__(dim, 0, heads, dim_head, mlp_dim)
-        self.norm = nn.Identity()
-        self.layers.extend(
-            nn.ModuleList([
-                LayerScale(dim, TalkingHeadsAttention(dim, heads, dim_head, dropout, qkv_bias=qkv_bias,
-                                                      norm_eps=norm_eps), layer_scale_init, layer_dropout),
-                LayerScale(dim, vit.FeedForward(dim, mlp_dim, dropout, norm_eps=norm_eps),
-                           layer_scale_init, layer_dropout),
-            ])
-            for _ in range(depth)
-        )
+        attn = F.dropout(self.mix_heads(attn, self.mix_heads_post_attn), self.dropout, self.training)
+        return self.to_out(rearrange(attn @ v, 'b h n d -> b n (h d)'))
 
 
 class ClassTransformer(nn.Module):
-    """The class-attention stage: updates the cls token from fixed patch tokens."""
+    """The class-attention stage: updates the cls token from fixed patch tokens (CaiT eq. 1).
 
-    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout=0., *, layer_dropout=0.,
-                 layer_scale_init=1e-5, qkv_bias=False, norm_eps=1e-5):
+    One LayerNorm normalises [cls, patches] for both the query and the keys/values.
+    """
+
+    def __init__(self, layers):
         super().__init__()
-        self.layers = nn.ModuleList([
-            nn.ModuleList([
-                LayerScale(dim, ClassAttention(dim, heads, dim_head, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps),
-                           layer_scale_init, layer_dropout),
-                LayerScale(dim, vit.FeedForward(dim, mlp_dim, dropout, norm_eps=norm_eps),
-                           layer_scale_init, layer_dropout),
-            ])
-            for _ in range(depth)
-        ])
+        self.layers = nn.ModuleList(nn.ModuleList(layer) for layer in layers)
 
     def forward(self, cls_tokens, *, context):
         for attn, ff in self.layers:
-            cls_tokens = attn(cls_tokens, context=context) + cls_tokens
+            cls_tokens = attn(torch.cat((cls_tokens, context), dim=1)) + cls_tokens
             cls_tokens = ff(cls_tokens) + cls_tokens
         return cls_tokens
 
@@ -199,36 +104,21 @@ class CaiT(nn.Module):
       norm_eps          epsilon of every LayerNorm (1e-6 in the paper's code).
     """
 
+    num_prefix_tokens = 1
+
     def __init__(self, *, image_size, patch_size, num_classes, dim, depth, cls_depth, heads, mlp_dim,
                  dim_head=64, dropout=0., emb_dropout=0., layer_dropout=0., channels=3,
                  layer_scale_init=None, patch_norm=True, qkv_bias=False, norm_eps=1e-5):
+        check_arguments(**vit.arguments(locals()))
         super().__init__()
-        self.image_size = vit.positive_pair('image_size', image_size)
-        self.patch_size = patch_height, patch_width = vit.positive_pair('patch_size', patch_size)
-        self.grid_size = vit.patch_grid(self.image_size, self.patch_size)
-        for name, value in dict(dim=dim, depth=depth, cls_depth=cls_depth, heads=heads, mlp_dim=mlp_dim,
-                                dim_head=dim_head, channels=channels).items():
-            vit.positive_int(name, value)
-        vit.non_negative_int('num_classes', num_classes)
-        for name, value in dict(dropout=dropout, emb_dropout=emb_dropout, layer_dropout=layer_dropout).items():
-            vit.probability(name, value)
+        self.image_size, self.patch_size = vit.pair(image_size), vit.pair(patch_size)
+        self.grid_size = self.token_grid(self.image_size)
+        self.channels, self.num_classes = channels, num_classes
         if layer_scale_init is None:
             layer_scale_init = layer_scale_init_for(depth)
-        elif isinstance(layer_scale_init, bool) or not isinstance(layer_scale_init, (int, float)) \
-                or layer_scale_init <= 0:
-            raise ValueError(f"layer_scale_init must be a positive float or None (the paper's rule), "
-                             f"got {layer_scale_init!r}")
 
-        self.channels = channels
-        self.num_classes = num_classes
-        patch_dim = channels * patch_height * patch_width
-
-        self.to_patch_embedding = nn.Sequential(
-            Rearrange('b c (h p1) (w p2) -> b (h w) (p1 p2 c)', p1=patch_height, p2=patch_width),
-            nn.LayerNorm(patch_dim, eps=norm_eps) if patch_norm else nn.Identity(),
-            nn.Linear(patch_dim, dim),
-            nn.LayerNorm(dim, eps=norm_eps) if patch_norm else nn.Identity(),
-        )
+        self.to_patch_embedding = vit.PatchEmbedding(channels=channels, patch_size=self.patch_size, dim=dim,
+                                                     patch_norm=patch_norm, norm_eps=norm_eps)
         # positions for the patches only: the cls token joins after the self-attention stage
         self.pos_embedding = nn.Parameter(torch.zeros(self.grid_size[0] * self.grid_size[1], dim))
         self.cls_token = nn.Parameter(torch.zeros(1, dim))
@@ -236,16 +126,26 @@ class CaiT(nn.Module):
         nn.init.trunc_normal_(self.cls_token, std=0.02)
         self.dropout = nn.Dropout(emb_dropout)
 
-        blocks = dict(layer_dropout=layer_dropout, layer_scale_init=layer_scale_init, qkv_bias=qkv_bias,
-                      norm_eps=norm_eps)
-        self.patch_transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout, **blocks)
-        self.cls_transformer = ClassTransformer(dim, cls_depth, heads, dim_head, mlp_dim, dropout, **blocks)
+        def scaled(block):
+            return vit.LayerScale(dim, block, layer_scale_init, layer_dropout)
+
+        def feedforward():
+            return scaled(vit.FeedForward(dim, mlp_dim, dropout, norm_eps=norm_eps))
+
+        attention = dict(dim=dim, heads=heads, dim_head=dim_head, dropout=dropout, qkv_bias=qkv_bias,
+                         norm_eps=norm_eps)
+        # the self-attention stage has no final norm: CaiT normalises once, after the class attention
+        self.patch_transformer = vit.Transformer(
+            [(scaled(TalkingHeadsAttention(**attention)), feedforward()) for _ in range(depth)])
+        self.cls_transformer = ClassTransformer(
+            [(scaled(vit.ClassAttention(**attention)), feedforward()) for _ in range(cls_depth)])
 
         self.norm = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else None
 
-    def set_grad_checkpointing(self, enable=True):
-        self.patch_transformer.grad_checkpointing = enable
+    def token_grid(self, image_size):
+        """The (h, w) grid of patch tokens for images of `image_size` (h, w)."""
+        return image_size[0] // self.patch_size[0], image_size[1] // self.patch_size[1]
 
     def forward_features(self, img):
         """[cls, patch tokens] after both stages and the final norm: (b, 1 + h * w, dim)."""
@@ -265,9 +165,35 @@ class CaiT(nn.Module):
 
     def forward(self, img):
         tokens = self.forward_features(img)
-        if self.mlp_head is None:
-            return tokens
-        return self.forward_head(tokens)
+        return tokens if self.mlp_head is None else self.forward_head(tokens)
+
+    def reset_classifier(self, num_classes):
+        """A new zero-initialised head for `num_classes` (0 removes it)."""
+        vit.non_negative_int('num_classes', num_classes)
+        self.num_classes = num_classes
+        self.mlp_head = vit.zero_linear(self.norm.normalized_shape[0], num_classes, like=self.cls_token) \
+            if num_classes > 0 else None
+
+    def set_grad_checkpointing(self, enable=True):
+        self.patch_transformer.grad_checkpointing = enable
+
+
+# argument checks
+
+
+def check_arguments(*, image_size, patch_size, num_classes, dim, depth, cls_depth, heads, mlp_dim, dim_head,
+                    dropout, emb_dropout, layer_dropout, channels, layer_scale_init, patch_norm, qkv_bias, norm_eps):
+    vit.patch_grid(vit.positive_pair('image_size', image_size), vit.positive_pair('patch_size', patch_size))
+    for name, value in dict(dim=dim, depth=depth, cls_depth=cls_depth, heads=heads, mlp_dim=mlp_dim,
+                            dim_head=dim_head, channels=channels).items():
+        vit.positive_int(name, value)
+    vit.non_negative_int('num_classes', num_classes)
+    for name, value in dict(dropout=dropout, emb_dropout=emb_dropout, layer_dropout=layer_dropout).items():
+        vit.probability(name, value)
+    if layer_scale_init is not None and (isinstance(layer_scale_init, bool)
+                                         or not isinstance(layer_scale_init, (int, float)) or layer_scale_init <= 0):
+        raise ValueError(f"layer_scale_init must be a positive float or None (the paper's rule), "
+                         f"got {layer_scale_init!r}")
 
 
 # the paper's models (Table 3): name -> (dim, depth, heads, LayerScale init), all with patch 16,

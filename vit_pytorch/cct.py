@@ -32,7 +32,6 @@ import re
 import torch
 from einops import einsum, rearrange
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from vit_pytorch import vit
 
@@ -101,12 +100,13 @@ def conv_output_size(size, kernel_size, stride, padding):
     return (size + 2 * padding - kernel_size) // stride + 1
 
 
-def drop_path(x, rate, training):
-    """Stochastic depth: drop the whole residual branch for a random subset of the samples."""
-    if rate == 0. or not training:
-        return x
-    keep = x.new_empty(x.shape[0], 1, 1).bernoulli_(1 - rate)
-    return x * keep / (1 - rate)
+def tokenizer_grid(size, layers, kernel, stride, padding, pool_kernel, pool_stride, pool_padding):
+    """The (h', w') token grid the tokenizer leaves of an input of `size` (h, w)."""
+    height, width = size
+    for _ in range(layers):
+        height, width = (conv_output_size(conv_output_size(side, kernel, stride, padding),
+                                          pool_kernel, pool_stride, pool_padding) for side in (height, width))
+    return height, width
 
 
 def _non_negative_number(name, value):
@@ -143,29 +143,19 @@ class Tokenizer(nn.Module):
 
     def grid_size(self, height, width):
         """The (h', w') token grid for an input of height x width, without running the convolutions."""
-        layers, kernel, stride, padding, pool_kernel, pool_stride, pool_padding = self.geometry
-        for _ in range(layers):
-            height, width = (conv_output_size(conv_output_size(side, kernel, stride, padding),
-                                              pool_kernel, pool_stride, pool_padding) for side in (height, width))
-        return height, width
+        return tokenizer_grid((height, width), *self.geometry)
 
     def forward(self, img):
         return rearrange(self.conv_layers(img), 'b d h w -> b (h w) d')
 
 
-class Attention(vit.Attention):
-    """The core attention (whose LayerNorm is CCT's pre-norm) with heads of width dim / heads, an
-    always-present output projection, and separate attention and projection dropouts."""
-
-    def __init__(self, dim, heads, attention_dropout=0.1, projection_dropout=0.):
-        super().__init__(dim, heads, dim // heads, attention_dropout)
-        self.to_out = nn.Sequential(nn.Linear(dim, dim), nn.Dropout(projection_dropout))
-
-
 class TransformerEncoderLayer(nn.Module):
     def __init__(self, dim, heads, mlp_dim, dropout=0., attention_dropout=0.1, drop_path_rate=0.):
         super().__init__()
-        self.self_attn = Attention(dim, heads, attention_dropout, dropout)
+        # the core attention (its LayerNorm is CCT's pre-norm), heads of width dim / heads, an output
+        # projection even for one head, and separate attention and projection dropouts
+        self.self_attn = vit.Attention(dim, heads, dim // heads, attention_dropout,
+                                       to_out=nn.Sequential(nn.Linear(dim, dim), nn.Dropout(dropout)))
         self.norm1 = nn.LayerNorm(dim)
         self.mlp = nn.Sequential(
             nn.Linear(dim, mlp_dim),
@@ -177,33 +167,17 @@ class TransformerEncoderLayer(nn.Module):
         self.drop_path_rate = drop_path_rate
 
     def forward(self, x):
-        x = x + drop_path(self.self_attn(x), self.drop_path_rate, self.training)
+        x = x + vit.drop_path(self.self_attn(x), self.drop_path_rate, self.training)
         x = self.norm1(x)            # the reference norms the residual stream itself here
-        return x + drop_path(self.mlp(x), self.drop_path_rate, self.training)
+        return x + vit.drop_path(self.mlp(x), self.drop_path_rate, self.training)
 
 
-class Transformer(nn.Module):
-    """CCT's layers and a final LayerNorm; `return_layers` and checkpointing as in the core."""
+class Transformer(vit.Transformer):
+    """CCT's encoder layers and a final LayerNorm, run (and checkpointed) by the core's stack."""
 
-    def __init__(self, dim, depth, heads, mlp_dim, dropout=0., attention_dropout=0.1, stochastic_depth_rate=0.):
-        super().__init__()
-        rates = [stochastic_depth_rate * i / max(depth - 1, 1) for i in range(depth)]
-        self.layers = nn.ModuleList([
-            TransformerEncoderLayer(dim, heads, mlp_dim, dropout, attention_dropout, rate) for rate in rates
-        ])
-        self.norm = nn.LayerNorm(dim)
-        self.grad_checkpointing = False
-
-    def forward(self, x, *, return_layers=False):
-        outputs = []
-        for layer in self.layers:
-            if self.grad_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(layer, x, use_reentrant=False)
-            else:
-                x = layer(x)
-            outputs.append(x)
-        x = self.norm(x)
-        return (x, outputs) if return_layers else x
+    @staticmethod
+    def layer(encoder_layer, x):
+        return encoder_layer(x)
 
 
 class SequencePool(nn.Module):
@@ -229,42 +203,22 @@ class CCT(nn.Module):
     1D sin-cos table, a buffer that is not saved) or 'none' (then any input size works).
     """
 
+    num_prefix_tokens = 0
+
     def __init__(self, *, img_size=224, embedding_dim=768, n_input_channels=3, n_conv_layers=1,
                  kernel_size=7, stride=2, padding=3, pooling_kernel_size=3, pooling_stride=2, pooling_padding=1,
                  num_layers=12, num_heads=12, mlp_ratio=4.0, num_classes=1000, positional_embedding='sine',
                  dropout_rate=0., attention_dropout=0.1, stochastic_depth_rate=0.1):
+        check_arguments(**vit.arguments(locals()))
         super().__init__()
-        self.image_size = vit.positive_pair('img_size', img_size)
-        for name, value in dict(embedding_dim=embedding_dim, n_input_channels=n_input_channels,
-                                n_conv_layers=n_conv_layers, kernel_size=kernel_size, stride=stride,
-                                pooling_kernel_size=pooling_kernel_size, pooling_stride=pooling_stride,
-                                num_layers=num_layers, num_heads=num_heads).items():
-            vit.positive_int(name, value)
-        for name, value in dict(padding=padding, pooling_padding=pooling_padding, num_classes=num_classes).items():
-            vit.non_negative_int(name, value)
-        for name, value in dict(dropout_rate=dropout_rate, attention_dropout=attention_dropout,
-                                stochastic_depth_rate=stochastic_depth_rate).items():
-            vit.probability(name, value)
-        if _non_negative_number('mlp_ratio', mlp_ratio) == 0 or int(embedding_dim * mlp_ratio) == 0:
-            raise ValueError(f"mlp_ratio must give an MLP width of at least 1, got {mlp_ratio}")
-        if embedding_dim % num_heads:
-            raise ValueError(f"embedding_dim {embedding_dim} must be divisible by num_heads {num_heads}")
-        if pooling_padding > pooling_kernel_size // 2:
-            raise ValueError(f"pooling_padding must be at most half of pooling_kernel_size "
-                             f"({pooling_kernel_size}), got {pooling_padding}")
-        if positional_embedding not in POSITIONAL_EMBEDDINGS:
-            raise ValueError(f"positional_embedding must be one of {POSITIONAL_EMBEDDINGS}, got {positional_embedding!r}")
-
+        self.image_size = vit.pair(img_size)
         self.channels = n_input_channels
         self.num_classes = num_classes
         self.tokenizer = Tokenizer(channels=n_input_channels, dim=embedding_dim, n_conv_layers=n_conv_layers,
                                    kernel_size=kernel_size, stride=stride, padding=padding,
                                    pooling_kernel_size=pooling_kernel_size, pooling_stride=pooling_stride,
                                    pooling_padding=pooling_padding)
-        self.grid_size = self.tokenizer.grid_size(*self.image_size)
-        if min(self.grid_size) < 1:
-            raise ValueError(f"img_size {self.image_size} is too small for the tokenizer: it leaves a "
-                             f"{self.grid_size} token grid")
+        self.grid_size = self.token_grid(self.image_size)
         sequence_length = self.grid_size[0] * self.grid_size[1]
 
         self.positional_embedding = positional_embedding
@@ -278,8 +232,12 @@ class CCT(nn.Module):
             self.positional_emb = None
         self.dropout = nn.Dropout(dropout_rate)
 
-        self.transformer = Transformer(embedding_dim, num_layers, num_heads, int(embedding_dim * mlp_ratio),
-                                       dropout_rate, attention_dropout, stochastic_depth_rate)
+        rates = [stochastic_depth_rate * i / max(num_layers - 1, 1) for i in range(num_layers)]   # linear in depth
+        self.transformer = Transformer([
+            TransformerEncoderLayer(embedding_dim, num_heads, int(embedding_dim * mlp_ratio), dropout_rate,
+                                    attention_dropout, rate)
+            for rate in rates
+        ], norm=nn.LayerNorm(embedding_dim))
         self.pool = SequencePool(embedding_dim)
         self.fc = nn.Linear(embedding_dim, num_classes) if num_classes > 0 else None
         for module in self.modules():
@@ -287,9 +245,6 @@ class CCT(nn.Module):
                 nn.init.trunc_normal_(module.weight, std=0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
-
-    def set_grad_checkpointing(self, enable=True):
-        self.transformer.grad_checkpointing = enable
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         key = prefix + 'positional_emb'
@@ -327,6 +282,20 @@ class CCT(nn.Module):
 
     def forward(self, img):
         return self.forward_head(self.forward_features(img))
+
+    def token_grid(self, image_size):
+        """The (h, w) grid of tokens the convolutional tokenizer leaves for images of `image_size` (h, w)."""
+        return self.tokenizer.grid_size(*image_size)
+
+    def reset_classifier(self, num_classes):
+        """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
+        vit.non_negative_int('num_classes', num_classes)
+        self.num_classes = num_classes
+        self.fc = vit.zero_linear(self.transformer.norm.normalized_shape[0], num_classes,
+                                  like=self.transformer.norm.weight) if num_classes > 0 else None
+
+    def set_grad_checkpointing(self, enable=True):
+        self.transformer.grad_checkpointing = enable
 
 
 def _cct(name, *, kernel_size=3, stride=None, padding=None, **kwargs):
@@ -370,3 +339,36 @@ def cct_14(**kwargs):
 def cct_16(**kwargs):
     """CCT-16 (16 layers, 6 heads, width 384, MLP ratio 3)."""
     return _cct('cct_16', **kwargs)
+
+
+# argument checks
+
+
+def check_arguments(*, img_size, embedding_dim, n_input_channels, n_conv_layers, kernel_size, stride, padding,
+                    pooling_kernel_size, pooling_stride, pooling_padding, num_layers, num_heads, mlp_ratio,
+                    num_classes, positional_embedding, dropout_rate, attention_dropout, stochastic_depth_rate):
+    image_size = vit.positive_pair('img_size', img_size)
+    for name, value in dict(embedding_dim=embedding_dim, n_input_channels=n_input_channels,
+                            n_conv_layers=n_conv_layers, kernel_size=kernel_size, stride=stride,
+                            pooling_kernel_size=pooling_kernel_size, pooling_stride=pooling_stride,
+                            num_layers=num_layers, num_heads=num_heads).items():
+        vit.positive_int(name, value)
+    for name, value in dict(padding=padding, pooling_padding=pooling_padding, num_classes=num_classes).items():
+        vit.non_negative_int(name, value)
+    for name, value in dict(dropout_rate=dropout_rate, attention_dropout=attention_dropout,
+                            stochastic_depth_rate=stochastic_depth_rate).items():
+        vit.probability(name, value)
+    if _non_negative_number('mlp_ratio', mlp_ratio) == 0 or int(embedding_dim * mlp_ratio) == 0:
+        raise ValueError(f"mlp_ratio must give an MLP width of at least 1, got {mlp_ratio}")
+    if embedding_dim % num_heads:
+        raise ValueError(f"embedding_dim {embedding_dim} must be divisible by num_heads {num_heads}")
+    if pooling_padding > pooling_kernel_size // 2:
+        raise ValueError(f"pooling_padding must be at most half of pooling_kernel_size "
+                         f"({pooling_kernel_size}), got {pooling_padding}")
+    if positional_embedding not in POSITIONAL_EMBEDDINGS:
+        raise ValueError(f"positional_embedding must be one of {POSITIONAL_EMBEDDINGS}, got {positional_embedding!r}")
+
+    grid = tokenizer_grid(image_size, n_conv_layers, kernel_size, stride, padding, pooling_kernel_size,
+                          pooling_stride, pooling_padding)
+    if min(grid) < 1:
+        raise ValueError(f"img_size {image_size} is too small for the tokenizer: it leaves a {grid} token grid")

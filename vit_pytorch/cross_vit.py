@@ -25,7 +25,6 @@ both branches have about as many patches per side (20 at 240 / 12 and 14 at 224 
 import torch
 import torch.nn.functional as F
 from einops import rearrange, repeat
-from einops.layers.torch import Rearrange
 from torch import nn
 
 from vit_pytorch import vit
@@ -43,15 +42,9 @@ class ImageEmbedder(nn.Module):
     def __init__(self, *, dim, image_size, patch_size, channels=3, dropout=0., patch_norm=True, norm_eps=1e-5):
         super().__init__()
         self.image_size = image_size
-        patch_height, patch_width = patch_size
         grid = vit.patch_grid(image_size, patch_size)
-        patch_dim = channels * patch_height * patch_width
-        self.to_patch_embedding = nn.Sequential(
-            Rearrange('b c (h p1) (w p2) -> b (h w) (p1 p2 c)', p1=patch_height, p2=patch_width),
-            nn.LayerNorm(patch_dim, eps=norm_eps) if patch_norm else nn.Identity(),
-            nn.Linear(patch_dim, dim),
-            nn.LayerNorm(dim, eps=norm_eps) if patch_norm else nn.Identity(),
-        )
+        self.to_patch_embedding = vit.PatchEmbedding(channels=channels, patch_size=patch_size, dim=dim,
+                                                     patch_norm=patch_norm, norm_eps=norm_eps)
         self.cls_token = nn.Parameter(torch.zeros(1, dim))
         self.pos_embedding = nn.Parameter(torch.zeros(1 + grid[0] * grid[1], dim))
         nn.init.trunc_normal_(self.cls_token, std=0.02)
@@ -66,51 +59,6 @@ class ImageEmbedder(nn.Module):
         return self.dropout(x + self.pos_embedding)
 
 
-class Transformer(vit.Transformer):
-    """One branch's encoder: the core's pre-norm stack without a final norm.
-
-    CrossViT normalises each branch once, after the last multi-scale block.
-    """
-
-    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout=0., *, qkv_bias=False, norm_eps=1e-5):
-        super().__init__(dim, depth, heads, dim_head, mlp_dim, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps)
-        self.norm = nn.Identity()
-
-
-class CrossAttention(nn.Module):
-    """Pre-norm attention whose only query is the first token (the visiting cls token).
-
-    Input (b, 1 + n, dim) = [cls, other branch's patches]; output (b, 1, dim). With
-    `fused=False` the (b, heads, 1, 1 + n) map passes through `attention_probs`.
-    """
-
-    def __init__(self, dim, heads=8, dim_head=64, dropout=0., *, qkv_bias=False, norm_eps=1e-5):
-        super().__init__()
-        inner_dim = heads * dim_head
-        self.heads = heads
-        self.scale = dim_head ** -0.5
-        self.dropout = dropout
-        self.fused = True
-
-        self.norm = nn.LayerNorm(dim, eps=norm_eps)
-        self.to_q = nn.Linear(dim, inner_dim, bias=qkv_bias)
-        self.to_kv = nn.Linear(dim, inner_dim * 2, bias=qkv_bias)
-        self.attention_probs = nn.Identity()
-        self.to_out = nn.Sequential(nn.Linear(inner_dim, dim), nn.Dropout(dropout))
-
-    def forward(self, x):
-        x = self.norm(x)
-        q = rearrange(self.to_q(x[:, :1]), 'b n (h d) -> b h n d', h=self.heads)
-        k, v = rearrange(self.to_kv(x), 'b n (kv h d) -> kv b h n d', kv=2, h=self.heads)
-        dropout_p = self.dropout if self.training else 0.
-        if self.fused:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=self.scale)
-        else:
-            attn = self.attention_probs((q @ k.transpose(-1, -2) * self.scale).softmax(dim=-1))
-            out = F.dropout(attn, dropout_p) @ v
-        return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
-
-
 class CrossFusion(nn.Module):
     """One branch's cls token visits the other branch (CrossViT eq. 7-8).
 
@@ -122,8 +70,9 @@ class CrossFusion(nn.Module):
     def __init__(self, dim, other_dim, depth, heads, dim_head, dropout=0., *, qkv_bias=False, norm_eps=1e-5):
         super().__init__()
         self.project_in = nn.Sequential(nn.LayerNorm(dim, eps=norm_eps), nn.GELU(), nn.Linear(dim, other_dim))
+        # the visiting cls token is the only query of a cross-attention over [itself, the other patches]
         self.layers = nn.ModuleList([
-            CrossAttention(other_dim, heads, dim_head, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps)
+            vit.ClassAttention(other_dim, heads, dim_head, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps)
             for _ in range(depth)
         ])
         self.project_out = nn.Sequential(nn.LayerNorm(other_dim, eps=norm_eps), nn.GELU(),
@@ -161,8 +110,9 @@ class MultiScaleEncoder(nn.Module):
         blocks = dict(qkv_bias=qkv_bias, norm_eps=norm_eps)
         self.layers = nn.ModuleList([
             nn.ModuleList([
-                Transformer(sm_dim, dropout=dropout, **sm_enc_params, **blocks),
-                Transformer(lg_dim, dropout=dropout, **lg_enc_params, **blocks),
+                # each branch's encoder has no final norm: CrossViT normalises once, after the last block
+                vit.encoder(sm_dim, dropout=dropout, final_norm=False, **sm_enc_params, **blocks),
+                vit.encoder(lg_dim, dropout=dropout, final_norm=False, **lg_enc_params, **blocks),
                 CrossTransformer(sm_dim, lg_dim, cross_attn_depth, cross_attn_heads, cross_attn_dim_head, dropout,
                                  **blocks),
             ])
@@ -193,38 +143,18 @@ class CrossViT(nn.Module):
       norm_eps             epsilon of every LayerNorm (1e-6 in the paper's code).
     """
 
+    num_prefix_tokens = 1
+
     def __init__(self, *, image_size, num_classes, sm_dim, lg_dim, sm_patch_size=12, sm_enc_depth=1,
                  sm_enc_heads=8, sm_enc_mlp_dim=2048, sm_enc_dim_head=64, lg_patch_size=16, lg_enc_depth=4,
                  lg_enc_heads=8, lg_enc_mlp_dim=2048, lg_enc_dim_head=64, cross_attn_depth=2, cross_attn_heads=8,
                  cross_attn_dim_head=64, depth=3, dropout=0.1, emb_dropout=0.1, channels=3, lg_image_size=None,
                  patch_norm=True, qkv_bias=False, norm_eps=1e-5):
+        check_arguments(**vit.arguments(locals()))
         super().__init__()
-        self.image_size = vit.positive_pair('image_size', image_size)
-        lg_image_size = self.image_size if lg_image_size is None else vit.positive_pair('lg_image_size',
-                                                                                          lg_image_size)
-        sm_patch_size = vit.positive_pair('sm_patch_size', sm_patch_size)
-        lg_patch_size = vit.positive_pair('lg_patch_size', lg_patch_size)
-        for name, size, patch in (('image_size', self.image_size, sm_patch_size),
-                                  ('lg_image_size', lg_image_size, lg_patch_size)):
-            if size[0] % patch[0] or size[1] % patch[1]:
-                raise ValueError(f"{name} {size} must be divisible by the branch's patch size {patch}")
-        for name, value in dict(sm_dim=sm_dim, lg_dim=lg_dim, sm_enc_depth=sm_enc_depth, sm_enc_heads=sm_enc_heads,
-                                sm_enc_mlp_dim=sm_enc_mlp_dim, sm_enc_dim_head=sm_enc_dim_head,
-                                lg_enc_depth=lg_enc_depth, lg_enc_heads=lg_enc_heads, lg_enc_mlp_dim=lg_enc_mlp_dim,
-                                lg_enc_dim_head=lg_enc_dim_head, cross_attn_depth=cross_attn_depth,
-                                cross_attn_heads=cross_attn_heads, depth=depth, channels=channels).items():
-            vit.positive_int(name, value)
-        if cross_attn_dim_head is None:
-            for name, width in (('sm_dim', sm_dim), ('lg_dim', lg_dim)):
-                if width % cross_attn_heads:
-                    raise ValueError(f"{name}={width} must be divisible by cross_attn_heads={cross_attn_heads} "
-                                     f"when cross_attn_dim_head is None")
-        else:
-            vit.positive_int('cross_attn_dim_head', cross_attn_dim_head)
-        vit.non_negative_int('num_classes', num_classes)
-        vit.probability('dropout', dropout)
-        vit.probability('emb_dropout', emb_dropout)
-
+        self.image_size = vit.pair(image_size)
+        lg_image_size = self.image_size if lg_image_size is None else vit.pair(lg_image_size)
+        sm_patch_size, lg_patch_size = vit.pair(sm_patch_size), vit.pair(lg_patch_size)
         self.channels = channels
         self.num_classes = num_classes
         self.patch_size = sm_patch_size
@@ -247,10 +177,6 @@ class CrossViT(nn.Module):
         self.sm_mlp_head = nn.Linear(sm_dim, num_classes) if num_classes > 0 else None
         self.lg_mlp_head = nn.Linear(lg_dim, num_classes) if num_classes > 0 else None
 
-    def set_grad_checkpointing(self, enable=True):
-        for sm_enc, lg_enc, _ in self.multi_scale_encoder.layers:
-            sm_enc.grad_checkpointing = lg_enc.grad_checkpointing = enable
-
     def forward_features(self, img):
         """Both branches' tokens after the final norms: ((b, 1 + n_sm, sm_dim), (b, 1 + n_lg, lg_dim))."""
         vit.check_images(img, channels=self.channels, patch_size=self.patch_size, image_size=self.image_size,
@@ -267,9 +193,25 @@ class CrossViT(nn.Module):
 
     def forward(self, img):
         tokens = self.forward_features(img)
-        if self.sm_mlp_head is None:
-            return tokens
-        return self.forward_head(tokens)
+        return tokens if self.sm_mlp_head is None else self.forward_head(tokens)
+
+    def token_grid(self, image_size):
+        """The small branch's (h, w) grid of patch tokens for images of `image_size` (the model's own size)."""
+        return image_size[0] // self.patch_size[0], image_size[1] // self.patch_size[1]
+
+    def reset_classifier(self, num_classes):
+        """New zero-initialised heads on both branches for `num_classes` (0 removes them)."""
+        vit.non_negative_int('num_classes', num_classes)
+        self.num_classes = num_classes
+        like = self.sm_norm.weight
+        self.sm_mlp_head, self.lg_mlp_head = (
+            (vit.zero_linear(self.sm_norm.normalized_shape[0], num_classes, like=like),
+             vit.zero_linear(self.lg_norm.normalized_shape[0], num_classes, like=like))
+            if num_classes > 0 else (None, None))
+
+    def set_grad_checkpointing(self, enable=True):
+        for sm_enc, lg_enc, _ in self.multi_scale_encoder.layers:
+            sm_enc.grad_checkpointing = lg_enc.grad_checkpointing = enable
 
 
 # the paper's models (Table 1): name -> (sm_dim, lg_dim, large-branch depth, heads, MLP ratio); all
@@ -321,3 +263,37 @@ def crossvit_15_240(**kwargs):
 
 def crossvit_18_240(**kwargs):
     return crossvit('18', **kwargs)
+
+
+# argument checks
+
+
+def check_arguments(*, image_size, num_classes, sm_dim, lg_dim, sm_patch_size, sm_enc_depth, sm_enc_heads,
+                    sm_enc_mlp_dim, sm_enc_dim_head, lg_patch_size, lg_enc_depth, lg_enc_heads, lg_enc_mlp_dim,
+                    lg_enc_dim_head, cross_attn_depth, cross_attn_heads, cross_attn_dim_head, depth, dropout,
+                    emb_dropout, channels, lg_image_size, patch_norm, qkv_bias, norm_eps):
+    image_size = vit.positive_pair('image_size', image_size)
+    lg_image_size = image_size if lg_image_size is None else vit.positive_pair('lg_image_size', lg_image_size)
+    sm_patch_size = vit.positive_pair('sm_patch_size', sm_patch_size)
+    lg_patch_size = vit.positive_pair('lg_patch_size', lg_patch_size)
+    for name, size, patch in (('image_size', image_size, sm_patch_size),
+                              ('lg_image_size', lg_image_size, lg_patch_size)):
+        if size[0] % patch[0] or size[1] % patch[1]:
+            raise ValueError(f"{name} {size} must be divisible by the branch's patch size {patch}")
+    for name, value in dict(sm_dim=sm_dim, lg_dim=lg_dim, sm_enc_depth=sm_enc_depth, sm_enc_heads=sm_enc_heads,
+                            sm_enc_mlp_dim=sm_enc_mlp_dim, sm_enc_dim_head=sm_enc_dim_head,
+                            lg_enc_depth=lg_enc_depth, lg_enc_heads=lg_enc_heads, lg_enc_mlp_dim=lg_enc_mlp_dim,
+                            lg_enc_dim_head=lg_enc_dim_head, cross_attn_depth=cross_attn_depth,
+                            cross_attn_heads=cross_attn_heads, depth=depth, channels=channels).items():
+        vit.positive_int(name, value)
+    if cross_attn_dim_head is None:
+        for name, width in (('sm_dim', sm_dim), ('lg_dim', lg_dim)):
+            if width % cross_attn_heads:
+                raise ValueError(f"{name}={width} must be divisible by cross_attn_heads={cross_attn_heads} "
+                                 f"when cross_attn_dim_head is None")
+    else:
+        vit.positive_int('cross_attn_dim_head', cross_attn_dim_head)
+    vit.non_negative_int('num_classes', num_classes)
+    vit.probability('dropout', dropout)
+    vit.probability('emb_dropout', emb_dropout)
+

@@ -62,26 +62,13 @@ class ReAttention(vit.Attention):
         )
 
     def forward(self, x):
-        x = self.norm(x)
-        q, k, v = rearrange(self.to_qkv(x), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=self.heads)
+        q, k, v = self.qkv(x)
         attn = (q @ k.transpose(-1, -2) * self.scale).softmax(dim=-1)
         attn = F.dropout(attn, self.dropout, self.training)
         attn = einsum(attn, self.reattn_weights, 'b h i j, h g -> b g i j')
         attn = self.attention_probs(self.reattn_norm(attn))
         out = rearrange(attn @ v, 'b h n d -> b n (h d)')
         return self.to_out(out)
-
-
-class Transformer(vit.Transformer):
-    """The core pre-norm stack with re-attention in every layer."""
-
-    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout=0., *, qkv_bias=False, norm_eps=1e-5):
-        super().__init__(dim, 0, heads, dim_head, mlp_dim, dropout, norm_eps=norm_eps)
-        self.layers.extend(
-            nn.ModuleList([ReAttention(dim, heads, dim_head, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps),
-                           vit.FeedForward(dim, mlp_dim, dropout, norm_eps=norm_eps)])
-            for _ in range(depth)
-        )
 
 
 class DeepViT(vit.ViT):
@@ -91,15 +78,8 @@ class DeepViT(vit.ViT):
     `patch_norm=False, qkv_bias=True, norm_eps=1e-6`: the paper's).
     """
 
-    def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim,
-                 pool='cls', channels=3, dim_head=64, dropout=0., emb_dropout=0.,
-                 patch_norm=True, qkv_bias=False, norm_eps=1e-5):
-        super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim,
-                         depth=depth, heads=heads, mlp_dim=mlp_dim, pool=pool, channels=channels,
-                         dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout,
-                         patch_norm=patch_norm, qkv_bias=qkv_bias, norm_eps=norm_eps)
-        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout,
-                                       qkv_bias=qkv_bias, norm_eps=norm_eps)
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs, attention=ReAttention)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # vit-pytorch's DeepViT has no final norm in its transformer; its head is

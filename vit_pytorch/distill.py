@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from einops import repeat
 from torch import nn
 
-from vit_pytorch.vit import ViT, check_images
+from vit_pytorch.vit import ViT, zero_linear
 
 # the DeiT configurations (Touvron et al., Table 1); the paper's ViT numerics of `vit_pytorch.pretrained`
 _PAPER_VIT = dict(patch_size=16, dim_head=64, patch_norm=False, qkv_bias=True, norm_eps=1e-6)
@@ -64,6 +64,8 @@ class DistillableViT(ViT):
     the pair in either mode. `num_classes=0` returns the tokens, like `ViT`.
     """
 
+    extra_tokens = 1
+
     def __init__(self, *, pool='cls', pre_logits_dim=None, **kwargs):
         if pool != 'cls':
             raise ValueError(f"DistillableViT needs pool='cls' (DeiT reads the cls and distillation tokens), got {pool!r}")
@@ -71,33 +73,19 @@ class DistillableViT(ViT):
             raise ValueError(f"DistillableViT has no pre-logits layer (DeiT has none), got pre_logits_dim={pre_logits_dim!r}")
         super().__init__(pool=pool, **kwargs)
         dim = self.pos_embedding.shape[-1]
-        num_patches = self.grid_size[0] * self.grid_size[1]
-        self.num_prefix_tokens = 2
         self.distill_token = nn.Parameter(torch.zeros(1, dim))
-        self.pos_embedding = nn.Parameter(torch.zeros(self.num_prefix_tokens + num_patches, dim))
         nn.init.trunc_normal_(self.distill_token, std=0.02)
-        nn.init.trunc_normal_(self.pos_embedding, std=0.02)
         self.distill_head = nn.Linear(dim, self.num_classes) if self.num_classes > 0 else None
 
     def reset_classifier(self, num_classes):
         """New zero-initialised cls and distillation heads for `num_classes` (0 removes both)."""
         super().reset_classifier(num_classes)
-        self.distill_head = None
-        if num_classes > 0:
-            self.distill_head = nn.Linear(self.pos_embedding.shape[-1], num_classes,
-                                          device=self.pos_embedding.device, dtype=self.pos_embedding.dtype)
-            nn.init.zeros_(self.distill_head.weight)
-            nn.init.zeros_(self.distill_head.bias)
+        self.distill_head = zero_linear(self.pos_embedding.shape[-1], num_classes, like=self.pos_embedding) \
+            if num_classes > 0 else None
 
-    def embed(self, img):
-        """Tokens `[cls, distill, patches]` with position embeddings: (b, 2 + h * w, dim)."""
-        grid = check_images(img, channels=self.channels, patch_size=self.patch_size,
-                            image_size=None if self.dynamic_image_size else self.image_size,
-                            dtype=self.pos_embedding.dtype)
-        x = self.to_patch_embedding(img)                                   # (b, h * w, dim)
-        prefix = repeat(torch.cat((self.cls_token, self.distill_token)), 'n d -> b n d', b=x.shape[0])
-        x = torch.cat((prefix, x), dim=1)                                  # (b, 2 + h * w, dim)
-        return self.dropout(x + self.pos_embedding_for(grid))
+    def prefix_tokens(self, batch_size):
+        """The cls and distillation tokens, before positions: (b, 2, dim)."""
+        return repeat(torch.cat((self.cls_token, self.distill_token)), 'n d -> b n d', b=batch_size)
 
     def _heads(self, tokens):
         if self.mlp_head is None:

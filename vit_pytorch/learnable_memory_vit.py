@@ -33,10 +33,8 @@ memories per layer adds 12 m 768 + 768 + (768 + 1) classes trainable parameters:
 """
 
 import torch
-import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from vit_pytorch import vit as core
 
@@ -44,76 +42,35 @@ from vit_pytorch import vit as core
 class Attention(core.Attention):
     """The core attention, optionally with memory tokens (keys and values only) and a boolean mask.
 
-    `memories` (m, dim) or (b, m, dim) join the layer input, so they are normed and projected like
-    tokens, but only the n real tokens ask queries. `attn_mask` (n, n + m), True where a query may
-    attend, follows the key order (tokens, then memories). The recorded map is (b, heads, n, n + m).
+    `memories` (depth, m, dim) holds every layer's memory tokens; this layer takes row
+    `layer_index`. They join the layer input, so they are normed and projected like tokens, but
+    only the n real tokens ask queries. `mask` (n, n + m), True where a query may attend,
+    follows the key order (tokens, then memories). The recorded map is (b, heads, n, n + m).
     """
 
-    def forward(self, x, memories=None, attn_mask=None):
+    layer_index = None      # set by the ViT that holds the layer
+
+    def forward(self, x, *, memories=None, mask=None):
         num_tokens = x.shape[1]
         if memories is not None:
-            memories = repeat(memories, 'm d -> b m d', b=x.shape[0]) if memories.ndim == 2 else memories
-            x = torch.cat((x, memories), dim=1)
-        x = self.norm(x)
-        q, k, v = rearrange(self.to_qkv(x), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=self.heads)
-        q = q[:, :, :num_tokens]
-        dropout_p = self.dropout if self.training else 0.
-        if self.fused:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=self.scale)
-        else:
-            dots = q @ k.transpose(-1, -2) * self.scale
-            if attn_mask is not None:
-                dots = dots.masked_fill(~attn_mask, float('-inf'))
-            attn = self.attention_probs(dots.softmax(dim=-1))
-            out = F.dropout(attn, dropout_p) @ v
+            x = torch.cat((x, repeat(memories[self.layer_index], 'm d -> b m d', b=x.shape[0])), dim=1)
+        q, k, v = self.qkv(x)
+        out = self.attend(q[:, :, :num_tokens], k, v, mask=mask)
         return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
 
 
-class Transformer(core.Transformer):
-    """The core pre-norm stack; `memories` (depth, m, dim) hands each layer its own memory tokens."""
-
-    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout=0., *, qkv_bias=False, norm_eps=1e-5):
-        super().__init__(dim, 0, heads, dim_head, mlp_dim, dropout, norm_eps=norm_eps)
-        self.layers.extend(
-            nn.ModuleList([Attention(dim, heads, dim_head, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps),
-                           core.FeedForward(dim, mlp_dim, dropout, norm_eps=norm_eps)])
-            for _ in range(depth)
-        )
-
-    @staticmethod
-    def layer(attn, ff, x, memories=None, attn_mask=None):
-        x = attn(x, memories, attn_mask) + x
-        return ff(x) + x
-
-    def forward(self, x, *, memories=None, attn_mask=None, return_layers=False):
-        outputs = []
-        for index, (attn, ff) in enumerate(self.layers):
-            layer_memories = None if memories is None else memories[index]
-            if self.grad_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(self.layer, attn, ff, x, layer_memories, attn_mask, use_reentrant=False)
-            else:
-                x = self.layer(attn, ff, x, layer_memories, attn_mask)
-            outputs.append(x)
-        x = self.norm(x)
-        return (x, outputs) if return_layers else x
-
-
 class ViT(core.ViT):
-    """The core ViT (same arguments, parameters and methods) whose transformer accepts memories.
+    """The core ViT (same arguments, parameters and methods) whose transformer accepts memories:
+    `transformer(tokens, memories=(depth, m, dim), mask=(n, n + m))`.
 
     `patch_norm`, `qkv_bias` and `norm_eps` are the core's (defaults: vit-pytorch's model;
     `patch_norm=False, qkv_bias=True, norm_eps=1e-6`: the ViT paper's).
     """
 
-    def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim,
-                 pool='cls', channels=3, dim_head=64, dropout=0., emb_dropout=0.,
-                 patch_norm=True, qkv_bias=False, norm_eps=1e-5):
-        super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim,
-                         depth=depth, heads=heads, mlp_dim=mlp_dim, pool=pool, channels=channels,
-                         dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout,
-                         patch_norm=patch_norm, qkv_bias=qkv_bias, norm_eps=norm_eps)
-        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout,
-                                       qkv_bias=qkv_bias, norm_eps=norm_eps)
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs, attention=Attention)
+        for index, (attn, _) in enumerate(self.transformer.layers):
+            attn.layer_index = index
 
 
 def memory_attention_mask(num_tokens, num_memories, device=None):
@@ -152,6 +109,11 @@ class Adapter(nn.Module):
         nn.init.trunc_normal_(self.memory_cls_token, std=0.02)
         nn.init.trunc_normal_(self.memories_per_layer, std=0.02)
         self.mlp_head = nn.Linear(dim, num_classes)
+        self.num_prefix_tokens = 1 + vit.num_prefix_tokens
+
+    def token_grid(self, image_size):
+        """The frozen ViT's grid of patch tokens for images of `image_size` (h, w)."""
+        return self.vit.token_grid(image_size)
 
     def forward_features(self, img):
         """[new class token, the frozen model's tokens] after the final norm: (b, 1 + prefix + h * w, dim).
@@ -162,7 +124,7 @@ class Adapter(nn.Module):
         memory_cls = repeat(self.memory_cls_token, 'd -> b 1 d', b=tokens.shape[0])
         x = torch.cat((memory_cls, tokens), dim=1)
         mask = memory_attention_mask(tokens.shape[1], self.num_memories_per_layer, device=x.device)
-        return self.vit.transformer(x, memories=self.memories_per_layer, attn_mask=mask)
+        return self.vit.transformer(x, memories=self.memories_per_layer, mask=mask)
 
     def forward_head(self, tokens, pre_logits=False):
         x = tokens[:, 0]

@@ -56,23 +56,7 @@ def model_class(name):
     if not isinstance(name, str) or name not in MODELS:
         raise _unknown(name)
     module_name, class_name = MODELS[name].split(':')
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        if error.name != module_name:
-            raise
-        raise ValueError(f"model {name!r} needs module {module_name}, which is not installed in this "
-                         f"version of vit_pytorch") from error
-    return getattr(module, class_name)
-
-
-def _named_config_builder():
-    try:
-        from vit_pytorch.pretrained import vit
-    except ImportError as error:
-        raise ValueError("named configurations such as 'S/16' need vit_pytorch.pretrained, which is not "
-                         "available in this installation; use --model vit with explicit sizes instead") from error
-    return vit
+    return getattr(importlib.import_module(module_name), class_name)
 
 
 def _keywords(cls):
@@ -92,7 +76,6 @@ def _keywords(cls):
 def parameters(name):
     """Names of the keyword arguments that build `name`, or None when its constructor takes any."""
     if is_named_config(name):
-        _named_config_builder()
         from vit_pytorch.vit import ViT
         return _keywords(ViT) | {'image_size', 'num_classes'}
     return _keywords(model_class(name))
@@ -101,5 +84,6 @@ def parameters(name):
 def build_model(name, **kwargs):
     """Build the model registered under `name` with `kwargs`; a name like 'B/16' builds that paper ViT."""
     if is_named_config(name):
-        return _named_config_builder()(name, **kwargs)
+        from vit_pytorch.pretrained import vit
+        return vit(name, **kwargs)
     return model_class(name)(**kwargs)

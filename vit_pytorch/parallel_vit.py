@@ -51,21 +51,11 @@ class Parallel(nn.Module):
         return sum(fn(x) for fn in self.fns)
 
 
-class Transformer(vit.Transformer):
-    """The core pre-norm stack whose attention and MLP are each `num_parallel_branches` parallel branches."""
-
-    def __init__(self, dim, depth, heads, dim_head, mlp_dim, num_parallel_branches=2, dropout=0., *,
-                 qkv_bias=False, norm_eps=1e-5):
-        super().__init__(dim, 0, heads, dim_head, mlp_dim, dropout, norm_eps=norm_eps)
-        branches = range(num_parallel_branches)
-        self.layers.extend(
-            nn.ModuleList([
-                Parallel(*[vit.Attention(dim, heads, dim_head, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps)
-                           for _ in branches]),
-                Parallel(*[vit.FeedForward(dim, mlp_dim, dropout, norm_eps=norm_eps) for _ in branches]),
-            ])
-            for _ in range(depth)
-        )
+def parallel(block, branches):
+    """A builder of `Parallel` blocks: `branches` copies of what `block(*args, **kwargs)` builds."""
+    def build(*args, **kwargs):
+        return Parallel(*[block(*args, **kwargs) for _ in range(branches)])
+    return build
 
 
 class ViT(vit.ViT):
@@ -82,9 +72,9 @@ class ViT(vit.ViT):
         super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim,
                          depth=depth, heads=heads, mlp_dim=mlp_dim, pool=pool, channels=channels,
                          dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout,
-                         patch_norm=patch_norm, qkv_bias=qkv_bias, norm_eps=norm_eps)
-        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, num_parallel_branches, dropout,
-                                       qkv_bias=qkv_bias, norm_eps=norm_eps)
+                         patch_norm=patch_norm, qkv_bias=qkv_bias, norm_eps=norm_eps,
+                         attention=parallel(vit.Attention, num_parallel_branches),
+                         feedforward=parallel(vit.FeedForward, num_parallel_branches))
 
 
 # the paper's models: width -> (dim, heads); all with patch 16, heads of 64, MLP ratio 4

@@ -29,8 +29,6 @@ import inspect
 from einops import rearrange
 from torch import nn
 
-from vit_pytorch.vit import pair
-
 __all__ = ['Recorder', 'Extractor', 'forward_intermediates', 'attention_modules', 'token_layout']
 
 
@@ -43,38 +41,22 @@ def attention_modules(model):
     ]
 
 
-def _grid_with_aspect(num_patches, image_size):
-    """The (h, w) factorisation of `num_patches` with exactly the image's aspect ratio, or None."""
-    height, width = image_size if image_size is not None else (1, 1)
-    for h in range(1, num_patches + 1):
-        if num_patches % h == 0 and h * width == (num_patches // h) * height:
-            return h, num_patches // h
-    return None
-
-
 def token_layout(model, image_size, num_tokens):
-    """How a sequence of `num_tokens` tokens maps onto the image: ((h, w) patch grid, number of prefix tokens).
+    """How a sequence of `num_tokens` tokens lies on the image: ((h, w) patch grid, number of prefix tokens).
 
-    Prefix tokens (cls, distillation, registers) come before the patches, which are in
-    row-major order. When the model has a `patch_size`, the grid is the image size divided
-    by it and the prefix the tokens beyond the grid. Otherwise the grid is the
-    factorisation of the patch count with exactly the image's aspect ratio, trying the
-    model's `num_prefix_tokens` first, then 0 to 8 prefix tokens. Returns (None, None) when
-    the tokens do not form such a layout (pooled stages, channel attention).
+    Read from what every model of the package declares: `model.token_grid(image_size)`, the
+    grid of its patch tokens (row-major), and `model.num_prefix_tokens`, the tokens before them
+    (cls, distillation, registers). A sequence is the patches alone or the prefix and the
+    patches; anything else (pooled stages, channel attention, the other branch of CrossViT)
+    gives (None, None), as does a model that declares no grid.
     """
-    patch_size = getattr(model, 'patch_size', None)
-    if patch_size is not None and image_size is not None:
-        (height, width), (patch_height, patch_width) = image_size, pair(patch_size)
-        if not (height % patch_height or width % patch_width):
-            grid = height // patch_height, width // patch_width
-            if num_tokens >= grid[0] * grid[1]:
-                return grid, num_tokens - grid[0] * grid[1]
-    prefix = getattr(model, 'num_prefix_tokens', None)
-    for candidate in ([prefix] if isinstance(prefix, int) else []) + list(range(9)):
-        if num_tokens - candidate > 0:
-            grid = _grid_with_aspect(num_tokens - candidate, image_size)
-            if grid is not None:
-                return grid, candidate
+    token_grid, prefix = getattr(model, 'token_grid', None), getattr(model, 'num_prefix_tokens', None)
+    if not callable(token_grid) or not isinstance(prefix, int) or image_size is None:
+        return None, None
+    grid = tuple(token_grid(tuple(image_size)))
+    for candidate in (prefix, 0):
+        if num_tokens == candidate + grid[0] * grid[1]:
+            return grid, candidate
     return None, None
 
 

@@ -46,6 +46,8 @@ def posemb_sincos_2d(height, width, dim, temperature=10000, dtype=torch.float32,
 
 
 class FeedForward(nn.Module):
+    """vit-pytorch's SimpleViT MLP: the core's without dropout (so its keys are net.0, net.1, net.3)."""
+
     def __init__(self, dim, hidden_dim):
         super().__init__()
         self.net = nn.Sequential(
@@ -63,69 +65,84 @@ class Attention(vit.Attention):
     """The core attention without dropout and with a bias-free output projection."""
 
     def __init__(self, dim, heads=8, dim_head=64):
-        super().__init__(dim, heads, dim_head)
-        self.to_out = nn.Linear(heads * dim_head, dim, bias=False)
-
-
-class Transformer(vit.Transformer):
-    """The core's pre-norm stack (forward, final norm, checkpointing) built from SimpleViT's blocks."""
-
-    def __init__(self, dim, depth, heads, dim_head, mlp_dim):
-        super().__init__(dim, 0, heads, dim_head, mlp_dim)
-        self.layers.extend(
-            nn.ModuleList([Attention(dim, heads, dim_head), FeedForward(dim, mlp_dim)])
-            for _ in range(depth)
-        )
+        super().__init__(dim, heads, dim_head, to_out=nn.Linear(heads * dim_head, dim, bias=False))
 
 
 class SimpleViT(nn.Module):
-    """`num_classes=0` makes `forward` return the pooled embedding (b, dim)."""
+    """`num_classes=0` makes `forward` return the pooled embedding (b, dim).
+
+    For variants: `attention` builds each layer's attention from (dim, heads, dim_head).
+    """
+
+    num_prefix_tokens = 0
 
     def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim,
-                 channels=3, dim_head=64):
+                 channels=3, dim_head=64, attention=Attention):
+        check_arguments(**vit.arguments(locals()))
         super().__init__()
-        self.image_size = vit.positive_pair('image_size', image_size)
-        self.patch_size = patch_height, patch_width = vit.positive_pair('patch_size', patch_size)
-        self.grid_size = vit.patch_grid(self.image_size, self.patch_size)
-        for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim,
-                                channels=channels, dim_head=dim_head).items():
-            vit.positive_int(name, value)
-        vit.non_negative_int('num_classes', num_classes)
-        self.channels = channels
-        self.num_classes = num_classes
-        patch_dim = channels * patch_height * patch_width
+        self.image_size, self.patch_size = vit.pair(image_size), vit.pair(patch_size)
+        self.grid_size = self.token_grid(self.image_size)
+        self.channels, self.num_classes = channels, num_classes
 
-        self.to_patch_embedding = nn.Sequential(
-            Rearrange('b c (h p1) (w p2) -> b (h w) (p1 p2 c)', p1=patch_height, p2=patch_width),
-            nn.LayerNorm(patch_dim),
-            nn.Linear(patch_dim, dim),
-            nn.LayerNorm(dim),
-        )
+        self.to_patch_embedding = vit.PatchEmbedding(channels=channels, patch_size=self.patch_size, dim=dim)
         # fixed, so not saved; a buffer so that it follows .to(device)
         self.register_buffer('pos_embedding', posemb_sincos_2d(*self.grid_size, dim), persistent=False)
-        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim)
+        self.transformer = vit.Transformer([
+            (attention(dim, heads, dim_head), FeedForward(dim, mlp_dim)) for _ in range(depth)
+        ], norm=nn.LayerNorm(dim))
         self.to_latent = nn.Identity()
         self.linear_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
 
-    def set_grad_checkpointing(self, enable=True):
-        self.transformer.grad_checkpointing = enable
+    def token_grid(self, image_size):
+        """The (h, w) grid of patch tokens for images of `image_size` (h, w)."""
+        return image_size[0] // self.patch_size[0], image_size[1] // self.patch_size[1]
+
+    def patch_tokens(self, img):
+        """The checked image's patch tokens, before positions: (b, h * w, dim); any size divisible by the patch."""
+        vit.check_images(img, channels=self.channels, patch_size=self.patch_size, dtype=self.pos_embedding.dtype)
+        return self.to_patch_embedding(img)
 
     def pos_embedding_for(self, grid):
+        """The sin-cos table of an (h, w) patch grid: (h * w, dim)."""
         if grid == self.grid_size:
             return self.pos_embedding
         return posemb_sincos_2d(*grid, self.pos_embedding.shape[-1], device=self.pos_embedding.device)
 
+    def embed(self, img):
+        """Patch tokens with their positions: (b, h * w, dim)."""
+        x = self.patch_tokens(img)
+        return x + self.pos_embedding_for(self.token_grid(img.shape[-2:])).to(x.dtype)
+
     def forward_features(self, img):
-        """Patch tokens after the final norm: (b, h * w, dim)."""
-        grid = vit.check_images(img, channels=self.channels, patch_size=self.patch_size,
-                                dtype=self.pos_embedding.dtype)
-        x = self.to_patch_embedding(img)                              # (b, h * w, dim)
-        x = x + self.pos_embedding_for(grid).to(x.dtype)
-        return self.transformer(x)
+        """All tokens after the final norm: (b, prefix + h * w, dim)."""
+        return self.transformer(self.embed(img))
 
     def forward_head(self, tokens, pre_logits=False):
-        x = self.to_latent(tokens.mean(dim=1))                        # (b, dim)
+        """Mean of the patch tokens (prefix tokens left out), then the head."""
+        x = self.to_latent(tokens[:, self.num_prefix_tokens:].mean(dim=1))   # (b, dim)
         return x if pre_logits else self.linear_head(x)
 
     def forward(self, img):
         return self.forward_head(self.forward_features(img))
+
+    def reset_classifier(self, num_classes):
+        """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
+        vit.non_negative_int('num_classes', num_classes)
+        self.num_classes = num_classes
+        self.linear_head = vit.zero_linear(self.pos_embedding.shape[-1], num_classes, like=self.pos_embedding) \
+            if num_classes > 0 else nn.Identity()
+
+    def set_grad_checkpointing(self, enable=True):
+        self.transformer.grad_checkpointing = enable
+
+
+# argument checks
+
+
+def check_arguments(*, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, channels, dim_head,
+                    attention):
+    vit.patch_grid(vit.positive_pair('image_size', image_size), vit.positive_pair('patch_size', patch_size))
+    for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels,
+                            dim_head=dim_head).items():
+        vit.positive_int(name, value)
+    vit.non_negative_int('num_classes', num_classes)

@@ -46,10 +46,6 @@ class SimpleViT(simple_vit.SimpleViT):
                          depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head)
         self.patch_dropout = PatchDropout(patch_dropout)
 
-    def forward_features(self, img):
-        """Patch tokens after the final norm: (b, h * w, dim), or (b, kept, dim) in training."""
-        grid = vit.check_images(img, channels=self.channels, patch_size=self.patch_size,
-                                dtype=self.pos_embedding.dtype)
-        x = self.to_patch_embedding(img)                              # (b, h * w, dim)
-        x = x + self.pos_embedding_for(grid).to(x.dtype)
-        return self.transformer(self.patch_dropout(x))
+    def embed(self, img):
+        """Patch tokens with their positions: (b, h * w, dim), or (b, kept, dim) in training."""
+        return self.patch_dropout(super().embed(img))

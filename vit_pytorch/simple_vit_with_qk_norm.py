@@ -17,41 +17,22 @@ ends in a LayerNorm instead of a classifier, the head here is the usual Linear t
     logits = model(torch.randn(1, 3, 256, 256))   # (1, 1000)
 """
 
-import torch.nn.functional as F
-from einops import rearrange
 from torch import nn
 
-from vit_pytorch import simple_vit, vit
+from vit_pytorch import simple_vit
 
 
 class Attention(simple_vit.Attention):
-    """SimpleViT's attention with q and k layer-normed per head before q k^T; fused or explicit as in the core."""
+    """SimpleViT's attention with q and k layer-normed per head before q k^T."""
 
     def __init__(self, dim, heads=8, dim_head=64):
         super().__init__(dim, heads, dim_head)
         self.q_norm = nn.LayerNorm(dim_head, bias=False)
         self.k_norm = nn.LayerNorm(dim_head, bias=False)
 
-    def forward(self, x):
-        x = self.norm(x)
-        q, k, v = rearrange(self.to_qkv(x), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=self.heads)
-        q, k = self.q_norm(q), self.k_norm(k)
-        if self.fused:
-            out = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
-        else:
-            out = self.attention_probs((q @ k.transpose(-1, -2) * self.scale).softmax(dim=-1)) @ v
-        return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
-
-
-class Transformer(vit.Transformer):
-    """The core pre-norm stack built from the QK-norm attention and SimpleViT's MLP."""
-
-    def __init__(self, dim, depth, heads, dim_head, mlp_dim):
-        super().__init__(dim, 0, heads, dim_head, mlp_dim)
-        self.layers.extend(
-            nn.ModuleList([Attention(dim, heads, dim_head), simple_vit.FeedForward(dim, mlp_dim)])
-            for _ in range(depth)
-        )
+    def qkv(self, x):
+        q, k, v = super().qkv(x)
+        return self.q_norm(q), self.k_norm(k), v
 
 
 class SimpleViT(simple_vit.SimpleViT):
@@ -59,5 +40,5 @@ class SimpleViT(simple_vit.SimpleViT):
 
     def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, channels=3, dim_head=64):
         super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim,
-                         depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head)
-        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim)
+                         depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head,
+                         attention=Attention)

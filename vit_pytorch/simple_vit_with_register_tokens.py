@@ -32,22 +32,14 @@ class SimpleViT(simple_vit.SimpleViT):
 
     def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim,
                  num_register_tokens=4, channels=3, dim_head=64):
+        vit.positive_int('num_register_tokens', num_register_tokens)
         super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim,
                          depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head)
-        self.num_register_tokens = vit.positive_int('num_register_tokens', num_register_tokens)
-        self.num_prefix_tokens = num_register_tokens
+        self.num_register_tokens = self.num_prefix_tokens = num_register_tokens
         self.register_tokens = nn.Parameter(torch.zeros(num_register_tokens, dim))
         nn.init.trunc_normal_(self.register_tokens, std=0.02)
 
-    def forward_features(self, img):
-        """Registers, then patch tokens, after the final norm: (b, registers + h * w, dim)."""
-        grid = vit.check_images(img, channels=self.channels, patch_size=self.patch_size,
-                                dtype=self.pos_embedding.dtype)
-        x = self.to_patch_embedding(img)                              # (b, h * w, dim)
-        x = x + self.pos_embedding_for(grid).to(x.dtype)
-        registers = repeat(self.register_tokens, 'r d -> b r d', b=x.shape[0])
-        return self.transformer(torch.cat((registers, x), dim=1))
-
-    def forward_head(self, tokens, pre_logits=False):
-        """Drop the registers, mean-pool the patch tokens, classify."""
-        return super().forward_head(tokens[:, self.num_register_tokens:], pre_logits)
+    def embed(self, img):
+        """Registers, then patch tokens with their positions: (b, registers + h * w, dim)."""
+        x = super().embed(img)
+        return torch.cat((repeat(self.register_tokens, 'r d -> b r d', b=x.shape[0]), x), dim=1)

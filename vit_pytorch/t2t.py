@@ -22,7 +22,6 @@ paper's 7/4/2, 3/2/1, 3/2/1 shrink a 224 image to 14 x 14 tokens).
 """
 
 import torch
-import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import nn
 
@@ -48,37 +47,23 @@ def soft_split_size(size, kernel_size, stride):
 # classes
 
 
-class TokenAttention(nn.Module):
+class TokenAttention(vit.Attention):
     """Single-head pre-norm attention from `dim` channels down to `dim_out` (T2T section 3.1).
 
     The input and output widths differ, so the residual goes through the values:
     out = v + proj(attention @ v). The logits are scaled by dim ** -0.5 (the input width) as
-    in the official code. With `fused=False` the (b, 1, n, n) map passes through
-    `attention_probs`.
+    in the official code. The recorded map is (b, 1, n, n).
     """
 
     def __init__(self, dim, dim_out, dropout=0., *, qkv_bias=False, norm_eps=1e-5):
-        super().__init__()
+        super().__init__(dim, 1, dim_out, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps,
+                         to_out=nn.Sequential(nn.Linear(dim_out, dim_out), nn.Dropout(dropout)))
         self.scale = dim ** -0.5
-        self.dropout = dropout
-        self.fused = True
-
-        self.norm = nn.LayerNorm(dim, eps=norm_eps)
-        self.to_qkv = nn.Linear(dim, dim_out * 3, bias=qkv_bias)
-        self.attention_probs = nn.Identity()
-        self.to_out = nn.Sequential(nn.Linear(dim_out, dim_out), nn.Dropout(dropout))
 
     def forward(self, x):
-        x = self.norm(x)
-        q, k, v = rearrange(self.to_qkv(x), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=1)
-        dropout_p = self.dropout if self.training else 0.
-        if self.fused:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=self.scale)
-        else:
-            attn = self.attention_probs((q @ k.transpose(-1, -2) * self.scale).softmax(dim=-1))
-            out = F.dropout(attn, dropout_p) @ v
-        out = rearrange(out, 'b h n d -> b n (h d)')
-        return rearrange(v, 'b h n d -> b n (h d)') + self.to_out(out)
+        q, k, v = self.qkv(x)
+        out = self.to_out(rearrange(self.attend(q, k, v), 'b h n d -> b n (h d)'))
+        return rearrange(v, 'b h n d -> b n (h d)') + out
 
 
 class TokenTransformer(nn.Module):
@@ -152,60 +137,32 @@ class T2TViT(nn.Module):
       norm_eps   epsilon of every LayerNorm.
     """
 
+    num_prefix_tokens = 1
+
     def __init__(self, *, image_size, num_classes, dim, depth=None, heads=None, mlp_dim=None, pool='cls',
                  channels=3, dim_head=64, dropout=0., emb_dropout=0., transformer=None,
                  t2t_layers=((7, 4), (3, 2), (3, 2)), token_dim=64, qkv_bias=False, norm_eps=1e-5):
+        check_arguments(**vit.arguments(locals()))
         super().__init__()
-        self.image_size = vit.positive_pair('image_size', image_size)
-        for name, value in dict(dim=dim, channels=channels, dim_head=dim_head, token_dim=token_dim).items():
-            vit.positive_int(name, value)
-        vit.non_negative_int('num_classes', num_classes)
-        vit.probability('dropout', dropout)
-        vit.probability('emb_dropout', emb_dropout)
-        if pool not in ('cls', 'mean'):
-            raise ValueError(f"pool must be 'cls' (cls token) or 'mean' (mean pooling), got {pool!r}")
-        if transformer is None:
-            missing = [name for name, value in dict(depth=depth, heads=heads, mlp_dim=mlp_dim).items() if value is None]
-            if missing:
-                raise ValueError(f"{', '.join(missing)} must be given when transformer is None")
-            for name, value in dict(depth=depth, heads=heads, mlp_dim=mlp_dim).items():
-                vit.positive_int(name, value)
-        elif not isinstance(transformer, nn.Module):
-            raise TypeError(f"transformer must be an nn.Module or None, got {type(transformer).__name__}")
-        if not isinstance(t2t_layers, (tuple, list)) or len(t2t_layers) == 0:
-            raise ValueError(f"t2t_layers must be a non-empty sequence of (kernel_size, stride) pairs, "
-                             f"got {t2t_layers!r}")
-        size = self.image_size
-        for layer in t2t_layers:
-            if not isinstance(layer, (tuple, list)) or len(layer) != 2:
-                raise ValueError(f"t2t_layers must hold (kernel_size, stride) pairs, got {layer!r}")
-            kernel_size, stride = (vit.positive_int('t2t_layers kernel_size', layer[0]),
-                                   vit.positive_int('t2t_layers stride', layer[1]))
-            size = tuple(soft_split_size(side, kernel_size, stride) for side in size)
-            if min(size) < 1:
-                raise ValueError(f"image_size {self.image_size} is too small for t2t_layers {t2t_layers!r}")
-
+        self.image_size = vit.pair(image_size)
+        self.t2t_layers = tuple(tuple(layer) for layer in t2t_layers)
+        self.grid_size = self.token_grid(self.image_size)
         self.pool = pool
         self.channels = channels
         self.num_classes = num_classes
         self.to_patch_embedding = T2TModule(image_size=self.image_size, channels=channels, dim=dim,
                                             t2t_layers=t2t_layers, token_dim=token_dim, dropout=dropout,
                                             qkv_bias=qkv_bias, norm_eps=norm_eps)
-        num_patches = size[0] * size[1]
+        num_patches = self.grid_size[0] * self.grid_size[1]
         self.cls_token = nn.Parameter(torch.zeros(1, dim))
         nn.init.trunc_normal_(self.cls_token, std=0.02)
         # fixed, as in the paper; recomputed rather than saved
         self.register_buffer('pos_embedding', sinusoid_table(1 + num_patches, dim), persistent=False)
         self.dropout = nn.Dropout(emb_dropout)
 
-        self.transformer = transformer if transformer is not None else vit.Transformer(
+        self.transformer = transformer if transformer is not None else vit.encoder(
             dim, depth, heads, dim_head, mlp_dim, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps)
         self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else None
-
-    def set_grad_checkpointing(self, enable=True):
-        if not isinstance(self.transformer, vit.Transformer):
-            raise TypeError("set_grad_checkpointing needs the built-in transformer, not a custom one")
-        self.transformer.grad_checkpointing = enable
 
     def forward_features(self, img):
         """[cls, tokens] after the backbone: (b, 1 + n, dim)."""
@@ -223,9 +180,26 @@ class T2TViT(nn.Module):
 
     def forward(self, img):
         tokens = self.forward_features(img)
-        if self.mlp_head is None:
-            return tokens
-        return self.forward_head(tokens)
+        return tokens if self.mlp_head is None else self.forward_head(tokens)
+
+    def token_grid(self, image_size):
+        """The (h, w) grid of tokens after the soft splits, for images of `image_size` (h, w)."""
+        height, width = image_size
+        for kernel_size, stride in self.t2t_layers:
+            height, width = soft_split_size(height, kernel_size, stride), soft_split_size(width, kernel_size, stride)
+        return height, width
+
+    def reset_classifier(self, num_classes):
+        """A new zero-initialised head for `num_classes` (0 removes it)."""
+        vit.non_negative_int('num_classes', num_classes)
+        self.num_classes = num_classes
+        self.mlp_head = vit.zero_linear(self.cls_token.shape[-1], num_classes, like=self.cls_token) \
+            if num_classes > 0 else None
+
+    def set_grad_checkpointing(self, enable=True):
+        if not isinstance(self.transformer, vit.Transformer):
+            raise TypeError("set_grad_checkpointing needs the built-in transformer, not a custom one")
+        self.transformer.grad_checkpointing = enable
 
 
 # the paper's models (Table 1, T2T-ViT_t: T2T transformer layers): name -> (dim, depth, heads,
@@ -272,3 +246,39 @@ def t2t_vit_19(**kwargs):
 
 def t2t_vit_24(**kwargs):
     return t2t_vit('24', **kwargs)
+
+
+# argument checks
+
+
+def check_arguments(*, image_size, num_classes, dim, depth, heads, mlp_dim, pool, channels, dim_head, dropout,
+                    emb_dropout, transformer, t2t_layers, token_dim, qkv_bias, norm_eps):
+    image_pair = vit.positive_pair('image_size', image_size)
+    for name, value in dict(dim=dim, channels=channels, dim_head=dim_head, token_dim=token_dim).items():
+        vit.positive_int(name, value)
+    vit.non_negative_int('num_classes', num_classes)
+    vit.probability('dropout', dropout)
+    vit.probability('emb_dropout', emb_dropout)
+    if pool not in ('cls', 'mean'):
+        raise ValueError(f"pool must be 'cls' (cls token) or 'mean' (mean pooling), got {pool!r}")
+    if transformer is None:
+        missing = [name for name, value in dict(depth=depth, heads=heads, mlp_dim=mlp_dim).items() if value is None]
+        if missing:
+            raise ValueError(f"{', '.join(missing)} must be given when transformer is None")
+        for name, value in dict(depth=depth, heads=heads, mlp_dim=mlp_dim).items():
+            vit.positive_int(name, value)
+    elif not isinstance(transformer, nn.Module):
+        raise TypeError(f"transformer must be an nn.Module or None, got {type(transformer).__name__}")
+    if not isinstance(t2t_layers, (tuple, list)) or len(t2t_layers) == 0:
+        raise ValueError(f"t2t_layers must be a non-empty sequence of (kernel_size, stride) pairs, "
+                         f"got {t2t_layers!r}")
+    size = image_pair
+    for layer in t2t_layers:
+        if not isinstance(layer, (tuple, list)) or len(layer) != 2:
+            raise ValueError(f"t2t_layers must hold (kernel_size, stride) pairs, got {layer!r}")
+        kernel_size, stride = (vit.positive_int('t2t_layers kernel_size', layer[0]),
+                               vit.positive_int('t2t_layers stride', layer[1]))
+        size = tuple(soft_split_size(side, kernel_size, stride) for side in size)
+        if min(size) < 1:
+            raise ValueError(f"image_size {image_pair} is too small for t2t_layers {t2t_layers!r}")
+

@@ -17,7 +17,10 @@ norm_eps=1e-6` give the paper's model exactly (see `vit_pytorch.pretrained`).
                 dim=384, depth=12, heads=6, mlp_dim=1536)
     logits = model(torch.randn(2, 3, 224, 224))   # (2, 1000)
 
-This file needs only torch and einops; copy it as is.
+This file needs only torch and einops; copy it as is. It reads top to bottom: the
+attention primitive and the blocks, the Transformer, the ViT; then the blocks the
+variants share (LayerScale, drop-path, class attention); then the argument checks and
+the compatibility with old checkpoint layouts.
 """
 
 import math
@@ -29,11 +32,357 @@ from einops.layers.torch import Rearrange
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-# helpers
+
+def attend(q, k, v, *, scale, dropout=0., fused=True, probs=None, mask=None):
+    """softmax(q k^T * scale + mask) v for (..., n, d) queries and (..., m, d) keys and values.
+
+    The one attention computation of the package. `fused=True` runs
+    `scaled_dot_product_attention`; `fused=False` forms the (..., n, m) matrix and passes it
+    through `probs` (an `nn.Identity` whose forward hook is how `vit_pytorch.recorder` sees
+    it). `mask` is boolean (True: may attend) or an additive float bias.
+    """
+    if fused:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
+    dots = q @ k.transpose(-1, -2) * scale
+    if mask is not None:
+        dots = dots.masked_fill(~mask, float('-inf')) if mask.dtype == torch.bool else dots + mask
+    attn = dots.softmax(dim=-1)
+    if probs is not None:
+        attn = probs(attn)
+    return F.dropout(attn, dropout) @ v
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim, hidden_dim, dropout=0., *, norm_eps=1e-5, gelu_approximate='none'):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.LayerNorm(dim, eps=norm_eps),
+            nn.Linear(dim, hidden_dim),
+            nn.GELU(approximate=gelu_approximate),
+            nn.Dropout(dropout),
+            nn.Linear(hidden_dim, dim),
+            nn.Dropout(dropout),
+        )
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class Attention(nn.Module):
+    """Pre-norm multi-head self-attention, (b, n, dim) -> (b, n, dim).
+
+    `to_out` replaces the output projection (default: Linear then Dropout, left out as
+    vit-pytorch does when one head already has the model's width). `fused` and
+    `attention_probs` are the recorder's protocol (see `attend`).
+    """
+
+    def __init__(self, dim, heads=8, dim_head=64, dropout=0., *, qkv_bias=False, norm_eps=1e-5, to_out=None):
+        super().__init__()
+        inner_dim = heads * dim_head
+        self.heads = heads
+        self.scale = dim_head ** -0.5
+        self.dropout = dropout
+        self.fused = True
+
+        self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.to_qkv = nn.Linear(dim, inner_dim * 3, bias=qkv_bias)
+        self.attention_probs = nn.Identity()
+        if to_out is None:
+            to_out = nn.Identity() if heads == 1 and dim_head == dim else \
+                nn.Sequential(nn.Linear(inner_dim, dim), nn.Dropout(dropout))
+        self.to_out = to_out
+
+    def qkv(self, x):
+        """Queries, keys and values of the normed tokens: 3 x (b, heads, n, dim_head)."""
+        return rearrange(self.to_qkv(self.norm(x)), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=self.heads)
+
+    def attend(self, q, k, v, *, scale=None, mask=None):
+        """`attend` with this module's scale, dropout (in training) and recording switch."""
+        return attend(q, k, v, scale=self.scale if scale is None else scale, mask=mask, fused=self.fused,
+                      dropout=self.dropout if self.training else 0., probs=self.attention_probs)
+
+    def forward(self, x, *, mask=None):
+        out = self.attend(*self.qkv(x), mask=mask)
+        return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
+
+
+class Transformer(nn.Module):
+    """A stack of residual layers, then a final norm (`None`: none).
+
+    Each entry of `layers` is one layer; the default `layer` reads an entry as residual
+    branches run in turn, x = x + branch(x): (attention, feedforward) is the pre-norm encoder
+    layer. Keyword arguments of `forward` go to each layer. `grad_checkpointing=True`
+    recomputes each layer's activations in the backward pass instead of storing them.
+    """
+
+    def __init__(self, layers, *, norm=None):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.ModuleList(layer) if isinstance(layer, (list, tuple)) else layer
+                                    for layer in layers)
+        self.norm = nn.Identity() if norm is None else norm
+        self.grad_checkpointing = False
+
+    @staticmethod
+    def layer(branches, x, **kwargs):
+        attn, *rest = branches
+        x = attn(x, **kwargs) + x
+        for branch in rest:
+            x = branch(x) + x
+        return x
+
+    def forward(self, x, *, return_layers=False, **kwargs):
+        outputs = []
+        for layer in self.layers:
+            if self.grad_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(self.layer, layer, x, use_reentrant=False, **kwargs)
+            else:
+                x = self.layer(layer, x, **kwargs)
+            outputs.append(x)
+        x = self.norm(x)
+        return (x, outputs) if return_layers else x
+
+
+def encoder(dim, depth, heads, dim_head, mlp_dim, dropout=0., *, qkv_bias=False, norm_eps=1e-5,
+            gelu_approximate='none', attention=Attention, feedforward=FeedForward, final_norm=True):
+    """The ViT encoder: `depth` pre-norm (attention, feedforward) layers, then a LayerNorm.
+
+    `attention` and `feedforward` build each layer's blocks with the arguments of `Attention`
+    and `FeedForward` (a variant passes its own); `final_norm=False` leaves the norm out.
+    """
+    return Transformer([
+        (attention(dim, heads, dim_head, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps),
+         feedforward(dim, mlp_dim, dropout, norm_eps=norm_eps, gelu_approximate=gelu_approximate))
+        for _ in range(depth)
+    ], norm=nn.LayerNorm(dim, eps=norm_eps) if final_norm else None)
+
+
+class PatchEmbedding(nn.Sequential):
+    """(b, c, h, w) -> (b, h/ph * w/pw, dim): patches flattened as (ph pw c), projected by a Linear,
+    between two LayerNorms when `patch_norm` (Dual PatchNorm)."""
+
+    def __init__(self, *, channels, patch_size, dim, patch_norm=True, norm_eps=1e-5):
+        patch_height, patch_width = patch_size
+        patch_dim = channels * patch_height * patch_width
+        super().__init__(
+            Rearrange('b c (h p1) (w p2) -> b (h w) (p1 p2 c)', p1=patch_height, p2=patch_width),
+            nn.LayerNorm(patch_dim, eps=norm_eps) if patch_norm else nn.Identity(),
+            nn.Linear(patch_dim, dim),
+            nn.LayerNorm(dim, eps=norm_eps) if patch_norm else nn.Identity(),
+        )
+
+
+class ViT(nn.Module):
+    """Vision Transformer with a cls token or mean pooling.
+
+    `num_classes=0` makes `forward` return all tokens after the final norm,
+    (b, prefix + patches, dim), as in vit-pytorch; `forward_head(tokens, pre_logits=True)`
+    gives the pooled embedding.
+
+    Options beyond vit-pytorch's API (defaults keep its model):
+      patch_norm          LayerNorms around the patch projection (False: the paper's ViT).
+      qkv_bias            bias on the query/key/value projection (True: the paper's ViT).
+      norm_eps            epsilon of every LayerNorm (1e-6 in the paper's code).
+      pre_logits_dim      a Linear + tanh "representation" layer before the head, as in the
+                          ImageNet-21k checkpoints of the paper; None leaves it out.
+      gelu_approximate    'none' (exact GELU, timm and Hugging Face) or 'tanh' (the JAX code).
+      dynamic_image_size  accept any image size divisible by the patch size, resampling the
+                          position embeddings in 2D (bicubic) to the input's patch grid.
+    For variants: `attention`, `feedforward` and `patch_embedding` build the blocks, called
+    with the arguments of `Attention`, `FeedForward` and `PatchEmbedding`.
+    """
+
+    extra_tokens = 0    # learned tokens after the cls token that a variant adds (DeiT's distillation token)
+
+    def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim,
+                 pool='cls', channels=3, dim_head=64, dropout=0., emb_dropout=0.,
+                 patch_norm=True, qkv_bias=False, norm_eps=1e-5, pre_logits_dim=None,
+                 gelu_approximate='none', dynamic_image_size=False,
+                 attention=Attention, feedforward=FeedForward, patch_embedding=PatchEmbedding):
+        check_vit_arguments(**arguments(locals()))
+        super().__init__()
+        self.image_size, self.patch_size = pair(image_size), pair(patch_size)
+        self.grid_size = self.token_grid(self.image_size)
+        self.pool, self.channels, self.num_classes = pool, channels, num_classes
+        self.dynamic_image_size = dynamic_image_size
+        self.num_prefix_tokens = (1 if pool == 'cls' else 0) + self.extra_tokens
+
+        self.to_patch_embedding = patch_embedding(channels=channels, patch_size=self.patch_size, dim=dim,
+                                                  patch_norm=patch_norm, norm_eps=norm_eps)
+        if pool == 'cls':
+            self.cls_token = nn.Parameter(torch.zeros(1, dim))
+            nn.init.trunc_normal_(self.cls_token, std=0.02)
+        else:
+            # vit-pytorch saves a (0, dim) cls_token under mean pooling: an empty buffer keeps that key
+            # for its checkpoints without an empty parameter (which FSDP cannot shard)
+            self.register_buffer('cls_token', torch.zeros(0, dim))
+        self.pos_embedding = nn.Parameter(torch.zeros(self.num_prefix_tokens + math.prod(self.grid_size), dim))
+        nn.init.trunc_normal_(self.pos_embedding, std=0.02)
+        self.dropout = nn.Dropout(emb_dropout)
+
+        self.transformer = encoder(dim, depth, heads, dim_head, mlp_dim, dropout, qkv_bias=qkv_bias,
+                                   norm_eps=norm_eps, gelu_approximate=gelu_approximate,
+                                   attention=attention, feedforward=feedforward)
+
+        self.to_latent = nn.Identity() if pre_logits_dim is None else nn.Sequential(
+            nn.Linear(dim, pre_logits_dim), nn.Tanh())
+        self.mlp_head = nn.Linear(pre_logits_dim or dim, num_classes) if num_classes > 0 else None
+
+    def token_grid(self, image_size):
+        """The (h, w) grid of patch tokens for images of `image_size` (h, w)."""
+        return image_size[0] // self.patch_size[0], image_size[1] // self.patch_size[1]
+
+    def patch_tokens(self, img):
+        """The checked image's patch tokens, before positions: (b, h * w, dim)."""
+        check_images(img, channels=self.channels, patch_size=self.patch_size, dtype=self.pos_embedding.dtype,
+                     image_size=None if self.dynamic_image_size else self.image_size)
+        return self.to_patch_embedding(img)
+
+    def prefix_tokens(self, batch_size):
+        """The learned tokens before the patches, before positions: (b, prefix, dim)."""
+        return repeat(self.cls_token, 'n d -> b n d', b=batch_size)
+
+    def pos_embedding_for(self, grid):
+        """Position embeddings for an (h, w) patch grid, resampled in 2D when it differs from training."""
+        return resample_pos_embedding(self.pos_embedding, old_grid=self.grid_size, new_grid=grid,
+                                      num_prefix_tokens=self.num_prefix_tokens)
+
+    def embed(self, img):
+        """Prefix and patch tokens with position embeddings: (b, prefix + h * w, dim)."""
+        patches = self.patch_tokens(img)                               # (b, h * w, dim)
+        x = torch.cat((self.prefix_tokens(patches.shape[0]), patches), dim=1)
+        return self.dropout(x + self.pos_embedding_for(self.token_grid(img.shape[-2:])))
+
+    def forward_features(self, img):
+        """All tokens after the final norm: (b, prefix + h * w, dim)."""
+        return self.transformer(self.embed(img))
+
+    def forward_head(self, tokens, pre_logits=False):
+        """Pool the tokens; return the pre-logits embedding, or the logits."""
+        x = self.to_latent(tokens.mean(dim=1) if self.pool == 'mean' else tokens[:, 0])
+        return x if pre_logits or self.mlp_head is None else self.mlp_head(x)
+
+    def forward(self, img):
+        tokens = self.forward_features(img)
+        return tokens if self.mlp_head is None else self.forward_head(tokens)
+
+    def reset_classifier(self, num_classes):
+        """A new zero-initialised head for `num_classes` (0 removes it), as the paper does for transfer."""
+        non_negative_int('num_classes', num_classes)
+        self.num_classes = num_classes
+        in_features = self.pos_embedding.shape[-1] if isinstance(self.to_latent, nn.Identity) \
+            else self.to_latent[0].out_features
+        self.mlp_head = zero_linear(in_features, num_classes, like=self.pos_embedding) if num_classes > 0 else None
+
+    def set_grad_checkpointing(self, enable=True):
+        self.transformer.grad_checkpointing = enable
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        fix_old_vit_pytorch_layout(state_dict, prefix, pool=self.pool)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Blocks the variants share
+
+
+def drop_path(x, p, training):
+    """Stochastic depth: zero a residual branch for a random subset of the samples, rescale the rest."""
+    if p == 0. or not training:
+        return x
+    keep = x.new_empty(x.shape[0], *((1,) * (x.ndim - 1))).bernoulli_(1 - p)
+    return x * keep / (1 - p)
+
+
+class LayerScale(nn.Module):
+    """`fn(x) * scale`, one learned scale per channel starting at `init_value`, then stochastic depth
+    (CaiT, arXiv 2103.17239, section 2.1)."""
+
+    def __init__(self, dim, fn, init_value, layer_dropout=0.):
+        super().__init__()
+        self.fn = fn
+        self.scale = nn.Parameter(torch.full((dim,), float(init_value)))
+        self.layer_dropout = layer_dropout
+
+    def forward(self, x, **kwargs):
+        return drop_path(self.fn(x, **kwargs) * self.scale, self.layer_dropout, self.training)
+
+
+class ClassAttention(nn.Module):
+    """The first token (a cls token) is the only query; keys and values are all tokens.
+
+    (b, 1 + n, dim) -> (b, 1, dim), pre-norm unless `prenorm=False` (the caller norms). CaiT's
+    class attention, CrossViT's cross-attention and XCiT's class attention are this block.
+    """
+
+    def __init__(self, dim, heads=8, dim_head=64, dropout=0., *, qkv_bias=False, norm_eps=1e-5, prenorm=True):
+        super().__init__()
+        inner_dim = heads * dim_head
+        self.heads = heads
+        self.scale = dim_head ** -0.5
+        self.dropout = dropout
+        self.fused = True
+
+        self.norm = nn.LayerNorm(dim, eps=norm_eps) if prenorm else nn.Identity()
+        self.to_q = nn.Linear(dim, inner_dim, bias=qkv_bias)
+        self.to_kv = nn.Linear(dim, inner_dim * 2, bias=qkv_bias)
+        self.attention_probs = nn.Identity()
+        self.to_out = nn.Sequential(nn.Linear(inner_dim, dim), nn.Dropout(dropout))
+
+    def forward(self, x):
+        x = self.norm(x)
+        q = rearrange(self.to_q(x[:, :1]), 'b n (h d) -> b h n d', h=self.heads)
+        k, v = rearrange(self.to_kv(x), 'b n (kv h d) -> kv b h n d', kv=2, h=self.heads)
+        out = attend(q, k, v, scale=self.scale, fused=self.fused, probs=self.attention_probs,
+                     dropout=self.dropout if self.training else 0.)
+        return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
+
+
+def zero_linear(in_features, out_features, *, like):
+    """A zero-initialised Linear on the device and dtype of the tensor `like` (a new head, as the paper transfers)."""
+    head = nn.Linear(in_features, out_features, device=like.device, dtype=like.dtype)
+    nn.init.zeros_(head.weight)
+    nn.init.zeros_(head.bias)
+    return head
+
+
+def resample_pos_embedding(pos_embedding, *, old_grid, new_grid, num_prefix_tokens=0,
+                           mode='bicubic', antialias=False, align_corners=False):
+    """Resample a learned (num_prefix_tokens + h * w, d) position table to a new (h, w) grid.
+
+    The grid part is interpolated in 2D; prefix rows (cls, distillation tokens) are kept as
+    they are. Which reference each setting reproduces:
+      - timm, when loading a checkpoint at another resolution: mode='bicubic', antialias=True;
+      - Hugging Face `interpolate_pos_encoding=True`: mode='bicubic', antialias=False;
+      - the official JAX code (scipy.ndimage.zoom, order 1): mode='bilinear', align_corners=True.
+    """
+    old_grid, new_grid = tuple(old_grid), tuple(new_grid)
+    expected_rows = num_prefix_tokens + old_grid[0] * old_grid[1]
+    if pos_embedding.ndim != 2 or pos_embedding.shape[0] != expected_rows:
+        raise ValueError(
+            f"pos_embedding must have shape ({expected_rows}, d) for {num_prefix_tokens} prefix tokens and "
+            f"grid {old_grid}, got {tuple(pos_embedding.shape)}"
+        )
+    if old_grid == new_grid:
+        return pos_embedding
+    prefix, grid = pos_embedding[:num_prefix_tokens], pos_embedding[num_prefix_tokens:]
+    grid = rearrange(grid, '(h w) d -> 1 d h w', h=old_grid[0], w=old_grid[1])
+    corners = dict(align_corners=align_corners) if mode in ('bilinear', 'bicubic') else {}
+    grid = F.interpolate(grid.float(), size=new_grid, mode=mode, antialias=antialias, **corners)
+    grid = rearrange(grid, '1 d h w -> (h w) d').to(pos_embedding.dtype)
+    return torch.cat((prefix, grid))
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks: every bad argument is a TypeError/ValueError that names it
+
+
+def arguments(local_variables):
+    """A constructor's arguments, from `locals()` taken as its first statement."""
+    return {name: value for name, value in local_variables.items() if name not in ('self', '__class__')}
 
 
 def pair(value):
-    return value if isinstance(value, tuple) else (value, value)
+    return tuple(value) if isinstance(value, (tuple, list)) else (value, value)
 
 
 def positive_int(name, value):
@@ -55,10 +404,8 @@ def non_negative_int(name, value):
 
 def positive_pair(name, value):
     """An int or an (h, w) pair of positive ints, returned as (h, w)."""
-    if isinstance(value, list):
-        value = tuple(value)
-    if isinstance(value, tuple) and len(value) != 2:
-        raise ValueError(f"{name} must be an int or an (h, w) pair, got {value!r}")
+    if isinstance(value, (tuple, list)) and len(value) != 2:
+        raise ValueError(f"{name} must be an int or an (h, w) pair, got {tuple(value)!r}")
     height, width = pair(value)
     return positive_int(name, height), positive_int(name, width)
 
@@ -96,6 +443,30 @@ def patch_grid(image_size, patch_size):
     return image_height // patch_height, image_width // patch_width
 
 
+def check_vit_arguments(*, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, pool, channels,
+                        dim_head, dropout, emb_dropout, patch_norm, qkv_bias, norm_eps, pre_logits_dim,
+                        gelu_approximate, dynamic_image_size, **blocks):
+    patch_grid(positive_pair('image_size', image_size), positive_pair('patch_size', patch_size))
+    for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels,
+                            dim_head=dim_head).items():
+        positive_int(name, value)
+    non_negative_int('num_classes', num_classes)
+    probability('dropout', dropout)
+    probability('emb_dropout', emb_dropout)
+    positive_float('norm_eps', norm_eps)
+    for name, value in dict(patch_norm=patch_norm, qkv_bias=qkv_bias, dynamic_image_size=dynamic_image_size).items():
+        boolean(name, value)
+    if pool not in ('cls', 'mean'):
+        raise ValueError(f"pool must be 'cls' (cls token) or 'mean' (mean pooling), got {pool!r}")
+    if gelu_approximate not in ('none', 'tanh'):
+        raise ValueError(f"gelu_approximate must be 'none' or 'tanh', got {gelu_approximate!r}")
+    if pre_logits_dim is not None:
+        positive_int('pre_logits_dim', pre_logits_dim)
+    for name, block in blocks.items():
+        if not callable(block):
+            raise TypeError(f"{name} must be a callable that builds the block, got {block!r}")
+
+
 def check_images(img, *, channels, patch_size, image_size=None, dtype=None):
     """Validate a (b, c, h, w) image batch; returns its (h, w) patch grid.
 
@@ -103,7 +474,9 @@ def check_images(img, *, channels, patch_size, image_size=None, dtype=None):
     parameter dtype, is required of `img` outside autocast.
     """
     if not isinstance(img, torch.Tensor):
-        raise TypeError(f"img must be a torch.Tensor of shape (b, c, h, w), got {type(img).__name__}")
+        hint = "; convert a numpy array with torch.from_numpy(array).float()" \
+            if type(img).__module__ == 'numpy' else ''
+        raise TypeError(f"img must be a torch.Tensor of shape (b, c, h, w), got {type(img).__name__}{hint}")
     if not img.is_floating_point():
         raise TypeError(f"img must be a floating point tensor, got dtype {img.dtype}; convert with img.float()")
     if dtype is not None and img.dtype != dtype and not torch.is_autocast_enabled(img.device.type):
@@ -119,273 +492,39 @@ def check_images(img, *, channels, patch_size, image_size=None, dtype=None):
     size = tuple(img.shape[-2:])
     if size[0] < patch_size[0] or size[1] < patch_size[1]:
         raise ValueError(f"img must be at least one patch {tuple(patch_size)} high and wide, got {size[0]}x{size[1]}")
+    divisible = not (size[0] % patch_size[0] or size[1] % patch_size[1])
     if image_size is not None and size != tuple(image_size):
-        raise ValueError(
-            f"img must be {image_size[0]}x{image_size[1]} (h x w), the model's image_size, got {size[0]}x{size[1]}; "
-            f"build the model with dynamic_image_size=True to resample position embeddings to other sizes"
-        )
-    if size[0] % patch_size[0] or size[1] % patch_size[1]:
+        remedy = ("build the model with dynamic_image_size=True to resample position embeddings to other sizes"
+                  if divisible else
+                  f"resize it to {image_size[0]}x{image_size[1]} (other sizes must be divisible by patch_size "
+                  f"{tuple(patch_size)}, e.g. {size[0] - size[0] % patch_size[0]}x{size[1] - size[1] % patch_size[1]}, "
+                  f"and then need dynamic_image_size=True)")
+        raise ValueError(f"img must be {image_size[0]}x{image_size[1]} (h x w), the model's image_size, "
+                         f"got {size[0]}x{size[1]}; {remedy}")
+    if not divisible:
         raise ValueError(f"img height and width {size} must be divisible by patch_size {tuple(patch_size)}")
     return size[0] // patch_size[0], size[1] // patch_size[1]
 
 
-def resample_pos_embedding(pos_embedding, *, old_grid, new_grid, num_prefix_tokens=0,
-                           mode='bicubic', antialias=False, align_corners=False):
-    """Resample a learned (num_prefix_tokens + h * w, d) position table to a new (h, w) grid.
+# ---------------------------------------------------------------------------------------------
+# Old checkpoint layouts
 
-    The grid part is interpolated in 2D; prefix rows (cls, distillation tokens) are kept as
-    they are. Which reference each setting reproduces:
-      - timm, when loading a checkpoint at another resolution: mode='bicubic', antialias=True;
-      - Hugging Face `interpolate_pos_encoding=True`: mode='bicubic', antialias=False;
-      - the official JAX code (scipy.ndimage.zoom, order 1): mode='bilinear', align_corners=True.
+
+def fix_old_vit_pytorch_layout(state_dict, prefix, *, pool):
+    """Bring a vit-pytorch checkpoint of an older layout to today's, in place.
+
+    Up to 1.16.0 vit-pytorch saved cls_token as (1, tokens, dim) and pos_embedding as
+    (1, tokens + n, dim). Up to 1.15.7 there was a cls token even under mean pooling, and the
+    mean included it: no ViT(pool='mean') computes that, so it is refused by name.
     """
-    old_grid, new_grid = tuple(old_grid), tuple(new_grid)
-    expected_rows = num_prefix_tokens + old_grid[0] * old_grid[1]
-    if pos_embedding.ndim != 2 or pos_embedding.shape[0] != expected_rows:
-        raise ValueError(
-            f"pos_embedding must have shape ({expected_rows}, d) for {num_prefix_tokens} prefix tokens and "
-            f"grid {old_grid}, got {tuple(pos_embedding.shape)}"
-        )
-    if old_grid == new_grid:
-        return pos_embedding
-    prefix, grid = pos_embedding[:num_prefix_tokens], pos_embedding[num_prefix_tokens:]
-    grid = rearrange(grid, '(h w) d -> 1 d h w', h=old_grid[0], w=old_grid[1])
-    corners = dict(align_corners=align_corners) if mode in ('bilinear', 'bicubic') else {}
-    grid = F.interpolate(grid.float(), size=new_grid, mode=mode, antialias=antialias, **corners)
-    grid = rearrange(grid, '1 d h w -> (h w) d').to(pos_embedding.dtype)
-    return torch.cat((prefix, grid))
-
-
-# classes
-
-
-class FeedForward(nn.Module):
-    def __init__(self, dim, hidden_dim, dropout=0., *, norm_eps=1e-5, gelu_approximate='none'):
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.LayerNorm(dim, eps=norm_eps),
-            nn.Linear(dim, hidden_dim),
-            nn.GELU(approximate=gelu_approximate),
-            nn.Dropout(dropout),
-            nn.Linear(hidden_dim, dim),
-            nn.Dropout(dropout),
-        )
-
-    def forward(self, x):
-        return self.net(x)
-
-
-class Attention(nn.Module):
-    """Pre-norm multi-head self-attention.
-
-    `fused=True` runs `scaled_dot_product_attention`. With `fused=False` the attention
-    matrix is formed explicitly and passed through `self.attention_probs` (an identity),
-    so a forward hook there sees every (b, heads, n, n) map; `vit_pytorch.recorder`
-    flips this switch only while it records.
-    """
-
-    def __init__(self, dim, heads=8, dim_head=64, dropout=0., *, qkv_bias=False, norm_eps=1e-5):
-        super().__init__()
-        inner_dim = heads * dim_head
-        self.heads = heads
-        self.scale = dim_head ** -0.5
-        self.dropout = dropout
-        self.fused = True
-
-        self.norm = nn.LayerNorm(dim, eps=norm_eps)
-        self.to_qkv = nn.Linear(dim, inner_dim * 3, bias=qkv_bias)
-        self.attention_probs = nn.Identity()
-        # vit-pytorch leaves out the output projection when a single head already has the
-        # model width; kept so that its checkpoints keep their keys.
-        project_out = not (heads == 1 and dim_head == dim)
-        self.to_out = nn.Sequential(nn.Linear(inner_dim, dim), nn.Dropout(dropout)) if project_out else nn.Identity()
-
-    def forward(self, x):
-        x = self.norm(x)
-        q, k, v = rearrange(self.to_qkv(x), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=self.heads)
-        dropout_p = self.dropout if self.training else 0.
-        if self.fused:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=self.scale)
-        else:
-            attn = self.attention_probs((q @ k.transpose(-1, -2) * self.scale).softmax(dim=-1))
-            out = F.dropout(attn, dropout_p) @ v
-        out = rearrange(out, 'b h n d -> b n (h d)')
-        return self.to_out(out)
-
-
-class Transformer(nn.Module):
-    """Pre-norm encoder: x + attention(x), then x + feedforward(x), per layer; a final LayerNorm.
-
-    `grad_checkpointing=True` recomputes each layer's activations in the backward pass
-    instead of storing them (less memory, about one more forward of compute).
-    """
-
-    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout=0., *,
-                 qkv_bias=False, norm_eps=1e-5, gelu_approximate='none'):
-        super().__init__()
-        self.norm = nn.LayerNorm(dim, eps=norm_eps)
-        self.layers = nn.ModuleList([
-            nn.ModuleList([
-                Attention(dim, heads, dim_head, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps),
-                FeedForward(dim, mlp_dim, dropout, norm_eps=norm_eps, gelu_approximate=gelu_approximate),
-            ])
-            for _ in range(depth)
-        ])
-        self.grad_checkpointing = False
-
-    @staticmethod
-    def layer(attn, ff, x):
-        x = attn(x) + x
-        return ff(x) + x
-
-    def forward(self, x, *, return_layers=False):
-        outputs = []
-        for attn, ff in self.layers:
-            if self.grad_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(self.layer, attn, ff, x, use_reentrant=False)
-            else:
-                x = self.layer(attn, ff, x)
-            outputs.append(x)
-        x = self.norm(x)
-        return (x, outputs) if return_layers else x
-
-
-class ViT(nn.Module):
-    """Vision Transformer with a cls token or mean pooling.
-
-    `num_classes=0` makes `forward` return all tokens after the final norm,
-    (b, prefix + patches, dim), as in vit-pytorch; `forward_head(tokens, pre_logits=True)`
-    gives the pooled embedding.
-
-    Options beyond vit-pytorch's API (defaults keep its model):
-      patch_norm          LayerNorms around the patch projection (False: the paper's ViT).
-      qkv_bias            bias on the query/key/value projection (True: the paper's ViT).
-      norm_eps            epsilon of every LayerNorm (1e-6 in the paper's code).
-      pre_logits_dim      a Linear + tanh "representation" layer before the head, as in the
-                          ImageNet-21k checkpoints of the paper; None leaves it out.
-      gelu_approximate    'none' (exact GELU, timm and Hugging Face) or 'tanh' (the JAX code).
-      dynamic_image_size  accept any image size divisible by the patch size, resampling the
-                          position embeddings in 2D (bicubic) to the input's patch grid.
-    """
-
-    def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim,
-                 pool='cls', channels=3, dim_head=64, dropout=0., emb_dropout=0.,
-                 patch_norm=True, qkv_bias=False, norm_eps=1e-5, pre_logits_dim=None,
-                 gelu_approximate='none', dynamic_image_size=False):
-        super().__init__()
-        self.image_size = positive_pair('image_size', image_size)
-        self.patch_size = patch_height, patch_width = positive_pair('patch_size', patch_size)
-        self.grid_size = patch_grid(self.image_size, self.patch_size)
-        for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim,
-                                channels=channels, dim_head=dim_head).items():
-            positive_int(name, value)
-        non_negative_int('num_classes', num_classes)
-        probability('dropout', dropout)
-        probability('emb_dropout', emb_dropout)
-        positive_float('norm_eps', norm_eps)
-        for name, value in dict(patch_norm=patch_norm, qkv_bias=qkv_bias, dynamic_image_size=dynamic_image_size).items():
-            boolean(name, value)
-        if pool not in ('cls', 'mean'):
-            raise ValueError(f"pool must be 'cls' (cls token) or 'mean' (mean pooling), got {pool!r}")
-        if gelu_approximate not in ('none', 'tanh'):
-            raise ValueError(f"gelu_approximate must be 'none' or 'tanh', got {gelu_approximate!r}")
-        if pre_logits_dim is not None:
-            positive_int('pre_logits_dim', pre_logits_dim)
-
-        self.pool = pool
-        self.channels = channels
-        self.num_classes = num_classes
-        self.dynamic_image_size = dynamic_image_size
-        num_patches = self.grid_size[0] * self.grid_size[1]
-        self.num_prefix_tokens = 1 if pool == 'cls' else 0
-        patch_dim = channels * patch_height * patch_width
-
-        self.to_patch_embedding = nn.Sequential(
-            Rearrange('b c (h p1) (w p2) -> b (h w) (p1 p2 c)', p1=patch_height, p2=patch_width),
-            nn.LayerNorm(patch_dim, eps=norm_eps) if patch_norm else nn.Identity(),
-            nn.Linear(patch_dim, dim),
-            nn.LayerNorm(dim, eps=norm_eps) if patch_norm else nn.Identity(),
-        )
-        if pool == 'cls':
-            self.cls_token = nn.Parameter(torch.zeros(1, dim))
-            nn.init.trunc_normal_(self.cls_token, std=0.02)
-        else:
-            # vit-pytorch saves a (0, dim) cls_token under mean pooling: an empty buffer keeps that key
-            # for its checkpoints without an empty parameter (which FSDP cannot shard)
-            self.register_buffer('cls_token', torch.zeros(0, dim))
-        self.pos_embedding = nn.Parameter(torch.zeros(self.num_prefix_tokens + num_patches, dim))
-        nn.init.trunc_normal_(self.pos_embedding, std=0.02)
-        self.dropout = nn.Dropout(emb_dropout)
-
-        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout, qkv_bias=qkv_bias,
-                                       norm_eps=norm_eps, gelu_approximate=gelu_approximate)
-
-        self.to_latent = nn.Identity() if pre_logits_dim is None else nn.Sequential(
-            nn.Linear(dim, pre_logits_dim), nn.Tanh())
-        self.mlp_head = nn.Linear(pre_logits_dim or dim, num_classes) if num_classes > 0 else None
-
-    def set_grad_checkpointing(self, enable=True):
-        self.transformer.grad_checkpointing = enable
-
-    def reset_classifier(self, num_classes):
-        """A new zero-initialised head for `num_classes` (0 removes it), as the paper does for transfer."""
-        non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.mlp_head = None
-        if num_classes > 0:
-            in_features = self.pos_embedding.shape[-1] if isinstance(self.to_latent, nn.Identity) \
-                else self.to_latent[0].out_features
-            head = nn.Linear(in_features, num_classes, device=self.pos_embedding.device, dtype=self.pos_embedding.dtype)
-            nn.init.zeros_(head.weight)
-            nn.init.zeros_(head.bias)
-            self.mlp_head = head
-
-    def pos_embedding_for(self, grid):
-        """Position embeddings for an (h, w) patch grid, resampled in 2D when it differs from training."""
-        return resample_pos_embedding(self.pos_embedding, old_grid=self.grid_size, new_grid=grid,
-                                      num_prefix_tokens=self.num_prefix_tokens)
-
-    def embed(self, img):
-        """Patch tokens with prefix token and position embeddings: (b, prefix + h * w, dim)."""
-        grid = check_images(img, channels=self.channels, patch_size=self.patch_size,
-                            image_size=None if self.dynamic_image_size else self.image_size,
-                            dtype=self.pos_embedding.dtype)
-        x = self.to_patch_embedding(img)                              # (b, h * w, dim)
-        cls_tokens = repeat(self.cls_token, 'n d -> b n d', b=x.shape[0])
-        x = torch.cat((cls_tokens, x), dim=1)                         # (b, prefix + h * w, dim)
-        return self.dropout(x + self.pos_embedding_for(grid))
-
-    def forward_features(self, img):
-        """All tokens after the final norm: (b, prefix + h * w, dim)."""
-        return self.transformer(self.embed(img))
-
-    def forward_head(self, tokens, pre_logits=False):
-        """Pool the tokens; return the pre-logits embedding, or the logits."""
-        x = tokens.mean(dim=1) if self.pool == 'mean' else tokens[:, 0]
-        x = self.to_latent(x)
-        if pre_logits or self.mlp_head is None:
-            return x
-        return self.mlp_head(x)
-
-    def forward(self, img):
-        tokens = self.forward_features(img)
-        if self.mlp_head is None:
-            return tokens
-        return self.forward_head(tokens)
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # vit-pytorch up to 1.16.0 saved cls_token as (1, tokens, dim) and pos_embedding as
-        # (1, tokens + n, dim). Up to 1.15.7 there was a cls token even under mean pooling,
-        # and the mean included it: no ViT(pool='mean') computes that, so refuse it by name.
-        cls_key, pos_key = prefix + 'cls_token', prefix + 'pos_embedding'
-        if cls_key in state_dict and state_dict[cls_key].ndim == 3:
-            if self.pool == 'mean' and state_dict[cls_key].shape[1] > 0:
-                raise ValueError(
-                    f"{cls_key} of shape {tuple(state_dict[cls_key].shape)} comes from vit-pytorch <= 1.15.7 with "
-                    f"pool='mean', which averages over the cls token as well; ViT(pool='mean') averages the patch "
-                    f"tokens only and cannot reproduce that model"
-                )
-            state_dict[cls_key] = state_dict[cls_key][0]
-        if pos_key in state_dict and state_dict[pos_key].ndim == 3:
-            state_dict[pos_key] = state_dict[pos_key][0]
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+    cls_key, pos_key = prefix + 'cls_token', prefix + 'pos_embedding'
+    if cls_key in state_dict and state_dict[cls_key].ndim == 3:
+        if pool == 'mean' and state_dict[cls_key].shape[1] > 0:
+            raise ValueError(
+                f"{cls_key} of shape {tuple(state_dict[cls_key].shape)} comes from vit-pytorch <= 1.15.7 with "
+                f"pool='mean', which averages over the cls token as well; ViT(pool='mean') averages the patch "
+                f"tokens only and cannot reproduce that model"
+            )
+        state_dict[cls_key] = state_dict[cls_key][0]
+    if pos_key in state_dict and state_dict[pos_key].ndim == 3:
+        state_dict[pos_key] = state_dict[pos_key][0]

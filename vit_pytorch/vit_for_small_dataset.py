@@ -40,9 +40,13 @@ from vit_pytorch import vit
 
 
 class SPT(nn.Module):
-    """Shifted patch tokenization: (b, c, h, w) -> (b, patches, dim)."""
+    """Shifted patch tokenization: (b, c, h, w) -> (b, patches, dim).
 
-    def __init__(self, *, dim, patch_size, channels=3):
+    Takes the arguments of `vit_pytorch.vit.PatchEmbedding`; `patch_norm=False` leaves out its
+    LayerNorm over the patches (there is none after the projection).
+    """
+
+    def __init__(self, *, channels, patch_size, dim, patch_norm=True, norm_eps=1e-5):
         super().__init__()
         patch_height, patch_width = vit.positive_pair('patch_size', patch_size)
         if patch_height < 2 or patch_width < 2:
@@ -51,7 +55,7 @@ class SPT(nn.Module):
         patch_dim = 5 * channels * patch_height * patch_width
         self.to_patch_tokens = nn.Sequential(
             Rearrange('b c (h p1) (w p2) -> b (h w) (p1 p2 c)', p1=patch_height, p2=patch_width),
-            nn.LayerNorm(patch_dim),
+            nn.LayerNorm(patch_dim, eps=norm_eps) if patch_norm else nn.Identity(),
             nn.Linear(patch_dim, dim),
         )
 
@@ -71,36 +75,22 @@ class LSA(vit.Attention):
     """Locality self-attention: the core attention without the diagonal and with a learned temperature.
 
     `temperature` holds the log of the learned scale (initially dim_head ** -0.5, the usual
-    scale), as in `vit-pytorch`. The masked matrix is always formed explicitly and passed through
-    `attention_probs` (`fused` stays False); its diagonal is exactly zero.
+    scale), as in `vit-pytorch`. The diagonal's logits get the most negative finite value, so
+    its weights are exactly zero and a lone token (n = 1) still has a defined softmax.
     """
 
-    def __init__(self, dim, heads=8, dim_head=64, dropout=0.):
-        super().__init__(dim, heads, dim_head, dropout)
-        self.fused = False
+    def __init__(self, dim, heads=8, dim_head=64, dropout=0., *, qkv_bias=False, norm_eps=1e-5):
+        super().__init__(dim, heads, dim_head, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps)
         self.temperature = nn.Parameter(torch.tensor(dim_head ** -0.5).log())
 
     def forward(self, x):
-        x = self.norm(x)
-        q, k, v = rearrange(self.to_qkv(x), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=self.heads)
-        dots = q @ k.transpose(-1, -2) * self.temperature.exp()
-        self_mask = torch.eye(dots.shape[-1], dtype=torch.bool, device=dots.device)
-        # a finite fill: its exp underflows to exactly 0, and a lone token (n = 1) still has a defined softmax
-        dots = dots.masked_fill(self_mask, -torch.finfo(dots.dtype).max)
-        attn = self.attention_probs(dots.softmax(dim=-1))
-        out = F.dropout(attn, self.dropout, self.training) @ v
+        q, k, v = self.qkv(x)
+        num_tokens = q.shape[-2]
+        self_mask = torch.eye(num_tokens, dtype=torch.bool, device=q.device)
+        bias = torch.zeros(num_tokens, num_tokens, dtype=q.dtype, device=q.device)
+        bias = bias.masked_fill(self_mask, -torch.finfo(q.dtype).max)
+        out = self.attend(q * self.temperature.exp(), k, v, scale=1., mask=bias)
         return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
-
-
-class Transformer(vit.Transformer):
-    """The core pre-norm stack with locality self-attention in every layer."""
-
-    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout=0.):
-        super().__init__(dim, 0, heads, dim_head, mlp_dim, dropout)
-        self.layers.extend(
-            nn.ModuleList([LSA(dim, heads, dim_head, dropout), vit.FeedForward(dim, mlp_dim, dropout)])
-            for _ in range(depth)
-        )
 
 
 class ViT(vit.ViT):
@@ -110,9 +100,8 @@ class ViT(vit.ViT):
                  pool='cls', channels=3, dim_head=64, dropout=0., emb_dropout=0.):
         super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim,
                          depth=depth, heads=heads, mlp_dim=mlp_dim, pool=pool, channels=channels,
-                         dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout)
-        self.to_patch_embedding = SPT(dim=dim, patch_size=self.patch_size, channels=channels)
-        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout)
+                         dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout,
+                         attention=LSA, patch_embedding=SPT)
 
 
 def sl_vit(*, image_size=32, num_classes=100, **overrides):

@@ -28,19 +28,10 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 from einops.layers.torch import Rearrange
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from vit_pytorch import vit
 
 # helpers
-
-
-def drop_path(x, p, training):
-    """Stochastic depth: zero a residual branch for a random subset of the samples, rescale the rest."""
-    if p == 0. or not training:
-        return x
-    keep = torch.empty(x.shape[0], *((1,) * (x.ndim - 1)), device=x.device, dtype=x.dtype).bernoulli_(1 - p)
-    return x * keep / (1 - p)
 
 
 def conv_stem(channels, dim, patch_size):
@@ -59,19 +50,6 @@ def conv_stem(channels, dim, patch_size):
 
 
 # classes
-
-
-class LayerScale(nn.Module):
-    """`fn(x) * scale`, one learned scale per channel starting at `init_value`, then stochastic depth."""
-
-    def __init__(self, dim, fn, init_value, layer_dropout=0.):
-        super().__init__()
-        self.fn = fn
-        self.scale = nn.Parameter(torch.full((dim,), float(init_value)))
-        self.layer_dropout = layer_dropout
-
-    def forward(self, x, **kwargs):
-        return drop_path(self.fn(x, **kwargs) * self.scale, self.layer_dropout, self.training)
 
 
 class FourierPositionEncoding(nn.Module):
@@ -105,41 +83,25 @@ class FourierPositionEncoding(nn.Module):
         return self.to_embedding(features.to(self.to_embedding.weight.dtype))
 
 
-class XCAttention(nn.Module):
+class XCAttention(vit.Attention):
     """Pre-norm cross-covariance attention: each head attends across its `dim_head` channels.
 
     Queries and keys are L2-normalised along the tokens and their (dim_head x dim_head)
     cross-covariance, times a learned per-head temperature, is softmaxed over the key
-    channels (XCiT eq. 4). `fused=True` runs it through `scaled_dot_product_attention` with
-    channels in the sequence position; with `fused=False` the (b, heads, dim_head, dim_head)
-    map passes through `attention_probs`.
+    channels (XCiT eq. 4): the core's attention with channels in the sequence position. The
+    recorded map is (b, heads, dim_head, dim_head).
     """
 
     def __init__(self, dim, heads=8, dim_head=64, dropout=0., *, qkv_bias=False, norm_eps=1e-5):
-        super().__init__()
-        inner_dim = heads * dim_head
-        self.heads = heads
-        self.dropout = dropout
-        self.fused = True
-
-        self.norm = nn.LayerNorm(dim, eps=norm_eps)
-        self.to_qkv = nn.Linear(dim, inner_dim * 3, bias=qkv_bias)
+        super().__init__(dim, heads, dim_head, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps,
+                         to_out=nn.Sequential(nn.Linear(heads * dim_head, dim), nn.Dropout(dropout)))
         self.temperature = nn.Parameter(torch.ones(heads, 1, 1))
-        self.attention_probs = nn.Identity()
-        self.to_out = nn.Sequential(nn.Linear(inner_dim, dim), nn.Dropout(dropout))
 
     def forward(self, x):
-        x = self.norm(x)
-        q, k, v = rearrange(self.to_qkv(x), 'b n (qkv h d) -> qkv b h d n', qkv=3, h=self.heads)
+        q, k, v = (rearrange(t, 'b h n d -> b h d n') for t in self.qkv(x))
         q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-        dropout_p = self.dropout if self.training else 0.
-        if self.fused:
-            out = F.scaled_dot_product_attention(q * self.temperature, k, v, dropout_p=dropout_p, scale=1.)
-        else:
-            attn = self.attention_probs((q @ k.transpose(-1, -2) * self.temperature).softmax(dim=-1))
-            out = F.dropout(attn, dropout_p) @ v                        # (b, h, d, n)
-        out = rearrange(out, 'b h d n -> b n (h d)')
-        return self.to_out(out)
+        out = self.attend(q * self.temperature, k, v, scale=1.)       # (b, h, d, n)
+        return self.to_out(rearrange(out, 'b h d n -> b n (h d)'))
 
 
 class LocalPatchInteraction(nn.Module):
@@ -161,70 +123,15 @@ class LocalPatchInteraction(nn.Module):
         return rearrange(self.net(x), 'b c h w -> b (h w) c')
 
 
-class XCATransformer(nn.Module):
+class XCATransformer(vit.Transformer):
     """x + XCA(x), x + LPI(x), x + FF(x) per layer, each branch LayerScaled; no final norm."""
 
-    def __init__(self, dim, depth, heads, dim_head, mlp_dim, local_patch_kernel_size=3, dropout=0., *,
-                 layer_dropout=0., layer_scale_init=1., qkv_bias=False, norm_eps=1e-5):
-        super().__init__()
-        scaled = dict(init_value=layer_scale_init, layer_dropout=layer_dropout)
-        self.layers = nn.ModuleList([
-            nn.ModuleList([
-                LayerScale(dim, XCAttention(dim, heads, dim_head, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps),
-                           **scaled),
-                LayerScale(dim, LocalPatchInteraction(dim, local_patch_kernel_size, norm_eps=norm_eps), **scaled),
-                LayerScale(dim, vit.FeedForward(dim, mlp_dim, dropout, norm_eps=norm_eps), **scaled),
-            ])
-            for _ in range(depth)
-        ])
-        self.grad_checkpointing = False
-
     @staticmethod
-    def layer(attn, local, ff, x, grid):
+    def layer(branches, x, *, grid):
+        attn, local, ff = branches
         x = attn(x) + x
         x = local(x, grid=grid) + x
         return ff(x) + x
-
-    def forward(self, x, *, grid, return_layers=False):
-        outputs = []
-        for attn, local, ff in self.layers:
-            if self.grad_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(self.layer, attn, local, ff, x, grid, use_reentrant=False)
-            else:
-                x = self.layer(attn, local, ff, x, grid)
-            outputs.append(x)
-        return (x, outputs) if return_layers else x
-
-
-class ClassAttention(nn.Module):
-    """The cls token attends to [cls, patches] (already normed); returns the new cls token (b, 1, dim).
-
-    With `fused=False` the (b, heads, 1, 1 + n) map passes through `attention_probs`.
-    """
-
-    def __init__(self, dim, heads=8, dim_head=64, dropout=0., *, qkv_bias=False):
-        super().__init__()
-        inner_dim = heads * dim_head
-        self.heads = heads
-        self.scale = dim_head ** -0.5
-        self.dropout = dropout
-        self.fused = True
-
-        self.to_q = nn.Linear(dim, inner_dim, bias=qkv_bias)
-        self.to_kv = nn.Linear(dim, inner_dim * 2, bias=qkv_bias)
-        self.attention_probs = nn.Identity()
-        self.to_out = nn.Sequential(nn.Linear(inner_dim, dim), nn.Dropout(dropout))
-
-    def forward(self, x):
-        q = rearrange(self.to_q(x[:, :1]), 'b n (h d) -> b h n d', h=self.heads)
-        k, v = rearrange(self.to_kv(x), 'b n (kv h d) -> kv b h n d', kv=2, h=self.heads)
-        dropout_p = self.dropout if self.training else 0.
-        if self.fused:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=self.scale)
-        else:
-            attn = self.attention_probs((q @ k.transpose(-1, -2) * self.scale).softmax(dim=-1))
-            out = F.dropout(attn, dropout_p) @ v
-        return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
 
 
 class ClassAttentionBlock(nn.Module):
@@ -240,7 +147,7 @@ class ClassAttentionBlock(nn.Module):
                  tokens_norm=False, qkv_bias=False, norm_eps=1e-5):
         super().__init__()
         self.norm = nn.LayerNorm(dim, eps=norm_eps)
-        self.attn = ClassAttention(dim, heads, dim_head, dropout, qkv_bias=qkv_bias)
+        self.attn = vit.ClassAttention(dim, heads, dim_head, dropout, qkv_bias=qkv_bias, prenorm=False)
         self.ff_norm = nn.LayerNorm(dim, eps=norm_eps)
         self.ff = nn.Sequential(
             nn.Linear(dim, mlp_dim),
@@ -257,13 +164,13 @@ class ClassAttentionBlock(nn.Module):
     def forward(self, x):
         normed = self.norm(x)
         update = torch.cat((self.attn(normed), normed[:, 1:]), dim=1)
-        x = x + drop_path(update * self.attn_scale, self.layer_dropout, self.training)
+        x = x + vit.drop_path(update * self.attn_scale, self.layer_dropout, self.training)
         if self.tokens_norm:
             x = self.ff_norm(x)
         else:
             x = torch.cat((self.ff_norm(x[:, :1]), x[:, 1:]), dim=1)
         update = torch.cat((self.ff(x[:, :1]) * self.ff_scale, x[:, 1:]), dim=1)
-        return x + drop_path(update, self.layer_dropout, self.training)
+        return x + vit.drop_path(update, self.layer_dropout, self.training)
 
 
 class XCiT(nn.Module):
@@ -282,41 +189,21 @@ class XCiT(nn.Module):
       norm_eps          epsilon of every LayerNorm (1e-6 in the paper's code).
     """
 
+    num_prefix_tokens = 1
+
     def __init__(self, *, image_size, patch_size, num_classes, dim, depth, cls_depth, heads, mlp_dim,
                  dim_head=64, dropout=0., emb_dropout=0., local_patch_kernel_size=3, layer_dropout=0.,
                  channels=3, layer_scale_init=None, tokens_norm=False, qkv_bias=False, norm_eps=1e-5):
+        check_arguments(**vit.arguments(locals()))
         super().__init__()
-        self.image_size = vit.positive_pair('image_size', image_size)
-        self.patch_size = vit.positive_pair('patch_size', patch_size)
-        patch = self.patch_size[0]
-        if self.patch_size[0] != self.patch_size[1] or patch < 2 or patch & (patch - 1):
-            raise ValueError(f"patch_size must be a square power of two (2, 4, 8, 16, ...) for the "
-                             f"convolutional stem, got {patch_size!r}")
-        vit.patch_grid(self.image_size, self.patch_size)
-        for name, value in dict(dim=dim, depth=depth, cls_depth=cls_depth, heads=heads, mlp_dim=mlp_dim,
-                                dim_head=dim_head, channels=channels,
-                                local_patch_kernel_size=local_patch_kernel_size).items():
-            vit.positive_int(name, value)
-        if dim % (patch // 2):
-            raise ValueError(f"dim must be divisible by patch_size / 2 = {patch // 2} (the stem's first width "
-                             f"is dim / {patch // 2}), got dim={dim}")
-        if local_patch_kernel_size % 2 == 0:
-            raise ValueError(f"local_patch_kernel_size must be odd, got {local_patch_kernel_size}")
-        vit.non_negative_int('num_classes', num_classes)
-        for name, value in dict(dropout=dropout, emb_dropout=emb_dropout, layer_dropout=layer_dropout).items():
-            vit.probability(name, value)
+        self.image_size, self.patch_size = vit.pair(image_size), vit.pair(patch_size)
         if layer_scale_init is None:
             layer_scale_init = 1. if depth <= 12 else 1e-5
-        elif isinstance(layer_scale_init, bool) or not isinstance(layer_scale_init, (int, float)) \
-                or layer_scale_init <= 0:
-            raise ValueError(f"layer_scale_init must be a positive float or None (the paper's rule), "
-                             f"got {layer_scale_init!r}")
-
         self.channels = channels
         self.num_classes = num_classes
 
         self.to_patch_embedding = nn.Sequential(
-            conv_stem(channels, dim, patch),
+            conv_stem(channels, dim, self.patch_size[0]),
             Rearrange('b c h w -> b (h w) c'),
         )
         self.pos_embedding = FourierPositionEncoding(dim)
@@ -324,20 +211,28 @@ class XCiT(nn.Module):
         nn.init.trunc_normal_(self.cls_token, std=0.02)
         self.dropout = nn.Dropout(emb_dropout)
 
-        blocks = dict(layer_dropout=layer_dropout, layer_scale_init=layer_scale_init, qkv_bias=qkv_bias,
-                      norm_eps=norm_eps)
-        self.xcit_transformer = XCATransformer(dim, depth, heads, dim_head, mlp_dim, local_patch_kernel_size,
-                                               dropout, **blocks)
+        def scaled(block):
+            return vit.LayerScale(dim, block, layer_scale_init, layer_dropout)
+
+        self.xcit_transformer = XCATransformer([
+            (scaled(XCAttention(dim, heads, dim_head, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps)),
+             scaled(LocalPatchInteraction(dim, local_patch_kernel_size, norm_eps=norm_eps)),
+             scaled(vit.FeedForward(dim, mlp_dim, dropout, norm_eps=norm_eps)))
+            for _ in range(depth)
+        ])
         self.cls_transformer = nn.ModuleList([
-            ClassAttentionBlock(dim, heads, dim_head, mlp_dim, dropout, tokens_norm=tokens_norm, **blocks)
+            ClassAttentionBlock(dim, heads, dim_head, mlp_dim, dropout, tokens_norm=tokens_norm,
+                                layer_dropout=layer_dropout, layer_scale_init=layer_scale_init, qkv_bias=qkv_bias,
+                                norm_eps=norm_eps)
             for _ in range(cls_depth)
         ])
 
         self.norm = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else None
 
-    def set_grad_checkpointing(self, enable=True):
-        self.xcit_transformer.grad_checkpointing = enable
+    def token_grid(self, image_size):
+        """The (h, w) grid of patch tokens for images of `image_size` (h, w)."""
+        return image_size[0] // self.patch_size[0], image_size[1] // self.patch_size[1]
 
     def forward_features(self, img):
         """[cls, patch tokens] after both stages and the final norm: (b, 1 + h * w, dim)."""
@@ -359,9 +254,17 @@ class XCiT(nn.Module):
 
     def forward(self, img):
         tokens = self.forward_features(img)
-        if self.mlp_head is None:
-            return tokens
-        return self.forward_head(tokens)
+        return tokens if self.mlp_head is None else self.forward_head(tokens)
+
+    def reset_classifier(self, num_classes):
+        """A new zero-initialised head for `num_classes` (0 removes it)."""
+        vit.non_negative_int('num_classes', num_classes)
+        self.num_classes = num_classes
+        self.mlp_head = vit.zero_linear(self.norm.normalized_shape[0], num_classes, like=self.cls_token) \
+            if num_classes > 0 else None
+
+    def set_grad_checkpointing(self, enable=True):
+        self.xcit_transformer.grad_checkpointing = enable
 
 
 # the paper's models (Table 9): name -> (dim, depth, heads, LayerScale init, tokens_norm);
@@ -418,3 +321,34 @@ def xcit_large_24_p16_224(**kwargs):
 
 def xcit_tiny_12_p8_224(**kwargs):
     return xcit('tiny_12', **{'patch_size': 8, **kwargs})
+
+
+# argument checks
+
+
+def check_arguments(*, image_size, patch_size, num_classes, dim, depth, cls_depth, heads, mlp_dim, dim_head,
+                    dropout, emb_dropout, local_patch_kernel_size, layer_dropout, channels, layer_scale_init,
+                    tokens_norm, qkv_bias, norm_eps):
+    image_pair, patch_pair = vit.positive_pair('image_size', image_size), vit.positive_pair('patch_size', patch_size)
+    patch = patch_pair[0]
+    if patch_pair[0] != patch_pair[1] or patch < 2 or patch & (patch - 1):
+        raise ValueError(f"patch_size must be a square power of two (2, 4, 8, 16, ...) for the "
+                         f"convolutional stem, got {patch_size!r}")
+    vit.patch_grid(image_pair, patch_pair)
+    for name, value in dict(dim=dim, depth=depth, cls_depth=cls_depth, heads=heads, mlp_dim=mlp_dim,
+                            dim_head=dim_head, channels=channels,
+                            local_patch_kernel_size=local_patch_kernel_size).items():
+        vit.positive_int(name, value)
+    if dim % (patch // 2):
+        raise ValueError(f"dim must be divisible by patch_size / 2 = {patch // 2} (the stem's first width "
+                         f"is dim / {patch // 2}), got dim={dim}")
+    if local_patch_kernel_size % 2 == 0:
+        raise ValueError(f"local_patch_kernel_size must be odd, got {local_patch_kernel_size}")
+    vit.non_negative_int('num_classes', num_classes)
+    for name, value in dict(dropout=dropout, emb_dropout=emb_dropout, layer_dropout=layer_dropout).items():
+        vit.probability(name, value)
+    if layer_scale_init is not None and (isinstance(layer_scale_init, bool)
+                                         or not isinstance(layer_scale_init, (int, float)) or layer_scale_init <= 0):
+        raise ValueError(f"layer_scale_init must be a positive float or None (the paper's rule), "
+                         f"got {layer_scale_init!r}")
+
