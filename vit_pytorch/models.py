@@ -35,6 +35,10 @@ MODELS = {
     'simple_vit_with_patch_dropout': 'vit_pytorch.simple_vit_with_patch_dropout:SimpleViT',
 }
 
+# the trainer's default sizes for a model whose arguments are not the ViT's (multi-scale models): name ->
+# keyword arguments for small images (16 to 32 pixels); image size, channels and classes come from the data
+SMALL_CONFIGS = {}
+
 # 'Ti/16', 'S/16', 'B/32', ...: the paper's table, built by vit_pytorch.pretrained.vit
 NAMED_CONFIG = re.compile(r'[A-Za-z]+/\d+')
 
