@@ -281,3 +281,17 @@ def test_every_registered_model_is_recorded_without_side_effects(name):
     flat = lambda out: out if isinstance(out, torch.Tensor) else torch.cat([t.flatten(1) for t in out], dim=1)
     torch.testing.assert_close(flat(output), flat(expected), atol=1e-5, rtol=1e-5)
     assert_untouched(model, fused_before)
+
+
+class Staged(nn.Module):
+    """Stands in for a multi-scale model: it hands back its own stage maps."""
+
+    def forward_intermediates(self, img, indices=None):
+        maps = [img[:, :, ::2, ::2], img[:, :, ::4, ::4]]
+        return maps if indices is None else [maps[i] for i in indices]
+
+
+def test_forward_intermediates_lets_a_multi_scale_model_answer_for_itself():
+    img = torch.randn(1, 3, 8, 8)
+    maps = forward_intermediates(Staged(), img, indices=[1])
+    assert len(maps) == 1 and maps[0].shape == (1, 3, 2, 2)

@@ -351,9 +351,10 @@ def _find_transformer(model, transformer):
 def forward_intermediates(model, img, indices=None, *, output='tokens', transformer=None):
     """Outputs of chosen blocks of the model's transformer, for probing or as a dense-prediction backbone.
 
-    The transformer is `model.transformer`, else the one child whose forward takes
-    `return_layers` (CaiT's patch stage, XCiT's), else pass it as `transformer=`. The model
-    runs once (its `forward_features` when it has one).
+    A model with its own `forward_intermediates` (the multi-scale models) answers for itself:
+    one (b, c, h, w) map per chosen stage. Otherwise the transformer is `model.transformer`,
+    else the one child whose forward takes `return_layers` (CaiT's patch stage, XCiT's), else
+    pass it as `transformer=`. The model runs once (its `forward_features` when it has one).
 
     indices: None for every block, an int n for the last n, or a list of block numbers
              (negative counts from the end).
@@ -363,6 +364,9 @@ def forward_intermediates(model, img, indices=None, *, output='tokens', transfor
     """
     if output not in ('tokens', 'maps'):
         raise ValueError(f"output must be 'tokens' or 'maps', got {output!r}")
+    if callable(getattr(model, 'forward_intermediates', None)):
+        # a multi-scale model hands back its stages' (b, c, h, w) maps itself
+        return model.forward_intermediates(img, indices=indices)
     transformer = _find_transformer(model, transformer)
     blocks = _run_collecting_blocks(model, img, transformer)
     chosen = [blocks[i] for i in _block_indices(indices, len(blocks))]
