@@ -1,0 +1,267 @@
+import math
+
+import pytest
+import torch
+from einops import rearrange
+from torch import nn
+
+from helpers import count, digits_batch, fit_fixed_batch, load_fixture
+from vit_pytorch.pit import PiT, Pool, pit, pit_b_224, pit_s_224, pit_ti_224, pit_xs_224
+from vit_pytorch.pretrained import CheckpointError, load_timm, load_vit_pytorch
+from vit_pytorch.recorder import Recorder
+
+
+def tiny_pit(**overrides):
+    kwargs = dict(image_size=(16, 24), patch_size=4, num_classes=5, dim=8, depth=(1, 2), heads=(2, 4), dim_head=4,
+                  mlp_dim=16)
+    kwargs.update(overrides)
+    return PiT(**kwargs)
+
+
+# shapes and gradients
+
+
+def test_output_shapes():
+    model = tiny_pit()
+    img = torch.randn(3, 3, 16, 24)
+    assert model(img).shape == (3, 5)
+    # patches of 4 every 2 pixels: a 7 x 11 grid, pooled to 4 x 6
+    assert model.forward_features(img).shape == (3, 1 + 4 * 6, 16)
+    assert tiny_pit(num_classes=0)(img).shape == (3, 16)
+
+
+def test_every_parameter_gets_a_gradient():
+    model = tiny_pit()
+    model(torch.randn(2, 3, 16, 24)).sum().backward()
+    missing = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not missing
+
+
+def test_vit_pytorchs_readme_arguments_build_the_model():
+    model = PiT(image_size=224, patch_size=14, dim=256, num_classes=1000, depth=(3, 3, 3), heads=16, mlp_dim=2048,
+                dropout=0.1, emb_dropout=0.1)
+    assert model.dims == (256, 512, 1024)
+    assert [len(transformer.layers) for transformer in model.transformers] == [3, 3, 3]
+    assert model.grid_size == (31, 31)           # (224 - 14) // 7 + 1
+
+
+# the paper's models (counts of the reference implementation, timm 1.0.31's pit_*_224)
+
+
+@pytest.mark.parametrize('build, expected', [
+    (pit_ti_224, 4_847_272), (pit_xs_224, 10_618_888), (pit_s_224, 23_461_912), (pit_b_224, 73_764_840)])
+def test_named_configuration_parameter_counts(build, expected):
+    with torch.device('meta'):
+        model = build()
+    assert count(model) == expected
+
+
+def test_unknown_variant_is_refused():
+    with pytest.raises(ValueError, match='variant'):
+        pit('huge')
+
+
+# what makes PiT different: pooling between stages
+
+
+def test_pooling_halves_the_grid_and_each_output_channel_reads_one_input_channel_near_it():
+    pool = Pool(4, 8).eval()
+    x = torch.randn(1, 1 + 6 * 5, 4)
+    with torch.no_grad():
+        out = pool(x, (6, 5))
+        assert out.shape == (1, 1 + 3 * 3, 8)
+        assert torch.allclose(out[:, 0], pool.cls_ff(x[:, 0]))
+        # move input channel 1 at grid cell (4, 4): only output channels 2 and 3 (its two filters), only at
+        # the output cells whose 3x3 stride-2 window covers it: rows 2, columns 2
+        moved = x.clone()
+        moved[0, 1 + 4 * 5 + 4, 1] += 1.0
+        changed = (pool(moved, (6, 5)) - out).abs() > 0
+    changed = rearrange(changed[0, 1:], '(h w) c -> c h w', h=3)
+    assert changed.nonzero().tolist() == [[2, 2, 2], [3, 2, 2]]
+    assert not changed.any(dim=(1, 2))[[0, 1, 4, 5, 6, 7]].any()
+
+
+def test_stages_widen_and_shrink_as_the_cnn_shape_prescribes():
+    model = tiny_pit(depth=(1, 1, 1), heads=(2, 4, 8))
+    maps = model.forward_intermediates(torch.randn(2, 3, 16, 24))
+    assert [tuple(m.shape) for m in maps] == [(2, 8, 7, 11), (2, 16, 4, 6), (2, 32, 2, 3)]
+    assert [info['num_chs'] for info in model.feature_info] == [8, 16, 32]
+
+
+def test_position_embedding_reaches_the_patches_but_not_the_cls_token():
+    model = tiny_pit(depth=(1,), heads=2).eval()
+    x0 = model.embed(torch.zeros(1, 3, 16, 24))
+    with torch.no_grad():
+        model.pos_embedding.add_(1.0)
+    x1 = model.embed(torch.zeros(1, 3, 16, 24))
+    assert torch.equal(x0[:, 0], x1[:, 0])
+    assert torch.allclose(x1[:, 1:] - x0[:, 1:], torch.ones(()))
+
+
+# the reference: timm's PoolingVisionTransformer, tiny, noisy weights (tests/fixtures/make_pit_fixtures.py)
+
+
+def timm_case():
+    metadata, state_dict, tensors = load_fixture('timm_pit')
+    config = metadata['config']
+    model = PiT(image_size=tuple(config['img_size']), patch_size=config['patch_size'],
+                num_classes=config['num_classes'], dim=config['base_dims'][0] * config['heads'][0],
+                depth=tuple(config['depth']), heads=tuple(config['heads']), dim_head=config['base_dims'][0],
+                mlp_dim=tuple(config['mlp_ratio'] * b * h for b, h in zip(config['base_dims'], config['heads'])),
+                qkv_bias=True, norm_eps=1e-6)
+    return model, metadata, state_dict, tensors
+
+
+def test_logits_and_feature_maps_equal_timms_pit():
+    model, _, state_dict, tensors = timm_case()
+    model = load_timm(model.eval(), state_dict)
+    with torch.no_grad():
+        torch.testing.assert_close(model(tensors['input']), tensors['logits'], atol=1e-4, rtol=1e-4)
+        maps = model.forward_intermediates(tensors['input'])
+    for i, found in enumerate(maps):
+        torch.testing.assert_close(found, tensors[f'feature.{i}'], atol=1e-4, rtol=1e-4)
+
+
+def test_feature_pyramid_from_forward_intermediates_has_timms_strides_and_channels():
+    model, metadata, _, tensors = timm_case()
+    assert model.feature_info == metadata['feature_info']
+    img = tensors['input']
+    maps = model.forward_intermediates(img)
+    # an FPN: 1x1 lateral projections to one width, top-down upsampling and addition
+    width = 8
+    laterals = nn.ModuleList(nn.Conv2d(info['num_chs'], width, 1) for info in model.feature_info)
+    pyramid = [lateral(m) for lateral, m in zip(laterals, maps)]
+    for i in range(len(pyramid) - 2, -1, -1):
+        pyramid[i] = pyramid[i] + nn.functional.interpolate(pyramid[i + 1], size=pyramid[i].shape[-2:])
+    for level, info, reference in zip(pyramid, model.feature_info, (tensors[f'feature.{i}'] for i in range(3))):
+        assert level.shape == (2, width, *reference.shape[-2:])
+        # the grid is the image divided by the stride, within the one cell the convolutions' rounding costs
+        assert all(abs(side - image_side / info['reduction']) <= 1
+                   for side, image_side in zip(level.shape[-2:], img.shape[-2:]))
+
+
+@pytest.mark.parametrize('indices, expected', [(None, [0, 1, 2]), (1, [2]), ([0, -1], [0, 2])])
+def test_forward_intermediates_returns_the_chosen_stages(indices, expected):
+    model, _, state_dict, tensors = timm_case()
+    model = load_timm(model.eval(), state_dict)
+    with torch.no_grad():
+        maps = model.forward_intermediates(tensors['input'], indices=indices)
+    assert [m.shape for m in maps] == [tensors[f'feature.{i}'].shape for i in expected]
+
+
+def test_a_distilled_timm_pit_is_refused():
+    model, _, state_dict, _ = timm_case()
+    state_dict = dict(state_dict, **{'head_dist.weight': state_dict['head.weight'], 'head_dist.bias': state_dict['head.bias']})
+    with pytest.raises(CheckpointError, match='distilled PiT'):
+        load_timm(model, state_dict)
+
+
+def test_a_model_without_qkv_bias_is_told_to_build_with_it():
+    _, _, state_dict, _ = timm_case()
+    model = PiT(image_size=(32, 40), patch_size=8, num_classes=7, dim=8, depth=(1, 2, 1), heads=(2, 4, 8),
+                dim_head=4, mlp_dim=(32, 64, 128), qkv_bias=False)
+    with pytest.raises(CheckpointError, match='qkv_bias=True'):
+        load_timm(model, state_dict)
+
+
+# vit-pytorch 1.26.14's PiT computes another function (tests/fixtures/make_pit_fixtures.py)
+
+
+def test_vit_pytorch_checkpoint_is_refused_with_what_differs():
+    metadata, state_dict, _ = load_fixture('vit_pytorch_1.26.14_pit')
+    config = dict(metadata['config'], depth=tuple(metadata['config']['depth']))
+    model = PiT(**config)
+    before = {key: value.clone() for key, value in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"vit-pytorch's PiT computes another function: it adds a position "
+                                              r"embedding to the cls token"):
+        load_vit_pytorch(model, state_dict)
+    assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
+
+
+# recorder, compile
+
+
+def test_recorded_maps_are_per_layer_in_stage_order_and_equal_the_softmax_of_q_and_k():
+    model = tiny_pit().double().eval()
+    img = torch.randn(2, 3, 16, 24, dtype=torch.float64)
+    inputs = []
+    hooks = [layer[0].register_forward_pre_hook(lambda m, args: inputs.append(args[0]))
+             for transformer in model.transformers for layer in transformer.layers]
+    logits, maps = Recorder(model)(img)
+    for hook in hooks:
+        hook.remove()
+    assert [tuple(m.shape) for m in maps] == [(2, 2, 1 + 7 * 11, 1 + 7 * 11)] + [(2, 4, 1 + 4 * 6, 1 + 4 * 6)] * 2
+    attentions = [layer[0] for transformer in model.transformers for layer in transformer.layers]
+    for attn, x, recorded in zip(attentions, inputs, maps):
+        q, k, _ = rearrange(attn.to_qkv(attn.norm(x)), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=attn.heads)
+        expected = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).softmax(dim=-1)
+        torch.testing.assert_close(recorded, expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(logits, model(img))
+
+
+def test_compiles_without_graph_breaks_forward_and_backward():
+    model = tiny_pit()
+    img = torch.randn(2, 3, 16, 24)
+    compiled = torch.compile(model, fullgraph=True, backend='eager')
+    out = compiled(img)
+    out.sum().backward()
+    assert torch.allclose(out, model(img), atol=1e-5)
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    model = tiny_pit()
+    img = torch.randn(2, 3, 16, 24)
+    model(img).sum().backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    model.set_grad_checkpointing(True)
+    model(img).sum().backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name])
+
+
+def test_reset_classifier_gives_a_zero_head():
+    model = tiny_pit()
+    model.reset_classifier(3)
+    assert torch.equal(model(torch.randn(2, 3, 16, 24)), torch.zeros(2, 3))
+    model.reset_classifier(0)
+    assert model(torch.randn(2, 3, 16, 24)).shape == (2, 16)
+
+
+# learning
+
+
+def test_tiny_model_overfits_32_real_digits():
+    images, labels = digits_batch(32)
+    model = PiT(image_size=8, patch_size=2, num_classes=10, dim=16, depth=(1, 1), heads=(2, 4), dim_head=8,
+                mlp_dim=32, channels=1)
+    accuracy, steps = fit_fixed_batch(model, images, labels)
+    assert accuracy == 1.0, f'training accuracy {accuracy} after {steps} steps'
+
+
+# errors
+
+
+@pytest.mark.parametrize('overrides, error, match', [
+    (dict(depth=3), TypeError, 'depth'),
+    (dict(depth=(1, 0)), ValueError, 'depth'),
+    (dict(heads=(2, 2, 2)), ValueError, 'heads'),
+    (dict(mlp_dim=(16,)), ValueError, 'mlp_dim'),
+    (dict(patch_size=1), ValueError, 'patch_size'),
+    (dict(patch_size=5), ValueError, 'divisible'),
+    (dict(norm_eps=0.0), ValueError, 'norm_eps'),
+])
+def test_bad_arguments_are_refused_with_their_name(overrides, error, match):
+    with pytest.raises(error, match=match):
+        tiny_pit(**overrides)
+
+
+def test_wrong_image_size_is_refused():
+    with pytest.raises(ValueError, match='img must be 16x24'):
+        tiny_pit()(torch.randn(1, 3, 16, 16))
+
+
+def test_bad_indices_are_refused():
+    with pytest.raises(ValueError, match='indices'):
+        tiny_pit().forward_intermediates(torch.randn(1, 3, 16, 24), indices=[2])
