@@ -100,3 +100,39 @@ def reference_case(name, *tuple_names):
     """
     metadata, state_dict, tensors = load_fixture(name)
     return as_tuples(metadata['config'], *tuple_names), state_dict, tensors['input'], tensors['output']
+
+
+def digits_split(size=16, test_count=450, seed=1234):
+    """All 1797 scikit-learn digits, upsampled (bilinear) to size x size: (train images, labels, test images, labels),
+    with a fixed random held-out split of `test_count` images."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = torch.tensor(digits.images, dtype=torch.float32)[:, None] / 16.0
+    images = F.interpolate(images, size=(size, size), mode='bilinear', align_corners=False)
+    labels = torch.tensor(digits.target)
+    order = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))
+    test, train = order[:test_count], order[test_count:]
+    return images[train], labels[train], images[test], labels[test]
+
+
+def train_and_test(model, split, *, epochs, lr=3e-3, batch_size=64, weight_decay=0.05, seed=0):
+    """AdamW with a one-cycle schedule over `split` (from `digits_split`); the test accuracy in eval mode."""
+    import math
+
+    train_images, train_labels, test_images, test_labels = split
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    steps = epochs * math.ceil(len(train_images) / batch_size)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=steps)
+    order = torch.Generator().manual_seed(seed)
+    model.train()
+    for _ in range(epochs):
+        for batch in torch.randperm(len(train_images), generator=order).split(batch_size):
+            loss = F.cross_entropy(model(train_images[batch]), train_labels[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+    model.eval()
+    with torch.no_grad():
+        return (model(test_images).argmax(-1) == test_labels).float().mean().item()

@@ -122,8 +122,7 @@ class CaiT(nn.Module):
         # positions for the patches only: the cls token joins after the self-attention stage
         self.pos_embedding = nn.Parameter(torch.zeros(self.grid_size[0] * self.grid_size[1], dim))
         self.cls_token = nn.Parameter(torch.zeros(1, dim))
-        nn.init.trunc_normal_(self.pos_embedding, std=0.02)
-        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        vit.init_tokens(self.pos_embedding, self.cls_token, patch_norm=patch_norm)
         self.dropout = nn.Dropout(emb_dropout)
 
         def scaled(block):
@@ -246,3 +245,61 @@ def cait_m36_384(**kwargs):
 
 def cait_m48_448(**kwargs):
     return cait('m48', **{'image_size': 448, **kwargs})
+
+
+# loading checkpoints
+
+
+def timm_plan(model, keys):
+    """timm's `Cait` (the `cait_*` models) -> CaiT with a plain patch projection (`patch_norm=False`).
+
+    Names differ, values do not, except: the patch projection is a convolution (a Linear over
+    (p1 p2 c) here), the class attention keeps k and v apart (one `to_kv` here), and the tokens
+    and positions carry a leading batch axis.
+    """
+    state = model.state_dict()
+    if 'to_patch_embedding.1.weight' in state:
+        raise ValueError("timm's CaiT projects patches without LayerNorms: build the model with patch_norm=False")
+    if ('blocks.0.attn.qkv.bias' in keys) != ('patch_transformer.layers.0.0.fn.to_qkv.bias' in state):
+        raise ValueError(f"build the model with qkv_bias={'blocks.0.attn.qkv.bias' in keys} "
+                         f"(the checkpoint's attention {'has' if 'blocks.0.attn.qkv.bias' in keys else 'has no'} qkv bias)")
+    dim = state['cls_token'].shape[-1]
+    plan = {
+        'to_patch_embedding.2.weight': ({'patch_embed.proj.weight': (dim, model.channels, *model.patch_size)},
+                                        lambda w: rearrange(w, 'd c p1 p2 -> d (p1 p2 c)')),
+        'cls_token': ({'cls_token': (1, 1, dim)}, lambda t: t[0]),
+        'pos_embedding': ({'pos_embed': None}, dict(num_prefix_tokens=0, grid=model.grid_size)),
+    }
+    names = {'to_patch_embedding.2.': 'patch_embed.proj.', 'norm.': 'norm.', 'mlp_head.': 'head.'}
+    for stage, theirs in (('patch_transformer', 'blocks'), ('cls_transformer', 'blocks_token_only')):
+        for i in range(len(getattr(model, stage).layers)):
+            ours, block = f'{stage}.layers.{i}.', f'{theirs}.{i}.'
+            names.update({
+                ours + '0.scale': block + 'gamma_1', ours + '0.fn.norm.': block + 'norm1.',
+                ours + '0.fn.to_qkv.': block + 'attn.qkv.', ours + '0.fn.to_q.': block + 'attn.q.',
+                ours + '0.fn.to_out.0.': block + 'attn.proj.',
+                ours + '0.fn.mix_heads_pre_attn.': block + 'attn.proj_l.',
+                ours + '0.fn.mix_heads_post_attn.': block + 'attn.proj_w.',
+                ours + '1.scale': block + 'gamma_2', ours + '1.fn.net.0.': block + 'norm2.',
+                ours + '1.fn.net.1.': block + 'mlp.fc1.', ours + '1.fn.net.4.': block + 'mlp.fc2.',
+            })
+            for kind in ('weight', 'bias'):   # class attention: timm's separate k and v are our to_kv
+                key = ours + f'0.fn.to_kv.{kind}'
+                if key in state:
+                    half = (state[key].shape[0] // 2, *state[key].shape[1:])
+                    plan[key] = ({block + f'attn.k.{kind}': half, block + f'attn.v.{kind}': half},
+                                 lambda k, v: torch.cat((k, v)))
+    for key, tensor in state.items():
+        if key not in plan:
+            prefix = next((prefix for prefix in names if key.startswith(prefix)), None)
+            if prefix is None:
+                raise ValueError(f"timm's CaiT has no counterpart of {key}")
+            plan[key] = ({names[prefix] + key[len(prefix):]: tuple(tensor.shape)}, lambda t: t)
+    return plan, ('head.',)
+
+
+def vit_pytorch_plan(model, keys):
+    raise ValueError(
+        "vit-pytorch's CaiT computes another function: its class-attention layers mix the heads (talking "
+        "heads, as its self-attention does) and take the patch tokens as keys and values without a LayerNorm, "
+        "where CaiT's class attention (and ours) normalises [cls, patches] and does not mix heads")

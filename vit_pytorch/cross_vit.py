@@ -47,8 +47,7 @@ class ImageEmbedder(nn.Module):
                                                      patch_norm=patch_norm, norm_eps=norm_eps)
         self.cls_token = nn.Parameter(torch.zeros(1, dim))
         self.pos_embedding = nn.Parameter(torch.zeros(1 + grid[0] * grid[1], dim))
-        nn.init.trunc_normal_(self.cls_token, std=0.02)
-        nn.init.trunc_normal_(self.pos_embedding, std=0.02)
+        vit.init_tokens(self.cls_token, self.pos_embedding, patch_norm=patch_norm)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, img):
@@ -297,3 +296,83 @@ def check_arguments(*, image_size, num_classes, sm_dim, lg_dim, sm_patch_size, s
     vit.probability('dropout', dropout)
     vit.probability('emb_dropout', emb_dropout)
 
+
+
+# loading checkpoints
+
+
+def timm_plan(model, keys):
+    """timm's `CrossVit` (the `crossvit_*` models, not the `*_dagger_*` ones with convolutional stems)
+    -> CrossViT with plain patch projections (`patch_norm=False`).
+
+    timm numbers the branches (0 small, 1 large) where ours names them; its patch projections are
+    convolutions (Linears over (p1 p2 c) here), its cross-attention keeps k and v apart (one
+    `to_kv` here), and tokens and position tables carry a leading batch axis.
+    """
+    state = model.state_dict()
+    first = 'multi_scale_encoder.layers.0.0.layers.0.0.to_qkv.bias'
+    if 'sm_image_embedder.to_patch_embedding.1.weight' in state:
+        raise ValueError("timm's CrossViT projects patches without LayerNorms: build the model with patch_norm=False")
+    if ('blocks.0.blocks.0.0.attn.qkv.bias' in keys) != (first in state):
+        has = 'blocks.0.blocks.0.0.attn.qkv.bias' in keys
+        raise ValueError(f"build the model with qkv_bias={has} (the checkpoint's attention "
+                         f"{'has' if has else 'has no'} qkv bias)")
+    # timm keeps a lone cross-attention layer per branch unnumbered (fusion.b.), several numbered (fusion.b.j.)
+    single = 'blocks.0.fusion.0.norm1.weight' in keys
+    plan, names = {}, {}
+    for index, branch in enumerate(('sm', 'lg')):
+        embedder = getattr(model, f'{branch}_image_embedder')
+        dim = state[f'{branch}_image_embedder.cls_token'].shape[-1]
+        patch = embedder.to_patch_embedding[0].axes_lengths      # the patch size, as its Rearrange cuts patches
+        grid = (embedder.image_size[0] // patch['p1'], embedder.image_size[1] // patch['p2'])
+        plan.update({
+            f'{branch}_image_embedder.to_patch_embedding.2.weight': (
+                {f'patch_embed.{index}.proj.weight': (dim, model.channels, patch['p1'], patch['p2'])},
+                lambda w: rearrange(w, 'd c p1 p2 -> d (p1 p2 c)')),
+            f'{branch}_image_embedder.cls_token': ({f'cls_token_{index}': (1, 1, dim)}, lambda t: t[0]),
+            f'{branch}_image_embedder.pos_embedding': ({f'pos_embed_{index}': None},
+                                                       dict(num_prefix_tokens=1, grid=grid)),
+        })
+        names.update({f'{branch}_image_embedder.to_patch_embedding.2.': f'patch_embed.{index}.proj.',
+                      f'{branch}_norm.': f'norm.{index}.', f'{branch}_mlp_head.': f'head.{index}.'})
+    for k, (sm_enc, lg_enc, cross) in enumerate(model.multi_scale_encoder.layers):
+        ours, block = f'multi_scale_encoder.layers.{k}.', f'blocks.{k}.'
+        for index, encoder in enumerate((sm_enc, lg_enc)):
+            for i in range(len(encoder.layers)):
+                layer, theirs = ours + f'{index}.layers.{i}.', block + f'blocks.{index}.{i}.'
+                names.update({layer + '0.norm.': theirs + 'norm1.', layer + '0.to_qkv.': theirs + 'attn.qkv.',
+                              layer + '0.to_out.0.': theirs + 'attn.proj.', layer + '1.net.0.': theirs + 'norm2.',
+                              layer + '1.net.1.': theirs + 'mlp.fc1.', layer + '1.net.4.': theirs + 'mlp.fc2.'})
+        for index, fusion in enumerate(('sm_attend_lg', 'lg_attend_sm')):
+            layers = getattr(cross, fusion).layers
+            if single and len(layers) != 1:
+                raise ValueError(f"the checkpoint has one cross-attention layer per branch: build the model with "
+                                 f"cross_attn_depth=1, not {len(layers)}")
+            names.update({ours + f'2.{fusion}.project_in.': block + f'projs.{index}.',
+                          ours + f'2.{fusion}.project_out.': block + f'revert_projs.{index}.'})
+            for j in range(len(layers)):
+                layer = ours + f'2.{fusion}.layers.{j}.'
+                theirs = block + (f'fusion.{index}.' if single else f'fusion.{index}.{j}.')
+                names.update({layer + 'norm.': theirs + 'norm1.', layer + 'to_q.': theirs + 'attn.wq.',
+                              layer + 'to_out.0.': theirs + 'attn.proj.'})
+                for kind in ('weight', 'bias'):   # timm's separate k and v are our to_kv
+                    key = layer + f'to_kv.{kind}'
+                    if key in state:
+                        half = (state[key].shape[0] // 2, *state[key].shape[1:])
+                        plan[key] = ({theirs + f'attn.wk.{kind}': half, theirs + f'attn.wv.{kind}': half},
+                                     lambda k, v: torch.cat((k, v)))
+    for key, tensor in state.items():
+        if key not in plan:
+            prefix = next((prefix for prefix in names if key.startswith(prefix)), None)
+            if prefix is None:
+                raise ValueError(f"timm's CrossViT has no counterpart of {key}")
+            plan[key] = ({names[prefix] + key[len(prefix):]: tuple(tensor.shape)}, lambda t: t)
+    return plan, ('head.',)
+
+
+def vit_pytorch_plan(model, keys):
+    raise ValueError(
+        "vit-pytorch's CrossViT computes another function: it normalises each branch at the end of every "
+        "encoder (CrossViT: once, after the last block), projects the visiting cls token with a single Linear "
+        "(CrossViT: LayerNorm, GELU, Linear), leaves the other branch's patch tokens un-normalised as keys and "
+        "values, and sums the two heads (ours averages them, as the paper does)")

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from einops import repeat
 from torch import nn
 
-from vit_pytorch.vit import ViT, zero_linear
+from vit_pytorch.vit import ViT, init_tokens, zero_linear
 
 # the DeiT configurations (Touvron et al., Table 1); the paper's ViT numerics of `vit_pytorch.pretrained`
 _PAPER_VIT = dict(patch_size=16, dim_head=64, patch_norm=False, qkv_bias=True, norm_eps=1e-6)
@@ -74,7 +74,7 @@ class DistillableViT(ViT):
         super().__init__(pool=pool, **kwargs)
         dim = self.pos_embedding.shape[-1]
         self.distill_token = nn.Parameter(torch.zeros(1, dim))
-        nn.init.trunc_normal_(self.distill_token, std=0.02)
+        init_tokens(self.distill_token, patch_norm=kwargs.get('patch_norm', True))
         self.distill_head = nn.Linear(dim, self.num_classes) if self.num_classes > 0 else None
 
     def reset_classifier(self, num_classes):
@@ -183,3 +183,44 @@ def deit_base_distilled_patch16_224(**kwargs):
 
 def deit_base_distilled_patch16_384(**kwargs):
     return DistillableViT(**{**_PAPER_VIT, **_DEIT['base'], 'image_size': 384, 'num_classes': 1000, **kwargs})
+
+
+# loading checkpoints: the paper ViT's plans (vit_pytorch.pretrained) with the distillation token and head
+
+
+def _with_distillation(planned, model, *, token, head):
+    plan, head_prefixes = planned
+    dim = model.pos_embedding.shape[-1]
+    plan['distill_token'] = ({token: (1, 1, dim)}, lambda t: t[0])
+    if model.distill_head is not None:
+        plan['distill_head.weight'] = ({f'{head}.weight': tuple(model.distill_head.weight.shape)}, lambda t: t)
+        plan['distill_head.bias'] = ({f'{head}.bias': tuple(model.distill_head.bias.shape)}, lambda t: t)
+    return plan, (*head_prefixes, f'{head}.')
+
+
+def timm_plan(model, keys):
+    """timm's `VisionTransformerDistilled` (`deit_*_distilled_*`, and DeiT's own `.pth` files)."""
+    from vit_pytorch import pretrained
+    return _with_distillation(pretrained.timm_plan(model, keys), model, token='dist_token', head='head_dist')
+
+
+def hf_plan(model, keys):
+    """Hugging Face `DeiTForImageClassificationWithTeacher` (or `DeiTModel`, with load_head=False)."""
+    from vit_pytorch import pretrained
+    plan, head_prefixes = pretrained.hf_plan(model, keys)
+    for kind in ('weight', 'bias'):     # DeiT's cls head is `cls_classifier`, ViT's `classifier`
+        if f'mlp_head.{kind}' in plan:
+            sources, convert = plan[f'mlp_head.{kind}']
+            plan[f'mlp_head.{kind}'] = ({f'cls_classifier.{kind}': shape for shape in sources.values()}, convert)
+    head_prefixes = tuple(prefix for prefix in head_prefixes if prefix != 'classifier.') + ('cls_classifier.',)
+    encoder = 'deit.' if any(key.startswith('deit.') for key in keys) else ''    # DeiTModel has no prefix
+    return _with_distillation((plan, head_prefixes), model, token=f'{encoder}embeddings.distillation_token',
+                              head='distillation_classifier')
+
+
+def vit_pytorch_plan(model, keys):
+    raise ValueError(
+        "vit-pytorch's DistillableViT is a plain ViT at inference: its distillation token and head live in its "
+        "DistillWrapper, and the token joins after the patches without a position embedding (DeiT, and ours: "
+        "after the cls token, with one). Load its state_dict into vit_pytorch.ViT with the same arguments "
+        "(the same outputs)")

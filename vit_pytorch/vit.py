@@ -142,6 +142,18 @@ class Transformer(nn.Module):
         return (x, outputs) if return_layers else x
 
 
+def init_tokens(*parameters, patch_norm):
+    """Start position tables and learned tokens at the scale of the patch tokens they join.
+
+    Patch tokens leave the Dual PatchNorm (`patch_norm=True`) at unit scale, so these start from
+    a unit normal, as in vit-pytorch; the paper's plain projection gives small tokens, and they
+    start at std 0.02, as in the paper and timm. A table of std 0.02 beside unit-scale patch tokens
+    is drowned out, and the model learns worse (a test on the digits checks the difference).
+    """
+    for parameter in parameters:
+        nn.init.normal_(parameter) if patch_norm else nn.init.trunc_normal_(parameter, std=0.02)
+
+
 def encoder(dim, depth, heads, dim_head, mlp_dim, dropout=0., *, qkv_bias=False, norm_eps=1e-5,
             gelu_approximate='none', attention=Attention, feedforward=FeedForward, final_norm=True):
     """The ViT encoder: `depth` pre-norm (attention, feedforward) layers, then a LayerNorm.
@@ -187,6 +199,8 @@ class ViT(nn.Module):
       gelu_approximate    'none' (exact GELU, timm and Hugging Face) or 'tanh' (the JAX code).
       dynamic_image_size  accept any image size divisible by the patch size, resampling the
                           position embeddings in 2D (bicubic) to the input's patch grid.
+    The position table and cls token start at the scale of the patch tokens: a unit normal with
+    the Dual PatchNorm (vit-pytorch), std 0.02 without it (the paper, timm); see `init_tokens`.
     For variants: `attention`, `feedforward` and `patch_embedding` build the blocks, called
     with the arguments of `Attention`, `FeedForward` and `PatchEmbedding`.
     """
@@ -210,13 +224,12 @@ class ViT(nn.Module):
                                                   patch_norm=patch_norm, norm_eps=norm_eps)
         if pool == 'cls':
             self.cls_token = nn.Parameter(torch.zeros(1, dim))
-            nn.init.trunc_normal_(self.cls_token, std=0.02)
         else:
             # vit-pytorch saves a (0, dim) cls_token under mean pooling: an empty buffer keeps that key
             # for its checkpoints without an empty parameter (which FSDP cannot shard)
             self.register_buffer('cls_token', torch.zeros(0, dim))
         self.pos_embedding = nn.Parameter(torch.zeros(self.num_prefix_tokens + math.prod(self.grid_size), dim))
-        nn.init.trunc_normal_(self.pos_embedding, std=0.02)
+        init_tokens(self.pos_embedding, *([self.cls_token] if pool == 'cls' else []), patch_norm=patch_norm)
         self.dropout = nn.Dropout(emb_dropout)
 
         self.transformer = encoder(dim, depth, heads, dim_head, mlp_dim, dropout, qkv_bias=qkv_bias,
