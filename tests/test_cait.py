@@ -2,11 +2,11 @@ import os
 
 import pytest
 import torch
-from einops import rearrange
 from safetensors.torch import load_file
 
 from helpers import count, digits_batch, fit_fixed_batch
 from vit_pytorch.cait import CaiT, TalkingHeadsAttention, cait_s24_224, cait_xxs24_224
+from vit_pytorch.pretrained import load_timm
 from vit_pytorch.vit import ClassAttention
 
 
@@ -133,47 +133,17 @@ def test_stochastic_depth_drops_branches_per_sample_only_in_training():
     assert torch.allclose(branch(x), branch.fn(x) * branch.scale)
 
 
-# the reference implementation: timm's Cait, tiny, with noisy weights (tests/fixtures/make_variant_timm_fixtures.py)
+# the reference implementation: timm's Cait, tiny, with noisy weights (tests/fixtures/make_variant_timm_fixtures.py),
+# loaded by vit_pytorch.pretrained.load_timm through the plan at the end of vit_pytorch/cait.py
 
 FIXTURES = os.path.join(os.path.dirname(__file__), 'fixtures')
-
-TIMM_BLOCK_KEYS = {       # timm block key -> ours, under patch_transformer.layers.i / cls_transformer.layers.i
-    'norm1': '0.fn.norm', 'attn.qkv': '0.fn.to_qkv', 'attn.proj': '0.fn.to_out.0', 'attn.q': '0.fn.to_q',
-    'attn.proj_l': '0.fn.mix_heads_pre_attn', 'attn.proj_w': '0.fn.mix_heads_post_attn', 'gamma_1': '0.scale',
-    'norm2': '1.fn.net.0', 'mlp.fc1': '1.fn.net.1', 'mlp.fc2': '1.fn.net.4', 'gamma_2': '1.scale',
-}
-
-
-def from_timm(state):
-    ours = {}
-    for key, value in state.items():
-        if key == 'patch_embed.proj.weight':                            # a conv over patches is a linear map
-            ours['to_patch_embedding.2.weight'] = rearrange(value, 'd c p1 p2 -> d (p1 p2 c)')
-        elif key == 'patch_embed.proj.bias':
-            ours['to_patch_embedding.2.bias'] = value
-        elif key in ('cls_token', 'pos_embed'):
-            ours['cls_token' if key == 'cls_token' else 'pos_embedding'] = value[0]
-        elif key.startswith(('norm.', 'head.')):
-            ours[key.replace('head.', 'mlp_head.')] = value
-        else:
-            stack, index, rest = key.split('.', 2)
-            prefix = f"{'patch' if stack == 'blocks' else 'cls'}_transformer.layers.{index}"
-            module, _, kind = rest.rpartition('.')
-            if module in ('attn.k', 'attn.v'):                          # class attention: k and v as one to_kv
-                if module == 'attn.k':
-                    ours[f'{prefix}.0.fn.to_kv.{kind}'] = torch.cat((value, state[key.replace('attn.k', 'attn.v')]))
-            elif rest in TIMM_BLOCK_KEYS:
-                ours[f'{prefix}.{TIMM_BLOCK_KEYS[rest]}'] = value
-            else:
-                ours[f'{prefix}.{TIMM_BLOCK_KEYS[module]}.{kind}'] = value
-    return ours
 
 
 def test_logits_equal_timms_cait():
     reference = load_file(os.path.join(FIXTURES, 'timm_cait_reference.safetensors'))
     model = CaiT(image_size=32, patch_size=8, num_classes=7, dim=24, depth=2, cls_depth=2, heads=3, dim_head=8,
                  mlp_dim=96, patch_norm=False, qkv_bias=True, norm_eps=1e-6).eval()
-    model.load_state_dict(from_timm(load_file(os.path.join(FIXTURES, 'timm_cait.safetensors'))))
+    load_timm(model, os.path.join(FIXTURES, 'timm_cait.safetensors'))     # the public loader
     with torch.no_grad():
         torch.testing.assert_close(model(reference['input']), reference['logits'], atol=1e-5, rtol=1e-5)
 

@@ -3,11 +3,11 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from safetensors.torch import load_file
 
 from helpers import digits_batch, fit_fixed_batch
 from vit_pytorch.cross_vit import CrossFusion, CrossViT, crossvit_small_240, crossvit_tiny_240
+from vit_pytorch.pretrained import load_timm
 from vit_pytorch.vit import ClassAttention
 
 
@@ -120,40 +120,10 @@ def test_logits_are_the_mean_of_both_heads():
 
 
 # the reference implementation: timm's CrossVit, tiny, with noisy weights
-# (tests/fixtures/make_variant_timm_fixtures.py)
+# (tests/fixtures/make_variant_timm_fixtures.py), loaded by vit_pytorch.pretrained.load_timm through the plan at
+# the end of vit_pytorch/cross_vit.py
 
 FIXTURES = os.path.join(os.path.dirname(__file__), 'fixtures')
-BRANCHES = ('sm', 'lg')
-TIMM_BLOCK_KEYS = {'norm1': '0.norm', 'attn.qkv': '0.to_qkv', 'attn.proj': '0.to_out.0',
-                   'norm2': '1.net.0', 'mlp.fc1': '1.net.1', 'mlp.fc2': '1.net.4'}
-TIMM_FUSION_KEYS = {'norm1': 'norm', 'attn.wq': 'to_q', 'attn.proj': 'to_out.0'}
-
-
-def from_timm(state):
-    ours = {}
-    for key, value in state.items():
-        parts = key.split('.')
-        if key.startswith(('pos_embed_', 'cls_token_')):
-            name = 'pos_embedding' if key.startswith('pos') else 'cls_token'
-            ours[f'{BRANCHES[int(key[-1])]}_image_embedder.{name}'] = value[0]
-        elif key.startswith('patch_embed.'):                            # a conv over patches is a linear map
-            value = rearrange(value, 'd c p1 p2 -> d (p1 p2 c)') if value.ndim == 4 else value
-            ours[f'{BRANCHES[int(parts[1])]}_image_embedder.to_patch_embedding.2.{parts[-1]}'] = value
-        elif key.startswith(('norm.', 'head.')):
-            ours[f"{BRANCHES[int(parts[1])]}_{'norm' if parts[0] == 'norm' else 'mlp_head'}.{parts[-1]}"] = value
-        else:
-            prefix, kind = f'multi_scale_encoder.layers.{parts[1]}', parts[-1]
-            if parts[2] == 'blocks':                                    # blocks.k.blocks.branch.layer.<module>
-                ours[f"{prefix}.{parts[3]}.layers.{parts[4]}.{TIMM_BLOCK_KEYS['.'.join(parts[5:-1])]}.{kind}"] = value
-                continue
-            fusion = f"{prefix}.2.{('sm_attend_lg', 'lg_attend_sm')[int(parts[3])]}"
-            if parts[2] in ('projs', 'revert_projs'):
-                ours[f"{fusion}.{'project_in' if parts[2] == 'projs' else 'project_out'}.{parts[4]}.{kind}"] = value
-            elif parts[4:-1] == ['attn', 'wk']:                         # k and v as one to_kv
-                ours[f'{fusion}.layers.0.to_kv.{kind}'] = torch.cat((value, state[key.replace('wk', 'wv')]))
-            elif parts[4:-1] != ['attn', 'wv']:
-                ours[f"{fusion}.layers.0.{TIMM_FUSION_KEYS['.'.join(parts[4:-1])]}.{kind}"] = value
-    return ours
 
 
 def test_logits_equal_timms_crossvit():
@@ -163,7 +133,7 @@ def test_logits_equal_timms_crossvit():
                      lg_enc_heads=3, lg_enc_mlp_dim=96, lg_enc_dim_head=8, cross_attn_depth=1, cross_attn_heads=3,
                      cross_attn_dim_head=None, depth=2, dropout=0., emb_dropout=0., lg_image_size=32,
                      patch_norm=False, qkv_bias=True, norm_eps=1e-6).eval()
-    model.load_state_dict(from_timm(load_file(os.path.join(FIXTURES, 'timm_cross_vit.safetensors'))))
+    load_timm(model, os.path.join(FIXTURES, 'timm_cross_vit.safetensors'))     # the public loader
     with torch.no_grad():
         torch.testing.assert_close(model(reference['input']), reference['logits'], atol=1e-5, rtol=1e-5)
 

@@ -9,8 +9,13 @@ import torch
 from helpers import FIXTURES
 from safetensors.torch import load_file
 
-from vit_pytorch import ViT
-from vit_pytorch.pretrained import CheckpointError, load_timm
+from vit_pytorch import SimpleViT, ViT
+from vit_pytorch.cait import CaiT
+from vit_pytorch.cct import CCT
+from vit_pytorch.deepvit import DeepViT
+from vit_pytorch.parallel_vit import ViT as ParallelViT
+from vit_pytorch.pretrained import CheckpointError, load_hf, load_timm
+from vit_pytorch.t2t import T2TViT
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 # timm VisionTransformer(img_size=(32, 24), patch_size=8, embed_dim=16, depth=2, num_heads=2, mlp_ratio=2, 5 classes)
@@ -73,3 +78,70 @@ def test_live_timm_non_square_without_qkv_bias():
     x = torch.randn(2, 3, 24, 40)
     with torch.no_grad():
         torch.testing.assert_close(model(x), reference_model(x), **TOL)
+
+
+# the variants' timm models; CaiT, XCiT and CrossViT are loaded through load_timm in their own test files
+# (tests/test_cait.py, test_xcit.py, test_cross_vit.py), the parallel ViT here
+
+
+PARALLEL = dict(image_size=32, patch_size=8, num_classes=5, dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32,
+                num_parallel_branches=2, patch_norm=False, qkv_bias=True, norm_eps=1e-6)
+
+
+def test_parallel_vit_with_layer_scale_from_timm():
+    ref = reference('timm_parallel_vit')     # timm ParallelThingsBlock x 2, LayerScale init 0.3
+    model = load_timm(ParallelViT(**PARALLEL, layer_scale_init=1e-5).eval(), FIXTURES / 'timm_parallel_vit.safetensors')
+    with torch.no_grad():
+        torch.testing.assert_close(model(ref['input']), ref['logits'], **TOL)
+
+
+def test_parallel_checkpoint_with_layer_scale_needs_a_model_with_it():
+    with pytest.raises(CheckpointError, match=r'LayerScale.*build the model with layer_scale_init'):
+        load_timm(ParallelViT(**PARALLEL), FIXTURES / 'timm_parallel_vit.safetensors')
+
+
+def test_a_sequential_checkpoint_into_a_parallel_model_is_named():
+    with pytest.raises(CheckpointError, match=r'blocks\.0\.attns\.0\.norm\.weight'):
+        load_timm(ParallelViT(**PARALLEL), FIXTURES / 'timm_vit.safetensors')
+
+
+NO_TIMM = {    # models no timm checkpoint exists for
+    'CCT': lambda: CCT(img_size=32, embedding_dim=16, num_layers=1, num_heads=2, num_classes=3),
+    'SimpleViT': lambda: SimpleViT(image_size=32, patch_size=8, num_classes=3, dim=16, depth=1, heads=2, mlp_dim=32),
+    'DeepViT': lambda: DeepViT(image_size=32, patch_size=8, num_classes=3, dim=16, depth=1, heads=2, mlp_dim=32),
+    'T2TViT': lambda: T2TViT(image_size=32, num_classes=3, dim=16, depth=1, heads=2, mlp_dim=32),
+}
+
+
+@pytest.mark.parametrize('name', NO_TIMM)
+def test_a_model_no_timm_checkpoint_exists_for_is_refused_by_type(name):
+    with pytest.raises(TypeError, match=f'^no timm checkpoints exist for {name}; it loads: vit-pytorch$'):
+        load_timm(NO_TIMM[name](), FIXTURES / 'timm_vit.safetensors')
+
+
+def test_a_model_no_hugging_face_checkpoint_exists_for_names_the_formats_it_loads():
+    model = CaiT(image_size=32, patch_size=8, num_classes=7, dim=24, depth=1, cls_depth=1, heads=3, mlp_dim=48)
+    with pytest.raises(TypeError, match=r'^no Hugging Face checkpoints exist for CaiT; it loads: timm, vit-pytorch$'):
+        load_hf(model, FIXTURES / 'hf_vit_folder')
+
+
+def test_live_timm_variants():
+    timm = pytest.importorskip('timm')
+    cases = [
+        (timm.models.cait.Cait(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=3, init_values=0.3,
+                               num_classes=7),
+         CaiT(image_size=32, patch_size=8, num_classes=7, dim=24, depth=2, cls_depth=2, heads=3, dim_head=8,
+              mlp_dim=96, patch_norm=False, qkv_bias=True, norm_eps=1e-6)),
+        (timm.models.vision_transformer.VisionTransformer(
+            img_size=32, patch_size=8, embed_dim=16, depth=2, num_heads=2, mlp_ratio=2.0, num_classes=5,
+            block_fn=timm.models.vision_transformer.ParallelThingsBlock),
+         ParallelViT(**PARALLEL)),
+    ]
+    x = torch.randn(2, 3, 32, 32)
+    for reference_model, model in cases:
+        with torch.no_grad():
+            for param in reference_model.parameters():
+                param.add_(0.1 * torch.randn_like(param))
+        load_timm(model.eval(), reference_model.state_dict())
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), reference_model.eval()(x), **TOL)

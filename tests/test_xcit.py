@@ -6,6 +6,7 @@ import torch
 from safetensors.torch import load_file
 
 from helpers import digits_batch, fit_fixed_batch
+from vit_pytorch.pretrained import load_timm
 from vit_pytorch.vit import ClassAttention
 from vit_pytorch.xcit import (FourierPositionEncoding, LocalPatchInteraction, XCAttention, XCiT,
                               xcit_tiny_12_p16_224)
@@ -148,56 +149,17 @@ def test_layer_scale_starts_at_its_init_value():
     assert all(torch.equal(s.data, torch.full((32,), 1e-5)) for s in scales)
 
 
-# the reference implementation: timm's Xcit, tiny, with noisy weights (tests/fixtures/make_variant_timm_fixtures.py)
+# the reference implementation: timm's Xcit, tiny, with noisy weights (tests/fixtures/make_variant_timm_fixtures.py),
+# loaded by vit_pytorch.pretrained.load_timm through the plan at the end of vit_pytorch/xcit.py
 
 FIXTURES = os.path.join(os.path.dirname(__file__), 'fixtures')
-
-TIMM_XCA_KEYS = {         # timm blocks.i key -> ours, under xcit_transformer.layers.i
-    'norm1': '0.fn.norm', 'attn.qkv': '0.fn.to_qkv', 'attn.proj': '0.fn.to_out.0',
-    'attn.temperature': '0.fn.temperature', 'gamma1': '0.scale',
-    'norm3': '1.fn.norm', 'local_mp.conv1': '1.fn.net.0', 'local_mp.bn': '1.fn.net.2',
-    'local_mp.conv2': '1.fn.net.3', 'gamma3': '1.scale',
-    'norm2': '2.fn.net.0', 'mlp.fc1': '2.fn.net.1', 'mlp.fc2': '2.fn.net.4', 'gamma2': '2.scale',
-}
-TIMM_CLASS_KEYS = {       # timm cls_attn_blocks.i key -> ours, under cls_transformer.i
-    'norm1': 'norm', 'attn.q': 'attn.to_q', 'attn.proj': 'attn.to_out.0', 'gamma1': 'attn_scale',
-    'norm2': 'ff_norm', 'mlp.fc1': 'ff.0', 'mlp.fc2': 'ff.3', 'gamma2': 'ff_scale',
-}
-
-
-def from_timm(state):
-    ours = {}
-    for key, value in state.items():
-        parts = key.split('.')
-        if key.startswith('patch_embed.proj.'):                         # timm: (conv, bn) pairs with a GELU between
-            conv_bn, index = int(parts[2]) // 2, int(parts[3])
-            ours[f"to_patch_embedding.0.{3 * conv_bn + index}.{'.'.join(parts[4:])}"] = value
-        elif key.startswith('pos_embed.token_projection.'):            # a 1x1 conv is a linear map
-            ours[f'pos_embedding.to_embedding.{parts[-1]}'] = value.flatten(1) if value.ndim == 4 else value
-        elif key == 'cls_token':
-            ours[key] = value[0]
-        elif key.startswith(('norm.', 'head.')):
-            ours[key.replace('head.', 'mlp_head.')] = value
-        else:
-            table, prefix = (TIMM_XCA_KEYS, f'xcit_transformer.layers.{parts[1]}') if parts[0] == 'blocks' \
-                else (TIMM_CLASS_KEYS, f'cls_transformer.{parts[1]}')
-            rest = '.'.join(parts[2:])
-            module, _, kind = rest.rpartition('.')
-            if module in ('attn.k', 'attn.v'):                          # class attention: k and v as one to_kv
-                if module == 'attn.k':
-                    ours[f'{prefix}.attn.to_kv.{kind}'] = torch.cat((value, state[key.replace('attn.k', 'attn.v')]))
-            elif rest in table:
-                ours[f'{prefix}.{table[rest]}'] = value
-            else:
-                ours[f'{prefix}.{table[module]}.{kind}'] = value
-    return ours
 
 
 def test_logits_equal_timms_xcit_at_another_image_size():
     reference = load_file(os.path.join(FIXTURES, 'timm_xcit_reference.safetensors'))
     model = XCiT(image_size=32, patch_size=8, num_classes=7, dim=32, depth=2, cls_depth=2, heads=4, dim_head=8,
                  mlp_dim=128, tokens_norm=True, qkv_bias=True, norm_eps=1e-6).eval()
-    model.load_state_dict(from_timm(load_file(os.path.join(FIXTURES, 'timm_xcit.safetensors'))))
+    load_timm(model, os.path.join(FIXTURES, 'timm_xcit.safetensors'))     # the public loader
     assert reference['input'].shape[-2:] == (32, 48)
     with torch.no_grad():
         torch.testing.assert_close(model(reference['input']), reference['logits'], atol=1e-5, rtol=1e-5)

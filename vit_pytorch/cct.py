@@ -372,3 +372,28 @@ def check_arguments(*, img_size, embedding_dim, n_input_channels, n_conv_layers,
                           pooling_stride, pooling_padding)
     if min(grid) < 1:
         raise ValueError(f"img_size {image_size} is too small for the tokenizer: it leaves a {grid} token grid")
+
+
+# loading checkpoints
+
+
+def vit_pytorch_plan(model, keys):
+    """vit-pytorch's CCT (a port of SHI-Labs/Compact-Transformers, whose checkpoints have the same keys):
+    renamed by REFERENCE_KEYS; the position table loses its leading batch axis, and a 'sine' model
+    checks the saved table against its own (`CCT._load_from_state_dict`)."""
+    state = model.state_dict()
+    plan, unknown = {}, []
+    for key in keys:
+        ours = next((re.sub(pattern, replacement, key) for pattern, replacement in REFERENCE_KEYS
+                     if re.match(pattern, key)), None)
+        if ours == 'positional_emb' and model.positional_emb is not None:
+            plan[ours] = ({key: (1, *model.positional_emb.shape)}, lambda t: t[0])
+        elif ours in state:
+            plan[ours] = ({key: tuple(state[ours].shape)}, lambda t: t)
+        else:
+            unknown.append(key)
+    if unknown:
+        raise ValueError(f"no part of this CCT takes {', '.join(unknown[:5])}: build it with the checkpoint's "
+                         f"positional_embedding, num_classes and layers (a cls-token CCT, seq_pool=False, is "
+                         f"not offered)")
+    return plan, ()

@@ -121,3 +121,12 @@ def deepvit_24(**kwargs):
 
 def deepvit_32(**kwargs):
     return deepvit('32', **kwargs)
+
+
+# loading checkpoints
+
+
+def vit_pytorch_plan(model, keys):
+    """vit-pytorch's DeepViT has our parameter names; its head LayerNorm becomes our final norm in
+    `DeepViT._load_from_state_dict` (the same function on the cls token)."""
+    return None

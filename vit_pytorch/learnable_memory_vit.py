@@ -145,3 +145,66 @@ def memory_adapter_b_16(*, num_memories_per_layer=10, num_classes=2, vit=None):
     """An `Adapter` on `vit` (a new `vit_b_16()` when None, to be loaded with pretrained weights)."""
     return Adapter(vit=vit_b_16() if vit is None else vit, num_memories_per_layer=num_memories_per_layer,
                    num_classes=num_classes)
+
+
+# loading checkpoints
+
+
+def _refuse_adapter(model):
+    if isinstance(model, Adapter):
+        raise ValueError("an Adapter wraps a frozen ViT: load the checkpoint into that ViT (adapter.vit), "
+                         "then wrap it")
+
+
+def timm_plan(model, keys):
+    """timm's ViT (the backbone the paper adapts): the paper ViT's plan (vit_pytorch.pretrained)."""
+    from vit_pytorch import pretrained
+    _refuse_adapter(model)
+    return pretrained.timm_plan(model, keys)
+
+
+def hf_plan(model, keys):
+    from vit_pytorch import pretrained
+    _refuse_adapter(model)
+    return pretrained.hf_plan(model, keys)
+
+
+def jax_plan(model, keys):
+    from vit_pytorch import pretrained
+    _refuse_adapter(model)
+    return pretrained.jax_plan(model, keys)
+
+
+def vit_pytorch_plan(model, keys):
+    """vit-pytorch's learnable-memory `ViT`: its separate q and kv projections are our one qkv projection,
+    and its head's LayerNorm is our final norm (the same function on the cls token it reads)."""
+    if isinstance(model, Adapter):
+        raise ValueError(
+            "vit-pytorch's Adapter computes another function: it appends the memories to the keys and values "
+            "without the layer's LayerNorm (ours normalises them with the tokens, as the paper concatenates them "
+            "to the layer's input) and has a LayerNorm of its own before the head (ours reuses the ViT's final "
+            "norm). Its ViT (the `vit.` entries) loads into learnable_memory_vit.ViT")
+    state = model.state_dict()
+    if model.pool != 'cls':
+        raise ValueError("vit-pytorch's learnable-memory ViT always reads the cls token, whatever its pool: "
+                         "build the model with pool='cls'")
+    if 'to_patch_embedding.1.weight' not in state or 'transformer.layers.0.0.to_qkv.bias' in state:
+        raise ValueError("vit-pytorch's learnable-memory ViT has LayerNorms around the patch projection and no qkv "
+                         "bias: build the model with patch_norm=True and qkv_bias=False (the defaults)")
+    if 'mlp_head.weight' not in state:
+        raise ValueError("vit-pytorch's learnable-memory ViT always has a head: build the model with its num_classes")
+    plan = {'cls_token': ({'cls_token': (1, *state['cls_token'].shape)}, lambda t: t[0]),
+            'pos_embedding': ({'pos_embedding': (1, *state['pos_embedding'].shape)}, lambda t: t[0]),
+            'transformer.norm.weight': ({'mlp_head.0.weight': tuple(state['transformer.norm.weight'].shape)}, lambda t: t),
+            'transformer.norm.bias': ({'mlp_head.0.bias': tuple(state['transformer.norm.bias'].shape)}, lambda t: t),
+            'mlp_head.weight': ({'mlp_head.1.weight': tuple(state['mlp_head.weight'].shape)}, lambda t: t),
+            'mlp_head.bias': ({'mlp_head.1.bias': tuple(state['mlp_head.bias'].shape)}, lambda t: t)}
+    for i in range(len(model.transformer.layers)):
+        key = f'transformer.layers.{i}.0.to_qkv.weight'
+        inner, dim = state[key].shape[0] // 3, state[key].shape[1]
+        plan[key] = ({f'transformer.layers.{i}.0.to_q.weight': (inner, dim),
+                      f'transformer.layers.{i}.0.to_kv.weight': (2 * inner, dim)}, lambda q, kv: torch.cat((q, kv)))
+    for key, tensor in state.items():
+        if key not in plan:
+            plan[key] = ({key: tuple(tensor.shape)}, lambda t: t)
+    return plan, ()

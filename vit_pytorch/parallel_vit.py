@@ -31,10 +31,14 @@ blocks:
     vit_base_18x2()     ViT-B 36x1 -> 18x2   width 768, 12 heads   256.7M
     vit_large_12x2()    ViT-L 24x1 -> 12x2   width 1024, 16 heads  304.3M
 
-The paper trains them with DeiT III's recipe, whose LayerScale (2 x dim per branch) this module
-leaves out, as `vit-pytorch` does.
+The paper trains them with DeiT III's recipe, whose LayerScale (2 x dim per branch) is off by
+default, as in `vit-pytorch`; `layer_scale_init=1e-5` turns it on, each branch's output multiplied
+by its own learned per-channel factor before the sum. timm's `vit_small_patch16_18x2_224` and
+`vit_base_patch16_18x2_224` are `vit_small_18x2(layer_scale_init=1e-5)` and
+`vit_base_18x2(layer_scale_init=1e-5)`, and load with `vit_pytorch.pretrained.load_timm`.
 """
 
+from einops import rearrange
 from torch import nn
 
 from vit_pytorch import vit
@@ -51,10 +55,14 @@ class Parallel(nn.Module):
         return sum(fn(x) for fn in self.fns)
 
 
-def parallel(block, branches):
-    """A builder of `Parallel` blocks: `branches` copies of what `block(*args, **kwargs)` builds."""
-    def build(*args, **kwargs):
-        return Parallel(*[block(*args, **kwargs) for _ in range(branches)])
+def parallel(block, branches, *, layer_scale_init=None):
+    """A builder of `Parallel` blocks: `branches` copies of what `block(dim, *args, **kwargs)` builds,
+    each in a `vit.LayerScale` starting at `layer_scale_init` when that is given."""
+    def build(dim, *args, **kwargs):
+        fns = [block(dim, *args, **kwargs) for _ in range(branches)]
+        if layer_scale_init is not None:
+            fns = [vit.LayerScale(dim, fn, layer_scale_init) for fn in fns]
+        return Parallel(*fns)
     return build
 
 
@@ -62,19 +70,23 @@ class ViT(vit.ViT):
     """The core ViT (same arguments, methods and `num_classes=0` behaviour) with parallel blocks.
 
     `patch_norm`, `qkv_bias` and `norm_eps` are the core's (defaults: vit-pytorch's model;
-    `patch_norm=False, qkv_bias=True, norm_eps=1e-6`: the paper's).
+    `patch_norm=False, qkv_bias=True, norm_eps=1e-6`: the paper's). `layer_scale_init`: None (no
+    LayerScale, vit-pytorch's model) or the initial value of a LayerScale on every branch.
     """
 
     def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, pool='cls',
                  num_parallel_branches=2, channels=3, dim_head=64, dropout=0., emb_dropout=0.,
-                 patch_norm=True, qkv_bias=False, norm_eps=1e-5):
+                 patch_norm=True, qkv_bias=False, norm_eps=1e-5, layer_scale_init=None):
         vit.positive_int('num_parallel_branches', num_parallel_branches)
+        if layer_scale_init is not None:
+            vit.positive_float('layer_scale_init', layer_scale_init)
+        branches = dict(branches=num_parallel_branches, layer_scale_init=layer_scale_init)
         super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim,
                          depth=depth, heads=heads, mlp_dim=mlp_dim, pool=pool, channels=channels,
                          dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout,
                          patch_norm=patch_norm, qkv_bias=qkv_bias, norm_eps=norm_eps,
-                         attention=parallel(vit.Attention, num_parallel_branches),
-                         feedforward=parallel(vit.FeedForward, num_parallel_branches))
+                         attention=parallel(vit.Attention, **branches),
+                         feedforward=parallel(vit.FeedForward, **branches))
 
 
 # the paper's models: width -> (dim, heads); all with patch 16, heads of 64, MLP ratio 4
@@ -110,3 +122,92 @@ def vit_base_18x2(**kwargs):
 
 def vit_large_12x2(**kwargs):
     return parallel_vit('large', 12, 2, **kwargs)
+
+
+# loading checkpoints
+
+
+def _patch_projection_checks(model, state):
+    if 'to_patch_embedding.1.weight' in state:
+        raise ValueError("build the model with patch_norm=False: the checkpoint's patch projection is a bare "
+                         "Linear, without LayerNorms")
+
+
+def timm_plan(model, keys):
+    """timm's `VisionTransformer` with `ParallelThingsBlock` (`vit_small_patch16_18x2_224`,
+    `vit_base_patch16_18x2_224`) -> the parallel ViT with `patch_norm=False`, and
+    `layer_scale_init` when the checkpoint's branches have LayerScale.
+
+    Names differ, values do not, except: the patch projection is a convolution (a Linear over
+    (p1 p2 c) here) and the cls token has a leading batch axis.
+    """
+    state = model.state_dict()
+    _patch_projection_checks(model, state)
+    if model.pool != 'cls':
+        raise ValueError("timm's parallel ViT reads its cls token: build the model with pool='cls'")
+    scaled = 'transformer.layers.0.0.fns.0.scale' in state
+    if 'blocks.0.attns.0.attn.qkv.weight' in keys:      # a parallel checkpoint: say what the model lacks
+        their_scale, their_bias = 'blocks.0.attns.0.ls.gamma' in keys, 'blocks.0.attns.0.attn.qkv.bias' in keys
+        if scaled != their_scale:
+            raise ValueError(f"the checkpoint's branches {'have' if their_scale else 'have no'} LayerScale: build "
+                             f"the model with layer_scale_init={'1e-5 (any value: it is loaded)' if their_scale else 'None'}")
+        if any(key.endswith('to_qkv.bias') for key in state) != their_bias:
+            raise ValueError(f"build the model with qkv_bias={their_bias} (the checkpoint's attention "
+                             f"{'has' if their_bias else 'has no'} qkv bias)")
+    dim = state['cls_token'].shape[-1]
+    plan = {
+        'to_patch_embedding.2.weight': ({'patch_embed.proj.weight': (dim, model.channels, *model.patch_size)},
+                                        lambda w: rearrange(w, 'd c p1 p2 -> d (p1 p2 c)')),
+        'cls_token': ({'cls_token': (1, 1, dim)}, lambda t: t[0]),
+        'pos_embedding': ({'pos_embed': None}, dict(num_prefix_tokens=model.num_prefix_tokens,
+                                                    grid=model.grid_size)),
+    }
+    names = {'to_patch_embedding.2.': 'patch_embed.proj.', 'transformer.norm.': 'norm.', 'mlp_head.': 'head.'}
+    for i, (attns, ffs) in enumerate(model.transformer.layers):
+        for j in range(len(attns.fns)):
+            attn, ff = f'transformer.layers.{i}.0.fns.{j}.', f'transformer.layers.{i}.1.fns.{j}.'
+            their_attn, their_ff = f'blocks.{i}.attns.{j}.', f'blocks.{i}.ffns.{j}.'
+            inner_attn, inner_ff = (attn + 'fn.', ff + 'fn.') if scaled else (attn, ff)
+            names.update({
+                attn + 'scale': their_attn + 'ls.gamma', inner_attn + 'norm.': their_attn + 'norm.',
+                inner_attn + 'to_qkv.': their_attn + 'attn.qkv.', inner_attn + 'to_out.0.': their_attn + 'attn.proj.',
+                ff + 'scale': their_ff + 'ls.gamma', inner_ff + 'net.0.': their_ff + 'norm.',
+                inner_ff + 'net.1.': their_ff + 'mlp.fc1.', inner_ff + 'net.4.': their_ff + 'mlp.fc2.',
+            })
+    for key, tensor in state.items():
+        if key not in plan:
+            prefix = next((prefix for prefix in names if key.startswith(prefix)), None)
+            if prefix is None:
+                raise ValueError(f"timm's parallel ViT has no counterpart of {key}")
+            plan[key] = ({names[prefix] + key[len(prefix):]: tuple(tensor.shape)}, lambda t: t)
+    return plan, ('head.',)
+
+
+def vit_pytorch_plan(model, keys):
+    """vit-pytorch's parallel `ViT`: its bare Linear patch projection is ours with `patch_norm=False`, and
+    its head's LayerNorm is our final norm (the same function on the cls token)."""
+    state = model.state_dict()
+    _patch_projection_checks(model, state)
+    if model.pool != 'cls':
+        raise ValueError("vit-pytorch's parallel ViT normalises after pooling, which differs from this model's "
+                         "norm-then-pool under pool='mean': only its pool='cls' checkpoints load, into pool='cls'")
+    if any(key.endswith(('to_qkv.bias', '.scale')) for key in state):
+        raise ValueError("vit-pytorch's parallel ViT has no qkv bias and no LayerScale: build the model with "
+                         "qkv_bias=False and layer_scale_init=None")
+    if 'mlp_head.weight' not in state:
+        raise ValueError("vit-pytorch's parallel ViT always has a head: build the model with its num_classes")
+    plan = {
+        'to_patch_embedding.2.weight': ({'to_patch_embedding.1.weight': tuple(state['to_patch_embedding.2.weight'].shape)},
+                                        lambda t: t),
+        'to_patch_embedding.2.bias': ({'to_patch_embedding.1.bias': tuple(state['to_patch_embedding.2.bias'].shape)},
+                                      lambda t: t),
+        'cls_token': ({'cls_token': (1, *state['cls_token'].shape)}, lambda t: t[0]),
+        'pos_embedding': ({'pos_embedding': (1, *state['pos_embedding'].shape)}, lambda t: t[0]),
+    }
+    for ours, theirs in (('transformer.norm.', 'mlp_head.0.'), ('mlp_head.', 'mlp_head.1.')):
+        for kind in ('weight', 'bias'):
+            plan[ours + kind] = ({theirs + kind: tuple(state[ours + kind].shape)}, lambda t: t)
+    for key, tensor in state.items():
+        if key not in plan:
+            plan[key] = ({key: tuple(tensor.shape)}, lambda t: t)
+    return plan, ()

@@ -519,8 +519,11 @@ def _load(model, state_dict, plan, head_prefixes, *, name, fmt, resample, load_h
     if left_out:
         raise CheckpointError(f"{name}: the {FORMATS[fmt]} format has nothing for these parameters of "
                               f"{type(model).__name__}: {', '.join(left_out)}")
-    with torch.no_grad():
-        result = model.load_state_dict(converted, strict=False)
+    try:
+        with torch.no_grad():
+            result = model.load_state_dict(converted, strict=False)
+    except (RuntimeError, ValueError) as error:      # a model's own load hook refused (e.g. CCT's sine table)
+        raise CheckpointError(f"{name}: {error}") from error
     if result.unexpected_keys or set(result.missing_keys) - heads:
         raise CheckpointError(f"{name}: the {FORMATS[fmt]} plan of {type(model).__name__} does not match the "
                               f"model: missing {result.missing_keys}, unexpected {result.unexpected_keys}")
@@ -673,9 +676,7 @@ def timm_plan(model, keys):
     # timm before 0.6 kept the paper's representation layer as pre_logits.fc
     plan.update(_head_plan(m, {'pre_logits.weight': 'pre_logits.fc.weight', 'pre_logits.bias': 'pre_logits.fc.bias',
                                'head.weight': 'head.weight', 'head.bias': 'head.bias'}))
-    if getattr(model, 'distill_token', None) is not None:
-        _add_distillation(plan, model, token='dist_token', head='head_dist')
-    return plan, ('head.', 'pre_logits.', 'head_dist.')
+    return plan, ('head.', 'pre_logits.')
 
 
 def hf_plan(model, keys):
@@ -720,23 +721,7 @@ def hf_plan(model, keys):
     # ViTModel's pooler (Linear + tanh on token 0) has the shape and place of the paper's pre-logits layer
     plan.update(_head_plan(m, {'pre_logits.weight': 'pooler.dense.weight', 'pre_logits.bias': 'pooler.dense.bias',
                                'head.weight': 'classifier.weight', 'head.bias': 'classifier.bias'}))
-    if getattr(model, 'distill_token', None) is not None:
-        _add_distillation(plan, model, token=f'{p}embeddings.distillation_token', head='distillation_classifier')
-        for kind in ('weight', 'bias'):
-            if f'mlp_head.{kind}' in plan:
-                sources, convert = plan[f'mlp_head.{kind}']
-                plan[f'mlp_head.{kind}'] = ({f'cls_classifier.{kind}': shape for shape in sources.values()}, convert)
-        return plan, ('cls_classifier.', 'distillation_classifier.', f'{p}pooler.')
     return plan, ('classifier.', f'{p}pooler.')
-
-
-def _add_distillation(plan, model, *, token, head):
-    d = model.pos_embedding.shape[-1]
-    plan['distill_token'] = ({token: (1, 1, d)}, _first)
-    if model.distill_head is not None:
-        k = model.distill_head.out_features
-        plan['distill_head.weight'] = ({f'{head}.weight': (k, d)}, _same)
-        plan['distill_head.bias'] = ({f'{head}.bias': (k,)}, _same)
 
 
 def jax_plan(model, keys):

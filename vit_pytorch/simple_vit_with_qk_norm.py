@@ -42,3 +42,14 @@ class SimpleViT(simple_vit.SimpleViT):
         super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim,
                          depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head,
                          attention=Attention)
+
+
+# loading checkpoints
+
+
+def vit_pytorch_plan(model, keys):
+    raise ValueError(
+        "vit-pytorch's qk-norm SimpleViT computes another function: it ends in a LayerNorm instead of a "
+        "classifier, and it normalises queries and keys by their root mean square with a learned gain per head "
+        "and no 1/sqrt(dim_head) scale, where ours (as ViT-22B) uses bias-free LayerNorms shared by the heads, "
+        "the usual scale and a Linear head")

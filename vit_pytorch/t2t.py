@@ -19,10 +19,22 @@ positions as in the paper.
 
 Each `(kernel, stride)` of `t2t_layers` is one soft split with padding stride // 2 (the
 paper's 7/4/2, 3/2/1, 3/2/1 shrink a 224 image to 14 x 14 tokens).
+
+The official code has two kinds of T2T layer: its "T2T-ViT" models use a Performer layer (an
+attention linear in the number of tokens, `t2t_layer='performer'`), its "T2T-ViT_t" models a
+transformer layer (`t2t_layer='transformer'`, the default). So the official T2T-ViT-14 is
+`t2t_vit_14(t2t_layer='performer')`, 21,465,806 parameters (the official count, 21,545,550, adds
+its frozen position table and random features, buffers here). `qk_scale` sets the logit scale of
+the backbone's attention (None: dim_head ** -0.5); the official code passes
+`qk_scale = dim ** -0.5` (256, 384, 448 or 512 by size) when it loads its released weights, in
+its Performer and transformer models alike, so build with `qk_scale=dim ** -0.5` to run them.
 """
 
+import functools
+import math
+
 import torch
-from einops import rearrange, repeat
+from einops import einsum, rearrange, repeat
 from torch import nn
 
 from vit_pytorch import vit
@@ -66,12 +78,61 @@ class TokenAttention(vit.Attention):
         return rearrange(v, 'b h n d -> b n (h d)') + out
 
 
-class TokenTransformer(nn.Module):
-    """One T2T transformer layer: (b, n, dim) -> (b, n, dim_out), an MLP of ratio 1 after the attention."""
+class TokenPerformer(nn.Module):
+    """Single-head pre-norm Performer attention from `dim` channels down to `dim_out`: the official
+    T2T-ViT's T2T layer (Choromanski et al., arXiv 2009.14794, positive random features).
 
-    def __init__(self, dim, dim_out, dropout=0., *, qkv_bias=False, norm_eps=1e-5):
+    softmax(q k^T) is replaced by phi(q) phi(k)^T with phi(x) = exp(w x - |x|^2 / 2) / sqrt(m),
+    for m = dim_out * kernel_ratio fixed random orthogonal directions w of norm sqrt(m) (drawn at
+    construction, saved with the weights); q and k are not scaled. Both are the official code's
+    choices (FAVOR+'s unbiased estimate of exp(q . k) would draw directions of norm about
+    sqrt(dim_out)). As in `TokenAttention` the residual goes through the values:
+        out = v + proj(phi(q) (phi(k)^T v) / (phi(q) sum_j phi(k_j) + 1e-8)).
+    The q, k, v projection has a bias, as the official one. `fused=True` computes this in time
+    linear in the tokens; with `fused=False` the (b, 1, n, n) normalised kernel matrix is formed
+    and passed through `attention_probs` (the recorder's protocol): the same values.
+    """
+
+    def __init__(self, dim, dim_out, dropout=0., *, kernel_ratio=0.5, norm_eps=1e-5):
         super().__init__()
-        self.attn = TokenAttention(dim, dim_out, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps)
+        self.fused = True
+        self.eps = 1e-8
+        self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.to_qkv = nn.Linear(dim, 3 * dim_out)
+        self.attention_probs = nn.Identity()
+        self.to_out = nn.Sequential(nn.Linear(dim_out, dim_out), nn.Dropout(dropout))
+        num_features = int(dim_out * kernel_ratio)
+        directions = nn.init.orthogonal_(torch.empty(num_features, dim_out)) * math.sqrt(num_features)
+        self.register_buffer('random_features', directions)                 # (m, dim_out)
+
+    def features(self, x):
+        """phi(x) = exp(w x - |x|^2 / 2) / sqrt(m): (b, n, dim_out) -> (b, n, m)."""
+        projected = einsum(x, self.random_features, 'b n d, m d -> b n m')
+        return torch.exp(projected - x.pow(2).sum(dim=-1, keepdim=True) / 2) / math.sqrt(len(self.random_features))
+
+    def forward(self, x):
+        q, k, v = self.to_qkv(self.norm(x)).chunk(3, dim=-1)                 # (b, n, dim_out) each
+        q, k = self.features(q), self.features(k)                            # (b, n, m)
+        if self.fused:
+            context = einsum(k, v, 'b n m, b n d -> b m d')
+            normaliser = einsum(q, k.sum(dim=1), 'b n m, b m -> b n')
+            out = einsum(q, context, 'b n m, b m d -> b n d') / (normaliser[..., None] + self.eps)
+        else:
+            kernel = einsum(q, k, 'b i m, b j m -> b i j')
+            attn = self.attention_probs(rearrange(kernel / (kernel.sum(dim=-1, keepdim=True) + self.eps),
+                                                  'b i j -> b 1 i j'))
+            out = rearrange(attn, 'b 1 i j -> b i j') @ v
+        return v + self.to_out(out)
+
+
+class TokenTransformer(nn.Module):
+    """One T2T layer: (b, n, dim) -> (b, n, dim_out), an MLP of ratio 1 after the attention, which is
+    softmax attention (`TokenAttention`, `performer=False`) or `TokenPerformer`."""
+
+    def __init__(self, dim, dim_out, dropout=0., *, qkv_bias=False, norm_eps=1e-5, performer=False):
+        super().__init__()
+        self.attn = TokenPerformer(dim, dim_out, dropout, norm_eps=norm_eps) if performer else \
+            TokenAttention(dim, dim_out, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps)
         self.ff = vit.FeedForward(dim_out, dim_out, dropout, norm_eps=norm_eps)
 
     def forward(self, x):
@@ -97,7 +158,7 @@ class T2TModule(nn.Module):
     """Soft split, T2T transformer, re-structurize (tokens back to an image), repeated; then project."""
 
     def __init__(self, *, image_size, channels, dim, t2t_layers, token_dim, dropout=0., qkv_bias=False,
-                 norm_eps=1e-5):
+                 norm_eps=1e-5, performer=False):
         super().__init__()
         self.splits = nn.ModuleList()
         self.transformers = nn.ModuleList()
@@ -111,7 +172,7 @@ class T2TModule(nn.Module):
             width_in = width_in * kernel_size ** 2
             if i < len(t2t_layers) - 1:
                 self.transformers.append(TokenTransformer(width_in, token_dim, dropout, qkv_bias=qkv_bias,
-                                                          norm_eps=norm_eps))
+                                                          norm_eps=norm_eps, performer=performer))
                 width_in = token_dim
         self.project = nn.Linear(width_in, dim)
 
@@ -121,6 +182,14 @@ class T2TModule(nn.Module):
             x = rearrange(transformer(x), 'b (h w) c -> b c h w', h=height, w=width)
             x = split(x)
         return self.project(x)                                          # (b, n, dim)
+
+
+class ScaledAttention(vit.Attention):
+    """The core attention with its logits scaled by `scale` (the official code's `qk_scale`)."""
+
+    def __init__(self, *args, scale, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.scale = scale
 
 
 class T2TViT(nn.Module):
@@ -135,13 +204,17 @@ class T2TViT(nn.Module):
                  the full unfolded width).
       qkv_bias   bias on the query/key/value projections (False in the paper).
       norm_eps   epsilon of every LayerNorm.
+      t2t_layer  'transformer' (softmax attention, the official "_t" models) or 'performer'
+                 (`TokenPerformer`, the official T2T-ViT models).
+      qk_scale   the backbone attention's logit scale; None: dim_head ** -0.5.
     """
 
     num_prefix_tokens = 1
 
     def __init__(self, *, image_size, num_classes, dim, depth=None, heads=None, mlp_dim=None, pool='cls',
                  channels=3, dim_head=64, dropout=0., emb_dropout=0., transformer=None,
-                 t2t_layers=((7, 4), (3, 2), (3, 2)), token_dim=64, qkv_bias=False, norm_eps=1e-5):
+                 t2t_layers=((7, 4), (3, 2), (3, 2)), token_dim=64, qkv_bias=False, norm_eps=1e-5,
+                 t2t_layer='transformer', qk_scale=None):
         check_arguments(**vit.arguments(locals()))
         super().__init__()
         self.image_size = vit.pair(image_size)
@@ -152,7 +225,8 @@ class T2TViT(nn.Module):
         self.num_classes = num_classes
         self.to_patch_embedding = T2TModule(image_size=self.image_size, channels=channels, dim=dim,
                                             t2t_layers=t2t_layers, token_dim=token_dim, dropout=dropout,
-                                            qkv_bias=qkv_bias, norm_eps=norm_eps)
+                                            qkv_bias=qkv_bias, norm_eps=norm_eps,
+                                            performer=t2t_layer == 'performer')
         num_patches = self.grid_size[0] * self.grid_size[1]
         self.cls_token = nn.Parameter(torch.zeros(1, dim))
         nn.init.trunc_normal_(self.cls_token, std=0.02)
@@ -160,8 +234,9 @@ class T2TViT(nn.Module):
         self.register_buffer('pos_embedding', sinusoid_table(1 + num_patches, dim), persistent=False)
         self.dropout = nn.Dropout(emb_dropout)
 
+        attention = vit.Attention if qk_scale is None else functools.partial(ScaledAttention, scale=qk_scale)
         self.transformer = transformer if transformer is not None else vit.encoder(
-            dim, depth, heads, dim_head, mlp_dim, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps)
+            dim, depth, heads, dim_head, mlp_dim, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps, attention=attention)
         self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else None
 
     def forward_features(self, img):
@@ -252,7 +327,13 @@ def t2t_vit_24(**kwargs):
 
 
 def check_arguments(*, image_size, num_classes, dim, depth, heads, mlp_dim, pool, channels, dim_head, dropout,
-                    emb_dropout, transformer, t2t_layers, token_dim, qkv_bias, norm_eps):
+                    emb_dropout, transformer, t2t_layers, token_dim, qkv_bias, norm_eps, t2t_layer, qk_scale):
+    if t2t_layer not in ('transformer', 'performer'):
+        raise ValueError(f"t2t_layer must be 'transformer' or 'performer', got {t2t_layer!r}")
+    if qk_scale is not None:
+        vit.positive_float('qk_scale', qk_scale)
+        if transformer is not None:
+            raise ValueError("qk_scale sets the built-in backbone's attention; a custom transformer sets its own")
     image_pair = vit.positive_pair('image_size', image_size)
     for name, value in dict(dim=dim, channels=channels, dim_head=dim_head, token_dim=token_dim).items():
         vit.positive_int(name, value)
@@ -282,3 +363,14 @@ def check_arguments(*, image_size, num_classes, dim, depth, heads, mlp_dim, pool
         if min(size) < 1:
             raise ValueError(f"image_size {image_pair} is too small for t2t_layers {t2t_layers!r}")
 
+
+
+# loading checkpoints
+
+
+def vit_pytorch_plan(model, keys):
+    raise ValueError(
+        "vit-pytorch's T2T-ViT computes another function: its T2T layers keep the full unfolded width (whole "
+        "transformer layers, with the residual on their input and a final LayerNorm), where the paper's (and "
+        "ours) narrow the tokens to token_dim with the residual on the values, and it learns its position table "
+        "where the paper fixes sinusoids")

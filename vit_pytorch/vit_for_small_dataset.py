@@ -118,3 +118,13 @@ def sl_vit_cifar(**kwargs):
 
 def sl_vit_tiny_imagenet(**kwargs):
     return sl_vit(**{'image_size': 64, 'num_classes': 200, **kwargs})
+
+
+# loading checkpoints
+
+
+def vit_pytorch_plan(model, keys):
+    raise ValueError(
+        "vit-pytorch's shifted patch tokenization moves the image by one pixel left, right, up and down; the "
+        "paper's (and ours) by half a patch in the four diagonal directions. The parameters have the same "
+        "shapes, so its weights would load silently into a model that sees other pixels")

@@ -352,3 +352,71 @@ def check_arguments(*, image_size, patch_size, num_classes, dim, depth, cls_dept
         raise ValueError(f"layer_scale_init must be a positive float or None (the paper's rule), "
                          f"got {layer_scale_init!r}")
 
+
+
+# loading checkpoints
+
+
+def timm_plan(model, keys):
+    """timm's `Xcit` (the `xcit_*` models) -> XCiT.
+
+    Names differ, values do not, except: timm's stem keeps each convolution and its BatchNorm in a
+    pair (ours one Sequential), its Fourier projection is a 1x1 convolution (a Linear here), its class
+    attention keeps k and v apart (one `to_kv` here), and the cls token has a leading batch axis.
+    """
+    state = model.state_dict()
+    if ('blocks.0.attn.qkv.bias' in keys) != ('xcit_transformer.layers.0.0.fn.to_qkv.bias' in state):
+        raise ValueError(f"build the model with qkv_bias={'blocks.0.attn.qkv.bias' in keys} "
+                         f"(the checkpoint's attention {'has' if 'blocks.0.attn.qkv.bias' in keys else 'has no'} qkv bias)")
+    dim = state['cls_token'].shape[-1]
+    hidden = state['pos_embedding.to_embedding.weight'].shape[1]
+    plan = {
+        'cls_token': ({'cls_token': (1, 1, dim)}, lambda t: t[0]),
+        'pos_embedding.to_embedding.weight': ({'pos_embed.token_projection.weight': (dim, hidden, 1, 1)},
+                                              lambda w: rearrange(w, 'd k 1 1 -> d k')),
+    }
+    names = {'pos_embedding.to_embedding.': 'pos_embed.token_projection.', 'norm.': 'norm.', 'mlp_head.': 'head.'}
+    # the stem: ours (conv, BatchNorm, GELU) x n in one Sequential; timm's proj.(2j) is (conv, BatchNorm), proj.(2j + 1) a GELU
+    for index in range(0, len(model.to_patch_embedding[0]), 3):
+        for part in (0, 1):
+            names[f'to_patch_embedding.0.{index + part}.'] = f'patch_embed.proj.{2 * (index // 3)}.{part}.'
+    for i in range(len(model.xcit_transformer.layers)):
+        ours, block = f'xcit_transformer.layers.{i}.', f'blocks.{i}.'
+        names.update({
+            ours + '0.scale': block + 'gamma1', ours + '0.fn.norm.': block + 'norm1.',
+            ours + '0.fn.to_qkv.': block + 'attn.qkv.', ours + '0.fn.to_out.0.': block + 'attn.proj.',
+            ours + '0.fn.temperature': block + 'attn.temperature',
+            ours + '1.scale': block + 'gamma3', ours + '1.fn.norm.': block + 'norm3.',
+            ours + '1.fn.net.0.': block + 'local_mp.conv1.', ours + '1.fn.net.2.': block + 'local_mp.bn.',
+            ours + '1.fn.net.3.': block + 'local_mp.conv2.',
+            ours + '2.scale': block + 'gamma2', ours + '2.fn.net.0.': block + 'norm2.',
+            ours + '2.fn.net.1.': block + 'mlp.fc1.', ours + '2.fn.net.4.': block + 'mlp.fc2.',
+        })
+    for i in range(len(model.cls_transformer)):
+        ours, block = f'cls_transformer.{i}.', f'cls_attn_blocks.{i}.'
+        names.update({
+            ours + 'attn_scale': block + 'gamma1', ours + 'norm.': block + 'norm1.', ours + 'attn.to_q.': block + 'attn.q.',
+            ours + 'attn.to_out.0.': block + 'attn.proj.', ours + 'ff_scale': block + 'gamma2',
+            ours + 'ff_norm.': block + 'norm2.', ours + 'ff.0.': block + 'mlp.fc1.', ours + 'ff.3.': block + 'mlp.fc2.',
+        })
+        for kind in ('weight', 'bias'):   # timm's separate k and v are our to_kv
+            key = ours + f'attn.to_kv.{kind}'
+            if key in state:
+                half = (state[key].shape[0] // 2, *state[key].shape[1:])
+                plan[key] = ({block + f'attn.k.{kind}': half, block + f'attn.v.{kind}': half},
+                             lambda k, v: torch.cat((k, v)))
+    for key, tensor in state.items():
+        if key not in plan:
+            prefix = next((prefix for prefix in names if key.startswith(prefix)), None)
+            if prefix is None:
+                raise ValueError(f"timm's XCiT has no counterpart of {key}")
+            plan[key] = ({names[prefix] + key[len(prefix):]: tuple(tensor.shape)}, lambda t: t)
+    return plan, ('head.',)
+
+
+def vit_pytorch_plan(model, keys):
+    raise ValueError(
+        "vit-pytorch's XCiT is another model: it embeds patches with a Linear between LayerNorms and adds a "
+        "learned position table (XCiT: a convolutional stem and a Fourier position encoding), scales the "
+        "cross-covariance by exp(temperature) (XCiT: the temperature itself), puts BatchNorm before the GELU in "
+        "the local patch interaction, and its class attention reads normed patch tokens without updating them")
