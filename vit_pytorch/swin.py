@@ -74,10 +74,17 @@ def padded_size(size, window):
     return tuple(math.ceil(side / length) * length for side, length in zip(size, window))
 
 
+def built_on_cpu(tensor):
+    """A table computed on the CPU, moved to the device models are being built on (meta tensors would need
+    torch's reference decompositions, slow to import, to compute it there)."""
+    return tensor.to(torch.get_default_device())
+
+
 def relative_position_index(window):
     """(n, n) index of query i and key j's relative position (dy, dx) in a ((2 wh - 1) (2 ww - 1)) table."""
     height, width = window
-    coords = torch.stack(torch.meshgrid(torch.arange(height), torch.arange(width), indexing='ij'))
+    coords = torch.stack(torch.meshgrid(torch.arange(height, device='cpu'), torch.arange(width, device='cpu'),
+                                        indexing='ij'))
     coords = rearrange(coords, 'two h w -> two (h w)')
     delta = coords[:, :, None] - coords[:, None, :]                 # (2, n, n): query minus key
     return (delta[0] + height - 1) * (2 * width - 1) + delta[1] + width - 1
@@ -87,7 +94,7 @@ def log_spaced_coordinates(window, pretrained_window):
     """V2's ((2 wh - 1) (2 ww - 1), 2) relative coordinates, scaled to [-8, 8] by the (pretraining)
     window and log-spaced: sign(x) log2(1 + |x|) / log2(8) (Swin V2, eq. 4)."""
     reference = pretrained_window if pretrained_window[0] > 0 else window
-    axes = [torch.arange(-(size - 1), size, dtype=torch.float32) / max(ref - 1, 1)
+    axes = [torch.arange(-(size - 1), size, dtype=torch.float32, device='cpu') / max(ref - 1, 1)
             for size, ref in zip(window, reference)]
     coords = torch.stack(torch.meshgrid(*axes, indexing='ij'), dim=-1) * 8   # (2 wh - 1, 2 ww - 1, 2)
     coords = torch.sign(coords) * torch.log2(coords.abs() + 1.0) / math.log2(8)
@@ -128,7 +135,8 @@ class ShiftedWindows(nn.Module):
         self.window_size, self.shift_size = tuple(window_size), tuple(shift_size)
         self.shifted = any(self.shift_size)
         self.padded = padded_size(feature_size, self.window_size)
-        mask = shifted_window_mask(self.padded, self.window_size, self.shift_size) if self.shifted else None
+        mask = built_on_cpu(shifted_window_mask(self.padded, self.window_size, self.shift_size, device='cpu')) \
+            if self.shifted else None
         self.register_buffer('mask', mask, persistent=False)
 
     def split(self, x):
@@ -176,14 +184,15 @@ class WindowAttention(vit.Attention):
         height, width = self.windows.window_size
         self.relative_position_bias_table = nn.Parameter(torch.empty((2 * height - 1) * (2 * width - 1), heads))
         nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
-        self.register_buffer('relative_position_index', relative_position_index((height, width)), persistent=False)
+        self.register_buffer('relative_position_index', built_on_cpu(relative_position_index((height, width))),
+                             persistent=False)
 
     def qkv(self, windows):
         return rearrange(self.to_qkv(windows), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=self.heads)
 
     def position_bias(self):
         """(heads, n, n): the table read at each (query, key) pair's relative position."""
-        return rearrange(self.relative_position_bias_table[self.relative_position_index], 'i j h -> h i j')
+        return self.relative_position_bias_table.t()[:, self.relative_position_index]
 
     def forward(self, x):
         windows = self.windows.split(self.norm(x))                   # (b * windows, n, dim)
@@ -215,9 +224,9 @@ class CosineWindowAttention(nn.Module):
         self.v_bias = nn.Parameter(torch.zeros(dim)) if qkv_bias else None
         self.logit_scale = nn.Parameter(torch.full((heads, 1, 1), math.log(10.)))
         self.cpb_mlp = nn.Sequential(nn.Linear(2, CPB_HIDDEN), nn.ReLU(), nn.Linear(CPB_HIDDEN, heads, bias=False))
-        self.register_buffer('relative_coordinates', log_spaced_coordinates(self.windows.window_size,
-                                                                            pretrained_window_size), persistent=False)
-        self.register_buffer('relative_position_index', relative_position_index(self.windows.window_size),
+        coordinates = log_spaced_coordinates(self.windows.window_size, pretrained_window_size)
+        self.register_buffer('relative_coordinates', built_on_cpu(coordinates), persistent=False)
+        self.register_buffer('relative_position_index', built_on_cpu(relative_position_index(self.windows.window_size)),
                              persistent=False)
         self.attention_probs = nn.Identity()
         self.to_out = nn.Sequential(nn.Linear(dim, dim), nn.Dropout(proj_dropout))
@@ -230,7 +239,7 @@ class CosineWindowAttention(nn.Module):
     def position_bias(self):
         """(heads, n, n): 16 sigmoid of the MLP's bias at each (query, key) pair's relative position."""
         table = self.cpb_mlp(self.relative_coordinates)              # ((2 wh - 1) (2 ww - 1), heads)
-        return 16 * torch.sigmoid(rearrange(table[self.relative_position_index], 'i j h -> h i j'))
+        return 16 * torch.sigmoid(table.t()[:, self.relative_position_index])
 
     def forward(self, x):
         q, k, v = self.qkv(self.windows.split(x))
