@@ -33,11 +33,16 @@ MODELS = {
     'simple_vit_with_register_tokens': 'vit_pytorch.simple_vit_with_register_tokens:SimpleViT',
     'simple_vit_with_qk_norm': 'vit_pytorch.simple_vit_with_qk_norm:SimpleViT',
     'simple_vit_with_patch_dropout': 'vit_pytorch.simple_vit_with_patch_dropout:SimpleViT',
+    'swin': 'vit_pytorch.swin:SwinTransformer',
+    'swinv2': 'vit_pytorch.swin:SwinTransformerV2',
 }
 
 # the trainer's default sizes for a model whose arguments are not the ViT's (multi-scale models): name ->
 # keyword arguments for small images (16 to 32 pixels); image size, channels and classes come from the data
-SMALL_CONFIGS = {}
+SMALL_CONFIGS = {
+    'swin': dict(patch_size=2, embed_dim=32, depths=(2, 2, 2), num_heads=(2, 4, 8), window_size=4),
+    'swinv2': dict(patch_size=2, embed_dim=32, depths=(2, 2, 2), num_heads=(2, 4, 8), window_size=4),
+}
 
 # 'Ti/16', 'S/16', 'B/32', ...: the paper's table, built by vit_pytorch.pretrained.vit
 NAMED_CONFIG = re.compile(r'[A-Za-z]+/\d+')
