@@ -333,6 +333,28 @@ def test_recorded_maps_are_per_block_per_window_and_equal_the_softmax_of_q_and_k
         torch.testing.assert_close(logits, model(img), atol=1e-5, rtol=0)     # fused and explicit paths agree
 
 
+def test_window_maps_laid_on_the_stage_grid_put_each_pair_where_its_tokens_are():
+    model = perturb(tiny()).eval()
+    with torch.no_grad():
+        recorder = Recorder(model)
+        recorder(torch.randn(2, 3, 40, 48))
+    full, size = model.attention_on_grid(recorder.maps, (40, 48), stage=0)
+    assert size == (10, 12) and full.shape == (2, 2, 2, 120, 120)      # (b, blocks, heads, h * w, h * w)
+    shifted = recorder.maps[1].view(2, 9, 2, 16, 16)                    # block 1 shifts by 2: 9 windows of 4x4
+
+    def window_of(token):                                               # its window and place after the shift
+        row, col = (token // 12 - 2) % 10, (token % 12 - 2) % 12
+        return (row // 4) * 3 + col // 4, (row % 4) * 4 + col % 4
+
+    for query in range(0, 120, 7):
+        for key in range(120):
+            (window, i), (other, j) = window_of(query), window_of(key)
+            expected = shifted[:, window, :, i, j] if window == other else torch.zeros(2, 2)
+            assert torch.equal(full[:, 1, :, query, key], expected)
+    last, last_size = model.attention_on_grid(recorder.maps, (40, 48), stage=-1)
+    torch.testing.assert_close(last[:, 1], recorder.maps[5])           # one 3x3 window: the map itself
+
+
 def test_v2_recorded_maps_sum_to_one_and_both_paths_agree():
     model = perturb(tiny(SwinTransformerV2)).eval()
     img = torch.randn(2, 3, 40, 48)

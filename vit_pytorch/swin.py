@@ -156,6 +156,15 @@ class ShiftedWindows(nn.Module):
         x = x[:, :height, :width]
         return torch.roll(x, shifts=self.shift_size, dims=(1, 2)) if self.shifted else x
 
+    def token_positions(self, size):
+        """(windows, wh * ww): the row-major index on the unshifted (h, w) map of each window's tokens
+        (h * w for padding), in the order of `split`."""
+        count = size[0] * size[1]
+        # each token carries its index + 1 through the shift and the windows; the padding carries 0
+        numbered = rearrange(torch.arange(1, count + 1, device='cpu'), '(h w) -> 1 h w 1', h=size[0], w=size[1])
+        positions = self.split(numbered)[..., 0] - 1                   # (windows, n)
+        return positions.masked_fill(positions < 0, count)
+
     def attention_mask(self, bias, batch, size):
         """bias (heads, n, n) plus, in a shifted block, the window mask: (b * windows, heads, n, n)."""
         if not self.shifted:
@@ -371,6 +380,31 @@ class Swin(nn.Module):
             if i in chosen:
                 maps.append(rearrange(x, 'b h w c -> b c h w'))
         return [maps[sorted(set(chosen)).index(i)] for i in chosen]
+
+    def attention_on_grid(self, maps, image_size, stage=0):
+        """One stage's recorded window maps as attention over its whole token map, for the pictures.
+
+        `maps` are the Recorder's maps of one call on images of `image_size` (every block's, in
+        order). Returns ((b, blocks, heads, h * w, h * w), (h, w)): each block's windows placed
+        at their tokens' row-major positions on the stage's unshifted map, zero between windows
+        and for the padding, so that `vit_pytorch.analysis`' rollout and attention distance apply.
+        """
+        grid = vit.patch_grid(tuple(image_size), self.patch_size)
+        size = stage_resolutions(grid, len(self.stages))[stage_indices([stage], len(self.stages))[0]]
+        layers = self.stages[stage].blocks.layers
+        first = sum(len(other.blocks.layers) for other in self.stages[:stage % len(self.stages)])
+        if len(maps) < first + len(layers):
+            raise ValueError(f"maps must hold every block's map of one call ({sum(len(s.blocks.layers) for s in self.stages)}"
+                             f" for this model), got {len(maps)}")
+        full = []
+        for layer, window_maps in zip(layers, maps[first:first + len(layers)]):
+            windows = next(module.windows for module in layer[0].fn.modules() if hasattr(module, 'windows'))
+            positions = windows.token_positions(size).to(window_maps.device)   # (windows, n): token index, or n_all
+            per_window = rearrange(window_maps, '(b w) h i j -> b h w i j', w=positions.shape[0])
+            grid_maps = per_window.new_zeros(*per_window.shape[:2], size[0] * size[1] + 1, size[0] * size[1] + 1)
+            grid_maps[:, :, positions[:, :, None], positions[:, None, :]] = per_window
+            full.append(grid_maps[..., :-1, :-1])
+        return torch.stack(full, dim=1), size
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0 removes it)."""
