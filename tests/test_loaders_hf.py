@@ -142,3 +142,49 @@ def test_live_hf_vit_folder_non_square_without_qkv_bias(tmp_path):
     x = torch.randn(2, 3, 24, 40)
     with torch.no_grad():
         torch.testing.assert_close(model(x), reference_model(pixel_values=x).logits, **TOL)
+
+
+# the models Hugging Face has no checkpoints of, and the learnable-memory ViT, whose backbone it has
+
+
+def no_hf_models():
+    from vit_pytorch import SimpleViT
+    from vit_pytorch.cait import CaiT
+    from vit_pytorch.cct import CCT
+    from vit_pytorch.cross_vit import CrossViT
+    from vit_pytorch.deepvit import DeepViT
+    from vit_pytorch.parallel_vit import ViT as ParallelViT
+    from vit_pytorch.t2t import T2TViT
+    from vit_pytorch.vit_for_small_dataset import ViT as SmallDatasetViT
+    from vit_pytorch.xcit import XCiT
+    some = dict(image_size=32, patch_size=8, num_classes=3, dim=16, depth=1, heads=2, mlp_dim=32)
+    return {
+        'SimpleViT': (lambda: SimpleViT(**some), 'vit-pytorch'),
+        'CaiT': (lambda: CaiT(**some, cls_depth=1), 'timm, vit-pytorch'),
+        'XCiT': (lambda: XCiT(**some, cls_depth=1), 'timm, vit-pytorch'),
+        'CrossViT': (lambda: CrossViT(image_size=32, num_classes=3, sm_dim=16, lg_dim=16, sm_patch_size=8,
+                                      lg_patch_size=16), 'timm, vit-pytorch'),
+        'T2TViT': (lambda: T2TViT(image_size=32, num_classes=3, dim=16, depth=1, heads=2, mlp_dim=32), 'vit-pytorch'),
+        'CCT': (lambda: CCT(img_size=32, embedding_dim=16, num_layers=1, num_heads=2, num_classes=3), 'vit-pytorch'),
+        'DeepViT': (lambda: DeepViT(**some), 'vit-pytorch'),
+        'vit_for_small_dataset.ViT': (lambda: SmallDatasetViT(**some), 'vit-pytorch'),
+        'parallel_vit.ViT': (lambda: ParallelViT(**some), 'timm, vit-pytorch'),
+    }
+
+
+@pytest.mark.parametrize('name', no_hf_models())
+def test_a_model_no_hugging_face_checkpoint_exists_for_is_refused_by_type(name):
+    build, formats = no_hf_models()[name]
+    with pytest.raises(TypeError, match=f'^no Hugging Face checkpoints exist for {name}; it loads: {formats}$'):
+        load_hf(build(), FOLDER)
+
+
+def test_the_learnable_memory_vit_loads_a_hugging_face_folder():
+    from vit_pytorch.learnable_memory_vit import Adapter
+    from vit_pytorch.learnable_memory_vit import ViT as MemoryViT
+    ref = reference('hf_vit_folder')
+    model = load_hf(MemoryViT(**FOLDER_VIT).eval(), FOLDER)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ref['input']), ref['logits'], **TOL)
+    with pytest.raises(CheckpointError, match=r'an Adapter wraps a frozen ViT'):
+        load_hf(Adapter(vit=MemoryViT(**FOLDER_VIT)), FOLDER)

@@ -13,9 +13,15 @@ from vit_pytorch import SimpleViT, ViT
 from vit_pytorch.cait import CaiT
 from vit_pytorch.cct import CCT
 from vit_pytorch.deepvit import DeepViT
+from vit_pytorch.learnable_memory_vit import Adapter
+from vit_pytorch.learnable_memory_vit import ViT as MemoryViT
 from vit_pytorch.parallel_vit import ViT as ParallelViT
 from vit_pytorch.pretrained import CheckpointError, load_hf, load_timm
+from vit_pytorch.simple_vit_with_patch_dropout import SimpleViT as PatchDropoutSimpleViT
+from vit_pytorch.simple_vit_with_qk_norm import SimpleViT as QkNormSimpleViT
+from vit_pytorch.simple_vit_with_register_tokens import SimpleViT as RegisterSimpleViT
 from vit_pytorch.t2t import T2TViT
+from vit_pytorch.vit_for_small_dataset import ViT as SmallDatasetViT
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 # timm VisionTransformer(img_size=(32, 24), patch_size=8, embed_dim=16, depth=2, num_heads=2, mlp_ratio=2, 5 classes)
@@ -105,18 +111,37 @@ def test_a_sequential_checkpoint_into_a_parallel_model_is_named():
         load_timm(ParallelViT(**PARALLEL), FIXTURES / 'timm_vit.safetensors')
 
 
+SOME = dict(image_size=32, patch_size=8, num_classes=3, dim=16, depth=1, heads=2, mlp_dim=32)
 NO_TIMM = {    # models no timm checkpoint exists for
     'CCT': lambda: CCT(img_size=32, embedding_dim=16, num_layers=1, num_heads=2, num_classes=3),
-    'SimpleViT': lambda: SimpleViT(image_size=32, patch_size=8, num_classes=3, dim=16, depth=1, heads=2, mlp_dim=32),
-    'DeepViT': lambda: DeepViT(image_size=32, patch_size=8, num_classes=3, dim=16, depth=1, heads=2, mlp_dim=32),
+    'SimpleViT': lambda: SimpleViT(**SOME),
+    'SimpleViT (qk norm)': lambda: QkNormSimpleViT(**SOME),
+    'SimpleViT (patch dropout)': lambda: PatchDropoutSimpleViT(**SOME),
+    'SimpleViT (register tokens)': lambda: RegisterSimpleViT(**SOME),
+    'DeepViT': lambda: DeepViT(**SOME),
     'T2TViT': lambda: T2TViT(image_size=32, num_classes=3, dim=16, depth=1, heads=2, mlp_dim=32),
+    'vit_for_small_dataset.ViT': lambda: SmallDatasetViT(**SOME),
 }
 
 
 @pytest.mark.parametrize('name', NO_TIMM)
 def test_a_model_no_timm_checkpoint_exists_for_is_refused_by_type(name):
-    with pytest.raises(TypeError, match=f'^no timm checkpoints exist for {name}; it loads: vit-pytorch$'):
-        load_timm(NO_TIMM[name](), FIXTURES / 'timm_vit.safetensors')
+    model = NO_TIMM[name]()
+    with pytest.raises(TypeError, match=f'^no timm checkpoints exist for {name.split(" ")[0]}; it loads: vit-pytorch$'):
+        load_timm(model, FIXTURES / 'timm_vit.safetensors')
+
+
+def test_the_learnable_memory_vit_loads_timms_vit():
+    ref = reference('timm_vit')
+    model = load_timm(MemoryViT(**{**NONSQUARE, 'image_size': 32}).eval(), FIXTURES / 'timm_vit.safetensors')
+    with torch.no_grad():
+        torch.testing.assert_close(model(ref['input']), ref['logits'], **TOL)
+
+
+def test_an_adapter_is_told_to_load_its_vit():
+    adapter = Adapter(vit=MemoryViT(**{**NONSQUARE, 'image_size': 32}))
+    with pytest.raises(CheckpointError, match=r'an Adapter wraps a frozen ViT: load the checkpoint into that ViT'):
+        load_timm(adapter, FIXTURES / 'timm_vit.safetensors')
 
 
 def test_a_model_no_hugging_face_checkpoint_exists_for_names_the_formats_it_loads():

@@ -190,3 +190,32 @@ def test_a_learned_cct_table_into_a_sine_model_is_a_checkpoint_error():
     with pytest.raises(CheckpointError, match=r"the state_dict: positional_emb in the checkpoint is not this "
                                               r"model's fixed sine table"):
         load_vit_pytorch(model_cls(**{**config, 'positional_embedding': 'sine'}), state_dict)
+
+
+def test_load_vit_pytorch_loads_simple_vit():
+    model_cls, config, state_dict, tensors = vit_pytorch_case('vit_pytorch_1.26.14_simple_vit')
+    model = load_vit_pytorch(model_cls(**config).eval(), state_dict)
+    with torch.no_grad():
+        torch.testing.assert_close(model(tensors['input']), tensors['output'], atol=1e-5, rtol=1e-5)
+
+
+# vit-pytorch calling styles not kept, as the README documents
+
+
+def test_vit_pytorch_calling_styles_that_are_not_kept_are_type_errors():
+    from vit_pytorch.cct import CCT
+    from vit_pytorch.distill import DistillableViT, DistillWrapper
+    from vit_pytorch.recorder import Recorder
+
+    model = ViT(image_size=16, patch_size=4, num_classes=3, dim=16, depth=1, heads=2, mlp_dim=32)
+    student = DistillableViT(image_size=16, patch_size=4, num_classes=3, dim=16, depth=1, heads=2, mlp_dim=32)
+    with pytest.raises(TypeError, match='mlp_layernorm'):
+        DistillWrapper(teacher=model, student=student, mlp_layernorm=True)
+    with pytest.raises(TypeError, match="'vit'"):
+        Recorder(vit=model)
+    with pytest.raises(TypeError, match="'device'"):
+        Recorder(model, device='cpu')
+    with pytest.raises(TypeError, match='positional'):
+        CCT(32, 16)
+    with pytest.raises(TypeError, match='seq_pool'):
+        CCT(img_size=32, embedding_dim=16, num_layers=1, num_heads=2, seq_pool=False)

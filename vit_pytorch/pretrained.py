@@ -411,10 +411,18 @@ def _plan_function(model, fmt):
         plans = _plans_of(cls)
         if plans:
             if fmt not in plans:
-                raise TypeError(f"no {FORMATS[fmt]} checkpoints exist for {type(model).__name__}; it loads: "
+                raise TypeError(f"no {FORMATS[fmt]} checkpoints exist for {_model_name(model)}; it loads: "
                                 f"{', '.join(FORMATS[other] for other in plans)}")
             return plans[fmt]
     raise TypeError(f"model must be a vit_pytorch model with checkpoint plans, got {type(model).__name__}")
+
+
+def _model_name(model):
+    # the variants' `ViT` classes share the core's name: say which module's
+    cls = type(model)
+    if cls.__name__ == ViT.__name__ and cls is not ViT:
+        return f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}"
+    return cls.__name__
 
 
 def _make_plan(plan_function, model, state_dict, name):
