@@ -178,8 +178,10 @@ def test_cosine_attention_scale_is_capped_at_100():
 def test_log_spaced_coordinates_follow_the_papers_formula():
     coords = swin.log_spaced_coordinates((3, 2), (0, 0))
     # offsets -2..2 and -1..1 scaled to [-8, 8], then sign(x) log2(1 + |x|) / log2(8)
-    expected = [[math.copysign(math.log2(1 + abs(8 * dy / 2)), dy) / 3, math.copysign(math.log2(1 + abs(8 * dx)), dx) / 3]
-                for dy in range(-2, 3) for dx in range(-1, 2)]
+    def log_spaced(offset, window):
+        return math.copysign(math.log2(1 + abs(8 * offset / (window - 1))), offset) / 3
+
+    expected = [[log_spaced(dy, 3), log_spaced(dx, 2)] for dy in range(-2, 3) for dx in range(-1, 2)]
     torch.testing.assert_close(coords, torch.tensor(expected))
     # a window trained at 3 read at 5: offsets scaled by the pretraining window, reaching past 8
     wider = swin.log_spaced_coordinates((5, 5), (3, 3))

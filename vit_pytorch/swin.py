@@ -140,6 +140,7 @@ class ShiftedWindows(nn.Module):
         self.register_buffer('mask', mask, persistent=False)
 
     def split(self, x):
+        """(b, h, w, c) -> (b * windows, wh * ww, c)."""
         height, width = x.shape[1:3]
         if self.shifted:
             x = torch.roll(x, shifts=(-self.shift_size[0], -self.shift_size[1]), dims=(1, 2))
@@ -148,12 +149,13 @@ class ShiftedWindows(nn.Module):
         return rearrange(x, 'b (nh wh) (nw ww) c -> (b nh nw) (wh ww) c', wh=self.window_size[0],
                          ww=self.window_size[1])
 
-    def merge(self, windows, shape):
-        batch, height, width = shape[:3]
-        padded_height = padded_size((height, width), self.window_size)[0]
-        x = rearrange(windows, '(b nh nw) (wh ww) c -> b (nh wh) (nw ww) c', b=batch,
-                      nh=padded_height // self.window_size[0], wh=self.window_size[0])
-        x = x[:, :height, :width]
+    def merge(self, windows, size):
+        """(b * windows, wh * ww, c) -> (b, h, w, c) for the map `size` (h, w) that `split` cut."""
+        padded_height, padded_width = padded_size(size, self.window_size)
+        window_height, window_width = self.window_size
+        x = rearrange(windows, '(b nh nw) (wh ww) c -> b (nh wh) (nw ww) c', nh=padded_height // window_height,
+                      nw=padded_width // window_width, wh=window_height)
+        x = x[:, :size[0], :size[1]]
         return torch.roll(x, shifts=self.shift_size, dims=(1, 2)) if self.shifted else x
 
     def token_positions(self, size):
@@ -207,7 +209,7 @@ class WindowAttention(vit.Attention):
         windows = self.windows.split(self.norm(x))                   # (b * windows, n, dim)
         mask = self.windows.attention_mask(self.position_bias(), x.shape[0], x.shape[1:3])
         out = self.attend(*self.qkv(windows), mask=mask)
-        return self.windows.merge(self.to_out(rearrange(out, 'b h n d -> b n (h d)')), x.shape)
+        return self.windows.merge(self.to_out(rearrange(out, 'b h n d -> b n (h d)')), x.shape[1:3])
 
 
 class CosineWindowAttention(nn.Module):
@@ -257,7 +259,7 @@ class CosineWindowAttention(nn.Module):
         mask = self.windows.attention_mask(self.position_bias(), x.shape[0], x.shape[1:3])
         out = vit.attend(q, k, v, scale=1., mask=mask, fused=self.fused, probs=self.attention_probs,
                          dropout=self.dropout if self.training else 0.)
-        return self.windows.merge(self.to_out(rearrange(out, 'b h n d -> b n (h d)')), x.shape)
+        return self.windows.merge(self.to_out(rearrange(out, 'b h n d -> b n (h d)')), x.shape[1:3])
 
 
 class DropPath(nn.Module):
@@ -389,21 +391,21 @@ class Swin(nn.Module):
         at their tokens' row-major positions on the stage's unshifted map, zero between windows
         and for the padding, so that `vit_pytorch.analysis`' rollout and attention distance apply.
         """
-        grid = vit.patch_grid(tuple(image_size), self.patch_size)
-        size = stage_resolutions(grid, len(self.stages))[stage_indices([stage], len(self.stages))[0]]
-        layers = self.stages[stage].blocks.layers
-        first = sum(len(other.blocks.layers) for other in self.stages[:stage % len(self.stages)])
-        if len(maps) < first + len(layers):
-            raise ValueError(f"maps must hold every block's map of one call ({sum(len(s.blocks.layers) for s in self.stages)}"
-                             f" for this model), got {len(maps)}")
+        index = stage_indices([stage], len(self.stages))[0]
+        size = stage_resolutions(vit.patch_grid(tuple(image_size), self.patch_size), len(self.stages))[index]
+        depths = [len(other.blocks.layers) for other in self.stages]
+        if len(maps) != sum(depths):
+            raise ValueError(f"maps must be the {sum(depths)} maps of one call (one per block), got {len(maps)}")
+        attentions = [module for module in self.stages[index].modules()
+                      if isinstance(module, (WindowAttention, CosineWindowAttention))]
         full = []
-        for layer, window_maps in zip(layers, maps[first:first + len(layers)]):
-            windows = next(module.windows for module in layer[0].fn.modules() if hasattr(module, 'windows'))
-            positions = windows.token_positions(size).to(window_maps.device)   # (windows, n): token index, or n_all
+        for attention, window_maps in zip(attentions, maps[sum(depths[:index]):]):
+            positions = attention.windows.token_positions(size).to(window_maps.device)   # (windows, n)
             per_window = rearrange(window_maps, '(b w) h i j -> b h w i j', w=positions.shape[0])
-            grid_maps = per_window.new_zeros(*per_window.shape[:2], size[0] * size[1] + 1, size[0] * size[1] + 1)
+            tokens = size[0] * size[1]
+            grid_maps = per_window.new_zeros(*per_window.shape[:2], tokens + 1, tokens + 1)  # the last: padding
             grid_maps[:, :, positions[:, :, None], positions[:, None, :]] = per_window
-            full.append(grid_maps[..., :-1, :-1])
+            full.append(grid_maps[..., :tokens, :tokens])
         return torch.stack(full, dim=1), size
 
     def reset_classifier(self, num_classes):
@@ -479,8 +481,8 @@ class SwinTransformerV2(Swin):
         pretrained = [vit.pair(size) for size in pretrained_window_sizes or (0,) * len(depths)]
 
         def block(*, dim, heads, stage, window_size, shift_size, feature_size, drop_path):
-            attention = CosineWindowAttention(dim, heads, attn_drop_rate, window_size=window_size, shift_size=shift_size,
-                                              feature_size=feature_size, qkv_bias=qkv_bias,
+            attention = CosineWindowAttention(dim, heads, attn_drop_rate, window_size=window_size,
+                                              shift_size=shift_size, feature_size=feature_size, qkv_bias=qkv_bias,
                                               proj_dropout=proj_drop_rate, pretrained_window_size=pretrained[stage])
             hidden = int(dim * mlp_ratio)
             feedforward = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(proj_drop_rate),
