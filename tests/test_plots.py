@@ -50,6 +50,23 @@ def test_position_embedding_similarity_is_written(tmp_path):
     assert_png(plots.save_position_embedding_similarity(similarity, tmp_path / 'nested' / 'similarity.png'))
 
 
+def test_position_similarity_of_a_large_grid_shows_spread_tiles_big_enough_to_read(tmp_path, monkeypatch):
+    figures = []
+    real_save = plots._save
+    monkeypatch.setattr(plots, '_save', lambda figure, path, dpi: figures.append(figure) or real_save(figure, path, dpi))
+    similarity = analysis.position_embedding_similarity(posemb_sincos_2d(12, 12, 32), grid=(12, 12))
+    assert_png(plots.save_position_embedding_similarity(similarity, tmp_path / 'similarity.png', max_tiles=4))
+    figure = figures[0]
+    tiles = [axis for axis in figure.axes if axis.get_images() and axis.get_label() != '<colorbar>']
+    assert len(tiles) == 16                                          # 4 of the 12 rows and columns
+    rows = [axis.get_ylabel() for axis in tiles if axis.get_ylabel()]
+    assert rows == ['1', '5', '8', '12']                             # spread evenly, the first and the last
+    assert '4 of 12 rows' in figure.get_suptitle()
+    figure.canvas.draw()
+    widths = [axis.get_window_extent().width for axis in tiles]
+    assert min(widths) >= 3 * 12, min(widths)                        # 3 pixels or more for each of 12 patches
+
+
 def test_mean_attention_distance_is_written(recorded, tmp_path):
     model, _, attns, layout = recorded
     distance = analysis.mean_attention_distance(attns, patch_size=model.patch_size, **layout)

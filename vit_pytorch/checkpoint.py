@@ -34,13 +34,11 @@ MODEL_FILE, CONFIG_FILE = 'model.safetensors', 'config.json'
 OPTIMIZER_FILE, STATE_FILE = 'optimizer.safetensors', 'state.json'
 
 
-
-
 def _safetensors():
-    try:
-        import safetensors.torch
-    except ImportError as error:
-        raise ImportError("checkpoints need safetensors: pip install safetensors") from error
+    from vit_pytorch.evaluate import require
+
+    require('safetensors', 'numpy', purpose='reading and writing checkpoints')
+    import safetensors.torch
     return safetensors
 
 
@@ -70,13 +68,14 @@ def save_checkpoint(directory, *, model, config, optimizer=None, state=None):
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
 
+    # safetensors' save_file creates its files with mode 0600; written here, every file gets the umask's mode
     weights = {key: value.detach().cpu().contiguous() for key, value in model.state_dict().items()}
-    safetensors.torch.save_file(weights, staging / MODEL_FILE,
-                                metadata={'config': config_text, 'sha256': _digest(weights)})
+    (staging / MODEL_FILE).write_bytes(
+        safetensors.torch.save(weights, metadata={'config': config_text, 'sha256': _digest(weights)}))
     (staging / CONFIG_FILE).write_text(config_text + '\n')
     if optimizer is not None:
         tensors, rest = _optimizer_tensors(optimizer)
-        safetensors.torch.save_file(tensors, staging / OPTIMIZER_FILE)
+        (staging / OPTIMIZER_FILE).write_bytes(safetensors.torch.save(tensors))
         (staging / STATE_FILE).write_text(json.dumps(dict(state or {}, optimizer=rest), indent=1) + '\n')
 
     # swap: the old folder is removed only once the new one is complete

@@ -12,9 +12,14 @@ and evaluated on the split it was tested on during training (or on `--data`). Da
   folder  PATH/train/<class>/*.png|jpg|... and PATH/val/<class>/..., read with Pillow, the
           shorter side resized to the image size and centre-cropped; decoded once and held in
           memory as uint8.
+
+Both commands need the 'train' extra (safetensors and numpy for checkpoints, scikit-learn for
+the digits, Pillow for folders, matplotlib for the trainer's pictures); a missing package is
+named with the command that installs it (`MissingExtra`).
 """
 
 import argparse
+import importlib
 import json
 import sys
 from dataclasses import dataclass
@@ -27,6 +32,26 @@ from einops import rearrange
 IMAGE_SUFFIXES = ('.png', '.jpg', '.jpeg', '.bmp', '.gif', '.webp', '.tif', '.tiff')
 DIGITS_SPLITS = ('train', 'test')
 FOLDER_SPLITS = ('train', 'val')
+# the pip name of each optional module the commands import, where it differs
+DISTRIBUTIONS = dict(sklearn='scikit-learn', PIL='pillow')
+
+
+class MissingExtra(ImportError):
+    """An optional package a command needs is not installed; the message names it and the extra that brings it."""
+
+
+def require(*modules, purpose, extra='train'):
+    """Import `modules` now, or raise a MissingExtra naming every missing one and how to install them."""
+    missing = []
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(DISTRIBUTIONS.get(module, module))
+    if missing:
+        raise MissingExtra(
+            f"{purpose} needs {', '.join(missing)}, not installed here; install the {extra!r} extra: "
+            f"pip install -e '.[{extra}]' in a checkout of vit_pytorch, or pip install 'vit-pytorch-clean[{extra}]'")
 
 
 @dataclass
@@ -49,6 +74,7 @@ class ImageSet:
 
 def load_digits(split, *, image_size=16):
     """scikit-learn's digits, the fixed 'train' (1,347) or 'test' (450) split, resized to `image_size`."""
+    require('sklearn', purpose='the digits data set')
     from sklearn.datasets import load_digits as sklearn_digits
     from sklearn.model_selection import train_test_split
 
@@ -106,6 +132,7 @@ def folder_classes(root):
 
 def load_folder(root, split, *, image_size, channels=3, classes=None):
     """ROOT/<split>/<class>/<images> as an ImageSet; `classes` (default: those of ROOT/train) fixes the labels."""
+    require('PIL', purpose='reading an image folder')
     root = Path(root).expanduser()
     classes = list(classes) if classes is not None else folder_classes(root)
     folder = root / split
@@ -195,6 +222,7 @@ def main(argv=None):
     from vit_pytorch.checkpoint import CheckpointError, load_model
 
     try:
+        require('safetensors', 'numpy', purpose='python -m vit_pytorch.evaluate')
         model, config = load_model(args.checkpoint, device=args.device)
         data_config = config.get('data', {})
         source = args.data or data_config.get('source')
@@ -205,7 +233,7 @@ def main(argv=None):
                           classes=data_config.get('classes') if source != 'digits' else None)
         result = evaluate(model, data, mean=data_config['mean'], std=data_config['std'],
                           batch_size=args.batch_size, device=args.device, amp=args.amp)
-    except (CheckpointError, FileNotFoundError, NotADirectoryError, ValueError) as error:
+    except (CheckpointError, FileNotFoundError, NotADirectoryError, ValueError, MissingExtra) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     result.update(checkpoint=str(args.checkpoint), data=str(source), split=split)

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 __all__ = ['save_attention_overlay', 'save_attention_heads', 'save_position_embedding_similarity',
-           'save_mean_attention_distance', 'save_patch_embedding_components']
+           'save_mean_attention_distance', 'save_patch_embedding_components', 'save_training_curves']
 
 
 def _figure(width, height):
@@ -34,7 +34,8 @@ def _figure(width, height):
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as error:
-        raise ImportError("vit_pytorch.plots needs matplotlib: pip install matplotlib") from error
+        raise ImportError("vit_pytorch.plots needs matplotlib, not installed here: pip install matplotlib, or the "
+                          "'plots' extra (pip install -e '.[plots]' in a checkout of vit_pytorch)") from error
     figure = Figure(figsize=(width, height), layout='constrained')
     FigureCanvasAgg(figure)
     return figure
@@ -129,36 +130,51 @@ def save_attention_heads(image, maps, path, *, title=None, cmap='inferno', alpha
     return _save(figure, path, dpi)
 
 
-def save_position_embedding_similarity(similarity, path, *, dpi=100):
+def _spread(count, most):
+    """Up to `most` indices spread evenly over range(count), the first and the last included."""
+    if count <= most:
+        return list(range(count))
+    return sorted({round(position * (count - 1) / (most - 1)) for position in range(most)})
+
+
+def save_position_embedding_similarity(similarity, path, *, max_tiles=8, dpi=100):
     """Figure 7 (centre): tile (i, j) shows the cosine similarity of patch (i, j)'s position
     embedding to those of all patches; similarity is (h, w, h, w). The colours span the
-    values' own range (the sin-cos table of SimpleViT, for one, never goes below about 0.8)."""
+    values' own range (the sin-cos table of SimpleViT, for one, never goes below about 0.8).
+
+    A grid wider than `max_tiles` shows the tiles of `max_tiles` rows and columns spread evenly
+    over it (labelled with their own numbers), each tile with the whole grid at 4 pixels or
+    more per patch, so that a 16x16 grid stays readable."""
     if similarity.ndim != 4:
         raise ValueError(f"similarity must have shape (h, w, h, w), got {tuple(similarity.shape)}")
     height, width = similarity.shape[:2]
-    tile = min(0.55, 5.0 / max(height, width))
-    figure = _figure(tile * width + 1.4, tile * height + 0.9)
-    axes = figure.subplots(height, width, squeeze=False, gridspec_kw=dict(wspace=0.02, hspace=0.02))
+    rows, columns = _spread(height, max_tiles), _spread(width, max_tiles)
+    tile = max(0.55, 0.045 * max(height, width) * 100 / dpi)      # inches: 4.5 pixels per patch at least
+    figure = _figure(tile * len(columns) + 1.4, tile * len(rows) + 0.9)
+    axes = figure.subplots(len(rows), len(columns), squeeze=False, gridspec_kw=dict(wspace=0.02, hspace=0.02))
     figure.get_layout_engine().set(w_pad=0.005, h_pad=0.005, wspace=0.01, hspace=0.01)
     values = similarity.detach().float().cpu()
-    for row in range(height):
-        for column in range(width):
-            shown = axes[row, column].imshow(values[row, column].numpy(), cmap='viridis',
+    for place, row in enumerate(rows):
+        for spot, column in enumerate(columns):
+            shown = axes[place, spot].imshow(values[row, column].numpy(), cmap='viridis',
                                              vmin=values.min().item(), vmax=values.max().item())
-            _off(axes[row, column])
-            for spine in axes[row, column].spines.values():
+            _off(axes[place, spot])
+            for spine in axes[place, spot].spines.values():
                 spine.set_visible(False)
-        axes[row, 0].set_ylabel(str(row + 1), fontsize=7, rotation=0, labelpad=8, va='center')
-    for column in range(width):
-        axes[-1, column].set_xlabel(str(column + 1), fontsize=7)
+        axes[place, 0].set_ylabel(str(row + 1), fontsize=7, rotation=0, labelpad=8, va='center')
+    for spot, column in enumerate(columns):
+        axes[-1, spot].set_xlabel(str(column + 1), fontsize=7)
     figure.supxlabel('Input patch column', fontsize=9)
     figure.supylabel('Input patch row', fontsize=9)
-    figure.suptitle('Position embedding similarity', fontsize=10)
+    shown_part = '' if (len(rows), len(columns)) == (height, width) else \
+        f' ({len(rows)} of {height} rows, {len(columns)} of {width} columns)'
+    figure.suptitle(f'Position embedding similarity{shown_part}', fontsize=10)
     figure.colorbar(shown, ax=axes, shrink=0.8, label='Cosine similarity')
     return _save(figure, path, dpi)
 
 
-def save_mean_attention_distance(distance, path, *, unit='pixels', uniform=None, dpi=100):
+def save_mean_attention_distance(distance, path, *, unit='pixels', uniform=None, title='Mean attention distance',
+                                 dpi=100):
     """Figure 7 (right): mean attention distance of every head against the layer it sits in.
 
     distance: (layers, heads), or (b, layers, heads) averaged over the batch here. `uniform`,
@@ -177,6 +193,8 @@ def save_mean_attention_distance(distance, path, *, unit='pixels', uniform=None,
         axis.scatter(depth.numpy(), values[:, head].numpy(), s=18, label=f'Head {head + 1}')
     axis.set_xlabel('Network depth (layer)')
     axis.set_ylabel(f'Mean attention distance ({unit})')
+    if title:
+        axis.set_title(title, fontsize=9)
     if uniform is not None:
         axis.axhline(float(uniform), color='grey', linestyle='--', linewidth=1, label='uniform attention')
     axis.set_xticks(depth.numpy())
@@ -214,4 +232,39 @@ def save_patch_embedding_components(components, path, *, explained=None, columns
             axis.set_xlabel(f'{100 * float(explained[index]):.1f}%', fontsize=6)
     kind = 'RGB embedding filters' if values.shape[1] == 3 else 'Embedding filters'
     figure.suptitle(f'{kind} (first {count} principal components)', fontsize=9)
+    return _save(figure, path, dpi)
+
+
+def save_training_curves(history, path, *, split='test', train_loss_floor=None, note=None, dpi=100):
+    """Loss and accuracy per epoch, training and `split` ('test', or 'val' for a folder), as one PNG.
+
+    history: one dict per epoch with 'epoch', 'train_loss', 'train_accuracy', 'test_loss' and
+    'test_accuracy' (those of the held-out split named `split`). `train_loss_floor`, the least loss the training
+    targets allow (label smoothing keeps it above 0), is drawn as a dotted line; `note`, a line
+    under the plots saying how the two losses differ, when given.
+    """
+    if not history:
+        raise ValueError("history must hold at least one epoch's record, got none")
+    epochs = [record['epoch'] for record in history]
+    figure = _figure(9, 3.5 if note is None else 3.9)
+    loss_axis, accuracy_axis = figure.subplots(1, 2)
+    for name, label in (('train', 'train'), ('test', split)):
+        loss_axis.plot(epochs, [record[f'{name}_loss'] for record in history], label=label)
+        accuracy_axis.plot(epochs, [record[f'{name}_accuracy'] for record in history], label=label)
+    if train_loss_floor:
+        loss_axis.axhline(train_loss_floor, color='grey', linestyle=':', linewidth=1,
+                          label=f'least train loss ({train_loss_floor:.2f})')
+    loss_axis.set(xlabel='epoch', ylabel='loss', title='Loss')
+    accuracy_axis.set(xlabel='epoch', ylabel='accuracy', title='Accuracy', ylim=(0, 1))
+    # the final epoch's accuracy (the model that is saved), not the best epoch picked on the held-out images
+    final = history[-1]
+    accuracy_axis.annotate(f"final {split} {100 * final['test_accuracy']:.2f}%",
+                           (final['epoch'], final['test_accuracy']), textcoords='offset points', xytext=(0, -14),
+                           ha='right', fontsize=8)
+    for axis in (loss_axis, accuracy_axis):
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+        axis.xaxis.get_major_locator().set_params(integer=True)
+    if note is not None:
+        figure.supxlabel(note, fontsize=7, color='dimgrey')
     return _save(figure, path, dpi)
