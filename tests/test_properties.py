@@ -229,6 +229,54 @@ def t2t_grid_side(side, kernel, stride):
     return (side + 2 * (stride // 2) - kernel) // stride + 1
 
 
+@st.composite
+def swin_configs(draw, v2=False):
+    """Swin's (timm's) arguments: 1 to 3 stages, maps the windows need not divide, heads dividing every width."""
+    stages = draw(st.integers(1, 3))
+    patch = draw(st.one_of(st.integers(1, 4), st.tuples(st.integers(1, 4), st.integers(1, 4))))
+    grid = draw(st.tuples(st.integers(1, 6), st.integers(1, 6)))
+    heads = draw(st.lists(st.integers(1, 2), min_size=stages, max_size=stages))
+    kwargs = dict(
+        img_size=(pair(patch)[0] * grid[0], pair(patch)[1] * grid[1]), patch_size=patch,
+        in_chans=draw(st.integers(1, 3)), num_classes=draw(st.integers(0, 6)), embed_dim=2 * draw(st.integers(1, 4)),
+        depths=tuple(draw(st.lists(st.integers(1, 2), min_size=stages, max_size=stages))),
+        num_heads=tuple(heads) if draw(st.booleans()) else heads[0],
+        window_size=draw(st.one_of(st.integers(1, 4), st.tuples(st.integers(1, 4), st.integers(1, 4)))),
+        mlp_ratio=draw(st.sampled_from([0.5, 1.0, 2.0])), qkv_bias=draw(st.booleans()),
+        drop_rate=draw(dropouts), proj_drop_rate=draw(dropouts), attn_drop_rate=draw(dropouts),
+        drop_path_rate=draw(dropouts), dynamic_img_size=draw(st.booleans()),
+    )
+    if v2:
+        kwargs['pretrained_window_sizes'] = draw(st.one_of(
+            st.none(), st.lists(st.integers(0, 4), min_size=stages, max_size=stages).map(tuple)))
+    return kwargs
+
+
+def swin_spec(name, target, v2=False):
+    """Swin and Swin V2 take timm's names (img_size, in_chans, ...); the example leaves patch_size at its default,
+    as test_image_size_not_divisible_by_patch_size_names_both passes `image_size` (tests/test_swin.py checks it)."""
+    bad = dict(
+        img_size=bad_pairs(), patch_size=bad_pairs(), window_size=bad_pairs(), in_chans=bad_positive_ints(),
+        embed_dim=bad_positive_ints(), num_classes=bad_non_negative_ints(),
+        depths=st.sampled_from([(), (0,), (2.5,), 3, None, (True,)]),
+        num_heads=st.one_of(st.integers(max_value=0), st.sampled_from([2.5, None, '2', (1, 1, 1, 1, 1)])),
+        mlp_ratio=st.sampled_from([0, -1.0, math.nan, math.inf, '2', None, True]),
+        qkv_bias=st.sampled_from([None, 1, 'yes']), dynamic_img_size=st.sampled_from([None, 0, 'no']),
+        **{name: bad_probabilities() for name in ('drop_rate', 'proj_drop_rate', 'attn_drop_rate', 'drop_path_rate')})
+    if v2:
+        bad['pretrained_window_sizes'] = st.sampled_from([(-1,), 'x', 5, (0.5,), ((1, 2, 3),)])
+    return ModelSpec(
+        name=name, target=target, configs=swin_configs(v2=v2),
+        example=dict(img_size=(16, 24), num_classes=5, embed_dim=8, depths=(2, 1), num_heads=2, window_size=4),
+        output_shapes=lambda kwargs, batch, size: [
+            (batch, kwargs['num_classes'] or kwargs['embed_dim'] * 2 ** (len(kwargs['depths']) - 1))],
+        bad_arguments=bad,
+        image_shape=lambda kwargs: (kwargs.get('in_chans', 3), *pair(kwargs['img_size'])),
+        any_input_size=lambda kwargs: kwargs.get('dynamic_img_size', False),
+        size_step=lambda kwargs: pair(kwargs.get('patch_size', 4)),
+    )
+
+
 # documented outputs
 
 
@@ -470,6 +518,8 @@ MODELS = [
         size_step=lambda kwargs: (1, 1),
         input_fits=lambda kwargs, size: min(cct_grid(dict(kwargs, img_size=size))) >= 1,
     ),
+    swin_spec('swin', 'swin:SwinTransformer'),
+    swin_spec('swinv2', 'swin:SwinTransformerV2', v2=True),
 ]
 
 model_table = pytest.mark.parametrize('spec', MODELS, ids=lambda spec: spec.name)

@@ -118,6 +118,14 @@ def shifted_window_mask(size, window, shift, *, device=None, dtype=torch.float32
     return torch.zeros(apart.shape, device=device, dtype=dtype).masked_fill(apart, MASKED)
 
 
+def attend_windows(attention, q, k, v, *, scale, mask):
+    """`vit.attend` with the module's switches. An empty batch takes the explicit path: there the position
+    bias (part of the mask) gets its zero gradient, which scaled_dot_product_attention leaves out of the
+    graph, and DDP needs every gradient on a process that got no images."""
+    return vit.attend(q, k, v, scale=scale, mask=mask, fused=attention.fused and q.shape[0] > 0,
+                      dropout=attention.dropout if attention.training else 0., probs=attention.attention_probs)
+
+
 # classes
 
 
@@ -208,7 +216,7 @@ class WindowAttention(vit.Attention):
     def forward(self, x):
         windows = self.windows.split(self.norm(x))                   # (b * windows, n, dim)
         mask = self.windows.attention_mask(self.position_bias(), x.shape[0], x.shape[1:3])
-        out = self.attend(*self.qkv(windows), mask=mask)
+        out = attend_windows(self, *self.qkv(windows), scale=self.scale, mask=mask)
         return self.windows.merge(self.to_out(rearrange(out, 'b h n d -> b n (h d)')), x.shape[1:3])
 
 
@@ -257,8 +265,7 @@ class CosineWindowAttention(nn.Module):
         scale = torch.clamp(self.logit_scale, max=MAX_LOGIT_SCALE).exp()
         q, k = F.normalize(q, dim=-1) * scale, F.normalize(k, dim=-1)
         mask = self.windows.attention_mask(self.position_bias(), x.shape[0], x.shape[1:3])
-        out = vit.attend(q, k, v, scale=1., mask=mask, fused=self.fused, probs=self.attention_probs,
-                         dropout=self.dropout if self.training else 0.)
+        out = attend_windows(self, q, k, v, scale=1., mask=mask)
         return self.windows.merge(self.to_out(rearrange(out, 'b h n d -> b n (h d)')), x.shape[1:3])
 
 
