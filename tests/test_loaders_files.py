@@ -41,6 +41,10 @@ def truncated(source, path):
     return path
 
 
+def zip_of(folder, path):
+    os.rename(shutil.make_archive(str(path)[:-4], 'zip', folder), path)
+
+
 # (file name, writer, what the message says); each writer makes the file under tmp_path
 BAD_FILES = {
     'torch zip renamed .npz': ('weights.npz', torch_file, r'its name says a numpy \.npz archive, but the file is a '
@@ -60,12 +64,12 @@ BAD_FILES = {
                   r'but the file is none of safetensors, \.npz or a torch file'),
     'single .npy array': ('weights.pth', lambda path: np.save(open(path, 'wb'), np.zeros(3)),
                           r'a single numpy array \(\.npy\), not a set of named weights'),
-    'zip of other files': ('weights.npz', lambda path: shutil.make_archive(str(path)[:-4], 'zip', FIXTURES / 'hf_vit_folder')
-                           and os.rename(str(path)[:-4] + '.zip', path), r'but the file is a zip archive of other files'),
+    'zip of other files': ('weights.npz', lambda path: zip_of(FIXTURES / 'hf_vit_folder', path),
+                           r'but the file is a zip archive of other files'),
     'torch file of a list': ('weights.pth', lambda path: torch.save([torch.zeros(2)], path),
                              r'holds a list, not a state_dict of named tensors'),
-    'torch file with non-tensor entries': ('weights.pth', lambda path: torch.save({'epoch': 3, 'weights': timm_state_dict()},
-                                                                                  path),
+    'torch file with non-tensor entries': ('weights.pth',
+                                           lambda path: torch.save({'epoch': 3, 'weights': timm_state_dict()}, path),
                                            r'these entries are not tensors: epoch \(int\), weights \(dict\)'),
 }
 

@@ -36,7 +36,8 @@ def test_counts_equal_the_official_code(variant, t2t_layer):
 
 def official_to_ours(state, kind, depth):
     """The official T2T_ViT keys and layouts -> ours (the reference's layout, written out for this proof)."""
-    ours = {'cls_token': state['cls_token'][0], 'to_patch_embedding.project.weight': state['tokens_to_token.project.weight'],
+    ours = {'cls_token': state['cls_token'][0],
+            'to_patch_embedding.project.weight': state['tokens_to_token.project.weight'],
             'to_patch_embedding.project.bias': state['tokens_to_token.project.bias'],
             'transformer.norm.weight': state['norm.weight'], 'transformer.norm.bias': state['norm.bias'],
             'mlp_head.weight': state['head.weight'], 'mlp_head.bias': state['head.bias']}
@@ -69,7 +70,8 @@ def test_the_official_models_outputs(kind):
     metadata, state, tensors = load_fixture(f't2t_official_{kind}')
     config = metadata['config']
     model = T2TViT(image_size=config['img_size'], num_classes=config['num_classes'], dim=config['embed_dim'],
-                   depth=config['depth'], heads=config['num_heads'], dim_head=config['embed_dim'] // config['num_heads'],
+                   depth=config['depth'], heads=config['num_heads'],
+                   dim_head=config['embed_dim'] // config['num_heads'],
                    mlp_dim=int(config['embed_dim'] * config['mlp_ratio']), token_dim=config['token_dim'],
                    t2t_layer=kind, qk_scale=config['qk_scale']).eval()
     model.load_state_dict(official_to_ours(state, kind, config['depth']), strict=True)

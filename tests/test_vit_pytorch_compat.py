@@ -87,8 +87,8 @@ def test_a_checkpoint_that_does_not_fit_names_the_file_and_copies_nothing(tmp_pa
     torch.save(state_dict, tmp_path / 'vit.pt')
     model = model_cls(**config)
     before = {key: value.clone() for key, value in model.state_dict().items()}
-    with pytest.raises(CheckpointError, match=r'(?s)vit\.pt: the vit-pytorch checkpoint does not fit this ViT \(nothing was '
-                                              r'copied\).*transformer\.layers\.1\.1\.net\.4\.bias'):
+    with pytest.raises(CheckpointError, match=r'(?s)vit\.pt: the vit-pytorch checkpoint does not fit this ViT '
+                                              r'\(nothing was copied\).*transformer\.layers\.1\.1\.net\.4\.bias'):
         load_vit_pytorch(model, tmp_path / 'vit.pt')
     assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
 

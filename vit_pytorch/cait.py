@@ -261,8 +261,9 @@ def timm_plan(model, keys):
     if 'to_patch_embedding.1.weight' in state:
         raise ValueError("timm's CaiT projects patches without LayerNorms: build the model with patch_norm=False")
     if ('blocks.0.attn.qkv.bias' in keys) != ('patch_transformer.layers.0.0.fn.to_qkv.bias' in state):
-        raise ValueError(f"build the model with qkv_bias={'blocks.0.attn.qkv.bias' in keys} "
-                         f"(the checkpoint's attention {'has' if 'blocks.0.attn.qkv.bias' in keys else 'has no'} qkv bias)")
+        has = 'blocks.0.attn.qkv.bias' in keys
+        raise ValueError(f"build the model with qkv_bias={has} (the checkpoint's attention "
+                         f"{'has' if has else 'has no'} qkv bias)")
     dim = state['cls_token'].shape[-1]
     plan = {
         'to_patch_embedding.2.weight': ({'patch_embed.proj.weight': (dim, model.channels, *model.patch_size)},

@@ -194,11 +194,10 @@ def vit_pytorch_plan(model, keys):
     if 'mlp_head.weight' not in state:
         raise ValueError("vit-pytorch's learnable-memory ViT always has a head: build the model with its num_classes")
     plan = {'cls_token': ({'cls_token': (1, *state['cls_token'].shape)}, lambda t: t[0]),
-            'pos_embedding': ({'pos_embedding': (1, *state['pos_embedding'].shape)}, lambda t: t[0]),
-            'transformer.norm.weight': ({'mlp_head.0.weight': tuple(state['transformer.norm.weight'].shape)}, lambda t: t),
-            'transformer.norm.bias': ({'mlp_head.0.bias': tuple(state['transformer.norm.bias'].shape)}, lambda t: t),
-            'mlp_head.weight': ({'mlp_head.1.weight': tuple(state['mlp_head.weight'].shape)}, lambda t: t),
-            'mlp_head.bias': ({'mlp_head.1.bias': tuple(state['mlp_head.bias'].shape)}, lambda t: t)}
+            'pos_embedding': ({'pos_embedding': (1, *state['pos_embedding'].shape)}, lambda t: t[0])}
+    for ours, theirs in (('transformer.norm.', 'mlp_head.0.'), ('mlp_head.', 'mlp_head.1.')):
+        for kind in ('weight', 'bias'):
+            plan[ours + kind] = ({theirs + kind: tuple(state[ours + kind].shape)}, lambda t: t)
     for i in range(len(model.transformer.layers)):
         key = f'transformer.layers.{i}.0.to_qkv.weight'
         inner, dim = state[key].shape[0] // 3, state[key].shape[1]

@@ -149,8 +149,9 @@ def timm_plan(model, keys):
     if 'blocks.0.attns.0.attn.qkv.weight' in keys:      # a parallel checkpoint: say what the model lacks
         their_scale, their_bias = 'blocks.0.attns.0.ls.gamma' in keys, 'blocks.0.attns.0.attn.qkv.bias' in keys
         if scaled != their_scale:
+            wanted = '1e-5 (any value: it is loaded)' if their_scale else 'None'
             raise ValueError(f"the checkpoint's branches {'have' if their_scale else 'have no'} LayerScale: build "
-                             f"the model with layer_scale_init={'1e-5 (any value: it is loaded)' if their_scale else 'None'}")
+                             f"the model with layer_scale_init={wanted}")
         if any(key.endswith('to_qkv.bias') for key in state) != their_bias:
             raise ValueError(f"build the model with qkv_bias={their_bias} (the checkpoint's attention "
                              f"{'has' if their_bias else 'has no'} qkv bias)")
@@ -196,14 +197,13 @@ def vit_pytorch_plan(model, keys):
                          "qkv_bias=False and layer_scale_init=None")
     if 'mlp_head.weight' not in state:
         raise ValueError("vit-pytorch's parallel ViT always has a head: build the model with its num_classes")
-    plan = {
-        'to_patch_embedding.2.weight': ({'to_patch_embedding.1.weight': tuple(state['to_patch_embedding.2.weight'].shape)},
-                                        lambda t: t),
-        'to_patch_embedding.2.bias': ({'to_patch_embedding.1.bias': tuple(state['to_patch_embedding.2.bias'].shape)},
-                                      lambda t: t),
+    plan = {f'to_patch_embedding.2.{kind}': ({f'to_patch_embedding.1.{kind}': tuple(tensor.shape)}, lambda t: t)
+            for kind, tensor in (('weight', state['to_patch_embedding.2.weight']),
+                                 ('bias', state['to_patch_embedding.2.bias']))}
+    plan.update({
         'cls_token': ({'cls_token': (1, *state['cls_token'].shape)}, lambda t: t[0]),
         'pos_embedding': ({'pos_embedding': (1, *state['pos_embedding'].shape)}, lambda t: t[0]),
-    }
+    })
     for ours, theirs in (('transformer.norm.', 'mlp_head.0.'), ('mlp_head.', 'mlp_head.1.')):
         for kind in ('weight', 'bias'):
             plan[ours + kind] = ({theirs + kind: tuple(state[ours + kind].shape)}, lambda t: t)

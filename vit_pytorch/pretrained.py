@@ -170,7 +170,8 @@ __all__ = [
 SAFETENSORS, NPZ, TORCH = 'safetensors', 'npz', 'torch'
 WHAT = {SAFETENSORS: 'a safetensors file', NPZ: 'a numpy .npz archive', TORCH: 'a torch file (torch.save)',
         'npy': 'a single numpy array (.npy), not a set of named weights', 'zip': 'a zip archive of other files',
-        'empty': 'empty (truncated to nothing, or never written)', 'unknown': 'none of safetensors, .npz or a torch file'}
+        'empty': 'empty (truncated to nothing, or never written)',
+        'unknown': 'none of safetensors, .npz or a torch file'}
 ZIPPED = (NPZ, TORCH)   # both are zip archives
 # the weights a Hugging Face `save_pretrained` folder may hold, in the order they are looked for
 FOLDER_WEIGHTS = ('model.safetensors', 'model.safetensors.index.json', 'pytorch_model.bin',
@@ -621,7 +622,8 @@ def describe_paper_vit(model, *, qkv_bias=None):
     heads = model.transformer.layers[0][0].heads
     return dict(
         dim=dim, depth=len(model.transformer.layers), heads=heads,
-        dim_head=shapes[first + 'to_qkv.weight'][0] // 3 // heads, mlp_dim=shapes['transformer.layers.0.1.net.1.weight'][0],
+        dim_head=shapes[first + 'to_qkv.weight'][0] // 3 // heads,
+        mlp_dim=shapes['transformer.layers.0.1.net.1.weight'][0],
         patch=tuple(model.patch_size), channels=model.channels, qkv_bias=first + 'to_qkv.bias' in shapes,
         num_classes=shapes['mlp_head.weight'][0] if 'mlp_head.weight' in shapes else 0,
         pre_logits=shapes['to_latent.0.weight'][0] if 'to_latent.0.weight' in shapes else None,
@@ -704,8 +706,8 @@ def hf_plan(model, keys):
     m = describe_paper_vit(model, qkv_bias=f'{first}{q}.bias' in keys if f'{first}{q}.weight' in keys else None)
     d, inner, mlp, (ph, pw) = m['dim'], m['heads'] * m['dim_head'], m['mlp_dim'], m['patch']
     plan = {
-        'to_patch_embedding.2.weight': ({f'{p}embeddings.patch_embeddings.projection.weight': (d, m['channels'], ph, pw)},
-                                        _conv_to_linear),
+        'to_patch_embedding.2.weight': (
+            {f'{p}embeddings.patch_embeddings.projection.weight': (d, m['channels'], ph, pw)}, _conv_to_linear),
         'to_patch_embedding.2.bias': ({f'{p}embeddings.patch_embeddings.projection.bias': (d,)}, _same),
         'cls_token': ({f'{p}embeddings.cls_token': (1, 1, d)}, _first),
         'pos_embedding': ({f'{p}embeddings.position_embeddings': None}, m['table']),
@@ -721,7 +723,8 @@ def hf_plan(model, keys):
                 plan[ours + f'0.to_qkv.{kind}'] = ({theirs + f'{name}.{kind}': qkv_shape for name in (q, k, v)},
                                                   _concat)
             for our_name, their_name, shape in [
-                ('0.norm', 'layernorm_before', (d,)), ('0.to_out.0', o, (d, inner)), ('1.net.0', 'layernorm_after', (d,)),
+                ('0.norm', 'layernorm_before', (d,)), ('0.to_out.0', o, (d, inner)),
+                ('1.net.0', 'layernorm_after', (d,)),
                 ('1.net.1', fc1, (mlp, d)), ('1.net.4', fc2, (d, mlp)),
             ]:
                 shape = shape[:1] if kind == 'bias' else shape
@@ -758,7 +761,8 @@ def jax_plan(model, keys):
             plan[ours + '0.to_qkv.bias'] = (
                 {attn + f'{name}/bias': (h, e) for name in ('query', 'key', 'value')},
                 lambda *bs: torch.cat([rearrange(b, 'h e -> (h e)') for b in bs]))
-        plan[ours + '0.to_out.0.weight'] = ({attn + 'out/kernel': (h, e, d)}, lambda w: rearrange(w, 'h e d -> d (h e)'))
+        plan[ours + '0.to_out.0.weight'] = ({attn + 'out/kernel': (h, e, d)},
+                                           lambda w: rearrange(w, 'h e d -> d (h e)'))
         plan[ours + '0.to_out.0.bias'] = ({attn + 'out/bias': (d,)}, _same)
         for our_name, norm in (('0.norm', 'LayerNorm_0'), ('1.net.0', 'LayerNorm_2')):
             plan[ours + our_name + '.weight'] = ({block + norm + '/scale': (d,)}, _same)

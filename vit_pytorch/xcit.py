@@ -366,8 +366,9 @@ def timm_plan(model, keys):
     """
     state = model.state_dict()
     if ('blocks.0.attn.qkv.bias' in keys) != ('xcit_transformer.layers.0.0.fn.to_qkv.bias' in state):
-        raise ValueError(f"build the model with qkv_bias={'blocks.0.attn.qkv.bias' in keys} "
-                         f"(the checkpoint's attention {'has' if 'blocks.0.attn.qkv.bias' in keys else 'has no'} qkv bias)")
+        has = 'blocks.0.attn.qkv.bias' in keys
+        raise ValueError(f"build the model with qkv_bias={has} (the checkpoint's attention "
+                         f"{'has' if has else 'has no'} qkv bias)")
     dim = state['cls_token'].shape[-1]
     hidden = state['pos_embedding.to_embedding.weight'].shape[1]
     plan = {
@@ -376,7 +377,8 @@ def timm_plan(model, keys):
                                               lambda w: rearrange(w, 'd k 1 1 -> d k')),
     }
     names = {'pos_embedding.to_embedding.': 'pos_embed.token_projection.', 'norm.': 'norm.', 'mlp_head.': 'head.'}
-    # the stem: ours (conv, BatchNorm, GELU) x n in one Sequential; timm's proj.(2j) is (conv, BatchNorm), proj.(2j + 1) a GELU
+    # the stem: ours (conv, BatchNorm, GELU) x n in one Sequential; timm's proj.(2j) is (conv, BatchNorm),
+    # proj.(2j + 1) a GELU
     for index in range(0, len(model.to_patch_embedding[0]), 3):
         for part in (0, 1):
             names[f'to_patch_embedding.0.{index + part}.'] = f'patch_embed.proj.{2 * (index // 3)}.{part}.'
@@ -395,7 +397,8 @@ def timm_plan(model, keys):
     for i in range(len(model.cls_transformer)):
         ours, block = f'cls_transformer.{i}.', f'cls_attn_blocks.{i}.'
         names.update({
-            ours + 'attn_scale': block + 'gamma1', ours + 'norm.': block + 'norm1.', ours + 'attn.to_q.': block + 'attn.q.',
+            ours + 'attn_scale': block + 'gamma1', ours + 'norm.': block + 'norm1.',
+            ours + 'attn.to_q.': block + 'attn.q.',
             ours + 'attn.to_out.0.': block + 'attn.proj.', ours + 'ff_scale': block + 'gamma2',
             ours + 'ff_norm.': block + 'norm2.', ours + 'ff.0.': block + 'mlp.fc1.', ours + 'ff.3.': block + 'mlp.fc2.',
         })
