@@ -1,19 +1,24 @@
 """The training command: it learns, resumes exactly, reads folders, draws, runs on 2 processes, and
 says clearly what is wrong. Runs use tiny models and few epochs to stay fast."""
 
+import contextlib
+import io
 import json
 import math
 import os
+import re
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import digits_batch
 
 from vit_pytorch import checkpoint as ckpt
-from vit_pytorch import train
+from vit_pytorch import plots, train
 from vit_pytorch.evaluate import load_digits, main as evaluate_main
 from vit_pytorch.models import MODELS, build_model, known_names
 
@@ -112,9 +117,8 @@ def test_short_run_on_digits_beats_90_percent_and_draws_its_curves(tmp_path):
     assert log[-1]['test_accuracy'] >= 0.90          # 96.2% measured (seeds 1, 2: 94.7%, 93.6%); chance is 10%
     curves = out / 'curves.png'
     assert curves.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n' and curves.stat().st_size > 5000
-    if (Path(train.__file__).parent / 'plots.py').exists():
-        assert (out / 'attention.png').stat().st_size > 0
-        assert (out / 'position_similarity.png').stat().st_size > 0
+    assert (out / 'attention.png').stat().st_size > 0
+    assert (out / 'position_similarity.png').stat().st_size > 0
 
 
 def test_interrupted_run_resumed_matches_an_uninterrupted_run(tmp_path, monkeypatch):
@@ -145,6 +149,59 @@ def test_interrupted_run_resumed_matches_an_uninterrupted_run(tmp_path, monkeypa
     assert strip(log_of(broken)) == strip(log_of(whole))
 
 
+def cosine_lr(peak, step, *, warmup_steps, total_steps):
+    """The schedule after warm-up, written out: peak * (1 + cos(pi * progress)) / 2."""
+    return peak * (1 + math.cos(math.pi * (step - warmup_steps) / (total_steps - warmup_steps))) / 2
+
+
+def stripes_run(tmp_path, *extra):
+    """A one-epoch run on 12 striped images in batches of 4 (3 steps an epoch): its output folder."""
+    data, out = write_image_folder(tmp_path / 'stripes'), tmp_path / 'run'
+    assert run('--data', data, '--image-size', 8, '--patch-size', 4, '--epochs', 1, '--out', out, *FAST,
+               '--batch-size', 4, *extra) == 0
+    return out
+
+
+def test_resume_with_more_epochs_extends_a_finished_run_on_the_stretched_schedule(tmp_path):
+    out = stripes_run(tmp_path)
+    first = weights_of(out)
+    # options given with the run's own values are accepted
+    assert run('--out', out, '--resume', '--epochs', 2, '--dim', 32, '--batch-size', 4, '--quiet') == 0
+    log = log_of(out)
+    assert [record['epoch'] for record in log] == [1, 2]
+    # the last step of epoch 2 on the cosine of a 2-epoch run, 3 steps an epoch, warm-up 1 epoch
+    assert log[1]['lr'] == pytest.approx(cosine_lr(3e-3, 5, warmup_steps=3, total_steps=6))
+    assert any(not torch.equal(first[key], value) for key, value in weights_of(out).items())
+
+
+def test_resume_with_a_new_learning_rate_uses_it_as_the_peak_of_the_remaining_steps(tmp_path):
+    out = stripes_run(tmp_path)
+    assert run('--out', out, '--resume', '--epochs', 2, '--lr', 1e-3, '--quiet', '--no-plots') == 0
+    log = log_of(out)
+    assert log[0]['lr'] == pytest.approx(3e-3)                      # the end of the warm-up, at the old peak
+    assert log[1]['lr'] == pytest.approx(cosine_lr(1e-3, 5, warmup_steps=3, total_steps=6))
+
+
+def test_resume_refuses_a_changed_model_data_or_recipe_naming_each_flag_and_both_values(tmp_path, capsys):
+    out = stripes_run(tmp_path)
+    capsys.readouterr()
+    assert run('--out', out, '--resume', '--epochs', 2, '--model', 'simple_vit', '--batch-size', 64,
+               '--image-size', 32, '--data', 'digits', '--dim', 48, '--qkv-bias') == 2
+    error = capsys.readouterr().err
+    for said in ('--model simple_vit (the run has vit)', '--batch-size 64 (the run has 4)',
+                 '--image-size 32 (the run has 8)', "--data digits (the run has", '--dim 48 (the run has 32)',
+                 '--qkv-bias True'):
+        assert said in error
+    assert len(log_of(out)) == 1                                     # nothing was trained
+
+
+def test_resume_of_a_finished_run_without_more_epochs_says_how_to_extend_it(tmp_path, capsys):
+    out = stripes_run(tmp_path)
+    assert run('--out', out, '--resume') == 2
+    error = capsys.readouterr().err
+    assert 'has done 1' in error and 'give more epochs' in error
+
+
 def test_folder_data_set_trains_and_evaluate_reproduces_the_last_accuracy(tmp_path, capsys):
     data = write_image_folder(tmp_path / 'stripes')
     out = tmp_path / 'run'
@@ -161,21 +218,57 @@ def test_folder_data_set_trains_and_evaluate_reproduces_the_last_accuracy(tmp_pa
     assert result['loss'] == pytest.approx(log_of(out)[-1]['test_loss'], rel=1e-5)
 
 
+def test_every_training_image_is_used_every_epoch_the_last_batch_taking_the_rest(tmp_path, monkeypatch):
+    batches = []
+    real_augment = train.augment
+
+    def counting(images, labels, *args):
+        batches.append(len(labels))
+        return real_augment(images, labels, *args)
+
+    monkeypatch.setattr(train, 'augment', counting)
+    out = stripes_run(tmp_path, '--batch-size', 5, '--epochs', 2)        # 12 images: 5, 5 and 2
+    assert batches == [5, 5, 2] * 2
+    assert [record['train_images'] for record in log_of(out)] == [12, 12]
+
+
+@pytest.mark.parametrize('count, world_size', [(256, 2), (67, 2), (1, 2), (0, 2), (10, 3), (2, 3)])
+def test_a_batch_is_split_into_contiguous_parts_that_differ_by_at_most_one_image(count, world_size):
+    parts = [range(count)[train.share(count, rank, world_size)] for rank in range(world_size)]
+    assert [index for part in parts for index in part] == list(range(count))
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+# a torchrun worker: the training command, then the names of the threads the process still has
+WORKER = """
+import json, os, sys
+from vit_pytorch import train
+code = train.main(sys.argv[1:])
+threads = sorted(open(f'/proc/self/task/{task}/comm').read().strip() for task in os.listdir('/proc/self/task'))
+print(json.dumps(dict(rank=int(os.environ['RANK']), threads=threads)), flush=True)
+sys.exit(code)
+"""
+
+
+@pytest.mark.skipif(not Path('/proc/self/task').is_dir(), reason='lists threads through /proc')
 def test_two_processes_train_like_one_with_the_same_global_batch(tmp_path):
     """torchrun with gloo: the 2 processes split each batch and average gradients, so after an epoch
-    the weights equal a single process's (up to the order of float additions)."""
+    the weights equal a single process's (up to the order of float additions). 1,347 images at 256
+    end in a batch of 67, split 33 and 34. Each process then tears its process group down whole:
+    none of gloo's threads is left to outlive the interpreter (where they aborted the process)."""
     single, double = tmp_path / 'single', tmp_path / 'double'
-    args = ['-m', 'vit_pytorch.train', '--epochs', '1', '--batch-size', '256', '--quiet', '--no-plots',
-            '--warmup-epochs', '1', '--threads', '1', '--dim', '32', '--depth', '1', '--heads', '2', '--dim-head', '16',
-            '--mlp-dim', '64', '--device', 'cpu']
+    args = ['--epochs', '1', '--batch-size', '256', '--quiet', '--no-plots', '--warmup-epochs', '1', '--threads', '1',
+            '--dim', '32', '--depth', '1', '--heads', '2', '--dim-head', '16', '--mlp-dim', '64', '--device', 'cpu']
     env = dict(os.environ, OMP_NUM_THREADS='1')
-    assert run(*args[2:], '--out', single) == 0
+    assert run(*args, '--out', single) == 0
+    worker = tmp_path / 'worker.py'
+    worker.write_text(WORKER)
     process = subprocess.Popen(
-        [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', *args,
+        [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', str(worker), *args,
          '--out', str(double)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     try:
-        _, stderr = process.communicate(timeout=240)
+        stdout, stderr = process.communicate(timeout=240)
     finally:
         if process.poll() is None:                       # take torchrun's workers down with it
             os.killpg(process.pid, 9)
@@ -185,6 +278,150 @@ def test_two_processes_train_like_one_with_the_same_global_batch(tmp_path):
     for key in one:
         torch.testing.assert_close(two[key], one[key], rtol=1e-4, atol=1e-5, msg=key)
     assert log_of(double)[0]['test_accuracy'] == pytest.approx(log_of(single)[0]['test_accuracy'], abs=0.01)
+    assert log_of(double)[0]['train_images'] == log_of(single)[0]['train_images'] == 1347
+    left = {report['rank']: report['threads'] for report in map(json.loads, re.findall(r'^\{.*\}$', stdout, re.M))}
+    assert sorted(left) == [0, 1], stdout[-2000:]
+    assert not [name for threads in left.values() for name in threads if 'gloo' in name], left
+
+
+# the command line
+
+
+def help_entries(text):
+    """{option: its help, joined onto one line} from argparse's --help output."""
+    entries, current = {}, None
+    for line in text.splitlines():
+        start = re.match(r'  (--?[\w-]+)', line)
+        if start:
+            current = start[1]
+            entries[current] = line
+        elif current and line.startswith('   '):
+            entries[current] += ' ' + line.strip()
+        else:
+            current = None
+    return entries
+
+
+def test_help_shows_every_options_real_default_once(capsys, monkeypatch):
+    monkeypatch.setenv('COLUMNS', '120')
+    with pytest.raises(SystemExit) as stop:
+        run('--help')
+    assert stop.value.code == 0
+    entries = help_entries(capsys.readouterr().out)
+    entries.pop('-h')
+    assert len(entries) == 23                           # 23 options, each with its own entry
+    for option, entry in entries.items():
+        assert entry.count('default') == 1, entry
+    for option, default in (('--epochs', '50'), ('--seed', '0'), ('--weight-decay', '0.05'), ('--lr', '0.003'),
+                            ('--batch-size', '64'), ('--model', 'vit'), ('--data', 'digits')):
+        assert f'(default: {default})' in entries[option], entries[option]
+    assert 'True' not in entries['--no-plots'] and 'False' not in entries['--hflip']
+    assert '16 for the digits' in entries['--image-size'] and 'None' not in entries['--image-size']
+
+
+@pytest.mark.parametrize('module, distribution', [('sklearn', 'scikit-learn'), ('safetensors', 'safetensors'),
+                                                  ('numpy', 'numpy')])
+def test_training_without_the_train_extra_names_what_to_install(tmp_path, capsys, monkeypatch, module, distribution):
+    monkeypatch.setitem(sys.modules, module, None)                   # import fails as if not installed
+    assert run('--epochs', 1, '--out', tmp_path / 'run', *FAST) == 2
+    error = capsys.readouterr().err
+    assert f'needs {distribution}' in error
+    assert "pip install -e '.[train]'" in error and "pip install 'vit-pytorch-clean[train]'" in error
+    assert not (tmp_path / 'run').exists()                          # said before anything was trained
+
+
+def test_pictures_without_matplotlib_name_what_to_install_and_how_to_do_without(tmp_path, capsys, monkeypatch):
+    data = write_image_folder(tmp_path / 'stripes', splits=(('train', 2), ('val', 1)))
+    monkeypatch.setitem(sys.modules, 'matplotlib', None)
+    assert run('--data', data, '--image-size', 8, '--epochs', 1, '--out', tmp_path / 'run', '--quiet', *TINY) == 2
+    error = capsys.readouterr().err
+    assert 'needs matplotlib' in error and '--no-plots' in error and "'.[train]'" in error
+    assert not (tmp_path / 'run').exists()
+
+
+def test_a_folder_without_pillow_names_what_to_install(tmp_path, capsys, monkeypatch):
+    data = write_image_folder(tmp_path / 'stripes', splits=(('train', 2), ('val', 1)))
+    monkeypatch.setitem(sys.modules, 'PIL', None)
+    assert run('--data', data, '--image-size', 8, '--epochs', 1, '--out', tmp_path / 'run', *FAST) == 2
+    error = capsys.readouterr().err
+    assert 'needs pillow' in error and "pip install 'vit-pytorch-clean[train]'" in error
+
+
+def test_an_image_of_fewer_than_4_patches_is_warned_about(tmp_path, capsys):
+    data = write_image_folder(tmp_path / 'stripes', splits=(('train', 2), ('val', 1)))
+    common = ['--data', data, '--image-size', 8, '--epochs', 1, *FAST]
+    assert run(*common, '--patch-size', 4, '--out', tmp_path / 'four') == 0          # 2x2 patches: fine
+    assert 'warning' not in capsys.readouterr().err
+    assert run(*common, '--patch-size', 8, '--out', tmp_path / 'one') == 0           # a single patch
+    error = capsys.readouterr().err
+    assert 'warning: a 8x8 image is only 1 patch(es) (1x1) for vit' in error and '--patch-size' in error
+
+
+# pictures
+
+
+@pytest.fixture(scope='module')
+def pictured(tmp_path_factory):
+    """A run on two classes of stripes, 10 validation images each, listed class by class, with its pictures
+    drawn: (the figures by file name, the command's output)."""
+    root = tmp_path_factory.mktemp('pictured')
+    data = write_image_folder(root / 'stripes', splits=(('train', 4), ('val', 10)))
+    figures, printed = {}, io.StringIO()
+    real_save = plots._save
+
+    def keep(figure, path, dpi):
+        figures[Path(path).name] = figure
+        return real_save(figure, path, dpi)
+
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
+        patch.setattr(plots, '_save', keep)
+        assert run('--data', data, '--image-size', 8, '--patch-size', 4, '--epochs', 2, '--batch-size', 4,
+                   '--out', root / 'run', '--quiet', '--warmup-epochs', 1, *TINY) == 0
+    return figures, printed.getvalue()
+
+
+def test_attention_pictures_name_label_and_prediction_for_examples_of_every_class(pictured):
+    figures, _ = pictured
+    titles = [axis.get_title() for axis in figures['attention.png'].axes if axis.get_title()]
+    assert len(titles) == 8
+    pairs = [re.fullmatch(r'label (\w+)\npredicted (\w+)', title).groups() for title in titles]
+    assert {label for label, _ in pairs} == {'horizontal', 'vertical'}
+    assert [label for label, _ in pairs] == ['horizontal', 'vertical'] * 4      # the classes take turns
+
+
+def test_examples_take_the_classes_in_turn():
+    labels = torch.tensor([0, 0, 0, 1, 1, 2])
+    assert train.pick_examples(labels, 4).tolist() == [0, 3, 5, 1]
+    assert train.pick_examples(labels, 10).tolist() == [0, 3, 5, 1, 4, 2]
+
+
+def test_attention_distance_picture_has_a_title_and_the_uniform_attention_line(pictured):
+    figures, _ = pictured
+    axis = figures['attention_distance.png'].axes[0]
+    assert axis.get_title()
+    uniform = [line for line in axis.get_lines() if line.get_label() == 'uniform attention']
+    # a 2x2 grid of 4-pixel patches: from each patch, 0, 4, 4 and 4 * sqrt(2) pixels to the four patches
+    assert len(uniform) == 1 and uniform[0].get_ydata()[0] == pytest.approx((8 + 4 * math.sqrt(2)) / 4)
+
+
+def test_curves_name_the_folders_split_and_say_why_the_training_loss_stays_high(pictured):
+    figures, _ = pictured
+    figure = figures['curves.png']
+    labels = [text.get_text() for axis in figure.axes for text in axis.get_legend().get_texts()]
+    assert 'val' in labels and 'test' not in labels
+    smoothed = F.cross_entropy(torch.tensor([[0.95, 0.05]]).log(), torch.tensor([0]), label_smoothing=0.1)
+    floor = [line for line in figure.axes[0].get_lines() if line.get_label().startswith('least train loss')]
+    assert len(floor) == 1 and floor[0].get_ydata()[0] == pytest.approx(smoothed.item())
+    note = ' '.join(text.get_text() for text in figure.texts)
+    assert 'label smoothing 0.1' in note and 'shifts' in note and 'val loss' in note
+
+
+def test_the_last_line_names_the_pictures(pictured):
+    _, printed = pictured
+    last = printed.strip().splitlines()[-1]
+    assert last.startswith('val accuracy')
+    for name in ('curves.png', 'attention.png', 'attention_distance.png', 'position_similarity.png'):
+        assert name in last
 
 
 # models by name
@@ -286,6 +523,22 @@ def test_missing_checkpoint_and_weights_only_resume_are_explained(saved, tmp_pat
     (copy / 'state.json').unlink()
     assert run('--resume', copy, '--out', tmp_path / 'run', '--quiet') == 2
     assert 'holds weights only' in capsys.readouterr().err
+
+
+def test_checkpoint_files_are_written_with_one_mode_that_of_the_umask(saved):
+    umask = os.umask(0o022)
+    os.umask(umask)
+    modes = {file.name: stat.S_IMODE(file.stat().st_mode) for file in saved.iterdir()}
+    assert sorted(modes) == ['config.json', 'model.safetensors', 'optimizer.safetensors', 'state.json']
+    assert set(modes.values()) == {0o666 & ~umask}, {name: oct(mode) for name, mode in modes.items()}
+
+
+def test_evaluate_without_safetensors_names_what_to_install(saved, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, 'safetensors', None)
+    assert evaluate_main([str(saved)]) == 2
+    error = capsys.readouterr().err
+    assert 'python -m vit_pytorch.evaluate needs safetensors' in error
+    assert "pip install -e '.[train]'" in error and "pip install 'vit-pytorch-clean[train]'" in error
 
 
 def test_evaluate_reloads_the_model_without_the_trainer(saved, capsys):

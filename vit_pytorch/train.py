@@ -5,6 +5,7 @@
     python -m vit_pytorch.train --model vit --dim 192 --depth 6 --heads 3 --patch-size 8
     python -m vit_pytorch.train --model S/16 --data ~/pets --image-size 224
     python -m vit_pytorch.train --resume              # continue the run in --out
+    python -m vit_pytorch.train --resume --epochs 80  # extend a finished run
     torchrun --standalone --nproc_per_node=2 -m vit_pytorch.train   # DDP: gloo on CPU, nccl on GPU
 
 With no arguments it trains a 4-layer ViT of width 64 on the 1,347 training digits and tests
@@ -20,13 +21,28 @@ horizontal flips and mixup, optional bf16 mixed precision. Every epoch is seeded
 epoch), so the same seed gives the same run, and a run resumed from a checkpoint continues
 exactly as if it had never stopped.
 
+Every epoch uses every training image once: the epoch's shuffled order is cut into batches of
+--batch-size, and the last batch holds what is left (1,347 digits at 64: 21 batches of 64 and
+one of 3). Under torchrun each process takes a contiguous part of every batch; an uneven last
+batch is split as evenly as it goes (67 images on 2 processes: 33 and 34, 1 image: 0 and 1).
+Each process sums its images' losses, divides by the whole batch's size and multiplies by the
+number of processes; DDP averages the processes' gradients, so that gives the gradient of the
+whole batch's mean loss, and 2 processes follow the path of 1.
+
+A resumed run takes its recipe, data and model from the checkpoint. `--epochs` may grow (the
+cosine schedule is then stretched to the new end) and `--lr` may change (the new peak applies
+to the remaining steps); the run options (--out, --device, --threads, --quiet, --no-plots,
+--eval-batch-size) are free; any other option given with a value unlike the run's is refused
+with both values.
+
 Written to --out: log.jsonl (one JSON line per epoch), checkpoint/ (safetensors + JSON, replaced
-every epoch), curves.png, and, where vit_pytorch.plots exists, attention maps and position-
-embedding similarity.
+every epoch), curves.png, attention.png (rollout on test images of every class),
+attention_distance.png and position_similarity.png.
 """
 
 import argparse
 import ast
+import importlib
 import json
 import math
 import os
@@ -41,9 +57,11 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from vit_pytorch import models
+from vit_pytorch import analysis, models, plots
 from vit_pytorch.checkpoint import CheckpointError, load_config, load_training_state, load_weights, save_checkpoint
-from vit_pytorch.evaluate import autocast, evaluate, folder_classes, load_split, normalise
+from vit_pytorch.evaluate import (MissingExtra, autocast, evaluate, folder_classes, load_split, normalise,
+                                  require)
+from vit_pytorch.recorder import Recorder
 
 # the model size used when the command line does not set it (only the keys the model accepts)
 # patch_norm=False: a LayerNorm over one small gray patch (16 pixels) removes its brightness and contrast,
@@ -58,43 +76,77 @@ ALIASES = dict(image_size=('img_size',), channels=('n_input_channels',), dim=('e
 
 # arguments that may differ in a resumed run without changing what it computes
 RUNTIME_ARGUMENTS = ('resume', 'out', 'quiet', 'device', 'plots', 'eval_batch_size', 'threads')
+# arguments a resumed run takes from the command line: more epochs extend it, a new peak lr sets the remaining steps
+CONTINUABLE_ARGUMENTS = ('epochs', 'lr')
+# fewer patches than this and attention has next to nothing to relate (one token: none at all)
+MIN_PATCHES = 4
 
 
-def parse_args(argv=None):
-    """(training arguments, model keyword arguments) from the command line."""
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, once: the value, or the help's own '(default: ...)'."""
+
+    def _get_help_string(self, action):
+        text = action.help or ''
+        if '(default' in text or action.nargs == 0 or action.default in (None, argparse.SUPPRESS):
+            return text
+        return f'{text} (default: %(default)s)'.lstrip()
+
+
+def build_parser():
     parser = argparse.ArgumentParser(prog='python -m vit_pytorch.train', description=__doc__.split('\n\n')[0],
                                      epilog='Any other --name value is a keyword argument of the model.',
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=_HelpFormatter)
     data = parser.add_argument_group('data')
     data.add_argument('--data', default='digits', help="'digits' or a folder with train/<class>/ and val/<class>/")
-    data.add_argument('--image-size', type=int, default=None, help='side in pixels (default: 16 digits, 32 folders)')
-    data.add_argument('--channels', type=int, default=None, help='1 gray or 3 RGB (default: 1 digits, 3 folders)')
+    data.add_argument('--image-size', type=int, default=None,
+                      help='side in pixels (default: 16 for the digits, 32 for a folder)')
+    data.add_argument('--channels', type=int, default=None,
+                      help='1 gray or 3 RGB (default: 1 for the digits, 3 for a folder)')
     model = parser.add_argument_group('model')
     model.add_argument('--model', default='vit', help=f"one of {', '.join(models.known_names())}")
     recipe = parser.add_argument_group('recipe')
-    recipe.add_argument('--epochs', type=int, default=50)
-    recipe.add_argument('--batch-size', type=int, default=64, help='over all processes together')
-    recipe.add_argument('--lr', type=float, default=3e-3, help='peak learning rate')
-    recipe.add_argument('--weight-decay', type=float, default=0.05)
-    recipe.add_argument('--warmup-epochs', type=float, default=3)
-    recipe.add_argument('--label-smoothing', type=float, default=0.1)
+    recipe.add_argument('--epochs', type=int, default=50,
+                        help='passes over the training images; with --resume, more than before extends the run')
+    recipe.add_argument('--batch-size', type=int, default=64,
+                        help="images per step over all processes together; an epoch's last batch takes what is left")
+    recipe.add_argument('--lr', type=float, default=3e-3,
+                        help='peak learning rate; with --resume, the peak for the remaining steps')
+    recipe.add_argument('--weight-decay', type=float, default=0.05, help='AdamW decay of the weight matrices')
+    recipe.add_argument('--warmup-epochs', type=float, default=3, help='linear warm-up before the cosine decay')
+    recipe.add_argument('--label-smoothing', type=float, default=0.1, help='of the training targets')
     recipe.add_argument('--clip-grad', type=float, default=1.0, help='max gradient norm (0: off)')
     recipe.add_argument('--translate', type=int, default=2, help='random shift by up to this many pixels')
-    recipe.add_argument('--hflip', action='store_true', help='random horizontal flips')
+    recipe.add_argument('--hflip', action='store_true', help='random horizontal flips (default: off)')
     recipe.add_argument('--mixup', type=float, default=0.0, help='mixup Beta(a, a) parameter a (0: off)')
-    recipe.add_argument('--amp', action='store_true', help='bf16 autocast (mixed precision)')
-    recipe.add_argument('--seed', type=int, default=0)
+    recipe.add_argument('--amp', action='store_true', help='bf16 autocast, mixed precision (default: off)')
+    recipe.add_argument('--seed', type=int, default=0,
+                        help="seeds the initialisation and each epoch's order and augmentation")
     run = parser.add_argument_group('run')
     run.add_argument('--out', default=None, help='output folder (default: runs/<data>-<model>)')
     run.add_argument('--resume', nargs='?', const='auto', default=None,
-                     help='continue from the checkpoint in --out (or the one given)')
+                     help='continue from the checkpoint in --out, or the checkpoint folder given '
+                          '(default: start a new run)')
     run.add_argument('--device', default=None, help='cpu, cuda, cuda:1, ... (default: cuda when available)')
     run.add_argument('--threads', type=int, default=None,
-                     help="CPU threads per process (default: 1 for the digits, else torch's)")
-    run.add_argument('--eval-batch-size', type=int, default=256)
-    run.add_argument('--no-plots', dest='plots', action='store_false', help='skip the PNG pictures')
-    run.add_argument('--quiet', action='store_true', help='no progress bars, only the final result')
-    args, rest = parser.parse_known_args(argv)
+                     help="CPU threads per process (default: 1 for the digits on CPU, else torch's)")
+    run.add_argument('--eval-batch-size', type=int, default=256, help='images per step when testing')
+    run.add_argument('--no-plots', dest='plots', action='store_false',
+                     help='skip the PNG pictures (default: draw them)')
+    run.add_argument('--quiet', action='store_true', help='no progress bars, only the final result (default: off)')
+    return parser
+
+
+def parse_args(argv=None):
+    """(training arguments, model keyword arguments) from the command line; `args.given` names the
+    options the command line set (a resumed run compares them with the run's own)."""
+    parser = build_parser()
+    unset = object()
+    defaults = vars(parser.parse_known_args([])[0])
+    args, rest = parser.parse_known_args(argv, namespace=argparse.Namespace(**dict.fromkeys(defaults, unset)))
+    args.given = tuple(sorted(name for name in defaults if getattr(args, name) is not unset))
+    for name, value in defaults.items():
+        if getattr(args, name) is unset:
+            setattr(args, name, value)
     try:
         model_kwargs = parse_model_kwargs(rest)
     except ValueError as error:
@@ -140,7 +192,7 @@ def model_config(name, kwargs, *, image_size, channels, num_classes):
             return key
         return next((candidate for candidate in (key, *ALIASES.get(key, ())) if candidate in accepted), None)
 
-    defaults = {} if models.is_named_config(name) else dict(SMALL_MODEL)
+    defaults = {} if models.is_named_config(name) else dict(models.SMALL_CONFIGS.get(name, SMALL_MODEL))
     defaults.update(image_size=image_size, channels=channels, num_classes=num_classes)
     config = {spelling(key): value for key, value in defaults.items() if spelling(key) is not None}
     return {**config, **kwargs}
@@ -200,6 +252,16 @@ def augment(images, labels, args, generator, rng, num_classes):
     return images, targets
 
 
+def epoch_batches(order, batch_size):
+    """The epoch's global batches: `order` cut into runs of `batch_size`, the last holding what is left."""
+    return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+def share(count, rank, world_size):
+    """This process's contiguous part of a global batch of `count` images; the parts' sizes differ by at most one."""
+    return slice(rank * count // world_size, (rank + 1) * count // world_size)
+
+
 # processes
 
 
@@ -214,6 +276,12 @@ def setup_distributed(device):
         backend = 'nccl' if torch.device(device).type == 'cuda' else 'gloo'
         if torch.device(device).type == 'cuda':
             torch.cuda.set_device(torch.device(device))
+        # DDP's constructor imports torch._dynamo, which imports torch.distributed.nn.functional, whose functions
+        # take `group=group.WORLD` as a default argument. Imported after init_process_group, those defaults hold
+        # the process group for good: destroy_process_group cannot free it, and its gloo threads live on into
+        # interpreter shutdown, where freeing it can abort the process ('terminate called without an active
+        # exception'). Imported before, the defaults are None.
+        importlib.import_module('torch._dynamo')
         torch.distributed.init_process_group(backend)
     return rank, world_size, device
 
@@ -227,8 +295,27 @@ def _run_name(args):
     return f"{data}-{re.sub(r'[^A-Za-z0-9_.-]+', '-', args.model)}"
 
 
-def _restore_arguments(args, checkpoint):
-    """The saved run's arguments and model kwargs; options that change the computation come from it."""
+def _given(args):
+    """The options the command line set: `args.given` from parse_args, else those unlike the defaults."""
+    if hasattr(args, 'given'):
+        return set(args.given)
+    defaults = vars(build_parser().parse_known_args([])[0])
+    return {name for name, value in defaults.items() if getattr(args, name, value) != value}
+
+
+def _flag(name):
+    return '--' + name.replace('_', '-')
+
+
+def _same_setting(name, mine, theirs):
+    if name == 'data' and 'digits' not in (mine, theirs):
+        return Path(mine).expanduser().resolve() == Path(theirs).expanduser().resolve()
+    return json.loads(json.dumps(mine)) == json.loads(json.dumps(theirs))   # tuples were saved as lists
+
+
+def _restore_arguments(args, model_kwargs, checkpoint):
+    """The run's arguments and model kwargs from the checkpoint, with the command line's run options,
+    --epochs and --lr; a ValueError names every other option given with a value unlike the run's."""
     state_file = Path(checkpoint) / 'state.json'
     if not state_file.exists():
         raise CheckpointError(f"cannot resume: {checkpoint} has no training state (state.json); "
@@ -237,10 +324,29 @@ def _restore_arguments(args, checkpoint):
         saved = json.loads(state_file.read_text())['args']
     except (json.JSONDecodeError, KeyError, TypeError) as error:
         raise CheckpointError(f"cannot resume: {state_file} is corrupt or truncated ({error})") from error
-    for key, value in saved.items():
-        if key not in RUNTIME_ARGUMENTS:
-            setattr(args, key, value)
-    return args, load_config(checkpoint)['model_kwargs']
+    config = load_config(checkpoint)
+    given, conflicts = _given(args), []
+    for name, value in saved.items():
+        if name in RUNTIME_ARGUMENTS or (name in given and name in CONTINUABLE_ARGUMENTS):
+            continue                                                # the command line's value holds
+        if name in given:
+            # a size left to its default was saved as None; the checkpoint's data says what it was
+            used = config.get('data', {}).get(name) if value is None and name in ('image_size', 'channels') else value
+            if not _same_setting(name, getattr(args, name), used):
+                conflicts.append(f"{_flag(name)} {getattr(args, name)} (the run has {used})")
+        setattr(args, name, value)
+    saved_kwargs = config['model_kwargs']
+    for name, value in model_kwargs.items():
+        if name not in saved_kwargs:
+            conflicts.append(f"{_flag(name)} {value} (the run's {args.model} was built without it)")
+        elif not _same_setting(name, value, saved_kwargs[name]):
+            conflicts.append(f"{_flag(name)} {value} (the run has {saved_kwargs[name]})")
+    if conflicts:
+        raise ValueError(
+            f"cannot resume the run in {checkpoint} with {'; '.join(conflicts)}: a resumed run keeps its data, "
+            f"model and recipe, and only --epochs (to extend it), --lr (for the remaining steps) and the run "
+            f"options may change; leave these out, or start a new run with another --out")
+    return args, saved_kwargs
 
 
 def _format_seconds(seconds):
@@ -248,23 +354,28 @@ def _format_seconds(seconds):
     return f'{seconds // 60}:{seconds % 60:02d}'
 
 
+def _warn(line):
+    print(f"warning: {line}", file=sys.stderr, flush=True)
+
+
 # the run
 
 
 def train(args, model_kwargs):
-    """Train as the arguments say; returns the last epoch's record (with 'out' and 'checkpoint')."""
+    """Train as the arguments say; returns the last epoch's record (with 'out', 'checkpoint' and 'pictures')."""
     rank, world_size, device = setup_distributed(args.device)
     threads = torch.get_num_threads()
     try:
         record = _train(args, model_kwargs, rank, world_size, device)
         if world_size > 1:
-            # wait for every process (the first one writes the last checkpoint) before tearing gloo down:
-            # a process that leaves while its peer is still in the group can abort the peer
+            # the first process writes the last checkpoint and the pictures after the last collective; the others
+            # wait for it here, so that no process closes its connections while a peer still uses the group
             torch.distributed.barrier()
         return record
     finally:
         torch.set_num_threads(threads)
         if world_size > 1:
+            # frees the group and joins its threads now, while the interpreter is whole (see setup_distributed)
             torch.distributed.destroy_process_group()
 
 
@@ -280,11 +391,15 @@ def _train(args, model_kwargs, rank, world_size, device):
             checkpoint = Path(args.resume)
             args.out = args.out or str(checkpoint.parent)
         load_config(checkpoint)                                   # a clear error before anything else
-        args, model_kwargs = _restore_arguments(args, checkpoint)
+        args, model_kwargs = _restore_arguments(args, model_kwargs, checkpoint)
+    digits = args.data == 'digits'
+    require('safetensors', 'numpy', 'sklearn' if digits else 'PIL', purpose='python -m vit_pytorch.train')
+    if args.plots:
+        require('matplotlib', purpose='the pictures of python -m vit_pytorch.train (--no-plots skips them)')
     out = Path(args.out or Path('runs') / _run_name(args))
     args.out = str(out)
     threads = args.threads
-    if threads is None and args.data == 'digits' and torch.device(device).type == 'cpu':
+    if threads is None and digits and torch.device(device).type == 'cpu':
         # a model this small gains less from intra-op threads than it loses to their synchronisation,
         # by far on a busy machine (measured: 2 threads ran 7-30x slower than 1 on a shared 2-core box)
         threads = 1
@@ -292,7 +407,6 @@ def _train(args, model_kwargs, rank, world_size, device):
         torch.set_num_threads(threads)
 
     # data
-    digits = args.data == 'digits'
     image_size = args.image_size or (16 if digits else 32)
     channels = args.channels or (1 if digits else 3)
     classes = None if digits else folder_classes(args.data)
@@ -322,13 +436,17 @@ def _train(args, model_kwargs, rank, world_size, device):
         load_weights(model, checkpoint, config=load_config(checkpoint))
         state = load_training_state(checkpoint, optimizer)
         history, elapsed, start_epoch = state['history'], state['elapsed'], state['epoch']
+    if args.epochs <= start_epoch:
+        raise ValueError(f"nothing to train: --epochs {args.epochs}" + (
+            f" and the run in {checkpoint} has done {start_epoch}; give more epochs to extend it" if checkpoint else ''))
+    if main_process:
+        _warn_few_patches(model, args.model, channels=channels, image_size=image_size, device=device)
     network = nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
 
     batch_size = min(args.batch_size, len(train_set))
     if batch_size % world_size:
         raise ValueError(f"--batch-size {batch_size} must divide by the number of processes ({world_size})")
-    local_batch = batch_size // world_size
-    steps_per_epoch = len(train_set) // batch_size                 # whole batches only, the same on every process
+    steps_per_epoch = math.ceil(len(train_set) / batch_size)       # the last batch takes what is left
     total_steps = steps_per_epoch * args.epochs
     warmup_steps = round(args.warmup_epochs * steps_per_epoch)
 
@@ -343,7 +461,7 @@ def _train(args, model_kwargs, rank, world_size, device):
                   f"{world_size} process(es) on {device}; writing to {out}"
                   + (f"; resumed after epoch {start_epoch}" if start_epoch else ''), flush=True)
 
-    record = history[-1] if history else None
+    record = None
     for epoch in range(start_epoch, args.epochs):
         started = time.perf_counter()
         seed = epoch_seed(args.seed, epoch)
@@ -353,11 +471,10 @@ def _train(args, model_kwargs, rank, world_size, device):
         totals = torch.zeros(3, dtype=torch.float64)                # loss sum, correct, count (this process)
         network.train()
         bar = _progress(steps_per_epoch, epoch, args, main_process)
-        for step in range(steps_per_epoch):
-            index = order[step * batch_size:(step + 1) * batch_size]
+        for step, index in enumerate(epoch_batches(order, batch_size)):
             images, targets = augment(train_set.floats(index), train_set.labels[index], args, generator, rng,
                                       num_classes)
-            mine = slice(rank * local_batch, (rank + 1) * local_batch)
+            mine = share(len(index), rank, world_size)
             images = normalise(images[mine].to(device), mean, std)
             targets, labels = targets[mine].to(device), train_set.labels[index][mine].to(device)
 
@@ -369,8 +486,10 @@ def _train(args, model_kwargs, rank, world_size, device):
                 outputs = network(images)
             # a model with two heads (DeiT's distillation token) trains both on the labels
             outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-            loss = sum(F.cross_entropy(output.float(), targets, label_smoothing=args.label_smoothing)
-                       for output in outputs) / len(outputs)
+            loss_sum = sum(F.cross_entropy(output.float(), targets, label_smoothing=args.label_smoothing,
+                                           reduction='sum') for output in outputs) / len(outputs)
+            # DDP averages the processes' gradients: this makes them the gradient of the whole batch's mean loss
+            loss = loss_sum * (world_size / len(index))
             logits = sum(output.detach().float() for output in outputs)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -378,11 +497,11 @@ def _train(args, model_kwargs, rank, world_size, device):
                 nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)
             optimizer.step()
 
-            totals += torch.tensor([loss.item() * len(labels), (logits.argmax(-1) == labels).sum().item(),
-                                    len(labels)], dtype=torch.float64)
+            totals += torch.tensor([loss_sum.item(), (logits.argmax(-1) == labels).sum().item(), len(labels)],
+                                   dtype=torch.float64)
             if bar is not None:
                 done = time.perf_counter() - started
-                rate = (step + 1) * batch_size / done
+                rate = (step * batch_size + len(index)) / done
                 left = (steps_per_epoch - step - 1) * done / (step + 1) + \
                     (args.epochs - epoch - 1) * _epoch_time(history, done * steps_per_epoch / (step + 1))
                 bar.set_postfix_str(f"loss {totals[0] / totals[2]:.3f} acc {totals[1] / totals[2]:.3f} "
@@ -397,27 +516,50 @@ def _train(args, model_kwargs, rank, world_size, device):
         seconds = time.perf_counter() - started
         elapsed += seconds
         record = dict(epoch=epoch + 1, lr=lr, train_loss=totals[0].item() / totals[2].item(),
-                      train_accuracy=totals[1].item() / totals[2].item(), test_loss=tested['loss'],
-                      test_accuracy=tested['accuracy'], epoch_seconds=seconds,
-                      images_per_second=steps_per_epoch * batch_size / seconds, elapsed_seconds=elapsed)
+                      train_accuracy=totals[1].item() / totals[2].item(), train_images=int(totals[2].item()),
+                      test_loss=tested['loss'], test_accuracy=tested['accuracy'], epoch_seconds=seconds,
+                      images_per_second=len(train_set) / seconds, elapsed_seconds=elapsed)
         history.append(record)
         if main_process:
             with open(out / 'log.jsonl', 'a') as log:
                 log.write(json.dumps(record) + '\n')
             save_checkpoint(out / 'checkpoint', model=model, config=config, optimizer=optimizer,
-                            state=dict(epoch=epoch + 1, elapsed=elapsed, history=history, args=vars(args)))
+                            state=dict(epoch=epoch + 1, elapsed=elapsed, history=history,
+                                       args={k: v for k, v in vars(args).items() if k != 'given'}))
             if not args.quiet:
                 _write(f"epoch {epoch + 1}/{args.epochs}: train loss {record['train_loss']:.4f} "
                        f"acc {record['train_accuracy']:.4f}, {test_split} loss {record['test_loss']:.4f} "
                        f"acc {record['test_accuracy']:.4f}, {record['images_per_second']:.0f} img/s, "
                        f"{seconds:.1f} s")
 
-    if main_process and args.plots and history:
-        save_curves(history, out / 'curves.png')
-        draw_inside(model, test_set, mean=mean, std=std, device=device, out=out)
-    if record is None:
-        raise ValueError(f"nothing to train: --epochs {args.epochs} and the run has done {start_epoch}")
-    return dict(record, out=str(out), checkpoint=str(out / 'checkpoint'), test_split=test_split)
+    pictures = []
+    if main_process and args.plots:
+        pictures.append(plots.save_training_curves(
+            history, out / 'curves.png', split=test_split,
+            train_loss_floor=smoothed_loss_floor(args.label_smoothing, num_classes),
+            note=_curves_note(args, test_split)))
+        pictures += draw_inside(model, test_set, mean=mean, std=std, device=device, out=out)
+    return dict(record, out=str(out), checkpoint=str(out / 'checkpoint'), test_split=test_split,
+                pictures=[str(path) for path in pictures])
+
+
+def _warn_few_patches(model, name, *, channels, image_size, device):
+    """Warn when the image makes fewer than MIN_PATCHES tokens, as the recorder lays them on the image."""
+    try:
+        recorder = Recorder(model)
+    except ValueError:                                               # no attention maps, no token grid
+        return
+    model.eval()
+    with torch.no_grad():
+        recorder(torch.zeros(1, channels, image_size, image_size, device=device))
+    model.train()
+    if recorder.grid is None:
+        return
+    rows, columns = recorder.grid
+    if rows * columns < MIN_PATCHES:
+        _warn(f"a {image_size}x{image_size} image is only {rows * columns} patch(es) ({rows}x{columns}) for "
+              f"{name}, so attention has next to nothing to relate (fewer than {MIN_PATCHES} patches); "
+              f"use a larger --image-size or a smaller --patch-size")
 
 
 def _epoch_time(history, current):
@@ -431,7 +573,7 @@ def _progress(steps, epoch, args, main_process):
         return None
     try:
         from tqdm import tqdm
-    except ImportError:
+    except ImportError:                                              # progress bars are optional
         return None
     return tqdm(total=steps, desc=f'epoch {epoch + 1}/{args.epochs}', leave=False, dynamic_ncols=True,
                 mininterval=0.5)
@@ -448,65 +590,76 @@ def _write(line):
 # pictures
 
 
-def save_curves(history, path):
-    """Loss and accuracy per epoch, training and test, as one PNG."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+def smoothed_loss_floor(label_smoothing, num_classes):
+    """The least cross-entropy against label-smoothed targets: their entropy (0 without smoothing)."""
+    if label_smoothing <= 0:
+        return 0.0
+    low = label_smoothing / num_classes                            # every wrong class's target
+    high = 1 - label_smoothing + low                               # the right class's target
+    return -(high * math.log(high) + (num_classes - 1) * low * math.log(low))
 
-    epochs = [record['epoch'] for record in history]
-    figure = Figure(figsize=(9, 3.5), layout='constrained')
-    FigureCanvasAgg(figure)
-    loss_axis, accuracy_axis = figure.subplots(1, 2)
-    for split in ('train', 'test'):
-        loss_axis.plot(epochs, [record[f'{split}_loss'] for record in history], label=split)
-        accuracy_axis.plot(epochs, [record[f'{split}_accuracy'] for record in history], label=split)
-    loss_axis.set(xlabel='epoch', ylabel='loss', title='Loss')
-    accuracy_axis.set(xlabel='epoch', ylabel='accuracy', title='Accuracy', ylim=(0, 1))
-    # the final epoch's test accuracy (the model that is saved), not the best epoch picked on the test set
-    final = history[-1]
-    accuracy_axis.annotate(f"final test {100 * final['test_accuracy']:.2f}%", (final['epoch'], final['test_accuracy']),
-                           textcoords='offset points', xytext=(0, -14), ha='right', fontsize=8)
-    for axis in (loss_axis, accuracy_axis):
-        axis.grid(alpha=0.3)
-        axis.legend()
-    figure.savefig(path, dpi=100)
-    return path
+
+def _curves_note(args, split):
+    """Why the two loss curves differ, for the foot of curves.png (None when they are computed alike)."""
+    augmentation = [name for name, used in (('shifts', args.translate > 0), ('flips', args.hflip),
+                                            ('mixup', args.mixup > 0)) if used]
+    train = ([f'{", ".join(augmentation)} on the images'] if augmentation else []) + \
+        ([f'label smoothing {args.label_smoothing:g} on the targets'] if args.label_smoothing > 0 else [])
+    if not train:
+        return None
+    return (f"train loss: {' and '.join(train)}, so it cannot fall below the dotted line and may stay above the "
+            f"{split} loss;\n{split} loss: plain cross-entropy on the {split} images as they are")
+
+
+def pick_examples(labels, count):
+    """Indices of up to `count` images, taking the classes in turn: the first of each class, then the second, ..."""
+    members = [torch.nonzero(labels == label).flatten().tolist() for label in sorted(set(labels.tolist()))]
+    turns = []
+    for position in range(max(map(len, members), default=0)):
+        turns += [indices[position] for indices in members if position < len(indices)]
+    return torch.tensor(turns[:count], dtype=torch.long)
+
+
+def uniform_attention_distance(grid, patch_size):
+    """The mean attention distance of attention spread evenly over the patches: the 'global' reference line."""
+    patches = grid[0] * grid[1]
+    even = torch.full((1, 1, 1, patches, patches), 1.0 / patches)
+    return analysis.mean_attention_distance(even, grid=grid, patch_size=patch_size).item()
 
 
 def draw_inside(model, data, *, mean, std, device, out, count=8):
-    """Attention maps on a few test images, attention distances and position-embedding similarity,
-    drawn by vit_pytorch.plots when the package has it; returns the paths written."""
-    try:
-        from vit_pytorch import analysis, plots
-        from vit_pytorch.recorder import Recorder
-    except ImportError:
-        return []
-    written = []
-    index = torch.arange(min(count, len(data)))
-    pictures = data.floats(index)
-    model.eval()
+    """Attention rollout on `count` test images drawn from every class, the mean attention distance per head
+    and the learned position embeddings' similarity; returns the paths written (none for a model without
+    attention maps)."""
     try:
         recorder = Recorder(model)
     except ValueError:                                               # a model without attention maps
         return []
+    index = pick_examples(data.labels, count)
+    pictures = data.floats(index)
+    model.eval()
     with torch.no_grad():
         logits, attns = recorder(normalise(pictures.to(device), mean, std))
     grid, prefix = recorder.grid, recorder.num_prefix_tokens
-    if isinstance(attns, torch.Tensor) and grid is not None:
-        rollout = analysis.attention_rollout(attns.float().cpu())
-        weights = rollout[:, 0] if prefix else rollout.mean(dim=1)   # cls row, or the mean over patches
-        maps = analysis.to_patch_grid(weights, grid=grid, num_prefix_tokens=prefix)
-        titles = [f"{data.classes[label]}: {data.classes[guess]}"
-                  for label, guess in zip(data.labels[index].tolist(), logits.argmax(-1).tolist())]
-        written.append(plots.save_attention_overlay(pictures, maps, out / 'attention.png', titles=titles))
-        patch_size = getattr(model, 'patch_size', 1)
-        distance = analysis.mean_attention_distance(attns.float().cpu(), grid=grid, num_prefix_tokens=prefix,
-                                                    patch_size=patch_size)
-        written.append(plots.save_mean_attention_distance(distance, out / 'attention_distance.png'))
+    if grid is None or not isinstance(attns, torch.Tensor):         # maps of several shapes (CaiT, CrossViT)
+        return []
+    attns = attns.float().cpu()
+    rollout = analysis.attention_rollout(attns)
+    weights = rollout[:, 0] if prefix else rollout.mean(dim=1)       # cls row, or the mean over patches
+    maps = analysis.to_patch_grid(weights, grid=grid, num_prefix_tokens=prefix)
+    titles = [f"label {data.classes[label]}\npredicted {data.classes[guess]}"
+              for label, guess in zip(data.labels[index].tolist(), logits.argmax(-1).tolist())]
+    written = [plots.save_attention_overlay(pictures, maps, out / 'attention.png', titles=titles)]
+    token_pixels = (pictures.shape[-2] // grid[0], pictures.shape[-1] // grid[1])   # one patch's side
+    distance = analysis.mean_attention_distance(attns, grid=grid, num_prefix_tokens=prefix,
+                                                patch_size=token_pixels)
+    written.append(plots.save_mean_attention_distance(
+        distance, out / 'attention_distance.png', uniform=uniform_attention_distance(grid, token_pixels),
+        title=f'Mean attention distance ({len(index)} images)'))
     table = getattr(model, 'pos_embedding', None)
-    if isinstance(table, nn.Parameter) and table.ndim == 2 and getattr(model, 'grid_size', None):
+    if isinstance(table, nn.Parameter) and table.shape[-2] - grid[0] * grid[1] in (0, prefix):
         similarity = analysis.position_embedding_similarity(
-            table.cpu(), grid=model.grid_size, num_prefix_tokens=getattr(model, 'num_prefix_tokens', 0))
+            table.detach().cpu(), grid=grid, num_prefix_tokens=table.shape[-2] - grid[0] * grid[1])
         written.append(plots.save_position_embedding_similarity(similarity, out / 'position_similarity.png'))
     return written
 
@@ -520,12 +673,14 @@ def main(argv=None):
             print(f"\ninterrupted; continue with: python -m vit_pytorch.train --out {args.out} --resume",
                   file=sys.stderr)
         return 130
-    except (CheckpointError, FileNotFoundError, NotADirectoryError, ValueError) as error:
+    except (CheckpointError, FileNotFoundError, NotADirectoryError, ValueError, MissingExtra) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if int(os.environ.get('RANK', '0')) == 0:
+        pictures = ', '.join(Path(path).name for path in result['pictures'])
         print(f"{result['test_split']} accuracy {100 * result['test_accuracy']:.2f}% after {result['epoch']} epochs "
-              f"({result['elapsed_seconds']:.1f} s of training); checkpoint: {result['checkpoint']}", flush=True)
+              f"({result['elapsed_seconds']:.1f} s of training); checkpoint: {result['checkpoint']}"
+              + (f"; pictures in {result['out']}: {pictures}" if pictures else ''), flush=True)
     return 0
 
 
