@@ -188,3 +188,19 @@ def test_the_learnable_memory_vit_loads_a_hugging_face_folder():
         torch.testing.assert_close(model(ref['input']), ref['logits'], **TOL)
     with pytest.raises(CheckpointError, match=r'an Adapter wraps a frozen ViT'):
         load_hf(Adapter(vit=MemoryViT(**FOLDER_VIT)), FOLDER)
+
+
+def test_live_hf_deit_in_memory_names_of_transformers_5():
+    transformers = pytest.importorskip('transformers')
+    config = transformers.DeiTConfig(image_size=32, patch_size=8, hidden_size=16, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=32, num_labels=5)
+    reference_model = transformers.DeiTForImageClassificationWithTeacher(config).eval()
+    with torch.no_grad():
+        for param in reference_model.parameters():
+            param.add_(0.1 * torch.randn_like(param))
+    state_dict = reference_model.state_dict()
+    assert 'deit.layers.0.attention.q_proj.weight' in state_dict
+    model = load_hf(DistillableViT(**DEIT).eval(), state_dict)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference_model(pixel_values=x).logits, **TOL)

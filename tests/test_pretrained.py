@@ -440,3 +440,10 @@ def test_live_hf_vit_for_image_classification(tmp_path):
     in_memory = load_hf(tiny(norm_eps=config.layer_norm_eps), reference_model.state_dict())
     with torch.no_grad():
         torch.testing.assert_close(in_memory(x), reference_model(pixel_values=x).logits, **TOL)
+
+
+def test_the_learnable_memory_vit_takes_the_paper_vits_jax_checkpoints():
+    from vit_pytorch.learnable_memory_vit import ViT as MemoryViT
+    ref = reference('jax_vit')
+    model = load_jax(MemoryViT(**{**TINY, 'gelu_approximate': 'tanh'}).eval(), fixture('jax_vit.npz'))
+    torch.testing.assert_close(model(ref['input']), ref['logits_tanh'], **TOL)
