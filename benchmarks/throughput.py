@@ -26,7 +26,9 @@ each at a named configuration of its paper where its module has a constructor fo
 (`cait_xxs24_224`, `t2t_vit_14`, CCT-7/3x1 at 32 px, ...) and at ViT-S/16's size otherwise
 (`REGISTRY`), with its own input size and training loss (DeiT's distillation loss for
 `distillable_vit`). Their FLOPs are counted with explicit attention (`fused=False`), which
-the counter sees. `--tiny` shrinks them to a few milliseconds a step, for tests.
+the counter sees. Where `REFERENCES` has the reference implementation of a preset (timm's Swin,
+...), it runs in the same rounds with our model's weights, and the report gives the paired
+ratios and the memory ratio. `--tiny` shrinks them to a few milliseconds a step, for tests.
 
     python benchmarks/throughput.py --configs S/16 --image-sizes 224 --json results.json
     PYTHONPATH=. /path/to/venv-with-timm/bin/python benchmarks/throughput.py --configs B/16
@@ -91,6 +93,8 @@ REGISTRY = {
             32, 3, 10),
     'cross_vit': ('crossvit_tiny_240', 'crossvit_tiny_240', {}, 240, 3, NUM_CLASSES),
     'xcit': ('xcit_tiny_12_p16_224', 'xcit_tiny_12_p16_224', {}, 224, 3, NUM_CLASSES),
+    'swin': ('swin_tiny_patch4_window7_224', 'swin_tiny_patch4_window7_224', {}, 224, 3, NUM_CLASSES),
+    'swinv2': ('swinv2_tiny_window8_256', 'swinv2_tiny_window8_256', {}, 256, 3, NUM_CLASSES),
     'small_dataset_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
     # as many attention and MLP blocks as S/16, in 6 layers of 2 parallel branches
     'parallel_vit': ('S/16, 6 layers x 2 branches', None, dict(S16, depth=6, num_parallel_branches=2), 224, 3, NUM_CLASSES),
@@ -103,6 +107,14 @@ REGISTRY = {
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes
 TINY = dict(image_size=16, channels=1, num_classes=10)
+# `--registry` references, timed beside the preset where their library is importable (not with --tiny):
+# name -> (label, builder); the builder gets our model and returns the reference implementation of the
+# preset, its random weights loaded into ours through our loader. Logits are checked equal before timing;
+# the report's ratio rows are '<name>/<name>:ref'.
+REFERENCES = {
+    'swin': ('timm swin_tiny_patch4_window7_224', lambda ours: timm_reference('swin_tiny_patch4_window7_224', ours)),
+    'swinv2': ('timm swinv2_tiny_window8_256', lambda ours: timm_reference('swinv2_tiny_window8_256', ours)),
+}
 
 
 # the plain reference: explicit softmax attention, plain torch reshapes, nothing fused
@@ -292,8 +304,33 @@ class DistillationLoss:
         return DistillWrapper(teacher=self.teacher, student=model, temperature=3.0, alpha=0.5)(img, labels)
 
 
-def registry_workload(name, tiny=False):
-    """The model registered as `name` at its `REGISTRY` preset (or tiny), with its input and loss."""
+def timm_reference(timm_name, ours):
+    """timm's `timm_name` (random weights), its weights loaded into `ours` by vit_pytorch.pretrained.load_timm."""
+    from vit_pytorch.pretrained import load_timm
+
+    reference = timm.create_model(timm_name, pretrained=False, num_classes=ours.num_classes)
+    load_timm(ours, reference.state_dict())
+    return reference
+
+
+def reference_workload(workload):
+    """The reference implementation of a registry workload's preset, as a workload named '<name>:ref'; None
+    where there is none (or its library is not importable, or the workload is tiny)."""
+    name = workload['name']
+    if name not in REFERENCES or workload['preset'] == 'tiny' or timm is None:
+        return None
+    label, build = REFERENCES[name]
+    reference = build(workload['model'])
+    img = torch.randn(2, workload['channels'], workload['image_size'], workload['image_size'])
+    with torch.no_grad():
+        torch.testing.assert_close(workload['model'].eval()(img), reference.eval()(img), atol=1e-4, rtol=0)
+    return dict(workload, name=f'{name}:ref', preset=label, model=reference,
+                params=sum(p.numel() for p in reference.parameters()))
+
+
+def registry_workload(name, tiny=False, reference=False):
+    """The model registered as `name` at its `REGISTRY` preset (or tiny), with its input and loss; with
+    `reference=True` the reference implementation of that preset (see REFERENCES) instead."""
     if tiny:
         from vit_pytorch.train import model_config
 
@@ -308,8 +345,9 @@ def registry_workload(name, tiny=False):
             module = importlib.import_module(registry.MODELS[name].split(':')[0])
             model = getattr(module, constructor)(**kwargs)
     loss = DistillationLoss(channels, num_classes) if name == 'distillable_vit' else classification_loss
-    return dict(name=name, preset=preset, model=model, image_size=image_size, channels=channels,
-                num_classes=num_classes, loss=loss, params=sum(p.numel() for p in model.parameters()))
+    workload = dict(name=name, preset=preset, model=model, image_size=image_size, channels=channels,
+                    num_classes=num_classes, loss=loss, params=sum(p.numel() for p in model.parameters()))
+    return reference_workload(workload) if reference else workload
 
 
 def explicit_attention(model):
@@ -455,7 +493,7 @@ def memory_child(spec):
     torch.manual_seed(0)
     channels, num_classes, loss = 3, NUM_CLASSES, classification_loss
     if 'registry' in spec:
-        workload = registry_workload(spec['registry'], spec['tiny'])
+        workload = registry_workload(spec['registry'], spec['tiny'], spec.get('reference', False))
         model, spec['image_size'] = workload['model'], workload['image_size']
         channels, num_classes, loss = workload['channels'], workload['num_classes'], workload['loss']
     elif spec['model'] in ('vit', 'simple_vit'):
@@ -552,6 +590,10 @@ def bench_registry(args, log):
     """
     torch.manual_seed(0)
     workloads = {name: registry_workload(name, args.tiny) for name in args.registry}
+    for name in args.registry:                  # the reference implementations, timed in the same rounds
+        reference = reference_workload(workloads[name])
+        if reference is not None:
+            workloads[reference['name']] = reference
     flops = {name: training_flops(w['model'], w['image_size'], channels=w['channels'],
                                   num_classes=w['num_classes'], loss=w['loss']) for name, w in workloads.items()}
     runners = {name: Runner(w['model'], w['image_size'], args.batches, args.train_batch, channels=w['channels'],
@@ -566,8 +608,13 @@ def bench_registry(args, log):
                   iterations={f'{k}@{b}': n for (k, b), n in iterations.items()},
                   matmul_peak_flops=summary(peaks), flops_per_image={}, speed={}, ratios={}, mfu={}, memory={})
     fill_speeds(result, tasks, speeds, peaks, flops)
+    for name in args.registry:
+        if f'{name}:ref' in workloads:
+            result['ratios'][f'{name}/{name}:ref'] = {
+                f'{k}@{b}': paired(speeds[(k, b)], name, f'{name}:ref') for k, b in tasks}
     if args.memory and args.train_batch:
-        fill_memory(result, args, log, lambda name: dict(registry=name, tiny=args.tiny))
+        fill_memory(result, args, log, lambda name: dict(registry=name.removesuffix(':ref'), tiny=args.tiny,
+                                                         reference=name.endswith(':ref')))
     return result
 
 
