@@ -396,6 +396,13 @@ def test_gradient_checkpointing_gives_the_same_gradients(cls):
         torch.testing.assert_close(p.grad, grad)
 
 
+def test_no_weight_decay_names_what_timm_exempts():
+    assert tiny().no_weight_decay() == {f'stages.{i}.blocks.layers.{j}.0.fn.relative_position_bias_table'
+                                        for i in range(3) for j in range(2)}
+    names = tiny(SwinTransformerV2).no_weight_decay()
+    assert len(names) == 6 * 4 and all('cpb_mlp' in name or name.endswith('logit_scale') for name in names)
+
+
 def test_reset_classifier_starts_from_zero():
     model = tiny()
     model.reset_classifier(3)

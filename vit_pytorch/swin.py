@@ -334,7 +334,7 @@ class Swin(nn.Module):
                                                      patch_norm=False)
         self.patch_norm = nn.LayerNorm(embed_dim)
 
-        # stochastic depth grows linearly over all blocks (Swin, section 4.1)
+        # stochastic depth grows linearly over all blocks, from 0 to drop_path_rate (the official code)
         rates = torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist()
         resolutions = stage_resolutions(vit.patch_grid(self.img_size, self.patch_size), num_stages)
         stages = []
@@ -421,6 +421,12 @@ class Swin(nn.Module):
         self.num_classes = num_classes
         self.mlp_head = vit.zero_linear(self.num_features, num_classes, like=self.norm.weight) \
             if num_classes > 0 else None
+
+    def no_weight_decay(self):
+        """Names of the parameters timm trains without weight decay (its optimizer factory asks for them):
+        V1's bias tables, V2's position-bias MLPs and logit scales."""
+        return {name for name, _ in self.named_parameters()
+                if any(part in name for part in ('relative_position_bias_table', 'cpb_mlp', 'logit_scale'))}
 
     def set_grad_checkpointing(self, enable=True):
         for stage in self.stages:
