@@ -1,0 +1,235 @@
+import math
+
+import pytest
+import torch
+from einops import rearrange
+from torch import nn
+
+from helpers import count, digits_batch, fit_fixed_batch, load_fixture
+from vit_pytorch.mobile_vit import MobileViT, MobileViTBlock, mobilevit_s, mobilevit_xs, mobilevit_xxs
+from vit_pytorch.pretrained import CheckpointError, load_timm, load_vit_pytorch
+from vit_pytorch.recorder import Recorder
+
+TINY = dict(image_size=(40, 56), dims=(8, 16, 24), channels=(8, 8, 8, 8, 8, 8, 16, 16, 16, 16, 32), num_classes=5,
+            expansion=2, depths=(1, 2, 1))
+
+
+def tiny_mobile_vit(**overrides):
+    return MobileViT(**{**TINY, **overrides})
+
+
+# shapes and gradients
+
+
+def test_output_shapes():
+    model = tiny_mobile_vit()
+    img = torch.randn(2, 3, 40, 56)
+    assert model(img).shape == (2, 5)
+    assert model.forward_features(img).shape == (2, 32, 2, 2)
+    assert tiny_mobile_vit(num_classes=0)(img).shape == (2, 32)     # the pooled embedding
+
+
+def test_every_parameter_gets_a_gradient():
+    model = tiny_mobile_vit()
+    out = model(torch.randn(2, 3, 40, 56))
+    (out * torch.randn_like(out)).sum().backward()
+    missing = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not missing
+
+
+# the paper's models: counts of the reference, timm 1.0.31's mobilevit_*
+
+
+@pytest.mark.parametrize('build, expected', [(mobilevit_xxs, 1_272_024), (mobilevit_xs, 2_317_848),
+                                             (mobilevit_s, 5_578_632)])
+def test_named_configuration_parameter_counts(build, expected):
+    with torch.device('meta'):
+        model = build()
+    assert count(model) == expected
+
+
+def test_vit_pytorchs_readme_arguments_build_the_official_mobilevit_xs():
+    with torch.device('meta'):
+        model = MobileViT(image_size=(256, 256), dims=[96, 120, 144],
+                          channels=[16, 32, 48, 48, 64, 64, 80, 80, 96, 96, 384], num_classes=1000)
+    assert count(model) == 2_317_848
+
+
+# what MobileViT adds: a convolution-like block whose every output pixel sees the whole map
+
+
+def test_transformer_sequences_are_the_pixels_at_one_position_of_every_patch():
+    block = MobileViTBlock(4, 4, 4, 1, heads=2, patch_size=(2, 3)).eval()
+    block.conv_local, block.to_tokens = nn.Identity(), nn.Identity()
+    seen = []
+    block.transformer.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    rows, cols = torch.meshgrid(torch.arange(4.), torch.arange(9.), indexing='ij')
+    img = torch.stack((rows, cols, torch.zeros(4, 9), torch.zeros(4, 9)))[None]     # each pixel holds its (row, col)
+    with torch.no_grad():
+        block(img)
+    sequences = rearrange(seen[0], '(b ph pw) n d -> b ph pw n d', ph=2, pw=3)[0]
+    for i in range(2):
+        for j in range(3):
+            positions = [tuple(p) for p in sequences[i, j, :, :2].long().tolist()]
+            assert positions == [(i + 2 * a, j + 3 * b) for a in range(2) for b in range(3)]
+
+
+def test_one_block_sees_the_whole_map():
+    block = MobileViTBlock(4, 4, 8, 1, heads=2).eval()
+    x = torch.randn(1, 4, 10, 10, requires_grad=True)
+    block(x)[0, :, 0, 0].sum().backward()
+    assert (x.grad[0].abs().sum(0) > 0).all()                      # local 3x3 conv, then every patch at that position
+
+
+def test_a_map_the_patch_does_not_divide_is_resized_around_the_transformer():
+    block = MobileViTBlock(4, 4, 8, 1, heads=2).eval()
+    seen = []
+    block.transformer.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape))
+    with torch.no_grad():
+        assert block(torch.randn(2, 4, 5, 7)).shape == (2, 4, 5, 7)
+    assert seen == [(2 * 4, 3 * 4, 8)]                             # resized to 6x8: 3x4 patches of 2x2
+
+
+# the reference: timm's ByobNet with MobileViT blocks (tests/fixtures/make_mobile_vit_fixtures.py)
+
+
+def timm_case():
+    metadata, state_dict, tensors = load_fixture('timm_mobile_vit')
+    model = tiny_mobile_vit(dims=(8, 16, 24), channels=(8, 8, 8, 8, 8, 8, 16, 16, 16, 16, 32), num_classes=7)
+    return model, metadata, state_dict, tensors
+
+
+def test_logits_and_feature_maps_equal_timms_mobilevit():
+    model, _, state_dict, tensors = timm_case()
+    model = load_timm(model.eval(), state_dict)
+    with torch.no_grad():
+        torch.testing.assert_close(model(tensors['input']), tensors['logits'], atol=1e-4, rtol=1e-4)
+        maps = model.forward_intermediates(tensors['input'])
+    assert len(maps) == 5
+    for i, found in enumerate(maps):
+        torch.testing.assert_close(found, tensors[f'feature.{i}'], atol=1e-4, rtol=1e-4)
+
+
+def test_feature_pyramid_from_forward_intermediates_has_timms_strides_and_channels():
+    model, metadata, _, tensors = timm_case()
+    assert model.feature_info == [{k: v for k, v in info.items() if k != 'stage'} for info in metadata['feature_info']]
+    img = tensors['input']
+    maps = model.forward_intermediates(img)
+    # an FPN: 1x1 lateral projections to one width, top-down upsampling and addition
+    width = 8
+    laterals = nn.ModuleList(nn.Conv2d(info['num_chs'], width, 1) for info in model.feature_info)
+    pyramid = [lateral(m) for lateral, m in zip(laterals, maps)]
+    for i in range(len(pyramid) - 2, -1, -1):
+        pyramid[i] = pyramid[i] + nn.functional.interpolate(pyramid[i + 1], size=pyramid[i].shape[-2:])
+    for level, info in zip(pyramid, metadata['feature_info']):
+        assert level.shape == (2, width, *(math.ceil(side / info['reduction']) for side in img.shape[-2:]))
+
+
+@pytest.mark.parametrize('indices, expected', [(None, [0, 1, 2, 3, 4]), (2, [3, 4]), ([0, -1], [0, 4]), ([2], [2])])
+def test_forward_intermediates_returns_the_chosen_maps(indices, expected):
+    model, _, state_dict, tensors = timm_case()
+    model = load_timm(model.eval(), state_dict)
+    with torch.no_grad():
+        maps = model.forward_intermediates(tensors['input'], indices=indices)
+    for found, i in zip(maps, expected, strict=True):
+        torch.testing.assert_close(found, tensors[f'feature.{i}'], atol=1e-4, rtol=1e-4)
+
+
+def test_timm_checkpoint_of_other_widths_is_refused_by_name():
+    model, _, state_dict, _ = timm_case()
+    with pytest.raises(CheckpointError, match=r'stages\.2\.1\.transformer\.0\.attn\.qkv\.weight: shape \(24, 8\), '
+                                              r'expected \(48, 16\)'):
+        load_timm(tiny_mobile_vit(dims=(16, 16, 24), num_classes=7), state_dict)
+
+
+# vit-pytorch 1.26.14's MobileViT computes another function (tests/fixtures/make_mobile_vit_fixtures.py)
+
+
+def test_vit_pytorch_checkpoint_is_refused_with_what_differs():
+    metadata, state_dict, _ = load_fixture('vit_pytorch_1.26.14_mobile_vit')
+    config = {key: tuple(value) if isinstance(value, list) else value for key, value in metadata['config'].items()}
+    model = MobileViT(**config)
+    before = {key: value.clone() for key, value in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"vit-pytorch's MobileViT computes another function than the official "
+                                              r"MobileViT.*4 heads of 8 channels whatever the width"):
+        load_vit_pytorch(model, state_dict)
+    assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
+
+
+# recorder, compile
+
+
+def test_recorded_maps_are_per_transformer_layer_and_equal_the_softmax_of_q_and_k():
+    model = tiny_mobile_vit().double().eval()
+    img = torch.randn(2, 3, 40, 56, dtype=torch.float64)
+    attentions = [layer[0] for stage in model.stages[2:] for layer in stage[1].transformer.layers]
+    inputs = []
+    hooks = [attn.register_forward_pre_hook(lambda m, args: inputs.append(args[0])) for attn in attentions]
+    logits, maps = Recorder(model)(img)
+    for hook in hooks:
+        hook.remove()
+    # block maps 5x7, 3x4, 2x2: resized to 6x8, 4x4, 2x2, then 2x2 patches; 4 heads
+    assert [tuple(m.shape) for m in maps] == [(2 * 4, 4, 12, 12)] + [(2 * 4, 4, 4, 4)] * 2 + [(2 * 4, 4, 1, 1)]
+    for attn, x, recorded in zip(attentions, inputs, maps):
+        q, k, _ = rearrange(attn.to_qkv(attn.norm(x)), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=attn.heads)
+        expected = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).softmax(dim=-1)
+        torch.testing.assert_close(recorded, expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(logits, model(img))
+
+
+def test_compiles_without_graph_breaks_forward_and_backward():
+    model = tiny_mobile_vit(depths=(1, 1, 1))
+    img = torch.randn(2, 3, 40, 56)
+    compiled = torch.compile(model, fullgraph=True, backend='eager')
+    out = compiled(img)
+    out.sum().backward()
+    torch.testing.assert_close(out, model(img))                   # training mode: BatchNorm on the batch, both times
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_reset_classifier_gives_a_zero_head():
+    model = tiny_mobile_vit()
+    model.reset_classifier(3)
+    assert torch.equal(model(torch.randn(2, 3, 40, 56)), torch.zeros(2, 3))
+    model.reset_classifier(0)
+    assert model(torch.randn(2, 3, 40, 56)).shape == (2, 32)
+
+
+# learning
+
+
+def test_tiny_model_overfits_32_real_digits():
+    images, labels = digits_batch(32, size=16)
+    model = tiny_mobile_vit(image_size=16, dims=(8, 8, 8), channels=(8,) * 10 + (16,), depths=(1, 1, 1), num_classes=10,
+                            in_channels=1)
+    accuracy, steps = fit_fixed_batch(model, images, labels, lr=1e-2)
+    assert accuracy == 1.0, f'training accuracy {accuracy} after {steps} steps'
+
+
+# errors
+
+
+@pytest.mark.parametrize('overrides, error, match', [
+    (dict(channels=(8, 8, 8)), ValueError, 'channels must be a list of 11'),
+    (dict(dims=(8, 16)), ValueError, 'dims must be a list of 3'),
+    (dict(depths=(1, 0, 1)), ValueError, 'depths'),
+    (dict(dims=(8, 16, 10)), ValueError, 'heads=4'),
+    (dict(kernel_size=4), ValueError, 'kernel_size must be odd'),
+    (dict(channels=(8, 8, 8, 16, 8, 8, 16, 16, 16, 16, 32)), ValueError, r'channels\[2\] and channels\[3\]'),
+    (dict(expansion=0), ValueError, 'expansion'),
+    (dict(image_size=0), ValueError, 'image_size'),
+    (dict(in_channels=1.5), TypeError, 'in_channels'),
+])
+def test_bad_arguments_are_refused_with_their_name(overrides, error, match):
+    with pytest.raises(error, match=match):
+        tiny_mobile_vit(**overrides)
+
+
+def test_an_image_with_other_channels_is_refused():
+    with pytest.raises(ValueError, match='3 channels'):
+        tiny_mobile_vit()(torch.randn(1, 1, 40, 56))
+
+
+def test_bad_indices_are_refused():
+    with pytest.raises(ValueError, match='indices'):
+        tiny_mobile_vit().forward_intermediates(torch.randn(1, 3, 40, 56), indices=6)
