@@ -35,6 +35,7 @@ MODELS = {
     'simple_vit_with_patch_dropout': 'vit_pytorch.simple_vit_with_patch_dropout:SimpleViT',
     'swin': 'vit_pytorch.swin:SwinTransformer',
     'swinv2': 'vit_pytorch.swin:SwinTransformerV2',
+    'max_vit': 'vit_pytorch.max_vit:MaxViT',
 }
 
 # the trainer's default sizes for a model whose arguments are not the ViT's (multi-scale models): name ->
@@ -42,6 +43,8 @@ MODELS = {
 SMALL_CONFIGS = {
     'swin': dict(patch_size=2, embed_dim=32, depths=(2, 2, 2), num_heads=(2, 4, 8), window_size=4),
     'swinv2': dict(patch_size=2, embed_dim=32, depths=(2, 2, 2), num_heads=(2, 4, 8), window_size=4),
+    # 16 and 32 pixels: stage maps 4 and 2 (8 and 4), both divisible by the 2x2 window
+    'max_vit': dict(dim=32, depth=(2, 2), dim_head=16, dim_conv_stem=32, window_size=2),
 }
 
 # 'Ti/16', 'S/16', 'B/32', ...: the paper's table, built by vit_pytorch.pretrained.vit
