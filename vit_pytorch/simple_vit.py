@@ -108,10 +108,15 @@ class SimpleViT(nn.Module):
             return self.pos_embedding
         return posemb_sincos_2d(*grid, self.pos_embedding.shape[-1], device=self.pos_embedding.device)
 
+    def embed_tokens(self, patches, grid, indices=None):
+        """`patches` with their positions: (b, k, dim), the tokens of the (h, w) grid's cells `indices`
+        (b, k), counted row-major, or of every cell; a masked model (MAE) passes the visible ones."""
+        positions = self.pos_embedding_for(grid).to(patches.dtype)    # (h * w, dim)
+        return patches + (positions if indices is None else positions[indices])
+
     def embed(self, img):
-        """Patch tokens with their positions: (b, h * w, dim)."""
-        x = self.patch_tokens(img)
-        return x + self.pos_embedding_for(self.token_grid(img.shape[-2:])).to(x.dtype)
+        """Patch tokens with their positions: (b, prefix + h * w, dim)."""
+        return self.embed_tokens(self.patch_tokens(img), self.token_grid(img.shape[-2:]))
 
     def forward_features(self, img):
         """All tokens after the final norm: (b, prefix + h * w, dim)."""

@@ -46,6 +46,6 @@ class SimpleViT(simple_vit.SimpleViT):
                          depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head)
         self.patch_dropout = PatchDropout(patch_dropout)
 
-    def embed(self, img):
-        """Patch tokens with their positions: (b, h * w, dim), or (b, kept, dim) in training."""
-        return self.patch_dropout(super().embed(img))
+    def embed_tokens(self, patches, grid, indices=None):
+        """Patch tokens with their positions: (b, k, dim), or (b, kept, dim) in training."""
+        return self.patch_dropout(super().embed_tokens(patches, grid, indices))

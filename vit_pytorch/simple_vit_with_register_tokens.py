@@ -39,7 +39,7 @@ class SimpleViT(simple_vit.SimpleViT):
         self.register_tokens = nn.Parameter(torch.zeros(num_register_tokens, dim))
         nn.init.trunc_normal_(self.register_tokens, std=0.02)
 
-    def embed(self, img):
-        """Registers, then patch tokens with their positions: (b, registers + h * w, dim)."""
-        x = super().embed(img)
+    def embed_tokens(self, patches, grid, indices=None):
+        """Registers, then patch tokens with their positions: (b, registers + k, dim)."""
+        x = super().embed_tokens(patches, grid, indices)
         return torch.cat((repeat(self.register_tokens, 'r d -> b r d', b=x.shape[0]), x), dim=1)

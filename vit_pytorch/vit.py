@@ -259,11 +259,21 @@ class ViT(nn.Module):
         return resample_pos_embedding(self.pos_embedding, old_grid=self.grid_size, new_grid=grid,
                                       num_prefix_tokens=self.num_prefix_tokens)
 
+    def embed_tokens(self, patches, grid, indices=None):
+        """Prefix tokens and `patches` with their position embeddings: (b, prefix + k, dim).
+
+        `patches` (b, k, dim) are the tokens of the (h, w) grid's cells `indices` (b, k), counted
+        row-major, or of every cell; a masked model (MAE) passes the visible ones.
+        """
+        positions = self.pos_embedding_for(grid)                       # (prefix + h * w, dim)
+        prefix, patch_positions = positions[:self.num_prefix_tokens], positions[self.num_prefix_tokens:]
+        patch_positions = patch_positions if indices is None else patch_positions[indices]
+        x = torch.cat((self.prefix_tokens(patches.shape[0]) + prefix, patches + patch_positions), dim=1)
+        return self.dropout(x)
+
     def embed(self, img):
         """Prefix and patch tokens with position embeddings: (b, prefix + h * w, dim)."""
-        patches = self.patch_tokens(img)                               # (b, h * w, dim)
-        x = torch.cat((self.prefix_tokens(patches.shape[0]), patches), dim=1)
-        return self.dropout(x + self.pos_embedding_for(self.token_grid(img.shape[-2:])))
+        return self.embed_tokens(self.patch_tokens(img), self.token_grid(img.shape[-2:]))
 
     def forward_features(self, img):
         """All tokens after the final norm: (b, prefix + h * w, dim)."""
