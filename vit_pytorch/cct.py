@@ -11,6 +11,7 @@ is CCT-7/3x1, the paper's CIFAR-10 model, with 3,760,139 parameters (3.76M in th
 The layer is the reference one: x + attention(LayerNorm(x)), then a LayerNorm of the residual
 stream itself, then x + MLP(x); stochastic depth grows linearly over the layers. Checkpoints of
 the reference code (and of `vit-pytorch`'s port of it) load through
+`vit_pytorch.pretrained.load_vit_pytorch(model, path)`, or a state_dict converted by
 `convert_reference_state_dict`.
 
     import torch

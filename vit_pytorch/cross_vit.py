@@ -41,7 +41,7 @@ class ImageEmbedder(nn.Module):
 
     def __init__(self, *, dim, image_size, patch_size, channels=3, dropout=0., patch_norm=True, norm_eps=1e-5):
         super().__init__()
-        self.image_size = image_size
+        self.image_size, self.patch_size = image_size, patch_size
         grid = vit.patch_grid(image_size, patch_size)
         self.to_patch_embedding = vit.PatchEmbedding(channels=channels, patch_size=patch_size, dim=dim,
                                                      patch_norm=patch_norm, norm_eps=norm_eps)
@@ -297,7 +297,6 @@ def check_arguments(*, image_size, num_classes, sm_dim, lg_dim, sm_patch_size, s
     vit.probability('emb_dropout', emb_dropout)
 
 
-
 # loading checkpoints
 
 
@@ -323,11 +322,11 @@ def timm_plan(model, keys):
     for index, branch in enumerate(('sm', 'lg')):
         embedder = getattr(model, f'{branch}_image_embedder')
         dim = state[f'{branch}_image_embedder.cls_token'].shape[-1]
-        patch = embedder.to_patch_embedding[0].axes_lengths      # the patch size, as its Rearrange cuts patches
-        grid = (embedder.image_size[0] // patch['p1'], embedder.image_size[1] // patch['p2'])
+        (patch_height, patch_width), size = embedder.patch_size, embedder.image_size
+        grid = (size[0] // patch_height, size[1] // patch_width)
         plan.update({
             f'{branch}_image_embedder.to_patch_embedding.2.weight': (
-                {f'patch_embed.{index}.proj.weight': (dim, model.channels, patch['p1'], patch['p2'])},
+                {f'patch_embed.{index}.proj.weight': (dim, model.channels, patch_height, patch_width)},
                 lambda w: rearrange(w, 'd c p1 p2 -> d (p1 p2 c)')),
             f'{branch}_image_embedder.cls_token': ({f'cls_token_{index}': (1, 1, dim)}, lambda t: t[0]),
             f'{branch}_image_embedder.pos_embedding': ({f'pos_embed_{index}': None},

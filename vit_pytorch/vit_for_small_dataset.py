@@ -10,7 +10,8 @@ ViT the locality bias that small datasets cannot teach it.
     attention towards the other tokens.
 
 `vit-pytorch` shifts by one pixel left, right, up and down; here the shifts are the paper's
-(half a patch, diagonally). Parameter names and shapes are those of `vit-pytorch`.
+(half a patch, diagonally). The parameter names and shapes are vit-pytorch's, but its checkpoints
+compute another function here, so `vit_pytorch.pretrained.load_vit_pytorch` refuses them.
 
     import torch
     from vit_pytorch.vit_for_small_dataset import ViT
