@@ -151,7 +151,7 @@ def test_forward_intermediates_returns_the_chosen_stages(indices, expected):
 
 def test_a_distilled_timm_pit_is_refused():
     model, _, state_dict, _ = timm_case()
-    state_dict = dict(state_dict, **{'head_dist.weight': state_dict['head.weight'], 'head_dist.bias': state_dict['head.bias']})
+    state_dict = dict(state_dict, **{f'head_dist.{kind}': state_dict[f'head.{kind}'] for kind in ('weight', 'bias')})
     with pytest.raises(CheckpointError, match='distilled PiT'):
         load_timm(model, state_dict)
 
