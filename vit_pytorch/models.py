@@ -36,6 +36,9 @@ MODELS = {
     'swin': 'vit_pytorch.swin:SwinTransformer',
     'swinv2': 'vit_pytorch.swin:SwinTransformerV2',
     'max_vit': 'vit_pytorch.max_vit:MaxViT',
+    'pit': 'vit_pytorch.pit:PiT',
+    'levit': 'vit_pytorch.levit:LeViT',
+    'cvt': 'vit_pytorch.cvt:CvT',
 }
 
 # the trainer's default sizes for a model whose arguments are not the ViT's (multi-scale models): name ->
@@ -45,6 +48,14 @@ SMALL_CONFIGS = {
     'swinv2': dict(patch_size=2, embed_dim=32, depths=(2, 2, 2), num_heads=(2, 4, 8), window_size=4),
     # 16 and 32 pixels: stage maps 4 and 2 (8 and 4), both divisible by the 2x2 window
     'max_vit': dict(dim=32, depth=(2, 2), dim_head=16, dim_conv_stem=32, window_size=2),
+    # 16 to 32 pixels (divisible by 4): patches of 4 every 2 pixels, grids 7 -> 4 -> 2 at 16 pixels
+    'pit': dict(patch_size=4, dim=32, depth=(1, 1, 1), heads=(2, 4, 8), dim_head=16, mlp_dim=(64, 128, 256)),
+    # 16 or 32 pixels (the stem divides by 16): grids 1 or 2, then 1
+    'levit': dict(dim=(32, 48), depth=1, heads=(2, 3), mlp_mult=2, stages=2, dim_key=8, dim_value=16),
+    # any size: embeddings of stride 2, grids 8 -> 4 -> 2 at 16 pixels; the cls token classifies
+    'cvt': dict(s1_emb_dim=32, s1_emb_kernel=3, s1_emb_stride=2, s1_mlp_mult=2, s2_emb_dim=64, s2_heads=2,
+                s2_depth=1, s2_mlp_mult=2, s3_emb_dim=128, s3_heads=4, s3_depth=2, s3_mlp_mult=2, cls_token=True,
+                qkv_bias=True),
 }
 
 # 'Ti/16', 'S/16', 'B/32', ...: the paper's table, built by vit_pytorch.pretrained.vit
