@@ -180,7 +180,10 @@ class WindowAttention(vit.Attention):
 
     def forward(self, x):
         q, k, v = self.qkv(x)
-        out = self.attend(q, k, v, mask=self.bias().to(q.dtype))
+        # an empty batch takes the explicit path, where the position bias gets its zero gradient
+        # (scaled_dot_product_attention leaves it without one)
+        out = vit.attend(q, k, v, scale=self.scale, mask=self.bias().to(q.dtype), fused=self.fused and q.shape[0] > 0,
+                         dropout=self.dropout if self.training else 0., probs=self.attention_probs)
         return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
 
 
@@ -224,8 +227,8 @@ class MaxViTBlock(nn.Module):
 
     def forward(self, x):
         x = self.conv(x)
-        batch, _, height, width = x.shape
         wh, ww = self.window_size
+        tiles_y, tiles_x = x.shape[-2] // wh, x.shape[-1] // ww       # block windows down and across
         r = self.num_register_tokens
 
         x = rearrange(x, 'b c (y wh) (x ww) -> (b y x) (wh ww) c', wh=wh, ww=ww)       # block windows
@@ -233,15 +236,15 @@ class MaxViTBlock(nn.Module):
             x = torch.cat((repeat(self.register_tokens, 'r c -> n r c', n=x.shape[0]), x), dim=1)
         x = self.residual(self.block_ff, self.residual(self.block_attn, x))
         registers, x = x[:, :r], x[:, r:]
-        x = rearrange(x, '(b y x) (wh ww) c -> b (y wh) (x ww) c', b=batch, y=height // wh, wh=wh)
+        x = rearrange(x, '(b y x) (wh ww) c -> b (y wh) (x ww) c', y=tiles_y, x=tiles_x, wh=wh)
 
         x = rearrange(x, 'b (wh y) (ww x) c -> (b y x) (wh ww) c', wh=wh, ww=ww)       # grid windows
         if r:
-            registers = reduce(registers, '(b n) r c -> b r c', 'mean', b=batch)
-            x = torch.cat((repeat(registers, 'b r c -> (b n) r c', n=x.shape[0] // batch), x), dim=1)
+            registers = reduce(registers, '(b n) r c -> b r c', 'mean', n=tiles_y * tiles_x)
+            x = torch.cat((repeat(registers, 'b r c -> (b n) r c', n=tiles_y * tiles_x), x), dim=1)
         x = self.residual(self.grid_attn, x)[:, r:]
         x = self.residual(self.grid_ff, x)
-        return rearrange(x, '(b y x) (wh ww) c -> b c (wh y) (ww x)', b=batch, y=height // wh, wh=wh)
+        return rearrange(x, '(b y x) (wh ww) c -> b c (wh y) (ww x)', y=tiles_y, x=tiles_x, wh=wh)
 
 
 class MaxViT(nn.Module):
