@@ -95,6 +95,7 @@ REGISTRY = {
     'xcit': ('xcit_tiny_12_p16_224', 'xcit_tiny_12_p16_224', {}, 224, 3, NUM_CLASSES),
     'swin': ('swin_tiny_patch4_window7_224', 'swin_tiny_patch4_window7_224', {}, 224, 3, NUM_CLASSES),
     'swinv2': ('swinv2_tiny_window8_256', 'swinv2_tiny_window8_256', {}, 256, 3, NUM_CLASSES),
+    'max_vit': ('maxvit_tiny_tf_224', 'maxvit_tiny_tf_224', {}, 224, 3, NUM_CLASSES),
     'small_dataset_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
     # as many attention and MLP blocks as S/16, in 6 layers of 2 parallel branches
     'parallel_vit': ('S/16, 6 layers x 2 branches', None, dict(S16, depth=6, num_parallel_branches=2), 224, 3, NUM_CLASSES),
@@ -114,6 +115,7 @@ TINY = dict(image_size=16, channels=1, num_classes=10)
 REFERENCES = {
     'swin': ('timm swin_tiny_patch4_window7_224', lambda ours: timm_reference('swin_tiny_patch4_window7_224', ours)),
     'swinv2': ('timm swinv2_tiny_window8_256', lambda ours: timm_reference('swinv2_tiny_window8_256', ours)),
+    'max_vit': ('timm maxvit_tiny_tf_224', lambda ours: timm_reference('maxvit_tiny_tf_224', ours)),
 }
 
 
