@@ -1,4 +1,5 @@
 import json
+import textwrap
 
 import pytest
 import torch
@@ -269,3 +270,25 @@ def test_bad_arguments_are_refused_with_their_name(overrides, error, match):
 def test_too_small_an_image_is_refused():
     with pytest.raises(ValueError, match='img of 4x4 is too small'):
         tiny_cvt(s1_emb_padding=0)(torch.randn(1, 3, 4, 4))
+
+
+# the module's example
+
+
+def test_module_docstring_example_runs_and_says_what_it_gives():
+    from vit_pytorch import cvt as module
+    example = module.__doc__.split('    import torch', 1)[1].split('\nThe keyword', 1)[0]
+    namespace = {}
+    exec(textwrap.dedent('    import torch' + example), namespace)
+    assert namespace['logits'].shape == (2, 1000)
+    assert count(namespace['paper_model']) == 19_997_480
+    assert [tuple(m.shape) for m in namespace['maps']] == [(1, 64, 24, 24), (1, 192, 12, 12), (1, 384, 6, 6)]
+
+
+# found by tests/test_properties.py: a middle stage emptied by an unpadded embedding was a conv RuntimeError
+def test_an_image_that_empties_a_middle_stage_is_refused():
+    model = tiny_cvt(s2_emb_kernel=2, s2_emb_stride=1, s2_emb_padding=0, s3_emb_kernel=2, s3_emb_stride=1,
+                     s3_emb_padding=1)
+    assert model.grids((4, 4)) == [(1, 1), (0, 0), (1, 1)]
+    with pytest.raises(ValueError, match=r'img of 4x4 is too small.*every stage needs at least one token'):
+        model(torch.randn(2, 3, 4, 4))

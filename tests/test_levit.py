@@ -1,3 +1,5 @@
+import textwrap
+
 import pytest
 import torch
 from einops import rearrange
@@ -309,3 +311,16 @@ def test_wrong_image_size_is_refused():
 def test_forward_distill_without_a_distillation_head_is_refused():
     with pytest.raises(ValueError, match='num_distill_classes'):
         tiny_levit().forward_distill(torch.randn(2, 3, 48, 64))
+
+
+# the module's example
+
+
+def test_module_docstring_example_runs_and_says_what_it_gives():
+    from vit_pytorch import levit as module
+    example = module.__doc__.split('    import torch', 1)[1].split('\nThe keyword', 1)[0]
+    namespace = {}
+    exec(textwrap.dedent('    import torch' + example), namespace)
+    assert namespace['logits'].shape == (2, 1000)
+    assert count(namespace['paper_model']) == 7_777_058
+    assert [tuple(m.shape) for m in namespace['maps']] == [(1, 128, 14, 14), (1, 256, 7, 7), (1, 384, 4, 4)]

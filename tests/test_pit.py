@@ -1,4 +1,5 @@
 import math
+import textwrap
 
 import pytest
 import torch
@@ -265,3 +266,16 @@ def test_wrong_image_size_is_refused():
 def test_bad_indices_are_refused():
     with pytest.raises(ValueError, match='indices'):
         tiny_pit().forward_intermediates(torch.randn(1, 3, 16, 24), indices=[2])
+
+
+# the module's example
+
+
+def test_module_docstring_example_runs_and_says_what_it_gives():
+    from vit_pytorch import pit as module
+    example = module.__doc__.split('    import torch', 1)[1].split('\nThe keyword', 1)[0]
+    namespace = {}
+    exec(textwrap.dedent('    import torch' + example), namespace)
+    assert namespace['logits'].shape == (2, 10)
+    assert count(namespace['paper_model']) == 4_847_272
+    assert [tuple(m.shape) for m in namespace['maps']] == [(1, 64, 27, 27), (1, 128, 14, 14), (1, 256, 7, 7)]

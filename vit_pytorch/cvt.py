@@ -13,11 +13,11 @@ cls token joins the last stage and is classified.
     from vit_pytorch.cvt import CvT, cvt_13
 
     model = CvT(num_classes=1000)                          # vit-pytorch's CvT: CvT-13's widths and depths
-    logits = model(torch.randn(2, 3, 224, 224))           # (2, 1000)
+    logits = model(torch.randn(2, 3, 64, 64))             # (2, 1000): any image size
 
     paper_model = cvt_13()                                 # CvT-13, 19,997,480 parameters
-    maps = paper_model.forward_intermediates(torch.randn(1, 3, 224, 224))
-    [tuple(m.shape) for m in maps]                         # [(1, 64, 56, 56), (1, 192, 28, 28), (1, 384, 14, 14)]
+    maps = paper_model.forward_intermediates(torch.randn(1, 3, 96, 96))
+    [tuple(m.shape) for m in maps]                         # [(1, 64, 24, 24), (1, 192, 12, 12), (1, 384, 6, 6)]
 
 The keyword arguments are vit-pytorch's: `s1_...`, `s2_...`, `s3_...` configure each stage
 (`emb_dim`, `emb_kernel`, `emb_stride` of the token embedding, `proj_kernel` and
@@ -157,7 +157,7 @@ class CvT(nn.Module):
     Stage i embeds the previous map with an `si_emb_kernel` convolution of stride
     `si_emb_stride` to `si_emb_dim` channels, then runs `si_depth` layers of convolutional
     attention (`si_heads` heads) and an MLP of `si_mlp_mult` times the width. Any image size
-    whose last stage keeps at least one token works. `num_classes=0` makes `forward` return
+    that leaves every stage at least one token works. `num_classes=0` makes `forward` return
     the pooled embedding (b, s3_emb_dim): the cls token, or without one the mean token, after
     the final norm.
 
@@ -230,9 +230,10 @@ class CvT(nn.Module):
 
     def check(self, img):
         vit.check_images(img, channels=self.channels, patch_size=(1, 1), dtype=self.norm.weight.dtype)
-        if min(self.grids(img.shape[-2:])[-1]) < 1:
+        grids = self.grids(img.shape[-2:])
+        if min(min(grid) for grid in grids) < 1:
             raise ValueError(f"img of {img.shape[-2]}x{img.shape[-1]} is too small: the token embeddings leave "
-                             f"grids {self.grids(img.shape[-2:])}; the last stage needs at least one token")
+                             f"grids {grids}; every stage needs at least one token")
 
     def stage(self, i, x):
         """Stage i on the previous stage's map (the image for i = 0): its tokens [cls, patches] and grid."""

@@ -165,7 +165,9 @@ class Attention(nn.Module):
     def forward(self, x):
         q, k, v = self.qkv(x)
         bias = self.pos_bias[:, self.pos_bias_index]                   # (heads, n_query, n_key)
-        out = vit.attend(q, k, v, scale=self.scale, mask=bias.to(q.dtype), fused=self.fused,
+        # an empty batch takes the explicit path: scaled_dot_product_attention gives the bias no gradient
+        # there, and DDP needs every gradient on a process that got no images
+        out = vit.attend(q, k, v, scale=self.scale, mask=bias.to(q.dtype), fused=self.fused and q.shape[0] > 0,
                          probs=self.attention_probs, dropout=self.dropout if self.training else 0.)
         return self.to_out(self.merge_heads(out))
 

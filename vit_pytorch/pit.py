@@ -9,9 +9,9 @@ stages attend over fewer, wider tokens.
     import torch
     from vit_pytorch.pit import PiT, pit_ti_224
 
-    model = PiT(image_size=224, patch_size=14, num_classes=1000, dim=256, depth=(3, 3, 3),
-                heads=16, mlp_dim=2048, dropout=0.1, emb_dropout=0.1)
-    logits = model(torch.randn(2, 3, 224, 224))           # (2, 1000)
+    model = PiT(image_size=64, patch_size=8, num_classes=10, dim=64, depth=(2, 2, 2),
+                heads=(2, 4, 8), mlp_dim=256, dropout=0.1, emb_dropout=0.1)
+    logits = model(torch.randn(2, 3, 64, 64))             # (2, 10)
 
     paper_model = pit_ti_224()                             # PiT-Ti, 4,847,272 parameters
     maps = paper_model.forward_intermediates(torch.randn(1, 3, 224, 224))
@@ -144,8 +144,10 @@ class PiT(nn.Module):
 
     def embed(self, img):
         """The checked image's [cls, patches] with positions: (b, 1 + h * w, dim), on the first stage's grid."""
-        vit.check_images(img, channels=self.channels, patch_size=self.patch_size, image_size=self.image_size,
-                         dtype=self.cls_token.dtype)
+        vit.check_images(img, channels=self.channels, patch_size=self.patch_size, dtype=self.cls_token.dtype)
+        if tuple(img.shape[-2:]) != self.image_size:
+            raise ValueError(f"img must be {self.image_size[0]}x{self.image_size[1]} (h x w), the model's image_size, "
+                             f"got {img.shape[-2]}x{img.shape[-1]}: the position table is learned for its grid")
         patches = rearrange(self.to_patch_embedding(img), 'b d h w -> b (h w) d')
         x = torch.cat((repeat(self.cls_token, 'n d -> b n d', b=img.shape[0]), patches + self.pos_embedding), dim=1)
         return self.dropout(x)
