@@ -2,8 +2,9 @@
 
 `patch_tokens(img)` -> patch tokens before positions; `embed_tokens(patches, grid, indices)` ->
 prefix tokens and the given patches with their positions; `transformer(tokens)` -> the encoder
-with its final norm. Composed over every patch they are `forward_features`; over a subset they
-give exactly the rows of the full embedding that the subset selects.
+with its final norm; `embed_dim`, the tokens' width. Composed over every patch they are
+`forward_features`; over a subset they give exactly the rows of the full embedding that the
+subset selects.
 """
 
 import pytest
@@ -31,6 +32,7 @@ def test_the_pieces_composed_are_forward_features(name):
     grid = model.token_grid(img.shape[-2:])
     tokens = model.transformer(model.embed_tokens(model.patch_tokens(img), grid))
     torch.testing.assert_close(tokens, model.forward_features(img))
+    assert tokens.shape[-1] == model.embed_dim == 32
 
 
 @pytest.mark.parametrize('name', MODELS)

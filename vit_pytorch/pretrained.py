@@ -436,10 +436,10 @@ def _make_plan(plan_function, model, state_dict, name):
 def _check_hf_config(model, config, name):
     """Refuse a folder whose config.json computes another function than the model; its patch grid.
 
-    Only ViT-family configs (model_type 'vit', 'deit') apply `layer_norm_eps` and `hidden_act` to every
-    LayerNorm and GELU; other models' configs may carry these fields unused (CvT keeps eps 1e-5).
+    Only ViT-family configs (model_type 'vit', 'deit', 'vivit') apply `layer_norm_eps` and `hidden_act`
+    to every LayerNorm and GELU; other models' configs may carry these fields unused (CvT keeps eps 1e-5).
     """
-    if config.get('model_type') not in ('vit', 'deit'):
+    if config.get('model_type') not in ('vit', 'deit', 'vivit'):
         return None
     eps = config.get('layer_norm_eps')
     ours = sorted({module.eps for module in model.modules() if isinstance(module, nn.LayerNorm)})

@@ -82,7 +82,7 @@ class SimpleViT(nn.Module):
         super().__init__()
         self.image_size, self.patch_size = vit.pair(image_size), vit.pair(patch_size)
         self.grid_size = self.token_grid(self.image_size)
-        self.channels, self.num_classes = channels, num_classes
+        self.channels, self.num_classes, self.embed_dim = channels, num_classes, dim
 
         self.to_patch_embedding = vit.PatchEmbedding(channels=channels, patch_size=self.patch_size, dim=dim)
         # fixed, so not saved; a buffer so that it follows .to(device)

@@ -188,7 +188,7 @@ class ViT(nn.Module):
 
     `num_classes=0` makes `forward` return all tokens after the final norm,
     (b, prefix + patches, dim), as in vit-pytorch; `forward_head(tokens, pre_logits=True)`
-    gives the pooled embedding.
+    gives the pooled embedding. `embed_dim` is the tokens' width (`dim`).
 
     Options beyond vit-pytorch's API (defaults keep its model):
       patch_norm          LayerNorms around the patch projection (False: the paper's ViT).
@@ -216,7 +216,7 @@ class ViT(nn.Module):
         super().__init__()
         self.image_size, self.patch_size = pair(image_size), pair(patch_size)
         self.grid_size = self.token_grid(self.image_size)
-        self.pool, self.channels, self.num_classes = pool, channels, num_classes
+        self.pool, self.channels, self.num_classes, self.embed_dim = pool, channels, num_classes, dim
         self.dynamic_image_size = dynamic_image_size
         self.num_prefix_tokens = (1 if pool == 'cls' else 0) + self.extra_tokens
 
