@@ -1,0 +1,94 @@
+"""Moving digits: clips of real digits, checked from their pixels (where the digit is, how it moves)."""
+
+import pytest
+import torch
+
+from vit_pytorch.clips import DIRECTIONS, moving_digits, split_digits
+
+
+def centroids(videos):
+    """(n, frames, 2) centre of mass (row, column) of every frame of (n, 1, frames, h, w) clips."""
+    mass = videos[:, 0].float()
+    rows, columns = torch.arange(mass.shape[-2]).float(), torch.arange(mass.shape[-1]).float()
+    total = mass.sum(dim=(-1, -2))
+    return torch.stack(((mass.sum(-1) * rows).sum(-1) / total, (mass.sum(-2) * columns).sum(-1) / total), dim=-1)
+
+
+def test_clips_have_the_documented_shapes_and_types():
+    clips = moving_digits('test', count=20, frames=6, size=24, digit_size=8, speed=3)
+    assert clips.videos.shape == (20, 1, 6, 24, 24) and clips.videos.dtype == torch.uint8
+    assert clips.labels.shape == (20,) and clips.classes == [str(d) for d in range(10)]
+    floats = clips.floats(slice(0, 5))
+    assert floats.shape == (5, 1, 6, 24, 24) and 0 <= floats.min() and floats.max() <= 1
+    assert len(moving_digits('test')) == 450          # one clip per test digit by default
+
+
+def test_every_frame_shows_the_whole_digit():
+    clips = moving_digits('train', count=64)
+    mass = clips.videos.float().sum(dim=(-1, -2))[:, 0]             # (n, frames)
+    digits, _ = split_digits('train', 16)
+    torch.testing.assert_close(mass, digits[:64].float().sum(dim=(-1, -2))[:, None].expand_as(mass))
+
+
+def test_the_digit_moves_in_a_straight_line_in_the_labelled_direction():
+    clips = moving_digits('train', count=200, task='direction', speed=2)
+    assert clips.classes == [name for name, _ in DIRECTIONS]
+    path = centroids(clips.videos)
+    steps = torch.tensor([step for _, step in DIRECTIONS]).float()[clips.labels] * 2
+    torch.testing.assert_close(path[:, 1:] - path[:, :-1], steps[:, None].expand(-1, 7, -1), atol=1e-3, rtol=0)
+    assert set(clips.labels.tolist()) == set(range(8))
+
+
+def test_a_clip_played_backwards_moves_the_opposite_way():
+    clips = moving_digits('train', count=50, task='direction')
+    forwards, backwards = centroids(clips.videos), centroids(clips.videos.flip(2))
+    torch.testing.assert_close(backwards[:, -1] - backwards[:, 0], -(forwards[:, -1] - forwards[:, 0]))
+    opposite = (clips.labels + 4) % 8                                # the direction list goes round clockwise
+    steps = torch.tensor([step for _, step in DIRECTIONS]).float()
+    torch.testing.assert_close(backwards[:, 1] - backwards[:, 0], steps[opposite] * 2, atol=1e-3, rtol=0)
+
+
+def test_digit_labels_are_the_digits_shown():
+    clips = moving_digits('test', count=450, task='digit')
+    digits, labels = split_digits('test', 16)
+    assert torch.equal(clips.labels, labels)
+    first = clips.videos[:, 0, 0].float()
+    assert torch.equal(first.sum(dim=(-1, -2)), digits.float().sum(dim=(-1, -2)))
+
+
+def test_the_splits_are_the_trainers_digit_splits():
+    from vit_pytorch.evaluate import load_digits
+
+    for split, size in (('train', 1347), ('test', 450)):
+        digits, labels = split_digits(split, 8)
+        reference = load_digits(split, image_size=8)
+        assert len(digits) == size and torch.equal(labels, reference.labels)
+        # ours are rounded to uint8
+        torch.testing.assert_close(digits.float() / 255, reference.floats()[:, 0], atol=1 / 255, rtol=0)
+
+
+def test_same_arguments_same_clips_another_seed_other_paths():
+    a, b = moving_digits('train', count=30, seed=3), moving_digits('train', count=30, seed=3)
+    assert torch.equal(a.videos, b.videos)
+    other = moving_digits('train', count=30, seed=4)
+    assert not torch.equal(a.videos, other.videos) and torch.equal(a.labels, other.labels)
+    test = moving_digits('test', count=30, seed=3, task='direction')
+    assert not torch.equal(moving_digits('train', count=30, seed=3, task='direction').labels, test.labels)
+
+
+def test_count_cycles_through_the_digits_of_the_split():
+    clips = moving_digits('train', count=2 * 1347, frames=2, size=20, digit_size=8)
+    assert torch.equal(clips.labels[:1347], clips.labels[1347:])
+    assert not torch.equal(centroids(clips.videos[:50]), centroids(clips.videos[1347:1397]))
+
+
+@pytest.mark.parametrize('kwargs, match', [
+    (dict(split='val'), r'split must be one of'),
+    (dict(task='speed'), r'task must be one of'),
+    (dict(size=20), r'needs a frame of at least 30 pixels, got size=20'),
+    (dict(frames=0), r'frames must be a positive int'),
+    (dict(count=-1), r'count must be a non-negative int'),
+])
+def test_bad_arguments_are_refused_with_their_name(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        moving_digits(**{'split': 'train', **kwargs})
