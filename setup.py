@@ -20,6 +20,8 @@ setup(
         'train': ['tqdm', 'safetensors', 'scikit-learn', 'matplotlib', 'pillow'],
         'pretrained': ['safetensors', 'numpy'],
         'plots': ['matplotlib'],
+        # the UCR/UEA time-series sets ship inside aeon (vit_pytorch.ucr); aeon needs Python >= 3.11
+        'timeseries': ['aeon; python_version >= "3.11"'],
     },
     entry_points={
         'console_scripts': [

@@ -134,9 +134,14 @@ def test_logits_equal_hugging_faces_vivit(source):
 
 def test_hugging_face_vivit_needs_the_papers_numerics():
     _, state_dict, tensors = load_fixture('hf_vivit')
+    with pytest.raises(CheckpointError, match=r"hidden_act='gelu_fast'.*gelu_approximate='tanh'"):
+        load_hf(ViT(**dict(HF_VIVIT, gelu_approximate='none')), FIXTURES / 'hf_vivit_folder')
+    with pytest.raises(CheckpointError, match=r"layer_norm_eps=1e-06.*norm_eps=1e-06"):
+        load_hf(ViT(**dict(HF_VIVIT, norm_eps=1e-5)), FIXTURES / 'hf_vivit_folder')
+    # a bare state_dict has no config to check: the exact GELU then gives other logits than HF's gelu_fast
     exact_gelu = load_hf(ViT(**dict(HF_VIVIT, gelu_approximate='none')).eval(), state_dict)
     with torch.no_grad():
-        assert not torch.allclose(exact_gelu(tensors['input']), tensors['logits'], **TOL)   # gelu_fast is tanh's
+        assert not torch.allclose(exact_gelu(tensors['input']), tensors['logits'], **TOL)
     with pytest.raises(CheckpointError, match=r'patch_norm=False'):
         load_hf(ViT(**dict(HF_VIVIT, patch_norm=True)), FIXTURES / 'hf_vivit_folder')
     with pytest.raises(CheckpointError, match=r"qkv_bias=True"):
