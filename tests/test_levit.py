@@ -244,6 +244,18 @@ def test_recorded_maps_follow_the_documented_layout_and_equal_the_biased_softmax
     torch.testing.assert_close(logits, model(img))
 
 
+def test_the_fused_path_with_the_bias_equals_the_explicit_one():
+    # the model takes the fused path on accelerators only: compare the two paths of the primitive directly
+    from vit_pytorch import vit
+
+    attn = SubsampleAttention(8, heads=2, dim_key=4, dim_value=16, grid=(3, 4), dim_out=12).eval()
+    with torch.no_grad():
+        attn.pos_bias.normal_()
+        q, k, v = attn.qkv(torch.randn(2, 12, 8))
+        paths = [vit.attend(q, k, v, scale=attn.scale, mask=attn.bias(), fused=fused) for fused in (True, False)]
+    torch.testing.assert_close(*paths)
+
+
 def test_compiles_without_graph_breaks_forward_and_backward():
     model = tiny_levit()
     img = torch.randn(2, 3, 48, 64)
