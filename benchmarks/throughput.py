@@ -96,6 +96,11 @@ REGISTRY = {
     'swin': ('swin_tiny_patch4_window7_224', 'swin_tiny_patch4_window7_224', {}, 224, 3, NUM_CLASSES),
     'swinv2': ('swinv2_tiny_window8_256', 'swinv2_tiny_window8_256', {}, 256, 3, NUM_CLASSES),
     'max_vit': ('maxvit_tiny_tf_224', 'maxvit_tiny_tf_224', {}, 224, 3, NUM_CLASSES),
+    'pit': ('pit_ti_224', 'pit_ti_224', {}, 224, 3, NUM_CLASSES),
+    # one head: trained with the distillation head, LeViT returns both heads' logits, which plain cross-entropy
+    # cannot take (timm's levit_128s averages them unless distilled training is switched on)
+    'levit': ('levit_128s, one head', 'levit_128s', dict(distillation=False), 224, 3, NUM_CLASSES),
+    'cvt': ('cvt_13', 'cvt_13', {}, 224, 3, NUM_CLASSES),
     'small_dataset_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
     # as many attention and MLP blocks as S/16, in 6 layers of 2 parallel branches
     'parallel_vit': ('S/16, 6 layers x 2 branches', None, dict(S16, depth=6, num_parallel_branches=2), 224, 3, NUM_CLASSES),
@@ -116,6 +121,9 @@ REFERENCES = {
     'swin': ('timm swin_tiny_patch4_window7_224', lambda ours: timm_reference('swin_tiny_patch4_window7_224', ours)),
     'swinv2': ('timm swinv2_tiny_window8_256', lambda ours: timm_reference('swinv2_tiny_window8_256', ours)),
     'max_vit': ('timm maxvit_tiny_tf_224', lambda ours: timm_reference('maxvit_tiny_tf_224', ours)),
+    'pit': ('timm pit_ti_224', lambda ours: timm_reference('pit_ti_224', ours)),
+    'levit': ('timm levit_128s, one head', lambda ours: timm_reference('levit_128s', ours, distilled=False)),
+    'cvt': ('Hugging Face CvtForImageClassification (CvT-13)', lambda ours: hf_cvt_reference(ours)),
 }
 
 
@@ -306,13 +314,37 @@ class DistillationLoss:
         return DistillWrapper(teacher=self.teacher, student=model, temperature=3.0, alpha=0.5)(img, labels)
 
 
-def timm_reference(timm_name, ours):
-    """timm's `timm_name` (random weights), its weights loaded into `ours` by vit_pytorch.pretrained.load_timm."""
+def timm_reference(timm_name, ours, **kwargs):
+    """timm's `timm_name` (random weights; `kwargs` go to timm.create_model), its weights loaded into `ours`
+    by vit_pytorch.pretrained.load_timm."""
     from vit_pytorch.pretrained import load_timm
 
-    reference = timm.create_model(timm_name, pretrained=False, num_classes=ours.num_classes)
+    reference = timm.create_model(timm_name, pretrained=False, num_classes=ours.num_classes, **kwargs)
     load_timm(ours, reference.state_dict())
     return reference
+
+
+class HFLogits(nn.Module):
+    """A Hugging Face image classifier whose forward returns the logits tensor, as the benchmark's models do."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, img):
+        return self.model(pixel_values=img).logits
+
+
+def hf_cvt_reference(ours):
+    """Hugging Face's CvtForImageClassification of CvT-13 (random weights, no stochastic depth, which ours
+    does not build), its weights loaded into `ours` by vit_pytorch.pretrained.load_hf."""
+    from transformers import CvtConfig, CvtForImageClassification
+
+    from vit_pytorch.pretrained import load_hf
+
+    reference = CvtForImageClassification(CvtConfig(num_labels=ours.num_classes, drop_path_rate=[0.0, 0.0, 0.0]))
+    load_hf(ours, reference.state_dict())
+    return HFLogits(reference)
 
 
 def reference_workload(workload):
@@ -330,9 +362,9 @@ def reference_workload(workload):
                 params=sum(p.numel() for p in reference.parameters()))
 
 
-def registry_workload(name, tiny=False, reference=False):
-    """The model registered as `name` at its `REGISTRY` preset (or tiny), with its input and loss; with
-    `reference=True` the reference implementation of that preset (see REFERENCES) instead."""
+def registry_workload(name, tiny=False):
+    """The model registered as `name` at its `REGISTRY` preset (or tiny), with its input and loss (its
+    reference implementation: `reference_workload`)."""
     if tiny:
         from vit_pytorch.train import model_config
 
@@ -347,9 +379,8 @@ def registry_workload(name, tiny=False, reference=False):
             module = importlib.import_module(registry.MODELS[name].split(':')[0])
             model = getattr(module, constructor)(**kwargs)
     loss = DistillationLoss(channels, num_classes) if name == 'distillable_vit' else classification_loss
-    workload = dict(name=name, preset=preset, model=model, image_size=image_size, channels=channels,
-                    num_classes=num_classes, loss=loss, params=sum(p.numel() for p in model.parameters()))
-    return reference_workload(workload) if reference else workload
+    return dict(name=name, preset=preset, model=model, image_size=image_size, channels=channels,
+                num_classes=num_classes, loss=loss, params=sum(p.numel() for p in model.parameters()))
 
 
 def explicit_attention(model):
@@ -377,9 +408,12 @@ FLOP_FORMULAS = {torch.ops.aten.convolution_backward: conv_backward_flops}
 
 
 def training_flops(model, image_size, *, channels=3, num_classes=NUM_CLASSES, loss=classification_loss):
-    """FLOPs of one training step (forward + loss + backward) per image, and of an inference forward alone."""
-    img = torch.randn(1, channels, image_size, image_size)
-    label = torch.randint(0, num_classes, (1,))
+    """FLOPs of one training step (forward + loss + backward) per image, and of an inference forward alone.
+
+    Counted on two images and halved: a BatchNorm cannot train on one value per channel (LeViT's head).
+    """
+    img = torch.randn(2, channels, image_size, image_size)
+    label = torch.randint(0, num_classes, (2,))
     model = explicit_attention(copy.deepcopy(model)).eval()
     # with autograd on: under no_grad, the counter's module tracker rejects a parameter's view
     # (CaiT's expanded cls token); the forward's FLOPs are the same either way
@@ -389,7 +423,7 @@ def training_flops(model, image_size, *, channels=3, num_classes=NUM_CLASSES, lo
     model.train()
     with FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS) as counter:
         loss(model, img, label).backward()
-    return counter.get_total_flops(), forward
+    return counter.get_total_flops() / 2, forward / 2
 
 
 def matmul_peak(size=2048, repeats=3):
@@ -495,7 +529,13 @@ def memory_child(spec):
     torch.manual_seed(0)
     channels, num_classes, loss = 3, NUM_CLASSES, classification_loss
     if 'registry' in spec:
-        workload = registry_workload(spec['registry'], spec['tiny'], spec.get('reference', False))
+        # the reference is built (and run on two images beside ours) in both children, so that our model's
+        # and the reference's training steps start from the same allocator state: measured after a warm-up
+        # in one child only, the reference showed ~40 MiB (~20%) less than ours for PiT-Ti and LeViT-128S
+        workload = registry_workload(spec['registry'], spec['tiny'])
+        reference = reference_workload(workload)
+        if spec.get('reference', False):
+            workload = reference
         model, spec['image_size'] = workload['model'], workload['image_size']
         channels, num_classes, loss = workload['channels'], workload['num_classes'], workload['loss']
     elif spec['model'] in ('vit', 'simple_vit'):
