@@ -285,6 +285,8 @@ def test_reset_classifier_gives_zero_heads():
     assert torch.equal(model(torch.randn(2, 3, 48, 64)), torch.zeros(2, 3))
     model.reset_classifier(0)
     assert model(torch.randn(2, 3, 48, 64)).shape == (2, 24)
+    model.reset_classifier(4)                       # the distillation head comes back with the classifier
+    assert model.distill_head is not None and model(torch.randn(2, 3, 48, 64)).shape == (2, 4)
 
 
 # learning

@@ -274,9 +274,10 @@ class LeViT(nn.Module):
                 for _ in range(stage_depth)
             ]))
 
+        self.head_dropout, self.distillation = dropout, num_distill_classes is not None
         self.mlp_head = norm_linear(dims[-1], num_classes, dropout) if num_classes > 0 else None
-        self.distill_head = norm_linear(dims[-1], num_classes, dropout) \
-            if num_distill_classes is not None and num_classes > 0 else None
+        self.distill_head = norm_linear(dims[-1], num_classes, dropout) if self.distillation and num_classes > 0 \
+            else None
 
     @property
     def feature_info(self):
@@ -337,25 +338,20 @@ class LeViT(nn.Module):
         return self.mlp_head(x), self.distill_head(x)
 
     def reset_classifier(self, num_classes):
-        """New zero-initialised heads for `num_classes` (the distillation head too, if there is one; 0 removes them).
-
-        The BatchNorm before each head is new as well (timm's `reset_classifier` does the same).
+        """New zero-initialised heads for `num_classes` (the distillation head too, if the model was built with
+        one; 0 removes them). The BatchNorm before each head is new as well (timm's `reset_classifier` does the same).
         """
         vit.non_negative_int('num_classes', num_classes)
         like = self.to_patch_embedding[0][0].weight
 
         def head():
-            new = norm_linear(self.dims[-1], num_classes, self.mlp_head[1].p).to(like.device, like.dtype)
+            new = norm_linear(self.dims[-1], num_classes, self.head_dropout).to(like.device, like.dtype)
             new[2] = vit.zero_linear(self.dims[-1], num_classes, like=like)
             return new.train(self.training)
 
-        had_distill = self.distill_head is not None
-        if self.mlp_head is None and num_classes > 0:
-            raise ValueError("this LeViT was built with num_classes=0 and has no head to reset: build it with the "
-                             "classes it needs")
         self.num_classes = num_classes
         self.mlp_head = head() if num_classes > 0 else None
-        self.distill_head = head() if num_classes > 0 and had_distill else None
+        self.distill_head = head() if num_classes > 0 and self.distillation else None
 
     def set_grad_checkpointing(self, enable=True):
         for transformer in self.transformers:
