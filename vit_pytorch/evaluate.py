@@ -13,6 +13,9 @@ and evaluated on the split it was tested on during training (or on `--data`). Da
           shorter side resized to the image size and centre-cropped; decoded once and held in
           memory as uint8.
 
+  NAME:ARG  a source registered in SOURCES (the module that reads it is imported on first use),
+          e.g. other kinds of input than images: signals (n, c, length), clips (n, c, frames, h, w).
+
 Both commands need the 'train' extra (safetensors and numpy for checkpoints, scikit-learn for
 the digits, Pillow for folders, matplotlib for the trainer's pictures); a missing package is
 named with the command that installs it (`MissingExtra`).
@@ -56,7 +59,11 @@ def require(*modules, purpose, extra='train'):
 
 @dataclass
 class ImageSet:
-    """Images (n, c, h, w), uint8 in [0, 255] or float in [0, 1], with integer labels (n,)."""
+    """Inputs (n, c, ...), uint8 in [0, 255] or float, with integer labels (n,).
+
+    Images are (n, c, h, w) in [0, 1]; a registered source may hold other inputs of one size,
+    such as signals (n, c, length) or clips (n, c, frames, h, w).
+    """
     images: torch.Tensor
     labels: torch.Tensor
     classes: list
@@ -160,20 +167,71 @@ def load_folder(root, split, *, image_size, channels=3, classes=None):
     return ImageSet(torch.stack(images), torch.tensor(labels), classes)
 
 
-def load_split(data, split, *, image_size, channels, classes=None):
-    """The ImageSet of `split` for data 'digits' or a folder path."""
-    if data == 'digits':
+# data sources named NAME:ARG -> 'module:function'; function(ARG) returns the DataSource
+SOURCES = {}
+
+
+@dataclass
+class DataSource:
+    """What `--data` names: how each split loads, and the defaults that come with the data.
+
+    `load(split, *, image_size, channels, classes)` returns an ImageSet; `image_size` and
+    `channels` are the defaults when the command line leaves them out (None: the data's own);
+    `requires` are modules checked first, with `extra` named as the way to install them.
+    """
+    name: str
+    load: object
+    test_split: str = 'test'
+    image_size: object = None
+    channels: object = None
+    requires: tuple = ()
+    extra: str = 'train'
+    tiny: bool = False           # small inputs, where one thread beats several on a CPU
+
+    @property
+    def run_name(self):
+        return self.name.replace(':', '-')
+
+
+def _digits_source():
+    def load(split, *, image_size, channels, classes=None):
         if channels != 1:
             raise ValueError(f"the digits are grayscale: channels must be 1, got {channels}")
         return load_digits(split, image_size=image_size)
-    return load_folder(data, split, image_size=image_size, channels=channels, classes=classes)
+    return DataSource('digits', load, test_split='test', image_size=16, channels=1, requires=('sklearn',), tiny=True)
+
+
+def _folder_source(root):
+    def load(split, *, image_size, channels, classes=None):
+        return load_folder(root, split, image_size=image_size, channels=channels, classes=classes)
+    return DataSource(str(Path(root).expanduser().resolve()), load, test_split='val', image_size=32, channels=3,
+                      requires=('PIL',))
+
+
+def data_source(data):
+    """The DataSource `data` names: 'digits', a registered NAME:ARG, or a folder path."""
+    if data == 'digits':
+        return _digits_source()
+    name, _, argument = str(data).partition(':')
+    if name in SOURCES and argument:
+        module, function = SOURCES[name].split(':')
+        return getattr(importlib.import_module(module), function)(argument)
+    if name in SOURCES:
+        raise ValueError(f"--data {data!r} needs an argument after the colon, as {name}:NAME")
+    return _folder_source(data)
+
+
+def load_split(data, split, *, image_size, channels, classes=None):
+    """The ImageSet of `split` for `data` ('digits', NAME:ARG or a folder path)."""
+    return data_source(data).load(split, image_size=image_size, channels=channels, classes=classes)
 
 
 def normalise(images, mean, std):
-    """(images - mean) / std per channel."""
-    mean = torch.tensor(mean, dtype=images.dtype, device=images.device)
-    std = torch.tensor(std, dtype=images.dtype, device=images.device)
-    return (images - rearrange(mean, 'c -> c 1 1')) / rearrange(std, 'c -> c 1 1')
+    """(inputs - mean) / std per channel (dim 1), for inputs of any number of trailing dimensions."""
+    pattern = 'c -> c' + ' 1' * (images.ndim - 2)
+    mean = rearrange(torch.tensor(mean, dtype=images.dtype, device=images.device), pattern)
+    std = rearrange(torch.tensor(std, dtype=images.dtype, device=images.device), pattern)
+    return (images - mean) / std
 
 
 # evaluation
@@ -228,9 +286,10 @@ def main(argv=None):
         source = args.data or data_config.get('source')
         if source is None:
             raise CheckpointError(f"{args.checkpoint} does not say what data it was trained on; pass --data")
-        split = args.split or data_config.get('test_split') or ('test' if source == 'digits' else 'val')
-        data = load_split(source, split, image_size=data_config['image_size'], channels=data_config['channels'],
-                          classes=data_config.get('classes') if source != 'digits' else None)
+        chosen = data_source(source)
+        split = args.split or data_config.get('test_split') or chosen.test_split
+        data = chosen.load(split, image_size=data_config['image_size'], channels=data_config['channels'],
+                           classes=data_config.get('classes') if source != 'digits' else None)
         result = evaluate(model, data, mean=data_config['mean'], std=data_config['std'],
                           batch_size=args.batch_size, device=args.device, amp=args.amp)
     except (CheckpointError, FileNotFoundError, NotADirectoryError, ValueError, MissingExtra) as error:

@@ -54,13 +54,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
+from einops import pack, rearrange, unpack
 from torch import nn
 
 from vit_pytorch import analysis, models, plots
 from vit_pytorch.checkpoint import CheckpointError, load_config, load_training_state, load_weights, save_checkpoint
-from vit_pytorch.evaluate import (MissingExtra, autocast, evaluate, folder_classes, load_split, normalise,
-                                  require)
+from vit_pytorch.evaluate import MissingExtra, autocast, data_source, evaluate, normalise, require
 from vit_pytorch.recorder import Recorder
 
 # the model size used when the command line does not set it (only the keys the model accepts)
@@ -71,7 +70,7 @@ SMALL_MODEL = dict(patch_size=4, dim=64, depth=4, heads=4, dim_head=16, mlp_dim=
                    sm_enc_mlp_dim=128, lg_enc_mlp_dim=256, sm_enc_dim_head=16, lg_enc_dim_head=16,
                    lg_enc_depth=2, cross_attn_depth=1, cross_attn_heads=4, cross_attn_dim_head=16)
 # other spellings of a setting, as some models (CCT) keep their paper code's names
-ALIASES = dict(image_size=('img_size',), channels=('n_input_channels',), dim=('embedding_dim',),
+ALIASES = dict(image_size=('img_size',), channels=('n_input_channels', 'in_chans'), dim=('embedding_dim',),
                depth=('num_layers',), heads=('num_heads',))
 
 # arguments that may differ in a resumed run without changing what it computes
@@ -235,13 +234,17 @@ def translate(images, shifts, pad):
 
 
 def augment(images, labels, args, generator, rng, num_classes):
-    """Augmented images and soft targets: random shifts, optional flips, optional mixup."""
+    """Augmented inputs and soft targets: random shifts and optional flips of images (a clip's frames move
+    alike; signals are not shifted), optional mixup."""
     batch = len(images)
-    shifts = torch.randint(-args.translate, args.translate + 1, (batch, 2), generator=generator)
-    images = translate(images, shifts, args.translate)
-    if args.hflip:
-        flip = torch.rand(batch, generator=generator) < 0.5
-        images = torch.where(flip[:, None, None, None], images.flip(-1), images)
+    if images.ndim >= 4:
+        frames, packing = pack([images], 'b * h w')                     # (b, c [frames], h, w) -> (b, n, h, w)
+        shifts = torch.randint(-args.translate, args.translate + 1, (batch, 2), generator=generator)
+        frames = translate(frames, shifts, args.translate)
+        if args.hflip:
+            flip = torch.rand(batch, generator=generator) < 0.5
+            frames = torch.where(flip[:, None, None, None], frames.flip(-1), frames)
+        images, = unpack(frames, packing, 'b * h w')
     targets = F.one_hot(labels, num_classes).float()
     if args.mixup > 0:
         # mix each image with a partner from the batch, weight ~ Beta(a, a) (arXiv 1710.09412)
@@ -291,7 +294,8 @@ def epoch_seed(seed, epoch):
 
 
 def _run_name(args):
-    data = 'digits' if args.data == 'digits' else Path(args.data).expanduser().resolve().name
+    source = data_source(args.data)
+    data = Path(source.name).name if source.name == str(Path(args.data).expanduser().resolve()) else source.run_name
     return f"{data}-{re.sub(r'[^A-Za-z0-9_.-]+', '-', args.model)}"
 
 
@@ -308,8 +312,8 @@ def _flag(name):
 
 
 def _same_setting(name, mine, theirs):
-    if name == 'data' and 'digits' not in (mine, theirs):
-        return Path(mine).expanduser().resolve() == Path(theirs).expanduser().resolve()
+    if name == 'data':
+        return data_source(mine).name == data_source(theirs).name
     return json.loads(json.dumps(mine)) == json.loads(json.dumps(theirs))   # tuples were saved as lists
 
 
@@ -392,14 +396,15 @@ def _train(args, model_kwargs, rank, world_size, device):
             args.out = args.out or str(checkpoint.parent)
         load_config(checkpoint)                                   # a clear error before anything else
         args, model_kwargs = _restore_arguments(args, model_kwargs, checkpoint)
-    digits = args.data == 'digits'
-    require('safetensors', 'numpy', 'sklearn' if digits else 'PIL', purpose='python -m vit_pytorch.train')
+    source = data_source(args.data)
+    require('safetensors', 'numpy', purpose='python -m vit_pytorch.train')
+    require(*source.requires, purpose=f'python -m vit_pytorch.train --data {args.data}', extra=source.extra)
     if args.plots:
         require('matplotlib', purpose='the pictures of python -m vit_pytorch.train (--no-plots skips them)')
     out = Path(args.out or Path('runs') / _run_name(args))
     args.out = str(out)
     threads = args.threads
-    if threads is None and digits and torch.device(device).type == 'cpu':
+    if threads is None and source.tiny and torch.device(device).type == 'cpu':
         # a model this small gains less from intra-op threads than it loses to their synchronisation,
         # by far on a busy machine (measured: 2 threads ran 7-30x slower than 1 on a shared 2-core box)
         threads = 1
@@ -407,16 +412,18 @@ def _train(args, model_kwargs, rank, world_size, device):
         torch.set_num_threads(threads)
 
     # data
-    image_size = args.image_size or (16 if digits else 32)
-    channels = args.channels or (1 if digits else 3)
-    classes = None if digits else folder_classes(args.data)
-    train_set = load_split(args.data, 'train', image_size=image_size, channels=channels, classes=classes)
-    test_split = 'test' if digits else 'val'
-    test_set = load_split(args.data, test_split, image_size=image_size, channels=channels, classes=classes)
+    image_size = args.image_size or source.image_size
+    channels = args.channels or source.channels
+    train_set = source.load('train', image_size=image_size, channels=channels)
+    test_split = source.test_split
+    test_set = source.load(test_split, image_size=image_size, channels=channels, classes=train_set.classes)
     num_classes = len(train_set.classes)
     pixels = train_set.floats()
-    mean = pixels.mean(dim=(0, 2, 3)).tolist()
-    std = pixels.std(dim=(0, 2, 3)).clamp_min(1e-6).tolist()
+    image_size = image_size or tuple(pixels.shape[2:])             # a source's own size, when it has one
+    channels = channels or pixels.shape[1]
+    per_channel = [dim for dim in range(pixels.ndim) if dim != 1]
+    mean = pixels.mean(dim=per_channel).tolist()
+    std = pixels.std(dim=per_channel).clamp_min(1e-6).tolist()
 
     # model and optimizer
     kwargs = model_config(args.model, model_kwargs, image_size=image_size, channels=channels,
@@ -427,7 +434,7 @@ def _train(args, model_kwargs, rank, world_size, device):
     except TypeError as error:
         raise ValueError(f"cannot build model {args.model!r} with {kwargs}: {error}") from error
     config = dict(model=args.model, model_kwargs=kwargs,
-                  data=dict(source=args.data if digits else str(Path(args.data).expanduser().resolve()),
+                  data=dict(source=source.name,
                             test_split=test_split, image_size=image_size, channels=channels,
                             classes=train_set.classes, mean=mean, std=std))
     optimizer = torch.optim.AdamW(parameter_groups(model, args.weight_decay), lr=args.lr)
@@ -440,7 +447,7 @@ def _train(args, model_kwargs, rank, world_size, device):
         raise ValueError(f"nothing to train: --epochs {args.epochs}" + (
             f" and the run in {checkpoint} has done {start_epoch}; give more epochs to extend it" if checkpoint else ''))
     if main_process:
-        _warn_few_patches(model, args.model, channels=channels, image_size=image_size, device=device)
+        _warn_few_patches(model, args.model, sample=train_set.floats(slice(0, 1)).to(device))
     network = nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
 
     batch_size = min(args.batch_size, len(train_set))
@@ -543,21 +550,24 @@ def _train(args, model_kwargs, rank, world_size, device):
                 pictures=[str(path) for path in pictures])
 
 
-def _warn_few_patches(model, name, *, channels, image_size, device):
-    """Warn when the image makes fewer than MIN_PATCHES tokens, as the recorder lays them on the image."""
+def _warn_few_patches(model, name, *, sample):
+    """Warn when an image makes fewer than MIN_PATCHES tokens, as the recorder lays them on the image."""
+    if sample.ndim != 4:                                             # signals and clips have no image grid
+        return
     try:
         recorder = Recorder(model)
     except ValueError:                                               # no attention maps, no token grid
         return
     model.eval()
     with torch.no_grad():
-        recorder(torch.zeros(1, channels, image_size, image_size, device=device))
+        recorder(torch.zeros_like(sample))
     model.train()
     if recorder.grid is None:
         return
     rows, columns = recorder.grid
+    height, width = sample.shape[-2:]
     if rows * columns < MIN_PATCHES:
-        _warn(f"a {image_size}x{image_size} image is only {rows * columns} patch(es) ({rows}x{columns}) for "
+        _warn(f"a {height}x{width} image is only {rows * columns} patch(es) ({rows}x{columns}) for "
               f"{name}, so attention has next to nothing to relate (fewer than {MIN_PATCHES} patches); "
               f"use a larger --image-size or a smaller --patch-size")
 
@@ -631,6 +641,8 @@ def draw_inside(model, data, *, mean, std, device, out, count=8):
     """Attention rollout on `count` test images drawn from every class, the mean attention distance per head
     and the learned position embeddings' similarity; returns the paths written (none for a model without
     attention maps)."""
+    if data.images.ndim != 4:                                        # the pictures are of images
+        return []
     try:
         recorder = Recorder(model)
     except ValueError:                                               # a model without attention maps
