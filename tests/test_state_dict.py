@@ -178,12 +178,13 @@ def test_save_interrupted_while_writing_keeps_the_previous_checkpoint(tmp_path, 
     old_model = built(spec, seed=0)
     folder = checkpoint.save_checkpoint(tmp_path / 'checkpoint', model=old_model, config=config)
 
-    def write_half_then_die(tensors, filename, metadata=None):
-        save_file(tensors, filename, metadata=metadata)
-        Path(filename).write_bytes(Path(filename).read_bytes()[:100])
+    write_bytes = Path.write_bytes
+
+    def write_half_then_die(self, data):
+        write_bytes(self, data[:100])
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(checkpoint._safetensors().torch, 'save_file', write_half_then_die)
+    monkeypatch.setattr(checkpoint.Path, 'write_bytes', write_half_then_die)
     with pytest.raises(KeyboardInterrupt):
         checkpoint.save_checkpoint(folder, model=built(spec, seed=1), config=config)
     monkeypatch.undo()
