@@ -277,6 +277,237 @@ def swin_spec(name, target, v2=False):
     )
 
 
+@st.composite
+def max_vit_configs(draw):
+    """MaxViT (vit-pytorch's arguments): 1 or 2 stages, widths a multiple of dim_head and of 4 (the
+    squeeze-excitation's quarter), windows of 2 or 3 a side."""
+    dim_head = draw(st.integers(1, 4))
+    return dict(
+        num_classes=draw(st.integers(0, 6)), dim=math.lcm(dim_head, 4) * draw(st.integers(1, 3)),
+        depth=tuple(draw(st.lists(st.integers(1, 2), min_size=1, max_size=2))), dim_head=dim_head,
+        dim_conv_stem=draw(st.one_of(st.none(), st.integers(1, 6))),
+        window_size=draw(st.one_of(st.integers(2, 3), st.tuples(st.integers(2, 3), st.integers(2, 3)))),
+        mbconv_expansion_rate=draw(st.sampled_from([1, 2, 4])),
+        mbconv_shrinkage_rate=draw(st.sampled_from([0.25, 0.5])),
+        dropout=draw(dropouts), channels=draw(st.integers(1, 3)), num_register_tokens=draw(st.integers(0, 2)),
+        layer_dropout=draw(dropouts), pre_logits=draw(st.booleans()),
+    )
+
+
+def max_vit_size_step(kwargs):
+    """The smallest image side whose every stage map divides by the window: window x 2^(stages + 1)."""
+    return tuple(side * 2 ** (len(kwargs['depth']) + 1) for side in pair(kwargs['window_size']))
+
+
+@st.composite
+def max_vit_bad_sizes(draw, kwargs):
+    """Sizes whose last stage map (a side / 2^(stages + 1), rounded up) is smaller than the window on one side."""
+    reduction = 2 ** (len(kwargs['depth']) + 1)
+    short = [st.integers(1, reduction * (side - 1)) for side in pair(kwargs['window_size'])]
+    step_height, step_width = max_vit_size_step(kwargs)
+    if draw(st.booleans()):
+        return draw(short[0]), draw(st.integers(1, 3 * step_width))
+    return draw(st.integers(1, 3 * step_height)), draw(short[1])
+
+
+def max_vit_spec():
+    """MaxViT has no image_size: its images are one size step (the smallest valid size), any multiple works, and
+    sizes just below one too (the stages round their maps up, as the reference does)."""
+    return ModelSpec(
+        name='max_vit', target='max_vit:MaxViT', configs=max_vit_configs(),
+        example=dict(num_classes=5, dim=8, depth=(1, 2), dim_head=4, dim_conv_stem=8, window_size=(2, 3)),
+        output_shapes=lambda kwargs, batch, size: [
+            (batch, kwargs['num_classes'] or kwargs['dim'] * 2 ** (len(kwargs['depth']) - 1))],
+        bad_arguments=dict(
+            {name: bad_positive_ints() for name in ('dim', 'dim_head', 'channels')},
+            num_classes=bad_non_negative_ints(), depth=st.sampled_from([(), (0,), (2.5,), 3, None, (True,)]),
+            dim_conv_stem=bad_positive_ints().filter(lambda v: v is not None), window_size=bad_pairs(),
+            mbconv_expansion_rate=st.sampled_from([0, -1.0, math.nan, '4', None, True]),
+            mbconv_shrinkage_rate=st.sampled_from([0, -0.25, math.inf, '0.25', None]),
+            dropout=bad_probabilities(), layer_dropout=bad_probabilities(),
+            num_register_tokens=bad_non_negative_ints(), pre_logits=st.sampled_from([None, 1, 'yes'])),
+        image_shape=lambda kwargs: (kwargs.get('channels', 3), *max_vit_size_step(kwargs)),
+        any_input_size=lambda kwargs: True,
+        size_step=max_vit_size_step,
+        bad_sizes=max_vit_bad_sizes,
+        batches=st.integers(2, 4),          # BatchNorm cannot train on one value per channel (1x1 maps)
+    )
+
+
+@st.composite
+def mobile_vit_configs(draw):
+    """MobileViT (vit-pytorch's arguments): 11 widths (the second stage's two equal), 3 transformer widths."""
+    heads = draw(st.integers(1, 2))
+    channels = draw(st.lists(st.integers(1, 6), min_size=11, max_size=11))
+    channels[3] = channels[2]
+    return dict(
+        image_size=draw(st.one_of(st.integers(4, 24), st.tuples(st.integers(4, 24), st.integers(4, 24)))),
+        dims=tuple(heads * draw(st.integers(1, 3)) for _ in range(3)), channels=tuple(channels),
+        num_classes=draw(st.integers(0, 6)), expansion=draw(st.sampled_from([1, 2, 4])),
+        kernel_size=draw(st.sampled_from([1, 3])),
+        patch_size=draw(st.one_of(st.integers(1, 3), st.tuples(st.integers(1, 3), st.integers(1, 3)))),
+        depths=tuple(draw(st.lists(st.integers(1, 2), min_size=3, max_size=3))), in_channels=draw(st.integers(1, 3)),
+        heads=heads, mlp_ratio=draw(st.sampled_from([1.0, 2.0])),
+    )
+
+
+def mobile_vit_spec():
+    """MobileViT takes any image size (maps the patch does not divide are resized); the example leaves patch_size
+    at its default, as test_image_size_not_divisible_by_patch_size_names_both expects a refusal."""
+    return ModelSpec(
+        name='mobile_vit', target='mobile_vit:MobileViT', configs=mobile_vit_configs(),
+        example=dict(image_size=(32, 48), dims=(8, 8, 8), channels=(8,) * 10 + (16,), num_classes=5,
+                     depths=(1, 1, 1)),                    # a 1x2 last map: BatchNorm trains on one image
+        output_shapes=lambda kwargs, batch, size: [(batch, kwargs['num_classes'] or kwargs['channels'][-1])],
+        bad_arguments=dict(
+            image_size=bad_pairs(), patch_size=bad_pairs(), num_classes=bad_non_negative_ints(),
+            dims=st.sampled_from([(), (8, 8), (8, 0, 8), (8, 8, 2.5), 8, None]),
+            channels=st.sampled_from([(), (8,) * 10, (8,) * 12, (8,) * 10 + (0,), 8, None]),
+            depths=st.sampled_from([(), (1, 1), (1, 0, 1), 2, None]),
+            expansion=st.sampled_from([0, -1.0, math.nan, '4', None, True]),
+            kernel_size=st.one_of(bad_positive_ints(), st.sampled_from([2, 4])),
+            in_channels=bad_positive_ints(), heads=bad_positive_ints(),
+            mlp_ratio=st.sampled_from([0, -2.0, math.inf, '2', None])),
+        image_shape=lambda kwargs: (kwargs.get('in_channels', 3), *pair(kwargs['image_size'])),
+        any_input_size=lambda kwargs: True,
+        size_step=lambda kwargs: (1, 1),
+        batches=st.integers(2, 4),          # BatchNorm cannot train on one value per channel (1x1 maps)
+    )
+
+
+def bad_stage_ints():
+    """Invalid values of an argument given per stage (an int or one per stage): no int, or too many values."""
+    return st.one_of(st.integers(max_value=0), st.sampled_from([2.5, '8', None, True, (1,) * 5]))
+
+
+@st.composite
+def pit_configs(draw):
+    """PiT (vit-pytorch's arguments): 1 to 3 stages whose width doubles, heads and MLP widths one or per stage."""
+    geometry_kwargs = draw(geometry(min_patch=2))            # patches every patch_size // 2 pixels
+    stages = draw(st.integers(1, 3))
+    per_stage = lambda values: draw(st.one_of(values, st.tuples(*[values] * stages)))
+    return dict(
+        **geometry_kwargs, num_classes=draw(st.integers(0, 6)), dim=draw(st.integers(1, 12)),
+        depth=tuple(draw(st.lists(st.integers(1, 2), min_size=stages, max_size=stages))),
+        heads=per_stage(st.integers(1, 3)), dim_head=draw(st.integers(1, 8)), mlp_dim=per_stage(st.integers(1, 16)),
+        channels=draw(st.integers(1, 4)), dropout=draw(dropouts), emb_dropout=draw(dropouts),
+        qkv_bias=draw(st.booleans()),
+    )
+
+
+def pit_spec():
+    return ModelSpec(
+        name='pit', target='pit:PiT', configs=pit_configs(),
+        example=dict(image_size=(16, 24), patch_size=4, num_classes=5, dim=8, depth=(1, 2), heads=(2, 4), dim_head=4,
+                     mlp_dim=16),
+        output_shapes=lambda kwargs, batch, size: [
+            (batch, kwargs['num_classes'] or kwargs['dim'] * 2 ** (len(kwargs['depth']) - 1))],
+        bad_arguments=dict(
+            {name: bad_positive_ints() for name in ('dim', 'dim_head', 'channels')},
+            image_size=bad_pairs(), patch_size=st.one_of(bad_pairs(), st.just(1)),
+            num_classes=bad_non_negative_ints(), depth=st.sampled_from([(), (0,), (2.5,), 3, None, (True,)]),
+            heads=bad_stage_ints(), mlp_dim=bad_stage_ints(), dropout=bad_probabilities(),
+            emb_dropout=bad_probabilities(), qkv_bias=st.sampled_from([None, 1, 'yes']),
+            norm_eps=st.sampled_from([0.0, -1e-6, math.nan, '1e-6', None])),
+    )
+
+
+@st.composite
+def levit_configs(draw):
+    """LeViT (vit-pytorch's arguments): 1 to 3 stages on images of 16 to 48 pixels a side (the stem divides by
+    16), a first width divisible by 8, every width but the last at least dim_key; maybe a distillation head."""
+    stages = draw(st.integers(1, 3))
+    dim_key = draw(st.integers(1, 4))
+    dims = tuple(8 * draw(st.integers(1, 2)) for _ in range(stages))
+    num_classes = draw(st.integers(0, 6))
+    return dict(
+        image_size=draw(st.one_of(st.sampled_from([16, 32]), st.tuples(*[st.sampled_from([16, 32, 48])] * 2))),
+        num_classes=num_classes, dim=dims if stages > 1 or draw(st.booleans()) else dims[0],
+        depth=draw(st.one_of(st.integers(1, 2), st.tuples(*[st.integers(1, 2)] * stages))),
+        heads=draw(st.one_of(st.integers(1, 3), st.tuples(*[st.integers(1, 3)] * stages))),
+        mlp_mult=draw(st.integers(1, 2)), stages=stages, dim_key=dim_key, dim_value=draw(st.integers(1, 8)),
+        dropout=draw(dropouts), channels=draw(st.integers(1, 3)),
+        num_distill_classes=draw(st.sampled_from([None, num_classes])),
+    )
+
+
+def levit_output_shapes(kwargs, batch, size):
+    """In training mode: both heads' logits with a distillation head, else the logits or the pooled embedding."""
+    if kwargs['num_classes'] and kwargs.get('num_distill_classes') is not None:
+        return [(batch, kwargs['num_classes'])] * 2
+    dims = kwargs['dim'] if isinstance(kwargs['dim'], tuple) else (kwargs['dim'],)
+    return [(batch, kwargs['num_classes'] or dims[-1])]
+
+
+def levit_spec():
+    return ModelSpec(
+        name='levit', target='levit:LeViT', configs=levit_configs(),
+        # no head: its BatchNorm cannot train on a batch of one (test_numerics runs one image in training mode)
+        example=dict(image_size=(32, 48), num_classes=0, dim=(16, 24), depth=1, heads=(2, 3), mlp_mult=2, stages=2,
+                     dim_key=4, dim_value=8),
+        output_shapes=levit_output_shapes,
+        bad_arguments=dict(
+            {name: bad_positive_ints() for name in ('mlp_mult', 'stages', 'dim_key', 'dim_value', 'channels')},
+            image_size=st.one_of(bad_pairs(), st.sampled_from([8, 24, (16, 40)])),
+            num_classes=bad_non_negative_ints(), dim=bad_stage_ints(), depth=bad_stage_ints(),
+            heads=bad_stage_ints(), dropout=bad_probabilities(),
+            num_distill_classes=st.sampled_from([-1, 1000, 2.5, '5'])),
+        image_shape=lambda kwargs: (kwargs.get('channels', 3), *pair(kwargs['image_size'])),
+        batches=st.integers(2, 4),          # BatchNorm cannot train on one value per channel (1x1 maps)
+    )
+
+
+@st.composite
+def cvt_configs(draw):
+    """CvT (vit-pytorch's s1_/s2_/s3_ arguments): small embeddings of stride 1 or 2, odd projection kernels."""
+    kwargs = dict(num_classes=draw(st.integers(0, 6)), dropout=draw(dropouts), channels=draw(st.integers(1, 3)),
+                  cls_token=draw(st.booleans()), qkv_bias=draw(st.booleans()))
+    for stage in (1, 2, 3):
+        heads = draw(st.integers(1, 2))
+        kwargs.update({
+            f's{stage}_emb_dim': heads * draw(st.integers(1, 4)), f's{stage}_heads': heads,
+            f's{stage}_emb_kernel': draw(st.integers(1, 3)), f's{stage}_emb_stride': draw(st.integers(1, 2)),
+            f's{stage}_emb_padding': draw(st.sampled_from([None, 0, 1])),
+            f's{stage}_proj_kernel': draw(st.sampled_from([1, 3])), f's{stage}_kv_proj_stride': draw(st.integers(1, 2)),
+            f's{stage}_depth': draw(st.integers(1, 2)), f's{stage}_mlp_mult': draw(st.integers(1, 2)),
+        })
+    return kwargs
+
+
+def cvt_grid_fits(kwargs, size):
+    """Whether every token embedding leaves at least one token (CvT refuses smaller images)."""
+    for stage in (1, 2, 3):
+        kernel, stride, padding = (kwargs[f's{stage}_{name}'] for name in ('emb_kernel', 'emb_stride', 'emb_padding'))
+        padding = kernel // 2 if padding is None else padding
+        size = [(side + 2 * padding - kernel) // stride + 1 for side in size]
+        if min(size) < 1:
+            return False
+    return True
+
+
+def cvt_spec():
+    """CvT has no image_size: its example images are 16x16, and any size that leaves every stage a token works."""
+    return ModelSpec(
+        name='cvt', target='cvt:CvT', configs=cvt_configs(),
+        example=dict(num_classes=5, s1_emb_dim=8, s1_emb_kernel=3, s1_emb_stride=2, s1_depth=1, s1_mlp_mult=2,
+                     s2_emb_dim=8, s2_heads=2, s2_depth=1, s2_mlp_mult=2, s3_emb_dim=12, s3_heads=2, s3_depth=1,
+                     s3_mlp_mult=2, s3_kv_proj_stride=1),        # 2x2 keys: BatchNorm trains on one image
+        output_shapes=lambda kwargs, batch, size: [(batch, kwargs['num_classes'] or kwargs['s3_emb_dim'])],
+        bad_arguments=dict(
+            {f's{stage}_{name}': bad_positive_ints() for stage in (1, 2, 3)
+             for name in ('emb_dim', 'emb_kernel', 'emb_stride', 'proj_kernel', 'kv_proj_stride', 'heads', 'depth',
+                          'mlp_mult')},
+            **{f's{stage}_emb_padding': bad_non_negative_ints().filter(lambda v: v is not None) for stage in (1, 2, 3)},
+            num_classes=bad_non_negative_ints(), dropout=bad_probabilities(), channels=bad_positive_ints(),
+            cls_token=st.sampled_from([None, 1, 'yes']), qkv_bias=st.sampled_from([None, 1, 'yes'])),
+        image_shape=lambda kwargs: (kwargs.get('channels', 3), 16, 16),
+        any_input_size=lambda kwargs: True,
+        size_step=lambda kwargs: (1, 1),
+        input_fits=cvt_grid_fits,
+        batches=st.integers(2, 4),          # BatchNorm cannot train on one value per channel (1x1 maps)
+    )
+
+
 # documented outputs
 
 
@@ -356,6 +587,8 @@ class ModelSpec:
     patch_sizes     strategy of valid patch sizes (to build image sizes they do not divide)
     batches         strategy of training batch sizes
     input_fits      whether an input (height, width) is large enough, for models that accept any size
+    bad_sizes       strategy of input (height, width) the model refuses, for models whose valid sizes are
+                    not the multiples of size_step (None: the sizes off the step)
     """
     name: str
     target: str
@@ -370,6 +603,7 @@ class ModelSpec:
     patch_sizes: st.SearchStrategy = st.tuples(st.integers(2, 6), st.integers(2, 6))
     batches: st.SearchStrategy = st.integers(1, 4)
     input_fits: Callable = lambda kwargs, size: True
+    bad_sizes: Callable = None
 
     @property
     def cls(self):
@@ -520,6 +754,11 @@ MODELS = [
     ),
     swin_spec('swin', 'swin:SwinTransformer'),
     swin_spec('swinv2', 'swin:SwinTransformerV2', v2=True),
+    max_vit_spec(),
+    mobile_vit_spec(),
+    pit_spec(),
+    levit_spec(),
+    cvt_spec(),
 ]
 
 model_table = pytest.mark.parametrize('spec', MODELS, ids=lambda spec: spec.name)
@@ -631,7 +870,9 @@ def bad_images(draw, spec, kwargs):
         wrong = draw(st.integers(1, 5).filter(lambda c: c != channels))
         return torch.randn(draw(st.integers(1, 3)), wrong, height, width)
     if kind == 'size':
-        if spec.any_input_size(kwargs):
+        if spec.bad_sizes is not None:
+            size = draw(spec.bad_sizes(kwargs))
+        elif spec.any_input_size(kwargs):
             # any size is fine, as long as whole patches cover it
             step_height, step_width = spec.size_step(kwargs)
             size = draw(st.tuples(st.integers(1, 3 * step_height), st.integers(1, 3 * step_width)).filter(
