@@ -271,16 +271,9 @@ class NaViT(nn.Module):
     # packing
 
     def groups(self, batched_images, group_images, group_max_seq_len):
-        """The checked images as a list of groups (the sequences of 'mask' packing), and whether each image
-        is its own sequence (a (b, c, h, w) batch)."""
-        vit.boolean('group_images', group_images)
-        if isinstance(batched_images, torch.Tensor):
-            vit.check_images(batched_images, channels=self.channels, patch_size=self.patch_size,
-                             dtype=self.pos_embed_height.dtype)
-            self.check_size(batched_images.shape[-2:], 'batched_images')
-            images, nested = list(batched_images), False
-        else:
-            images, nested = self.image_list(batched_images)
+        """The checked images of a list (or a list of lists) as a list of groups: the sequences of 'mask' packing."""
+        images, nested = self.image_list(batched_images) if not isinstance(batched_images, torch.Tensor) \
+            else (list(self.checked_batch(batched_images)), False)
         if group_images:
             vit.positive_int('group_max_seq_len', group_max_seq_len)
             if nested:
@@ -288,10 +281,13 @@ class NaViT(nn.Module):
                                  "grouped (a list of lists)")
             dropout = self.token_dropout if self.training and self.token_dropout_prob is not None else None
             return group_images_by_max_seq_len(images, patch_size=self.patch_size, max_seq_len=group_max_seq_len,
-                                               token_dropout=dropout), False
-        if isinstance(batched_images, torch.Tensor):
-            return [[image] for image in images], True
-        return (images if nested else [images]), False
+                                               token_dropout=dropout)
+        return images if nested else [images]
+
+    def checked_batch(self, img):
+        vit.check_images(img, channels=self.channels, patch_size=self.patch_size, dtype=self.pos_embed_height.dtype)
+        self.check_size(img.shape[-2:], 'batched_images')
+        return img
 
     def image_list(self, batched_images):
         """A list of images (checked) or a list of lists of them; whether it is nested."""
@@ -305,8 +301,10 @@ class NaViT(nn.Module):
             return [list(group) for group in batched_images], True
         if not isinstance(batched_images, (list, tuple)) or not batched_images:
             kind = 'an empty list' if isinstance(batched_images, (list, tuple)) else type(batched_images).__name__
+            hint = "; convert a numpy array with torch.from_numpy(array).float()" \
+                if type(batched_images).__module__ == 'numpy' else ''
             raise TypeError(f"batched_images must be a list of img tensors (c, h, w), a list of such lists (one per "
-                            f"packed sequence), or a (b, c, h, w) tensor; got {kind}")
+                            f"packed sequence), or a (b, c, h, w) tensor; got {kind}{hint}")
         for i, image in enumerate(batched_images):
             self.check_image(image, f'batched_images[{i}]')
         return list(batched_images), False
@@ -351,23 +349,31 @@ class NaViT(nn.Module):
         return patches, positions
 
     def embed(self, patches, positions):
-        """Patch tokens with their row and column embeddings: (n, c p1 p2), (n, 2) -> (n, dim)."""
+        """Patch tokens with their row and column embeddings: (..., n, c p1 p2), (..., n, 2) -> (..., n, dim)."""
         rows, columns = positions.unbind(dim=-1)
         return self.dropout(self.to_patch_embedding(patches) + self.pos_embed_height[rows] +
                             self.pos_embed_width[columns])
 
-    def pack(self, groups, one_per_sequence):
+    def pack(self, groups):
         """The tokens of every image, laid out for attention: (sequences, n, dim) and its `Layout`."""
-        images = [image for group in groups for image in group]
-        patches, positions = zip(*(self.patches(image) for image in images))
+        patches, positions = zip(*(self.patches(image) for group in groups for image in group))
         lengths = [len(p) for p in patches]
-        device = self.pos_embed_height.device
-        if one_per_sequence:        # a (b, c, h, w) batch: a plain batch of sequences, nothing to mask
-            tokens = self.embed(torch.stack(patches), torch.stack(positions))
-            return tokens, Layout({}, {}, 1, torch.arange(len(images), device=device))
         if self.packing == 'varlen':
             return self.pack_varlen(patches, positions, lengths)
         return self.pack_masked(groups, patches, positions, lengths)
+
+    def pack_batch(self, img):
+        """A (b, c, h, w) batch as b sequences of one image each: nothing to mask."""
+        (height, width), grid = img.shape[-2:], self.token_grid(img.shape[-2:])
+        patches = rearrange(img, 'b c (h p1) (w p2) -> b (h w) (c p1 p2)', p1=self.patch_size[0],
+                            p2=self.patch_size[1])
+        positions = repeat(grid_positions(*grid, device=img.device), 'n two -> b n two', b=img.shape[0])
+        if self.training and self.token_dropout_prob is not None:
+            keep = kept_tokens(grid[0] * grid[1], self.token_dropout(height, width))
+            kept = torch.rand(patches.shape[:2], device=img.device).argsort(dim=-1)[:, :keep].sort(dim=-1).values
+            patches = patches.gather(1, repeat(kept, 'b k -> b k d', d=patches.shape[-1]))
+            positions = positions.gather(1, repeat(kept, 'b k -> b k two', two=2))
+        return self.embed(patches, positions), Layout({}, {}, 1, torch.arange(img.shape[0], device=img.device))
 
     def pack_varlen(self, patches, positions, lengths):
         """One sequence: the images sorted by length; runs of equal length attend as one batch."""
@@ -411,11 +417,11 @@ class NaViT(nn.Module):
 
     def forward_features(self, batched_images, group_images=False, group_max_seq_len=2048):
         """All tokens after the final norm, as `PackedTokens` (tokens (sequences, n, dim) and their layout)."""
-        groups, one_per_sequence = self.groups(batched_images, group_images, group_max_seq_len)
-        if not groups:      # an empty (0, c, h, w) batch
-            return PackedTokens(self.pos_embed_height.new_zeros(0, 0, self.pos_embed_height.shape[-1]),
-                                Layout({}, {}, 1, torch.zeros(0, dtype=torch.long)))
-        tokens, layout = self.pack(groups, one_per_sequence)
+        vit.boolean('group_images', group_images)
+        if isinstance(batched_images, torch.Tensor) and not (group_images and len(batched_images)):
+            tokens, layout = self.pack_batch(self.checked_batch(batched_images))
+        else:
+            tokens, layout = self.pack(self.groups(batched_images, group_images, group_max_seq_len))
         return PackedTokens(self.transformer(tokens, **layout.attention), layout)
 
     def pool(self, features):

@@ -16,6 +16,7 @@ Unlike MAE the encoder sees every position (the hidden ones as mask tokens) and 
     loss = mim(images)                                  # L1 on the pixels of the 32 hidden patches of each image
     loss.backward()
     prediction, mask = mim.predict(images)              # (8, 64, 48) pixels of every patch, (8, 64) True: hidden
+    masked, reconstruction = mim.reconstruct(images)    # (8, 3, 32, 32) each
 
 The encoder is used only through its public face, the same for `ViT` and `SimpleViT`:
 `patch_tokens`, `embed_tokens`, `transformer`, `token_grid`, `num_prefix_tokens`, `patch_size`,
@@ -58,6 +59,10 @@ class SimMIM(nn.Module):
         ph, pw = self.encoder.patch_size
         return rearrange(img, 'b c (h p1) (w p2) -> b (h w) (p1 p2 c)', p1=ph, p2=pw)
 
+    def unpatchify(self, patches, grid):
+        ph, pw = self.encoder.patch_size
+        return rearrange(patches, 'b (h w) (p1 p2 c) -> b c (h p1) (w p2)', h=grid[0], p1=ph, p2=pw)
+
     def random_mask(self, batch_size, num_patches, *, device):
         """(b, n) booleans, True on `int(n * masking_ratio)` random patches of each image."""
         hidden = int(num_patches * self.masking_ratio)
@@ -93,6 +98,16 @@ class SimMIM(nn.Module):
     def forward(self, img, *, mask=None):
         prediction, mask = self.predict(img, mask=mask)
         return self.loss(prediction, img, mask)
+
+    @torch.no_grad()
+    def reconstruct(self, img, *, mask=None):
+        """(masked images, reconstructions), each (b, c, h, w): hidden patches zero in the first, predicted in
+        the second (which shows the input on the visible patches)."""
+        prediction, mask = self.predict(img, mask=mask)
+        patches, grid = self.patchify(img), self.encoder.token_grid(img.shape[-2:])
+        hidden = mask[..., None]
+        return (self.unpatchify(patches.masked_fill(hidden, 0.), grid),
+                self.unpatchify(torch.where(hidden, prediction.to(patches.dtype), patches), grid))
 
 
 # argument checks
