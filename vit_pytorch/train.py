@@ -70,7 +70,7 @@ SMALL_MODEL = dict(patch_size=4, dim=64, depth=4, heads=4, dim_head=16, mlp_dim=
                    sm_enc_mlp_dim=128, lg_enc_mlp_dim=256, sm_enc_dim_head=16, lg_enc_dim_head=16,
                    lg_enc_depth=2, cross_attn_depth=1, cross_attn_heads=4, cross_attn_dim_head=16)
 # other spellings of a setting, as some models (CCT) keep their paper code's names
-ALIASES = dict(image_size=('img_size',), channels=('n_input_channels', 'in_chans'), dim=('embedding_dim',),
+ALIASES = dict(image_size=('img_size', 'seq_len'), channels=('n_input_channels', 'in_chans'), dim=('embedding_dim',),
                depth=('num_layers',), heads=('num_heads',))
 
 # arguments that may differ in a resumed run without changing what it computes
