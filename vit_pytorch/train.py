@@ -6,6 +6,7 @@
     python -m vit_pytorch.train --model S/16 --data ~/pets --image-size 224
     python -m vit_pytorch.train --resume              # continue the run in --out
     python -m vit_pytorch.train --resume --epochs 80  # extend a finished run
+    python -m vit_pytorch.train --model na_vit --image-size 32 --random-size 8 32   # NaViT, mixed sizes
     torchrun --standalone --nproc_per_node=2 -m vit_pytorch.train   # DDP: gloo on CPU, nccl on GPU
 
 With no arguments it trains a 4-layer ViT of width 64 on the 1,347 training digits and tests
@@ -114,9 +115,14 @@ def build_parser():
     recipe.add_argument('--warmup-epochs', type=float, default=3, help='linear warm-up before the cosine decay')
     recipe.add_argument('--label-smoothing', type=float, default=0.1, help='of the training targets')
     recipe.add_argument('--clip-grad', type=float, default=1.0, help='max gradient norm (0: off)')
-    recipe.add_argument('--translate', type=int, default=2, help='random shift by up to this many pixels')
+    recipe.add_argument('--translate', type=int, default=2,
+                        help='random shift by up to this many pixels (samples of a signal)')
     recipe.add_argument('--hflip', action='store_true', help='random horizontal flips (default: off)')
     recipe.add_argument('--mixup', type=float, default=0.0, help='mixup Beta(a, a) parameter a (0: off)')
+    recipe.add_argument('--random-size', type=int, nargs=2, metavar=('MIN', 'MAX'), default=None,
+                        help="resize each training image to its own random height and width in [MIN, MAX], "
+                             "multiples of the model's patch size, and pass the batch as a list of images: a model "
+                             "that takes images of mixed sizes (na_vit) (default: off)")
     recipe.add_argument('--amp', action='store_true', help='bf16 autocast, mixed precision (default: off)')
     recipe.add_argument('--seed', type=int, default=0,
                         help="seeds the initialisation and each epoch's order and augmentation")
@@ -235,7 +241,7 @@ def translate(images, shifts, pad):
 
 def augment(images, labels, args, generator, rng, num_classes):
     """Augmented inputs and soft targets: random shifts and optional flips of images (a clip's frames move
-    alike; signals are not shifted), optional mixup."""
+    alike; a signal is shifted along its length, not flipped), optional mixup."""
     batch = len(images)
     if images.ndim >= 4:
         frames, packing = pack([images], 'b * h w')                     # (b, c [frames], h, w) -> (b, n, h, w)
@@ -245,6 +251,9 @@ def augment(images, labels, args, generator, rng, num_classes):
             flip = torch.rand(batch, generator=generator) < 0.5
             frames = torch.where(flip[:, None, None, None], frames.flip(-1), frames)
         images, = unpack(frames, packing, 'b * h w')
+    elif images.ndim == 3 and args.translate:                        # signals (b, c, length): shifted in time
+        shifts = torch.randint(-args.translate, args.translate + 1, (batch, 1), generator=generator)
+        images = translate(images[:, :, None], F.pad(shifts, (1, 0)), args.translate)[:, :, 0]
     targets = F.one_hot(labels, num_classes).float()
     if args.mixup > 0:
         # mix each image with a partner from the batch, weight ~ Beta(a, a) (arXiv 1710.09412)
@@ -253,6 +262,29 @@ def augment(images, labels, args, generator, rng, num_classes):
         images = lam * images + (1 - lam) * images[partner]
         targets = lam * targets + (1 - lam) * targets[partner]
     return images, targets
+
+
+def random_sizes(images, size_range, *, multiple, generator):
+    """Each image of `images` (b, c, h, w) resized (bilinear, antialiased) to its own random height and width,
+    each a multiple of `multiple` (h, w) within `size_range` (MIN, MAX): a list of b images (c, h', w')."""
+    low, high = size_range
+    choices = [torch.arange(-(-low // step), high // step + 1) * step for step in multiple]   # sides allowed
+    resized = []
+    for image in images:
+        side = [int(sides[torch.randint(len(sides), (1,), generator=generator)]) for sides in choices]
+        resized.append(F.interpolate(image[None], size=side, mode='bilinear', antialias=True)[0])
+    return resized
+
+
+def check_random_size(size_range, multiple, inputs):
+    """A ValueError unless --random-size MIN MAX holds a multiple of the patch (h, w) and the inputs are images."""
+    low, high = size_range
+    if not 1 <= low <= high:
+        raise ValueError(f"--random-size MIN MAX needs 1 <= MIN <= MAX, got {low} {high}")
+    if any(-(-low // step) * step > high for step in multiple):
+        raise ValueError(f"--random-size {low} {high} holds no multiple of the model's patch size {tuple(multiple)}")
+    if inputs.ndim != 4:
+        raise ValueError(f"--random-size resizes images (b, c, h, w); this data's inputs are {tuple(inputs.shape)}")
 
 
 def epoch_batches(order, batch_size):
@@ -449,6 +481,10 @@ def _train(args, model_kwargs, rank, world_size, device):
     if main_process:
         _warn_few_patches(model, args.model, sample=train_set.floats(slice(0, 1)).to(device))
     network = nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
+    if args.random_size:
+        patch = getattr(model, 'patch_size', 1)
+        patch = tuple(patch) if isinstance(patch, (tuple, list)) else (patch, patch)
+        check_random_size(args.random_size, patch, train_set.images)
 
     batch_size = min(args.batch_size, len(train_set))
     if batch_size % world_size:
@@ -484,6 +520,8 @@ def _train(args, model_kwargs, rank, world_size, device):
             mine = share(len(index), rank, world_size)
             images = normalise(images[mine].to(device), mean, std)
             targets, labels = targets[mine].to(device), train_set.labels[index][mine].to(device)
+            if args.random_size:
+                images = random_sizes(images, args.random_size, multiple=patch, generator=generator)
 
             global_step = epoch * steps_per_epoch + step
             lr = learning_rate(global_step, peak=args.lr, warmup_steps=warmup_steps, total_steps=total_steps)
