@@ -55,10 +55,10 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
 from vit_pytorch import SimpleViT, ViT
 from vit_pytorch import models as registry
+from vit_pytorch.flops import FLOP_FORMULAS, classification_loss, explicit_attention, training_flops
 
 try:
     import timm
@@ -101,6 +101,7 @@ REGISTRY = {
     # cannot take (timm's levit_128s averages them unless distilled training is switched on)
     'levit': ('levit_128s, one head', 'levit_128s', dict(distillation=False), 224, 3, NUM_CLASSES),
     'cvt': ('cvt_13', 'cvt_13', {}, 224, 3, NUM_CLASSES),
+    'mobile_vit': ('mobilevit_xxs (256 px)', 'mobilevit_xxs', {}, 256, 3, NUM_CLASSES),
     'small_dataset_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
     # as many attention and MLP blocks as S/16, in 6 layers of 2 parallel branches
     'parallel_vit': ('S/16, 6 layers x 2 branches', None, dict(S16, depth=6, num_parallel_branches=2), 224, 3, NUM_CLASSES),
@@ -110,9 +111,37 @@ REGISTRY = {
     'simple_vit_with_register_tokens': ('S/16, 4 registers', None, S16, 224, 3, NUM_CLASSES),
     'simple_vit_with_qk_norm': ('S/16', None, S16, 224, 3, NUM_CLASSES),
     'simple_vit_with_patch_dropout': ('S/16, patch dropout 0.5', None, S16, 224, 3, NUM_CLASSES),
+    # a (b, c, h, w) batch: one sequence per image, nothing packed
+    'na_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
+    # signals and clips (models.INPUTS): the size is the input's trailing dims; vit-pytorch's README examples
+    'vit_1d': ('256 samples / 16, width 1024, depth 6', None, dict(
+        seq_len=256, patch_size=16, num_classes=NUM_CLASSES, dim=1024, depth=6, heads=8, mlp_dim=2048), (256,), 3,
+        NUM_CLASSES),
+    'simple_vit_1d': ('256 samples / 16, width 1024, depth 6', None, dict(
+        seq_len=256, patch_size=16, num_classes=NUM_CLASSES, dim=1024, depth=6, heads=8, mlp_dim=2048), (256,), 3,
+        NUM_CLASSES),
+    'vit_3d': ('16 x 128 px / 2 x 16, width 1024, depth 6', None, dict(
+        image_size=128, frames=16, image_patch_size=16, frame_patch_size=2, num_classes=NUM_CLASSES, dim=1024,
+        depth=6, heads=8, mlp_dim=2048), (16, 128, 128), 3, NUM_CLASSES),
+    'simple_vit_3d': ('16 x 128 px / 2 x 16, width 1024, depth 6', None, dict(
+        image_size=128, frames=16, image_patch_size=16, frame_patch_size=2, num_classes=NUM_CLASSES, dim=1024,
+        depth=6, heads=16, mlp_dim=2048), (16, 128, 128), 3, NUM_CLASSES),
+    'vivit': ('16 x 128 px / 2 x 16, width 1024, 6 + 6 layers', None, dict(
+        image_size=128, frames=16, image_patch_size=16, frame_patch_size=2, num_classes=NUM_CLASSES, dim=1024,
+        spatial_depth=6, temporal_depth=6, heads=8, mlp_dim=2048), (16, 128, 128), 3, NUM_CLASSES),
+    'cct_3d': ('CCT-14/7x2, 8 x 224 px', None, dict(
+        img_size=224, num_frames=8, embedding_dim=384, n_conv_layers=2, frame_kernel_size=3, kernel_size=7, stride=2,
+        padding=3, pooling_kernel_size=3, pooling_stride=2, pooling_padding=1, num_layers=14, num_heads=6,
+        mlp_ratio=3., num_classes=NUM_CLASSES, positional_embedding='learnable'), (8, 224, 224), 3, NUM_CLASSES),
 }
-# `--tiny`: the training command's small model on 16-pixel gray images, 10 classes
+# `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
+# of the model's frames of 16 pixels)
 TINY = dict(image_size=16, channels=1, num_classes=10)
+
+
+def input_dims(image_size):
+    """The trailing dims of a model's input: (side, side) for an int, else as given ((length,), (frames, h, w))."""
+    return (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
 # `--registry` references, timed beside the preset where their library is importable (not with --tiny):
 # name -> (label, builder); the builder gets our model and returns the reference implementation of the
 # preset, its random weights loaded into ours through our loader. Logits are checked equal before timing;
@@ -124,6 +153,7 @@ REFERENCES = {
     'pit': ('timm pit_ti_224', lambda ours: timm_reference('pit_ti_224', ours)),
     'levit': ('timm levit_128s, one head', lambda ours: timm_reference('levit_128s', ours, distilled=False)),
     'cvt': ('Hugging Face CvtForImageClassification (CvT-13)', lambda ours: hf_cvt_reference(ours)),
+    'mobile_vit': ('timm mobilevit_xxs', lambda ours: timm_reference('mobilevit_xxs', ours)),
 }
 
 
@@ -294,10 +324,6 @@ def build_all(names, config, image_size, seed=0):
 # registry models: each with its input and its training loss
 
 
-def classification_loss(model, img, labels):
-    return F.cross_entropy(model(img), labels)
-
-
 class DistillationLoss:
     """DeiT's soft-distillation loss of a `DistillableViT`, through `DistillWrapper` as in training.
 
@@ -369,8 +395,13 @@ def registry_workload(name, tiny=False):
         from vit_pytorch.train import model_config
 
         preset, channels, num_classes = 'tiny', TINY['channels'], TINY['num_classes']
+        kwargs = model_config(name, {}, **TINY)
         image_size = TINY['image_size']
-        model = registry.build_model(name, **model_config(name, {}, **TINY))
+        if registry.INPUTS.get(name, '').startswith('signals'):
+            image_size = (image_size,)
+        elif registry.INPUTS.get(name, '').startswith('clips'):
+            image_size = (kwargs.get('frames', kwargs.get('num_frames')), image_size, image_size)
+        model = registry.build_model(name, **kwargs)
     else:
         preset, constructor, kwargs, image_size, channels, num_classes = REGISTRY[name]
         if constructor is None:
@@ -383,47 +414,7 @@ def registry_workload(name, tiny=False):
                 num_classes=num_classes, loss=loss, params=sum(p.numel() for p in model.parameters()))
 
 
-def explicit_attention(model):
-    """`model` with every attention module on its explicit path (the flop counter misses fused attention)."""
-    for module in model.modules():
-        if isinstance(getattr(module, 'fused', None), bool):
-            module.fused = False
-    return model
-
-
 # measuring
-
-
-def conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
-                        _output_padding, _groups, output_mask, out_shape=None, **kwargs):
-    """A convolution's backward: each gradient asked for costs what the forward does.
-
-    torch's own formula ignores `groups` in the weight gradient, which counts a depthwise
-    convolution's backward about `groups` times over (XCiT's local patch interaction).
-    """
-    return conv_flop_count(x_shape, w_shape, grad_out_shape, transposed) * (bool(output_mask[0]) + bool(output_mask[1]))
-
-
-FLOP_FORMULAS = {torch.ops.aten.convolution_backward: conv_backward_flops}
-
-
-def training_flops(model, image_size, *, channels=3, num_classes=NUM_CLASSES, loss=classification_loss):
-    """FLOPs of one training step (forward + loss + backward) per image, and of an inference forward alone.
-
-    Counted on two images and halved: a BatchNorm cannot train on one value per channel (LeViT's head).
-    """
-    img = torch.randn(2, channels, image_size, image_size)
-    label = torch.randint(0, num_classes, (2,))
-    model = explicit_attention(copy.deepcopy(model)).eval()
-    # with autograd on: under no_grad, the counter's module tracker rejects a parameter's view
-    # (CaiT's expanded cls token); the forward's FLOPs are the same either way
-    with FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS) as counter:
-        model(img)
-    forward = counter.get_total_flops()
-    model.train()
-    with FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS) as counter:
-        loss(model, img, label).backward()
-    return counter.get_total_flops() / 2, forward / 2
 
 
 def matmul_peak(size=2048, repeats=3):
@@ -451,7 +442,7 @@ class Runner:
         self.model, self.loss = model, loss
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
         generator = torch.Generator().manual_seed(1)
-        self.images = {b: torch.randn(b, channels, image_size, image_size, generator=generator)
+        self.images = {b: torch.randn(b, channels, *input_dims(image_size), generator=generator)
                        for b in sorted(set(batches) | {train_batch})}
         self.labels = torch.randint(0, num_classes, (train_batch,), generator=generator)
 
@@ -549,7 +540,7 @@ def memory_child(spec):
         model.set_grad_checkpointing(True)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    img = torch.randn(spec['batch'], channels, spec['image_size'], spec['image_size'])
+    img = torch.randn(spec['batch'], channels, *input_dims(spec['image_size']))
     label = torch.randint(0, num_classes, (spec['batch'],))
     before = rss_mib('VmRSS')
     times = []
