@@ -1,0 +1,217 @@
+"""The pre-training command: every method runs through main(argv), writes a checkpoint the trainer and
+load_model take, resumes exactly, follows DINO's schedules, draws its pictures and says clearly what is
+wrong. Tiny models (width 32, 2 layers) and one or two epochs keep it fast."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vit_pytorch import pretrain
+from vit_pytorch.checkpoint import load_model
+
+TINY = ['--threads', '1', '--dim', '32', '--depth', '2', '--heads', '2', '--dim-head', '16', '--mlp-dim', '64']
+FAST = ['--quiet', '--no-plots', '--batch-size', '256', '--warmup-epochs', '1'] + TINY
+# DINO at its smallest: a narrow head, one local crop
+SMALL_DINO = ['--num-classes-k', '64', '--projection-hidden-size', '32', '--bottleneck-dim', '16',
+              '--num-local-crops', '1']
+
+
+def run(*argv):
+    return pretrain.main([str(arg) for arg in argv])
+
+
+def log_of(out):
+    return [json.loads(line) for line in (Path(out) / 'log.jsonl').read_text().splitlines()]
+
+
+def weights_of(folder):
+    from safetensors.torch import load_file
+    return load_file(Path(folder) / 'model.safetensors')
+
+
+def method_args(method):
+    return ['--method', method] + (SMALL_DINO if method == 'dino' else ['--decoder-depth', '1'] if method == 'mae'
+                                   else [])
+
+
+@pytest.mark.parametrize('method', pretrain.METHODS)
+def test_each_method_writes_a_network_that_loads_as_the_model_it_pre_trained(method, tmp_path):
+    out = tmp_path / method
+    assert run(*method_args(method), '--epochs', 1, '--out', out, *FAST) == 0
+    [record] = log_of(out)
+    assert record['epoch'] == 1 and math.isfinite(record['loss'])
+    model, config = load_model(out / 'checkpoint')
+    assert config['model'] == 'vit' and config['pretraining'] == dict(method=method)
+    assert config['model_kwargs']['dim'] == 32 and config['data']['source'] == 'digits'
+    assert model(torch.zeros(2, 1, 16, 16)).shape == (2, 10)
+    # the network is the wrapper's own: MAE's encoder, MPP's model, DINO's teacher
+    wrapper = weights_of(out / 'pretrainer')
+    prefix = dict(mae='encoder.', simmim='encoder.', mpp='transformer.', dino='teacher.net.')[method]
+    network = weights_of(out / 'checkpoint')
+    assert network.keys() == {key[len(prefix):] for key in wrapper if key.startswith(prefix)}
+    for key, value in network.items():
+        assert torch.equal(value, wrapper[prefix + key]), key
+
+
+@pytest.mark.parametrize('method', ['mae', 'dino'])
+def test_interrupted_run_resumed_matches_an_uninterrupted_run(method, tmp_path, monkeypatch):
+    whole, broken = tmp_path / 'whole', tmp_path / 'broken'
+    # 8-pixel digits (a 2x2 grid) in 3 batches an epoch keep it fast
+    args = [*method_args(method), '--epochs', 2, *FAST, '--batch-size', 512, '--image-size', 8]
+    assert run(*args, '--out', whole) == 0
+
+    saves = []
+    real_save = pretrain.save_checkpoint
+
+    def save_then_die(directory, **kwargs):
+        real_save(directory, **kwargs)
+        saves.append(Path(directory).name)
+        if saves == ['checkpoint', 'pretrainer']:
+            raise KeyboardInterrupt                     # killed right after epoch 1 was saved
+
+    monkeypatch.setattr(pretrain, 'save_checkpoint', save_then_die)
+    assert run(*args, '--out', broken) == 130
+    monkeypatch.setattr(pretrain, 'save_checkpoint', real_save)
+    assert len(log_of(broken)) == 1
+    assert run('--out', broken, '--resume') == 0
+
+    for folder in ('checkpoint', 'pretrainer'):         # DINO: student, teacher and centre alike
+        expected, resumed = weights_of(whole / folder), weights_of(broken / folder)
+        assert expected.keys() == resumed.keys()
+        for key in expected:
+            assert torch.equal(expected[key], resumed[key]), (folder, key)
+    timing = ('epoch_seconds', 'images_per_second', 'elapsed_seconds')
+    strip = lambda log: [{k: v for k, v in record.items() if k not in timing} for record in log]
+    assert strip(log_of(broken)) == strip(log_of(whole))
+
+
+def test_resume_refuses_another_method_or_model_naming_both_values(tmp_path, capsys):
+    out = tmp_path / 'run'
+    assert run('--method', 'simmim', '--epochs', 1, '--out', out, *FAST) == 0
+    capsys.readouterr()
+    assert run('--out', out, '--resume', '--epochs', 2, '--method', 'mae', '--dim', 48) == 2
+    error = capsys.readouterr().err
+    assert '--method mae (the run has simmim)' in error and '--dim 48 (the run has 32)' in error
+    assert len(log_of(out)) == 1
+    assert run('--out', out, '--resume') == 2           # done: more epochs are needed
+    assert 'give more epochs' in capsys.readouterr().err
+
+
+def test_masked_pre_training_lowers_the_loss_on_the_digits(tmp_path):
+    out = tmp_path / 'run'
+    assert run('--method', 'simmim', '--epochs', 4, '--out', out, *FAST, '--batch-size', 128, '--lr', 3e-3) == 0
+    losses = [record['loss'] for record in log_of(out)]
+    assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_dino_schedules_follow_the_papers_formulas():
+    args, _ = pretrain.parse_args(['--method', 'dino', '--epochs', '10'])       # warm-up: 30 % of 10 epochs
+    steps, total = 5, 50
+    expected_temperature = lambda step: 0.04 + (0.07 - 0.04) * min(1, step / 15)
+    expected_decay = lambda step: 1 - (1 - 0.996) * (math.cos(math.pi * step / total) + 1) / 2
+    for step in (0, 7, 15, 30, 49):
+        temperature, decay = pretrain.dino_schedule(args, step, steps, total)
+        assert temperature == pytest.approx(expected_temperature(step))
+        assert decay == pytest.approx(expected_decay(step))
+    assert pretrain.dino_schedule(args, 0, steps, total) == pytest.approx((0.04, 0.996))
+
+
+def test_dino_logs_its_teacher_temperature_and_decay(tmp_path):
+    out = tmp_path / 'run'
+    assert run(*method_args('dino'), '--epochs', 2, '--warmup-teacher-temp-epochs', 1, '--out', out, *FAST,
+               '--batch-size', 512) == 0
+    first, last = log_of(out)
+    # 3 steps an epoch: the last step of epoch 1 is 2/3 into the warm-up, of epoch 2 past it
+    assert first['teacher_temp'] == pytest.approx(0.04 + 0.03 * 2 / 3)
+    assert last['teacher_temp'] == pytest.approx(0.07)
+    assert last['teacher_decay'] == pytest.approx(1 - 0.004 * (math.cos(math.pi * 5 / 6) + 1) / 2)
+
+
+def test_pictures_reconstructions_and_attention_per_head(tmp_path):
+    mae, dino = tmp_path / 'mae', tmp_path / 'dino'
+    assert run('--method', 'mae', '--decoder-depth', 1, '--epochs', 1, '--out', mae, *FAST[2:], '--quiet') == 0
+    assert run(*method_args('dino'), '--epochs', 1, '--out', dino, *FAST[2:], '--quiet') == 0
+    for path in (mae / 'reconstructions.png', mae / 'curves.png', dino / 'attention.png', dino / 'curves.png'):
+        assert path.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n' and path.stat().st_size > 3000, path
+
+
+@pytest.mark.parametrize('method', ['mae', 'simmim'])
+def test_a_reconstruction_shows_the_input_where_visible_and_hides_the_drawn_share(method):
+    from vit_pytorch import ViT
+    from vit_pytorch.mae import MAE
+    from vit_pytorch.simmim import SimMIM
+
+    encoder = ViT(image_size=16, patch_size=4, num_classes=10, channels=1, dim=32, depth=1, heads=2, dim_head=16,
+                  mlp_dim=64)
+    learner = MAE(encoder=encoder, decoder_dim=32) if method == 'mae' else SimMIM(encoder=encoder)
+    images = torch.rand(3, 1, 16, 16)
+    masked, reconstruction, hidden = pretrain.reconstructions(learner, method, images)
+    share = dict(mae=0.75, simmim=0.5)[method]
+    assert hidden.float().mean(dim=(1, 2, 3)).tolist() == pytest.approx([share] * 3)
+    assert torch.equal(reconstruction[~hidden], images[~hidden])
+    assert torch.equal(masked[~hidden], images[~hidden]) and (masked[hidden] == 0).all()
+
+
+def test_the_method_is_required_and_a_model_without_the_face_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        pretrain.main(['--epochs', '1'])
+    assert '--method is required' in capsys.readouterr().err
+    assert run('--method', 'mae', '--model', 'swin', '--epochs', 1, '--out', tmp_path / 'swin', '--quiet',
+               '--no-plots') == 2
+    error = capsys.readouterr().err
+    assert '--method mae cannot pre-train --model swin' in error and 'patch_tokens' in error
+
+
+def test_signals_are_refused(tmp_path, capsys, monkeypatch):
+    from vit_pytorch import evaluate
+
+    def waves(argument):
+        def load(split, *, image_size, channels, classes=None):
+            return evaluate.ImageSet(torch.rand(8, 1, 32), torch.arange(8) % 2, ['a', 'b'])
+        return evaluate.DataSource('waves', load)
+
+    monkeypatch.setitem(evaluate.SOURCES, 'waves', 'test_pretrain_waves:waves')
+    module = type(sys)('test_pretrain_waves')
+    module.waves = waves
+    monkeypatch.setitem(sys.modules, 'test_pretrain_waves', module)
+    assert run('--method', 'mae', '--data', 'waves:x', '--epochs', 1, '--out', tmp_path / 'w', '--quiet') == 2
+    assert 'pre-training takes images' in capsys.readouterr().err
+
+
+# the pre-trained network in the training command: fine-tuning and the linear probe
+
+
+WORKER = """
+import sys
+from vit_pytorch import pretrain
+sys.exit(pretrain.main(sys.argv[1:]))
+"""
+
+
+def test_two_processes_pre_train_and_write_one_checkpoint(tmp_path):
+    """torchrun with gloo: the 2 processes split each batch; every image is counted once and the first
+    process writes the network."""
+    out = tmp_path / 'double'
+    worker = tmp_path / 'worker.py'
+    worker.write_text(WORKER)
+    args = ['--method', 'mae', '--decoder-depth', '1', '--epochs', '1', '--device', 'cpu', *FAST, '--out', str(out)]
+    process = subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                                str(worker), *args], env=dict(os.environ, OMP_NUM_THREADS='1'),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, stderr = process.communicate(timeout=240)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, 9)
+            process.wait()
+    assert process.returncode == 0, stderr[-3000:]
+    [record] = log_of(out)
+    assert math.isfinite(record['loss'])
+    model, _ = load_model(out / 'checkpoint')
+    assert model(torch.zeros(1, 1, 16, 16)).shape == (1, 10)
