@@ -6,6 +6,8 @@
     python -m vit_pytorch.train --model S/16 --data ~/pets --image-size 224
     python -m vit_pytorch.train --resume              # continue the run in --out
     python -m vit_pytorch.train --resume --epochs 80  # extend a finished run
+    python -m vit_pytorch.train --init runs/digits-vit-mae/checkpoint --label-fraction 0.1   # fine-tune
+    python -m vit_pytorch.train --init runs/digits-vit-dino/checkpoint --linear-probe       # frozen features
     python -m vit_pytorch.train --model na_vit --image-size 32 --random-size 8 32   # NaViT, mixed sizes
     torchrun --standalone --nproc_per_node=2 -m vit_pytorch.train   # DDP: gloo on CPU, nccl on GPU
 
@@ -35,6 +37,13 @@ cosine schedule is then stretched to the new end) and `--lr` may change (the new
 to the remaining steps); the run options (--out, --device, --threads, --quiet, --no-plots,
 --eval-batch-size) are free; any other option given with a value unlike the run's is refused
 with both values.
+
+`--init CHECKPOINT` starts from a checkpoint's network (one `python -m vit_pytorch.pretrain` wrote,
+or this command): the model, its arguments and weights come from it, with a new zero-initialised
+head for this data's classes; `--linear-probe` then trains only that head, the rest frozen (and
+in eval mode). `--label-fraction F` trains on a random stratified share of the training images
+(round(F * n) of each class of n, at least one; drawn from --seed), the normalisation still
+measured on them all, as a label-efficiency experiment needs.
 
 Written to --out: log.jsonl (one JSON line per epoch), checkpoint/ (safetensors + JSON, replaced
 every epoch), curves.png, attention.png (rollout on test images of every class),
@@ -126,6 +135,14 @@ def build_parser():
     recipe.add_argument('--amp', action='store_true', help='bf16 autocast, mixed precision (default: off)')
     recipe.add_argument('--seed', type=int, default=0,
                         help="seeds the initialisation and each epoch's order and augmentation")
+    start = parser.add_argument_group('starting point')
+    start.add_argument('--init', default=None, metavar='CHECKPOINT',
+                       help='start from the network of this checkpoint folder (a pre-trained one: python -m '
+                            'vit_pytorch.pretrain), with a new head (default: a random initialisation)')
+    start.add_argument('--linear-probe', action='store_true',
+                       help='train only a new head on the frozen network (default: train everything)')
+    start.add_argument('--label-fraction', type=float, default=1.0,
+                       help='train on this stratified random share of the labelled training images')
     run = parser.add_argument_group('run')
     run.add_argument('--out', default=None, help='output folder (default: runs/<data>-<model>)')
     run.add_argument('--resume', nargs='?', const='auto', default=None,
@@ -447,6 +464,7 @@ def _train(args, model_kwargs, rank, world_size, device):
     image_size = args.image_size or source.image_size
     channels = args.channels or source.channels
     train_set = source.load('train', image_size=image_size, channels=channels)
+    labelled = label_subset(train_set.labels, args.label_fraction, seed=args.seed)
     test_split = source.test_split
     test_set = source.load(test_split, image_size=image_size, channels=channels, classes=train_set.classes)
     num_classes = len(train_set.classes)
@@ -456,8 +474,14 @@ def _train(args, model_kwargs, rank, world_size, device):
     per_channel = [dim for dim in range(pixels.ndim) if dim != 1]
     mean = pixels.mean(dim=per_channel).tolist()
     std = pixels.std(dim=per_channel).clamp_min(1e-6).tolist()
+    train_set = type(train_set)(train_set.images[labelled], train_set.labels[labelled], train_set.classes)
 
     # model and optimizer
+    initial = None
+    if args.init is not None and checkpoint is None:             # a resumed run has its own weights
+        initial = load_config(args.init)
+        _check_init(initial, args, image_size=image_size, channels=channels)
+        args.model, model_kwargs = initial['model'], {**initial['model_kwargs'], **model_kwargs}
     kwargs = model_config(args.model, model_kwargs, image_size=image_size, channels=channels,
                           num_classes=num_classes)
     torch.manual_seed(args.seed)
@@ -465,6 +489,15 @@ def _train(args, model_kwargs, rank, world_size, device):
         model = models.build_model(args.model, **kwargs).to(device)
     except TypeError as error:
         raise ValueError(f"cannot build model {args.model!r} with {kwargs}: {error}") from error
+    if initial is not None:
+        load_weights(model, args.init, config=initial)
+    if args.init is not None or args.linear_probe:
+        head = new_head(model, num_classes, name=args.model)
+        kwargs.update((key, num_classes) for key in ('num_classes',) if key in kwargs)   # as the run saves it
+        if args.linear_probe:
+            model.requires_grad_(False)
+            for parameter in head:
+                parameter.requires_grad_(True)
     config = dict(model=args.model, model_kwargs=kwargs,
                   data=dict(source=source.name,
                             test_split=test_split, image_size=image_size, channels=channels,
@@ -512,7 +545,7 @@ def _train(args, model_kwargs, rank, world_size, device):
         generator, rng = torch.Generator().manual_seed(seed), random.Random(seed)
         order = torch.randperm(len(train_set), generator=generator)
         totals = torch.zeros(3, dtype=torch.float64)                # loss sum, correct, count (this process)
-        network.train()
+        network.train(not args.linear_probe)                        # a probed network stays in eval mode
         bar = _progress(steps_per_epoch, epoch, args, main_process)
         for step, index in enumerate(epoch_batches(order, batch_size)):
             images, targets = augment(train_set.floats(index), train_set.labels[index], args, generator, rng,
@@ -586,6 +619,41 @@ def _train(args, model_kwargs, rank, world_size, device):
         pictures += draw_inside(model, test_set, mean=mean, std=std, device=device, out=out)
     return dict(record, out=str(out), checkpoint=str(out / 'checkpoint'), test_split=test_split,
                 pictures=[str(path) for path in pictures])
+
+
+def label_subset(labels, fraction, *, seed):
+    """Sorted indices of a stratified random share of `labels`: round(fraction * n) of each class of n images,
+    at least one, drawn with `seed`; every index for fraction 1."""
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        raise ValueError(f"--label-fraction must be in (0, 1], got {fraction!r}")
+    if fraction == 1:
+        return torch.arange(len(labels))
+    generator = torch.Generator().manual_seed(seed)
+    chosen = []
+    for label in sorted(set(labels.tolist())):
+        members = torch.nonzero(labels == label).flatten()
+        keep = max(1, round(fraction * len(members)))
+        chosen.append(members[torch.randperm(len(members), generator=generator)[:keep]])
+    return torch.cat(chosen).sort().values
+
+
+def _check_init(config, args, *, image_size, channels):
+    """A ValueError when the --init checkpoint's network was made for images of another size or channels."""
+    data = config.get('data', {})
+    for name, mine in (('image_size', image_size), ('channels', channels)):
+        theirs = data.get(name)
+        if theirs is not None and mine is not None and not _same_setting(name, mine, theirs):
+            raise ValueError(f"--init {args.init} holds a network for {_flag(name)} {theirs}, this data gives "
+                             f"{mine}; pass {_flag(name)} {theirs}")
+
+
+def new_head(model, num_classes, *, name):
+    """Give `model` a new zero-initialised head for `num_classes` (its reset_classifier); the head's parameters."""
+    if not hasattr(model, 'reset_classifier'):
+        raise ValueError(f"--init and --linear-probe need a new head, and {name} has no reset_classifier")
+    before = {id(parameter) for parameter in model.parameters()}
+    model.reset_classifier(num_classes)
+    return [parameter for parameter in model.parameters() if id(parameter) not in before]
 
 
 def _warn_few_patches(model, name, *, sample):
