@@ -39,6 +39,7 @@ MODELS = {
     'pit': 'vit_pytorch.pit:PiT',
     'levit': 'vit_pytorch.levit:LeViT',
     'cvt': 'vit_pytorch.cvt:CvT',
+    'pvt_v2': 'vit_pytorch.pvt_v2:PyramidVisionTransformerV2',
 }
 
 # the trainer's default sizes for a model whose arguments are not the ViT's (multi-scale models): name ->
@@ -56,6 +57,9 @@ SMALL_CONFIGS = {
     'cvt': dict(s1_emb_dim=32, s1_emb_kernel=3, s1_emb_stride=2, s1_mlp_mult=2, s2_emb_dim=64, s2_heads=2,
                 s2_depth=1, s2_mlp_mult=2, s3_emb_dim=128, s3_heads=4, s3_depth=2, s3_mlp_mult=2, cls_token=True,
                 qkv_bias=True),
+    # any size: maps 4, 2, 1 at 16 pixels (8, 4, 2 at 32); the first stage's keys reduced 2x2
+    'pvt_v2': dict(depths=(1, 1, 1), embed_dims=(32, 64, 128), num_heads=(1, 2, 4), sr_ratios=(2, 1, 1),
+                   mlp_ratios=(4, 4, 4)),
 }
 
 # 'Ti/16', 'S/16', 'B/32', ...: the paper's table, built by vit_pytorch.pretrained.vit
