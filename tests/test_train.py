@@ -20,7 +20,7 @@ from helpers import digits_batch
 from vit_pytorch import checkpoint as ckpt
 from vit_pytorch import plots, train
 from vit_pytorch.evaluate import load_digits, main as evaluate_main
-from vit_pytorch.models import MODELS, build_model, known_names
+from vit_pytorch.models import INPUTS, MODELS, build_model, known_names
 
 TINY = ['--threads', '1', '--dim', '32', '--depth', '2', '--heads', '2', '--dim-head', '16', '--mlp-dim', '64']
 FAST = ['--quiet', '--no-plots', '--batch-size', '128', '--warmup-epochs', '1'] + TINY
@@ -245,7 +245,8 @@ import json, os, sys
 from vit_pytorch import train
 code = train.main(sys.argv[1:])
 threads = sorted(open(f'/proc/self/task/{task}/comm').read().strip() for task in os.listdir('/proc/self/task'))
-print(json.dumps(dict(rank=int(os.environ['RANK']), threads=threads)), flush=True)
+with open(os.path.join(os.environ['THREADS_REPORT'], f"rank{os.environ['RANK']}.json"), 'w') as report:
+    json.dump(dict(rank=int(os.environ['RANK']), threads=threads), report)
 sys.exit(code)
 """
 
@@ -259,7 +260,9 @@ def test_two_processes_train_like_one_with_the_same_global_batch(tmp_path):
     single, double = tmp_path / 'single', tmp_path / 'double'
     args = ['--epochs', '1', '--batch-size', '256', '--quiet', '--no-plots', '--warmup-epochs', '1', '--threads', '1',
             '--dim', '32', '--depth', '1', '--heads', '2', '--dim-head', '16', '--mlp-dim', '64', '--device', 'cpu']
-    env = dict(os.environ, OMP_NUM_THREADS='1')
+    reports = tmp_path / 'threads'                      # a file per rank: the ranks' stdout lines interleave
+    reports.mkdir()
+    env = dict(os.environ, OMP_NUM_THREADS='1', THREADS_REPORT=str(reports))
     assert run(*args, '--out', single) == 0
     worker = tmp_path / 'worker.py'
     worker.write_text(WORKER)
@@ -279,7 +282,8 @@ def test_two_processes_train_like_one_with_the_same_global_batch(tmp_path):
         torch.testing.assert_close(two[key], one[key], rtol=1e-4, atol=1e-5, msg=key)
     assert log_of(double)[0]['test_accuracy'] == pytest.approx(log_of(single)[0]['test_accuracy'], abs=0.01)
     assert log_of(double)[0]['train_images'] == log_of(single)[0]['train_images'] == 1347
-    left = {report['rank']: report['threads'] for report in map(json.loads, re.findall(r'^\{.*\}$', stdout, re.M))}
+    left = {report['rank']: report['threads']
+            for report in (json.loads(file.read_text()) for file in sorted(reports.glob('rank*.json')))}
     assert sorted(left) == [0, 1], stdout[-2000:]
     assert not [name for threads in left.values() for name in threads if 'gloo' in name], left
 
@@ -562,6 +566,8 @@ def test_every_registered_model_builds_from_the_trainer_defaults_and_takes_a_ste
     module = MODELS[name].split(':')[0].rsplit('.', 1)[1]
     if not (Path(train.__file__).parent / f'{module}.py').exists():
         pytest.skip(f'{module}.py is not written yet')
+    if name in INPUTS:
+        pytest.skip(f'{name} takes {INPUTS[name]}, not images: tests/test_train_kinds.py gives it a step on those')
     kwargs = train.model_config(name, {}, image_size=16, channels=1, num_classes=10)
     model = build_model(name, **kwargs)
     digits = digits_batch(8, size=16)
