@@ -16,6 +16,11 @@ give the same clips. Needs scikit-learn (the 'train' extra) for the digits.
     train = moving_digits('train', count=2694, task='direction')
     train.videos.shape, train.labels.shape    # (2694, 1, 8, 32, 32) uint8, (2694,)
     video = train.floats(slice(0, 4))         # (4, 1, 8, 32, 32) in [0, 1]
+
+The training command reads them as `--data clips:digit` or `--data clips:direction`
+(`data_source`): one clip of 8 frames per digit of each split (1,347 to train on, 450 to test),
+frames of `--image-size` pixels (default 32) with the digit at half that side, moving the most
+whole pixels a frame that keep its path inside (2 at 32 pixels, 1 at 16).
 """
 
 from dataclasses import dataclass
@@ -111,3 +116,39 @@ def check_arguments(*, split, count, frames, size, digit_size, speed, task, seed
     if size - digit_size < (frames - 1) * speed:
         raise ValueError(f"a digit of {digit_size} pixels moving {speed} pixels a frame for {frames} frames needs "
                          f"a frame of at least {digit_size + (frames - 1) * speed} pixels, got size={size}")
+
+
+# the training command's data source
+
+FRAMES = 8
+
+
+def clip_settings(size, frames=FRAMES):
+    """moving_digits' frame geometry for `--image-size` `size`: the digit at half the side, the fastest
+    whole-pixel speed (at least 1) whose path fits."""
+    digit_size = size // 2
+    return dict(frames=frames, size=size, digit_size=digit_size, speed=max(1, (size - digit_size) // (frames - 1)))
+
+
+def data_source(task):
+    """`--data clips:TASK` (TASK 'digit' or 'direction') for `vit_pytorch.train` and `vit_pytorch.evaluate`."""
+    from vit_pytorch.evaluate import DataSource, ImageSet
+
+    if task not in TASKS:
+        raise ValueError(f"--data clips:TASK takes a task of {TASKS} (the class is the digit or the direction of "
+                         f"motion), got {task!r}")
+
+    def load(split, *, image_size, channels, classes=None):
+        size = image_size[-1] if isinstance(image_size, (tuple, list)) else image_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 2 * FRAMES:
+            raise ValueError(f"--image-size is the side of a clip's frames: an int >= {2 * FRAMES} (a digit of half "
+                             f"the side moving one pixel a frame for {FRAMES} frames), got {image_size!r}")
+        if channels != 1:
+            raise ValueError(f"the moving digits are grayscale: --channels must be 1, got {channels}")
+        clips = moving_digits(split, task=task, **clip_settings(size))
+        if classes is not None and list(classes) != clips.classes:
+            raise ValueError(f"clips:{task}'s classes are {clips.classes}, not {list(classes)}")
+        return ImageSet(clips.videos, clips.labels, clips.classes)
+
+    return DataSource(f'clips:{task}', load, test_split='test', image_size=32, channels=1, requires=('sklearn',),
+                      tiny=True)

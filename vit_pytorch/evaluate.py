@@ -168,7 +168,10 @@ def load_folder(root, split, *, image_size, channels=3, classes=None):
 
 
 # data sources named NAME:ARG -> 'module:function'; function(ARG) returns the DataSource
-SOURCES = {}
+SOURCES = {
+    'ucr': 'vit_pytorch.ucr:data_source',         # ucr:GunPoint, ... signals (n, c, length); the 'timeseries' extra
+    'clips': 'vit_pytorch.clips:data_source',     # clips:digit, clips:direction: moving digits (n, 1, 8, h, w)
+}
 
 
 @dataclass
@@ -271,6 +274,9 @@ def main(argv=None):
     parser.add_argument('checkpoint', help='checkpoint folder (or its model.safetensors)')
     parser.add_argument('--data', help="'digits' or a class-per-folder data set (default: the one it trained on)")
     parser.add_argument('--split', help="split to evaluate (default: the one tested during training)")
+    parser.add_argument('--image-size', type=int,
+                        help="resize the data to this size, for a model that takes other sizes (na_vit) "
+                             "(default: the size it trained at)")
     parser.add_argument('--batch-size', type=int, default=256)
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--amp', action='store_true', help='bf16 autocast')
@@ -288,14 +294,15 @@ def main(argv=None):
             raise CheckpointError(f"{args.checkpoint} does not say what data it was trained on; pass --data")
         chosen = data_source(source)
         split = args.split or data_config.get('test_split') or chosen.test_split
-        data = chosen.load(split, image_size=data_config['image_size'], channels=data_config['channels'],
+        image_size = args.image_size or data_config['image_size']
+        data = chosen.load(split, image_size=image_size, channels=data_config['channels'],
                            classes=data_config.get('classes') if source != 'digits' else None)
         result = evaluate(model, data, mean=data_config['mean'], std=data_config['std'],
                           batch_size=args.batch_size, device=args.device, amp=args.amp)
     except (CheckpointError, FileNotFoundError, NotADirectoryError, ValueError, MissingExtra) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    result.update(checkpoint=str(args.checkpoint), data=str(source), split=split)
+    result.update(checkpoint=str(args.checkpoint), data=str(source), split=split, image_size=image_size)
     if args.json:
         print(json.dumps(result))
     else:

@@ -40,6 +40,25 @@ MODELS = {
     'levit': 'vit_pytorch.levit:LeViT',
     'cvt': 'vit_pytorch.cvt:CvT',
     'pvt_v2': 'vit_pytorch.pvt_v2:PyramidVisionTransformerV2',
+    'mobile_vit': 'vit_pytorch.mobile_vit:RegisteredMobileViT',
+    'na_vit': 'vit_pytorch.na_vit:NaViT',
+    'vit_1d': 'vit_pytorch.vit_1d:ViT',
+    'simple_vit_1d': 'vit_pytorch.simple_vit_1d:SimpleViT',
+    'vit_3d': 'vit_pytorch.vit_3d:ViT',
+    'simple_vit_3d': 'vit_pytorch.simple_vit_3d:SimpleViT',
+    'vivit': 'vit_pytorch.vivit:ViViT',
+    'cct_3d': 'vit_pytorch.cct_3d:CCT',
+}
+
+# models whose input is not a batch of images (b, c, h, w): name -> what they take (`--data ucr:NAME` gives
+# signals, `--data clips:TASK` clips); `image_size` is then the signal's length, or the side of a clip's frames
+INPUTS = {
+    'vit_1d': 'signals (b, c, length)',
+    'simple_vit_1d': 'signals (b, c, length)',
+    'vit_3d': 'clips (b, c, frames, h, w)',
+    'simple_vit_3d': 'clips (b, c, frames, h, w)',
+    'vivit': 'clips (b, c, frames, h, w)',
+    'cct_3d': 'clips (b, c, frames, h, w)',
 }
 
 # the trainer's default sizes for a model whose arguments are not the ViT's (multi-scale models): name ->
@@ -60,6 +79,26 @@ SMALL_CONFIGS = {
     # any size: maps 4, 2, 1 at 16 pixels (8, 4, 2 at 32); the first stage's keys reduced 2x2
     'pvt_v2': dict(depths=(1, 1, 1), embed_dims=(32, 64, 128), num_heads=(1, 2, 4), sr_ratios=(2, 1, 1),
                    mlp_ratios=(4, 4, 4)),
+    # any size (the strides 2, 1, 2, 2, 2, 2 give maps of 2, 1, 1 in the MobileViT blocks at 16 pixels, 4, 2, 1 at
+    # 32): patches of 1 x 1, so each block attends over its whole map rather than over one pixel of every 2x2 patch;
+    # `widths` is vit-pytorch's `channels` (the registered class takes `channels` as the images', as all others do)
+    'mobile_vit': dict(dims=(32, 48, 64), widths=(16, 16, 24, 24, 32, 32, 48, 48, 64, 64, 128), expansion=2,
+                       depths=(1, 1, 1), patch_size=1),
+    # signals whose length divides by 8 (the UCR sets' default lengths): 8 samples a patch
+    'vit_1d': dict(patch_size=8, dim=64, depth=4, heads=4, dim_head=16, mlp_dim=128),
+    'simple_vit_1d': dict(patch_size=8, dim=64, depth=4, heads=4, dim_head=16, mlp_dim=128),
+    # clips of 8 frames of 16 or 32 pixels: tubelets of 2 frames x 8 x 8 pixels (4 x 4 x 4 tokens at 32 pixels)
+    'vit_3d': dict(frames=8, image_patch_size=8, frame_patch_size=2, dim=64, depth=4, heads=4, dim_head=16,
+                   mlp_dim=128),
+    'simple_vit_3d': dict(frames=8, image_patch_size=8, frame_patch_size=2, dim=64, depth=4, heads=4, dim_head=16,
+                          mlp_dim=128),
+    # the factorised encoder: 3 spatial layers on each time slice, 1 temporal layer on their cls tokens
+    'vivit': dict(frames=8, image_patch_size=8, frame_patch_size=2, dim=64, spatial_depth=3, temporal_depth=1,
+                  heads=4, dim_head=16, mlp_dim=128),
+    # one 3D convolution of stride (2, 4, 4), then pooling of stride (1, 2, 2): 4 x 4 x 4 tokens at 32 pixels
+    'cct_3d': dict(num_frames=8, embedding_dim=64, n_conv_layers=1, frame_kernel_size=3, frame_stride=2,
+                   kernel_size=7, stride=4, padding=3, pooling_kernel_size=3, pooling_stride=2, pooling_padding=1,
+                   num_layers=4, num_heads=4, mlp_ratio=2.0),
 }
 
 # 'Ti/16', 'S/16', 'B/32', ...: the paper's table, built by vit_pytorch.pretrained.vit

@@ -17,6 +17,12 @@ would make aeon download it):
 All have series of equal length. Needs the 'timeseries' extra (aeon, which needs Python >= 3.11);
 this module imports aeon only when a set is loaded.
 
+The training command reads them as `--data ucr:NAME` (`data_source`): each series is resampled
+(linearly, both ends kept) to `--image-size` samples, by default its length rounded up to a
+multiple of 8 and at least 48 (`default_length`: GunPoint 152, ItalyPowerDemand 48, ArrowHead
+256, OSULeaf 432, ACSF1 1464, BasicMotions 104), so that the trainer's patches of 8 samples
+divide it; the test split is the archive's.
+
     from vit_pytorch.ucr import load_ucr
 
     train = load_ucr('GunPoint', split='train')
@@ -27,6 +33,7 @@ import sys
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 # name -> (train size, test size, channels, length, classes), as aeon 1.6.0 ships them
 DATASETS = {
@@ -96,3 +103,43 @@ def class_names(labels):
         return sorted(names, key=float)
     except ValueError:
         return names
+
+
+# the training command's data source
+
+
+def default_length(name):
+    """The length the trainer resamples `name`'s series to by default: a multiple of 8, at least 48."""
+    length = DATASETS[name][3]
+    return max(48, -(-length // 8) * 8)
+
+
+def resample(series, length):
+    """(n, c, l) -> (n, c, length), linearly interpolated with both ends kept (unchanged if l == length)."""
+    if series.shape[-1] == length:
+        return series
+    return F.interpolate(series, size=length, mode='linear', align_corners=True)
+
+
+def data_source(name):
+    """`--data ucr:NAME`: the set `name` for `vit_pytorch.train` and `vit_pytorch.evaluate`."""
+    from vit_pytorch.evaluate import DataSource, ImageSet
+
+    if name not in DATASETS:
+        raise ValueError(f"--data ucr:NAME takes one of the sets aeon ships ({', '.join(DATASETS)}), got {name!r}")
+    own_channels = DATASETS[name][2]
+
+    def load(split, *, image_size, channels, classes=None):
+        length = image_size[0] if isinstance(image_size, (tuple, list)) and len(image_size) == 1 else image_size
+        if isinstance(length, bool) or not isinstance(length, int) or length < 2:
+            raise ValueError(f"--image-size is the number of samples a {name} series is resampled to: "
+                             f"an int >= 2, got {image_size!r}")
+        if channels != own_channels:
+            raise ValueError(f"{name} has {own_channels} channel(s): --channels must be {own_channels}, got {channels}")
+        data = load_ucr(name, split)
+        if classes is not None and list(classes) != data.classes:
+            raise ValueError(f"{name}'s classes are {data.classes}, not {list(classes)}")
+        return ImageSet(resample(data.series, length), data.labels, data.classes)
+
+    return DataSource(f'ucr:{name}', load, test_split='test', image_size=default_length(name),
+                      channels=own_channels, requires=('aeon',), extra='timeseries', tiny=True)
