@@ -508,6 +508,55 @@ def cvt_spec():
     )
 
 
+@st.composite
+def pvt_v2_configs(draw):
+    """PVT v2 (timm's arguments): 1 to 3 stages, heads dividing each width, reductions of 1 or 2, maybe linear."""
+    stages = draw(st.integers(1, 3))
+    heads = draw(st.lists(st.integers(1, 2), min_size=stages, max_size=stages))
+    per_stage = lambda values: draw(st.one_of(values, st.tuples(*[values] * stages)))
+    return dict(
+        in_chans=draw(st.integers(1, 3)), num_classes=draw(st.integers(0, 6)),
+        depths=tuple(draw(st.lists(st.integers(1, 2), min_size=stages, max_size=stages))),
+        embed_dims=tuple(2 * draw(st.integers(1, 4)) for _ in range(stages)),
+        num_heads=tuple(heads) if draw(st.booleans()) else heads[0], sr_ratios=per_stage(st.integers(1, 2)),
+        mlp_ratios=per_stage(st.sampled_from([0.5, 1.0, 2.0])), qkv_bias=draw(st.booleans()),
+        linear=draw(st.booleans()), drop_rate=draw(dropouts), proj_drop_rate=draw(dropouts),
+        attn_drop_rate=draw(dropouts), drop_path_rate=draw(dropouts),
+    )
+
+
+def pvt_v2_fits(kwargs, size):
+    """Every stage's map at least its sr_ratio a side (the linear variant pools to 7x7 at any size)."""
+    from vit_pytorch.pvt_v2 import per_stage, stage_sizes
+    depths = kwargs['depths']
+    return kwargs['linear'] or all(min(grid) >= sr for grid, sr in zip(
+        stage_sizes(size, len(depths)), per_stage(kwargs['sr_ratios'], len(depths))))
+
+
+def pvt_v2_spec():
+    """PVT v2 takes any image size that leaves each stage a map as large as its reduction; 32x32 examples."""
+    return ModelSpec(
+        name='pvt_v2', target='pvt_v2:PyramidVisionTransformerV2', configs=pvt_v2_configs(),
+        example=dict(num_classes=5, depths=(1, 1), embed_dims=(8, 16), num_heads=(1, 2), sr_ratios=(2, 1),
+                     mlp_ratios=2.0),
+        output_shapes=lambda kwargs, batch, size: [(batch, kwargs['num_classes'] or kwargs['embed_dims'][-1])],
+        bad_arguments=dict(
+            in_chans=bad_positive_ints(), num_classes=bad_non_negative_ints(),
+            depths=st.sampled_from([(), (0,), (2.5,), 3, None, (True,)]),
+            embed_dims=st.sampled_from([(), (0,) * 3, (2.5,) * 3, 8, None, (8,) * 5]),
+            num_heads=bad_stage_ints(), sr_ratios=bad_stage_ints(),
+            mlp_ratios=st.sampled_from([0, -1.0, math.nan, math.inf, '2', None, True, (1.0,) * 5]),
+            qkv_bias=st.sampled_from([None, 1, 'yes']), linear=st.sampled_from([None, 0, 'no']),
+            **{name: bad_probabilities() for name in ('drop_rate', 'proj_drop_rate', 'attn_drop_rate',
+                                                      'drop_path_rate')}),
+        image_shape=lambda kwargs: (kwargs.get('in_chans', 3), 32, 32),
+        any_input_size=lambda kwargs: True,
+        size_step=lambda kwargs: (8, 8),
+        input_fits=pvt_v2_fits,
+        bad_sizes=lambda kwargs: st.sampled_from([(0, 8), (8, 0), (0, 0)]),
+    )
+
+
 # documented outputs
 
 
@@ -759,6 +808,7 @@ MODELS = [
     pit_spec(),
     levit_spec(),
     cvt_spec(),
+    pvt_v2_spec(),
 ]
 
 model_table = pytest.mark.parametrize('spec', MODELS, ids=lambda spec: spec.name)
