@@ -106,6 +106,14 @@ def test_a_per_frame_model_cannot_tell_a_clip_from_its_reversal_a_3d_vit_can():
         assert not torch.allclose(spatio_temporal(clips), spatio_temporal(backwards), **TOL)
 
 
+def test_compiles_without_graph_breaks():
+    model = AcceptVideoWrapper(ViT(**IMAGE), add_time_pos_emb=True, dim_emb=5, time_seq_len=4).eval()
+    x = video()
+    compiled = torch.compile(model, fullgraph=True, backend='eager')
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), **TOL)
+
+
 def test_vit_pytorch_checkpoint_loads_and_reproduces_its_outputs():
     metadata, state_dict, tensors = load_fixture('vit_pytorch_1.26.14_accept_video_wrapper')
     config = dict(metadata['config'])
