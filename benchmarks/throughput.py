@@ -126,7 +126,7 @@ REGISTRY = {
         depth=6, heads=8, mlp_dim=2048), (16, 128, 128), 3, NUM_CLASSES),
     'simple_vit_3d': ('16 x 128 px / 2 x 16, width 1024, depth 6', None, dict(
         image_size=128, frames=16, image_patch_size=16, frame_patch_size=2, num_classes=NUM_CLASSES, dim=1024,
-        depth=6, heads=16, mlp_dim=2048), (16, 128, 128), 3, NUM_CLASSES),
+        depth=6, heads=8, mlp_dim=2048), (16, 128, 128), 3, NUM_CLASSES),
     'vivit': ('16 x 128 px / 2 x 16, width 1024, 6 + 6 layers', None, dict(
         image_size=128, frames=16, image_patch_size=16, frame_patch_size=2, num_classes=NUM_CLASSES, dim=1024,
         spatial_depth=6, temporal_depth=6, heads=8, mlp_dim=2048), (16, 128, 128), 3, NUM_CLASSES),
