@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from vit_pytorch import pretrain
+from vit_pytorch import pretrain, train
 from vit_pytorch.checkpoint import load_model
+from vit_pytorch.evaluate import load_digits
 
 TINY = ['--threads', '1', '--dim', '32', '--depth', '2', '--heads', '2', '--dim-head', '16', '--mlp-dim', '64']
 FAST = ['--quiet', '--no-plots', '--batch-size', '256', '--warmup-epochs', '1'] + TINY
@@ -189,7 +190,7 @@ def test_signals_are_refused(tmp_path, capsys, monkeypatch):
 
 WORKER = """
 import sys
-from vit_pytorch import pretrain
+from vit_pytorch import pretrain, train
 sys.exit(pretrain.main(sys.argv[1:]))
 """
 
@@ -215,3 +216,98 @@ def test_two_processes_pre_train_and_write_one_checkpoint(tmp_path):
     assert math.isfinite(record['loss'])
     model, _ = load_model(out / 'checkpoint')
     assert model(torch.zeros(1, 1, 16, 16)).shape == (1, 10)
+
+
+# the pre-trained network in the training command: --init, --linear-probe, --label-fraction
+
+
+@pytest.fixture(scope='module')
+def pretrained(tmp_path_factory):
+    out = tmp_path_factory.mktemp('pretrained') / 'mae'
+    assert run('--method', 'mae', '--decoder-depth', 1, '--epochs', 1, '--out', out, *FAST) == 0
+    return out / 'checkpoint'
+
+
+def train_run(*argv):
+    return train.main([str(arg) for arg in argv])
+
+
+def test_label_fraction_takes_the_same_share_of_every_class_drawn_by_the_seed():
+    labels = torch.arange(10).repeat_interleave(torch.tensor([130, 140, 135, 120, 150, 128, 133, 137, 139, 135]))
+    chosen = train.label_subset(labels, 0.05, seed=0)
+    counts = torch.bincount(labels[chosen], minlength=10).tolist()
+    assert counts == [round(0.05 * n) for n in (130, 140, 135, 120, 150, 128, 133, 137, 139, 135)]
+    assert torch.equal(chosen, train.label_subset(labels, 0.05, seed=0))
+    assert not torch.equal(chosen, train.label_subset(labels, 0.05, seed=1))
+    assert torch.equal(train.label_subset(labels, 1.0, seed=3), torch.arange(len(labels)))
+    assert torch.bincount(labels[train.label_subset(labels, 0.001, seed=0)]).tolist() == [1] * 10
+    with pytest.raises(ValueError, match='--label-fraction'):
+        train.label_subset(labels, 0.0, seed=0)
+
+
+def test_linear_probe_trains_only_a_new_head_on_the_pre_trained_network(pretrained, tmp_path):
+    out = tmp_path / 'probe'
+    assert train_run('--init', pretrained, '--linear-probe', '--label-fraction', 0.1, '--epochs', 1, '--out', out,
+                     '--quiet', '--no-plots', '--threads', 1) == 0
+    start, probed = weights_of(pretrained), weights_of(out / 'checkpoint')
+    assert start.keys() == probed.keys()
+    head = {key for key in start if key.startswith('mlp_head.')}
+    assert head == {'mlp_head.weight', 'mlp_head.bias'}
+    for key in start.keys() - head:
+        assert torch.equal(start[key], probed[key]), key          # the network, frozen as it was pre-trained
+    assert probed['mlp_head.weight'].abs().sum() > 0              # the new head, zero at first, has learned
+    [record] = log_of(out)
+    per_class = torch.bincount(load_digits('train').labels).tolist()
+    assert record['train_images'] == sum(round(0.1 * n) for n in per_class) == 136   # 10 % of each class
+
+
+def test_fine_tuning_starts_from_the_pre_trained_network_and_trains_all_of_it(pretrained, tmp_path, monkeypatch):
+    seen = {}
+    real_step = torch.optim.AdamW.step
+
+    def first_step(self, *args, **kwargs):                         # the weights before the first update
+        if not seen:
+            seen.update({id(p): p.detach().clone() for group in self.param_groups for p in group['params']})
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, 'step', first_step)
+    out = tmp_path / 'finetune'
+    assert train_run('--init', pretrained, '--label-fraction', 0.05, '--epochs', 1, '--out', out, '--quiet',
+                     '--no-plots', '--threads', 1) == 0
+    model, config = load_model(out / 'checkpoint')
+    start = weights_of(pretrained)
+    assert config['model_kwargs'] == load_model(pretrained)[1]['model_kwargs']
+    assert len(seen) == len(start)                                 # every tensor trains
+    before = sorted(seen.values(), key=lambda tensor: tuple(tensor.shape))
+    for key, value in start.items():
+        if not key.startswith('mlp_head.'):                        # each pre-trained tensor was the start
+            assert any(tensor.shape == value.shape and torch.equal(tensor, value) for tensor in before), key
+    tuned = weights_of(out / 'checkpoint')
+    assert not torch.equal(tuned['transformer.layers.0.0.to_qkv.weight'], start['transformer.layers.0.0.to_qkv.weight'])
+
+
+def test_a_resumed_linear_probe_continues_exactly(pretrained, tmp_path, monkeypatch):
+    whole, broken = tmp_path / 'whole', tmp_path / 'broken'
+    args = ['--init', pretrained, '--linear-probe', '--label-fraction', 0.05, '--epochs', 2, '--quiet', '--no-plots',
+            '--threads', 1]
+    assert train_run(*args, '--out', whole) == 0
+    real_save = train.save_checkpoint
+
+    def save_then_die(*positional, **kwargs):
+        real_save(*positional, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, 'save_checkpoint', save_then_die)
+    assert train_run(*args, '--out', broken) == 130
+    monkeypatch.setattr(train, 'save_checkpoint', real_save)
+    assert train_run('--out', broken, '--resume') == 0
+    for key, value in weights_of(whole / 'checkpoint').items():
+        assert torch.equal(value, weights_of(broken / 'checkpoint')[key]), key
+
+
+def test_init_from_a_network_for_other_images_is_refused_naming_the_size(pretrained, tmp_path, capsys):
+    assert train_run('--init', pretrained, '--image-size', 8, '--epochs', 1, '--out', tmp_path / 'x', '--quiet',
+                     '--no-plots') == 2
+    assert '--image-size 16, this data gives 8' in capsys.readouterr().err
+    assert train_run('--init', tmp_path / 'nothing', '--epochs', 1, '--out', tmp_path / 'y', '--quiet') == 2
+    assert 'no checkpoint at' in capsys.readouterr().err
