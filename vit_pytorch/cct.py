@@ -97,15 +97,11 @@ def convert_reference_state_dict(state_dict):
     return converted
 
 
-def conv_output_size(size, kernel_size, stride, padding):
-    return (size + 2 * padding - kernel_size) // stride + 1
-
-
 def tokenizer_grid(size, layers, kernel, stride, padding, pool_kernel, pool_stride, pool_padding):
     """The (h', w') token grid the tokenizer leaves of an input of `size` (h, w)."""
     height, width = size
     for _ in range(layers):
-        height, width = (conv_output_size(conv_output_size(side, kernel, stride, padding),
+        height, width = (vit.conv_output_size(vit.conv_output_size(side, kernel, stride, padding),
                                           pool_kernel, pool_stride, pool_padding) for side in (height, width))
     return height, width
 

@@ -34,14 +34,10 @@ from vit_pytorch import cct, vit, vit_3d
 # helpers
 
 
-def conv_output_size(size, kernel_size, stride, padding):
-    return (size + 2 * padding - kernel_size) // stride + 1
-
-
 def tokenizer_grid(size, *, layers, kernels, strides, paddings, pool_kernels, pool_strides, pool_paddings):
     """The (frames', h', w') token grid the tokenizer leaves of a (frames, h, w) input."""
     for _ in range(layers):
-        size = tuple(conv_output_size(conv_output_size(side, k, s, p), pk, ps, pp) for side, k, s, p, pk, ps, pp
+        size = tuple(vit.conv_output_size(vit.conv_output_size(side, k, s, p), pk, ps, pp) for side, k, s, p, pk, ps, pp
                      in zip(size, kernels, strides, paddings, pool_kernels, pool_strides, pool_paddings))
     return size
 

@@ -55,27 +55,6 @@ def embedding_padding(config):
     return config['emb_kernel'] // 2 if config['emb_padding'] is None else config['emb_padding']
 
 
-def conv_output_size(size, kernel, stride, padding):
-    return (size + 2 * padding - kernel) // stride + 1
-
-
-def stage_indices(indices, num_stages):
-    """The stages `forward_intermediates` returns: None for all, an int n for the last n, or a list."""
-    if indices is None:
-        return list(range(num_stages))
-    if isinstance(indices, int) and not isinstance(indices, bool):
-        if not 1 <= indices <= num_stages:
-            raise ValueError(f"indices as an int takes the last n stages, 1 <= n <= {num_stages}, got {indices}")
-        return list(range(num_stages - indices, num_stages))
-    chosen = []
-    for index in indices:
-        if isinstance(index, bool) or not isinstance(index, int) or not -num_stages <= index < num_stages:
-            raise ValueError(f"indices must be stage numbers in [-{num_stages}, {num_stages}), got {index!r} "
-                             f"in {indices!r}")
-        chosen.append(index % num_stages)
-    return chosen
-
-
 def conv_projection(dim, kernel, stride):
     """Depthwise convolution (no bias) and BatchNorm over the token map: (b, dim, h, w) -> (b, h' * w', dim)."""
     return nn.Sequential(
@@ -223,7 +202,7 @@ class CvT(nn.Module):
         """The (h, w) token grid of every stage for images of `image_size` (h, w)."""
         grids, grid = [], tuple(image_size)
         for config in self.configs:
-            grid = tuple(conv_output_size(side, config['emb_kernel'], config['emb_stride'], embedding_padding(config))
+            grid = tuple(vit.conv_output_size(side, config['emb_kernel'], config['emb_stride'], embedding_padding(config))
                          for side in grid)
             grids.append(grid)
         return grids
@@ -259,7 +238,7 @@ class CvT(nn.Module):
     def forward_intermediates(self, img, indices=None):
         """Each chosen stage's patch tokens as a map (b, dim, h, w): Hugging Face's `hidden_states`."""
         self.check(img)
-        chosen = stage_indices(indices, len(self.transformers))
+        chosen = vit.take_indices(indices, len(self.transformers))
         x, maps = img, {}
         for i in range(max(chosen) + 1):
             x, grid = self.stage(i, x)

@@ -62,23 +62,6 @@ def halved(grid):
     return tuple((side - 1) // 2 + 1 for side in grid)
 
 
-def stage_indices(indices, num_stages):
-    """The stages `forward_intermediates` returns: None for all, an int n for the last n, or a list."""
-    if indices is None:
-        return list(range(num_stages))
-    if isinstance(indices, int) and not isinstance(indices, bool):
-        if not 1 <= indices <= num_stages:
-            raise ValueError(f"indices as an int takes the last n stages, 1 <= n <= {num_stages}, got {indices}")
-        return list(range(num_stages - indices, num_stages))
-    chosen = []
-    for index in indices:
-        if isinstance(index, bool) or not isinstance(index, int) or not -num_stages <= index < num_stages:
-            raise ValueError(f"indices must be stage numbers in [-{num_stages}, {num_stages}), got {index!r} "
-                             f"in {indices!r}")
-        chosen.append(index % num_stages)
-    return chosen
-
-
 def conv_norm(dim_in, dim_out):
     """A stride-2 3x3 convolution without bias, then BatchNorm (a step of the stem)."""
     return nn.Sequential(nn.Conv2d(dim_in, dim_out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(dim_out))
@@ -309,7 +292,7 @@ class LeViT(nn.Module):
 
     def forward_intermediates(self, img, indices=None):
         """Each chosen stage's tokens as a map (b, dim[i], h, w)."""
-        chosen = stage_indices(indices, len(self.transformers))
+        chosen = vit.take_indices(indices, len(self.transformers))
         x, maps = self.embed(img), {}
         for i in range(max(chosen) + 1):
             x = self.stage(i, x)

@@ -58,24 +58,6 @@ def pad_same(x, kernel_size, stride):
     return F.pad(x, (left, right, top, bottom))
 
 
-def take_indices(indices, count):
-    """Positions chosen by `indices`: None for all `count`, an int n for the last n, or a list of positions
-    (negative ones count from the end)."""
-    if indices is None:
-        return list(range(count))
-    if isinstance(indices, int) and not isinstance(indices, bool):
-        if not 1 <= indices <= count:
-            raise ValueError(f"indices as an int takes the last n feature maps, 1 <= n <= {count}, got {indices}")
-        return list(range(count - indices, count))
-    chosen = []
-    for index in indices:
-        if isinstance(index, bool) or not isinstance(index, int) or not -count <= index < count:
-            raise ValueError(f"indices must be feature map numbers in [-{count}, {count}), "
-                             f"got {index!r} in {indices!r}")
-        chosen.append(index % count)
-    return chosen
-
-
 # classes
 
 
@@ -335,7 +317,7 @@ class MaxViT(nn.Module):
     def forward_intermediates(self, img, indices=None):
         """The stem's and every stage's map, (b, num_chs, h / reduction, w / reduction) as in `feature_info`;
         `indices` chooses some (None: all, n: the last n, or a list of positions)."""
-        chosen = take_indices(indices, len(self.feature_info))
+        chosen = vit.take_indices(indices, len(self.feature_info))
         self.check_image_size(img)
         x = self.conv_stem(img)
         maps = [x]

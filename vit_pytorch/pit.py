@@ -44,27 +44,6 @@ def per_stage(value, stages):
     return tuple(value) if isinstance(value, (tuple, list)) else (value,) * stages
 
 
-def conv_output_size(size, kernel, stride, padding=0):
-    return (size + 2 * padding - kernel) // stride + 1
-
-
-def stage_indices(indices, num_stages):
-    """The stages `forward_intermediates` returns: None for all, an int n for the last n, or a list."""
-    if indices is None:
-        return list(range(num_stages))
-    if isinstance(indices, int) and not isinstance(indices, bool):
-        if not 1 <= indices <= num_stages:
-            raise ValueError(f"indices as an int takes the last n stages, 1 <= n <= {num_stages}, got {indices}")
-        return list(range(num_stages - indices, num_stages))
-    chosen = []
-    for index in indices:
-        if isinstance(index, bool) or not isinstance(index, int) or not -num_stages <= index < num_stages:
-            raise ValueError(f"indices must be stage numbers in [-{num_stages}, {num_stages}), got {index!r} "
-                             f"in {indices!r}")
-        chosen.append(index % num_stages)
-    return chosen
-
-
 # classes
 
 
@@ -115,7 +94,7 @@ class PiT(nn.Module):
         stages = len(depth)
         heads, mlp_dims = per_stage(heads, stages), per_stage(mlp_dim, stages)
         self.dims = tuple(dim * 2 ** i for i in range(stages))
-        self.grid_size = tuple(conv_output_size(size, patch, stride)
+        self.grid_size = tuple(vit.conv_output_size(size, patch, stride)
                                for size, patch, stride in zip(self.image_size, self.patch_size, self.stride))
 
         # overlapping patches: a convolution with kernel patch_size and stride patch_size // 2
@@ -156,7 +135,7 @@ class PiT(nn.Module):
         """Stage i (pooling first, after the first stage) on tokens of an (h, w) grid: its tokens and grid."""
         if i > 0:
             x = self.pools[i - 1](x, grid)
-            grid = tuple(conv_output_size(side, 3, 2, 1) for side in grid)
+            grid = tuple(vit.conv_output_size(side, 3, 2, 1) for side in grid)
         return self.transformers[i](x), grid
 
     def forward_features(self, img):
@@ -168,7 +147,7 @@ class PiT(nn.Module):
 
     def forward_intermediates(self, img, indices=None):
         """Each chosen stage's patch tokens as a map (b, width, h, w), before the final norm (as timm)."""
-        chosen = stage_indices(indices, len(self.transformers))
+        chosen = vit.take_indices(indices, len(self.transformers))
         x, grid, maps = self.embed(img), self.grid_size, {}
         for i in range(max(chosen) + 1):
             x, grid = self.stage(i, x, grid)

@@ -29,6 +29,8 @@ import inspect
 from einops import rearrange
 from torch import nn
 
+from vit_pytorch import vit
+
 __all__ = ['Recorder', 'Extractor', 'forward_intermediates', 'attention_modules', 'token_layout']
 
 
@@ -275,21 +277,6 @@ class Extractor(_Hooks):
         return self.embeddings if self.return_embeddings_only else (output, self.embeddings)
 
 
-def _block_indices(indices, depth):
-    if indices is None:
-        return list(range(depth))
-    if isinstance(indices, int) and not isinstance(indices, bool):
-        if not 1 <= indices <= depth:
-            raise ValueError(f"indices as an int takes the last n blocks, 1 <= n <= {depth}, got {indices}")
-        return list(range(depth - indices, depth))
-    chosen = []
-    for index in indices:
-        if isinstance(index, bool) or not isinstance(index, int) or not -depth <= index < depth:
-            raise ValueError(f"indices must be block numbers in [-{depth}, {depth}), got {index!r} in {indices!r}")
-        chosen.append(index % depth)
-    return chosen
-
-
 def _run_collecting_blocks(model, img, transformer):
     """Run the model once; every block output of `transformer`, in order."""
     calls, handles = [], []
@@ -369,7 +356,7 @@ def forward_intermediates(model, img, indices=None, *, output='tokens', transfor
         return model.forward_intermediates(img, indices=indices)
     transformer = _find_transformer(model, transformer)
     blocks = _run_collecting_blocks(model, img, transformer)
-    chosen = [blocks[i] for i in _block_indices(indices, len(blocks))]
+    chosen = [blocks[i] for i in vit.take_indices(indices, len(blocks), what='block')]
     if output == 'tokens':
         return chosen
     maps = []

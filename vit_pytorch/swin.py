@@ -382,7 +382,7 @@ class Swin(nn.Module):
     def forward_intermediates(self, img, indices=None):
         """Each chosen stage's output map before the final norm, (b, c, h, w) with `feature_info`'s channels
         and stride: indices None for every stage, an int n for the last n, or a list of stage numbers."""
-        chosen = stage_indices(indices, len(self.stages))
+        chosen = vit.take_indices(indices, len(self.stages))
         x, maps = self.embed(img), []
         for i, stage in enumerate(self.stages[:max(chosen) + 1]):
             x = stage(x)
@@ -398,7 +398,7 @@ class Swin(nn.Module):
         at their tokens' row-major positions on the stage's unshifted map, zero between windows
         and for the padding, so that `vit_pytorch.analysis`' rollout and attention distance apply.
         """
-        index = stage_indices([stage], len(self.stages))[0]
+        index = vit.take_indices([stage], len(self.stages))[0]
         size = stage_resolutions(vit.patch_grid(tuple(image_size), self.patch_size), len(self.stages))[index]
         depths = [len(other.blocks.layers) for other in self.stages]
         if len(maps) != sum(depths):
@@ -598,23 +598,6 @@ def swinv2_base_window16_256(**kwargs):
 
 
 # argument checks
-
-
-def stage_indices(indices, num_stages):
-    """Stage numbers from None (all), an int n (the last n) or a list (negative counts from the end)."""
-    if indices is None:
-        return list(range(num_stages))
-    if isinstance(indices, int) and not isinstance(indices, bool):
-        if not 1 <= indices <= num_stages:
-            raise ValueError(f"indices as an int takes the last n stages, 1 <= n <= {num_stages}, got {indices}")
-        return list(range(num_stages - indices, num_stages))
-    if not isinstance(indices, (list, tuple)) or not indices:
-        raise ValueError(f"indices must be None, an int or a non-empty list of stage numbers, got {indices!r}")
-    for index in indices:
-        if isinstance(index, bool) or not isinstance(index, int) or not -num_stages <= index < num_stages:
-            raise ValueError(f"indices must be stage numbers in [-{num_stages}, {num_stages}), got {index!r} "
-                             f"in {indices!r}")
-    return [index % num_stages for index in indices]
 
 
 def check_arguments(*, img_size, patch_size, in_chans, num_classes, embed_dim, depths, num_heads, window_size,

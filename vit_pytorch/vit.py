@@ -395,6 +395,28 @@ def resample_pos_embedding(pos_embedding, *, old_grid, new_grid, num_prefix_toke
     return torch.cat((prefix, grid))
 
 
+def conv_output_size(size, kernel, stride, padding=0):
+    """The length that a convolution or pooling (kernel, stride, padding) leaves of `size`."""
+    return (size + 2 * padding - kernel) // stride + 1
+
+
+def take_indices(indices, count, *, what='stage'):
+    """Which of `count` stages (or blocks) `forward_intermediates` returns: None for all, an int n for
+    the last n, or a list of numbers (negative ones count from the end)."""
+    if indices is None:
+        return list(range(count))
+    if isinstance(indices, int) and not isinstance(indices, bool):
+        if not 1 <= indices <= count:
+            raise ValueError(f"indices as an int takes the last n {what}s, 1 <= n <= {count}, got {indices}")
+        return list(range(count - indices, count))
+    if not isinstance(indices, (list, tuple)) or not indices:
+        raise ValueError(f"indices must be None, an int or a non-empty list of {what} numbers, got {indices!r}")
+    for index in indices:
+        if isinstance(index, bool) or not isinstance(index, int) or not -count <= index < count:
+            raise ValueError(f"indices must be {what} numbers in [-{count}, {count}), got {index!r} in {indices!r}")
+    return [index % count for index in indices]
+
+
 # ---------------------------------------------------------------------------------------------
 # Argument checks: every bad argument is a TypeError/ValueError that names it
 
