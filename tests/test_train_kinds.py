@@ -93,7 +93,7 @@ def test_signals_are_shifted_in_time_each_by_its_own_offset_filling_with_zeros()
     assert any(not torch.equal(row, signals[0, 0]) for row in moved[:, 0])
 
 
-def test_a_ucr_set_trains_with_vit_1d_and_evaluate_reproduces_the_accuracy(fake_aeon, tmp_path, capsys):
+def test_a_ucr_set_trains_with_vit_1d_evaluate_reproduces_it_and_names_the_extra_without_aeon(fake_aeon, tmp_path, capsys, monkeypatch):
     out = tmp_path / 'run'
     assert train.main(['--data', 'ucr:GunPoint', '--model', 'vit_1d', '--epochs', '8', '--batch-size', '8',
                        '--lr', '3e-3', '--warmup-epochs', '1', '--depth', '1', '--out', str(out), '--quiet',
@@ -105,6 +105,9 @@ def test_a_ucr_set_trains_with_vit_1d_and_evaluate_reproduces_the_accuracy(fake_
     capsys.readouterr()
     assert evaluate.main([str(out / 'checkpoint'), '--json']) == 0
     assert json.loads(capsys.readouterr().out)['accuracy'] == pytest.approx(log[-1]['test_accuracy'])
+    monkeypatch.setitem(sys.modules, 'aeon', None)                   # import aeon raises ImportError
+    assert evaluate.main([str(out / 'checkpoint')]) == 2
+    assert "aeon, not installed here; install the 'timeseries' extra" in capsys.readouterr().err
 
 
 def test_without_aeon_the_trainer_names_the_timeseries_extra(tmp_path, capsys, monkeypatch):

@@ -293,6 +293,7 @@ def main(argv=None):
         if source is None:
             raise CheckpointError(f"{args.checkpoint} does not say what data it was trained on; pass --data")
         chosen = data_source(source)
+        require(*chosen.requires, purpose=f'python -m vit_pytorch.evaluate on {source}', extra=chosen.extra)
         split = args.split or data_config.get('test_split') or chosen.test_split
         image_size = args.image_size or data_config['image_size']
         data = chosen.load(split, image_size=image_size, channels=data_config['channels'],
