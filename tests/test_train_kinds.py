@@ -93,7 +93,8 @@ def test_signals_are_shifted_in_time_each_by_its_own_offset_filling_with_zeros()
     assert any(not torch.equal(row, signals[0, 0]) for row in moved[:, 0])
 
 
-def test_a_ucr_set_trains_with_vit_1d_evaluate_reproduces_it_and_names_the_extra_without_aeon(fake_aeon, tmp_path, capsys, monkeypatch):
+def test_a_ucr_set_trains_with_vit_1d_evaluate_reproduces_it_and_names_the_extra_without_aeon(fake_aeon, tmp_path,
+                                                                                            capsys, monkeypatch):
     out = tmp_path / 'run'
     assert train.main(['--data', 'ucr:GunPoint', '--model', 'vit_1d', '--epochs', '8', '--batch-size', '8',
                        '--lr', '3e-3', '--warmup-epochs', '1', '--depth', '1', '--out', str(out), '--quiet',
