@@ -49,10 +49,13 @@ def classification_loss(model, img, labels):
 def training_flops(model, image_size, *, channels=3, num_classes=1000, loss=classification_loss):
     """FLOPs of one training step (forward + loss + backward) per image, and of an inference forward alone.
 
-    `loss(model, img, labels)` is the step's loss (default: cross-entropy of the logits). Counted
-    on two images and halved: a BatchNorm cannot train on one value per channel (LeViT's head).
+    `image_size` is an int (square images) or the input's sizes after the channels: a signal's
+    (length,), a clip's (frames, h, w). `loss(model, img, labels)` is the step's loss (default:
+    cross-entropy of the logits). Counted on two inputs and halved: a BatchNorm cannot train on
+    one value per channel (LeViT's head).
     """
-    img = torch.randn(2, channels, image_size, image_size)
+    sizes = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    img = torch.randn(2, channels, *sizes)
     label = torch.randint(0, num_classes, (2,))
     model = explicit_attention(copy.deepcopy(model)).eval()
     # with autograd on: under no_grad, the counter's module tracker rejects a parameter's view
