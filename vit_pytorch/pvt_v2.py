@@ -135,16 +135,16 @@ class ConvFeedForward(nn.Module):
 
 
 class DropPath(nn.Module):
-    """A residual branch `fn(x, size)` with stochastic depth: dropped for a random subset of the samples in
-    training."""
+    """A residual branch `fn(x, *args)` (args: e.g. the map's size) with stochastic depth: dropped for a random
+    subset of the samples in training."""
 
     def __init__(self, fn, p=0.):
         super().__init__()
         self.fn = fn
         self.p = p
 
-    def forward(self, x, size):
-        return vit.drop_path(self.fn(x, size), self.p, self.training)
+    def forward(self, x, *args):
+        return vit.drop_path(self.fn(x, *args), self.p, self.training)
 
 
 class MapTransformer(vit.Transformer):

@@ -1,0 +1,324 @@
+import math
+import textwrap
+
+import pytest
+import torch
+from einops import rearrange
+from torch import nn
+
+from helpers import count, digits_batch, fit_fixed_batch, load_fixture
+from vit_pytorch import twins_svt
+from vit_pytorch.pretrained import CheckpointError, load_timm, load_vit_pytorch
+from vit_pytorch.pvt_v2 import SpatialReductionAttention
+from vit_pytorch.recorder import Recorder
+from vit_pytorch.twins_svt import LocallyGroupedAttention, PositionEncodingGenerator, TwinsSVT
+
+
+def stage_kwargs(dims=(8, 16, 24, 32), heads=(1, 2, 3, 4), mlp=(2, 2, 4, 4), depths=(2, 3, 1, 2), ks=(4, 2, 1, 1),
+                 windows=(5, 4, 2, 2), patches=(4, 2, 2, 2)):
+    kwargs = {}
+    for i in range(4):
+        kwargs.update({f's{i + 1}_emb_dim': dims[i], f's{i + 1}_heads': heads[i], f's{i + 1}_mlp_mult': mlp[i],
+                       f's{i + 1}_depth': depths[i], f's{i + 1}_global_k': ks[i],
+                       f's{i + 1}_local_patch_size': windows[i], f's{i + 1}_patch_size': patches[i]})
+    return kwargs
+
+
+def tiny(**overrides):
+    """Four stages on 32x48 images: maps 8x12, 4x6, 2x3, 1x1; LSA windows 5, 4, 2, 2 that do not divide them."""
+    return TwinsSVT(**{'num_classes': 5, **stage_kwargs(), **overrides})
+
+
+def perturb(model, seed=0, scale=0.1):
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * scale)
+    return model
+
+
+# shapes and gradients
+
+
+def test_output_shapes():
+    model = tiny()
+    img = torch.randn(2, 3, 32, 48)
+    assert model(img).shape == (2, 5)
+    assert model.forward_features(img).shape == (2, 1, 32)
+    assert [tuple(m.shape) for m in model.forward_intermediates(img)] == [
+        (2, 8, 8, 12), (2, 16, 4, 6), (2, 24, 2, 3), (2, 32, 1, 1)]
+    assert tiny(num_classes=0)(img).shape == (2, 32)
+
+
+def test_every_parameter_gets_a_gradient():
+    model = tiny()
+    out = model(torch.randn(2, 3, 32, 48))
+    (out * torch.randn_like(out)).sum().backward()
+    missing = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not missing
+
+
+def test_vit_pytorchs_readme_arguments_build_a_model():
+    model = TwinsSVT(num_classes=1000, s1_emb_dim=64, s1_patch_size=4, s1_local_patch_size=7, s1_global_k=7,
+                     s1_depth=1, s2_emb_dim=128, s2_patch_size=2, s2_local_patch_size=7, s2_global_k=7, s2_depth=1,
+                     s3_emb_dim=256, s3_patch_size=2, s3_local_patch_size=7, s3_global_k=7, s3_depth=5,
+                     s4_emb_dim=512, s4_patch_size=2, s4_local_patch_size=7, s4_global_k=7, s4_depth=4,
+                     peg_kernel_size=3, dropout=0.)
+    assert [len([layer for layer in stage.blocks.layers if not isinstance(layer[0], PositionEncodingGenerator)])
+            for stage in model.stages] == [1, 1, 5, 4]
+    # heads of 32 channels where none are given, as the paper's SVT
+    assert [stage.blocks.layers[0][0].fn.heads for stage in model.stages] == [2, 4, 8, 16]
+
+
+# the paper's models (counts of the reference implementation, timm 1.0.31's twins_*)
+
+
+@pytest.mark.parametrize('variant, expected', [
+    ('svt_small', 24_060_776), ('svt_base', 56_070_952), ('svt_large', 99_271_400),
+    ('pcpvt_small', 24_106_216), ('pcpvt_base', 43_828_456), ('pcpvt_large', 60_989_672)])
+def test_named_configuration_parameter_counts(variant, expected):
+    with torch.device('meta'):
+        model = getattr(twins_svt, f'twins_{variant}')()
+    assert count(model) == expected
+
+
+def test_unknown_variant_is_refused():
+    with pytest.raises(ValueError, match='variant'):
+        twins_svt.twins('svt_huge')
+
+
+# what Twins adds: locally grouped and global sub-sampled attention, alternating, and the PEG
+
+
+def test_blocks_alternate_local_and_global_with_the_peg_after_the_first():
+    model = tiny()
+    kinds = [[type(layer[0]).__name__ if isinstance(layer[0], PositionEncodingGenerator) else type(layer[0].fn).__name__
+              for layer in stage.blocks.layers] for stage in model.stages]
+    assert kinds[1] == ['LocallyGroupedAttention', 'PositionEncodingGenerator', 'SpatialReductionAttention',
+                        'LocallyGroupedAttention']
+    pcpvt = tiny(**{f's{i}_local_patch_size': None for i in range(1, 5)})
+    assert all(isinstance(layer[0], (PositionEncodingGenerator, SpatialReductionAttention)) or
+               isinstance(layer[0].fn, SpatialReductionAttention) for stage in pcpvt.stages
+               for layer in stage.blocks.layers)
+
+
+def test_locally_grouped_attention_stays_within_its_window():
+    attention = perturb(LocallyGroupedAttention(4, 2, window_size=3)).eval()
+    x = torch.randn(1, 6 * 6, 4)
+    moved = x.clone()
+    moved[0, 1 * 6 + 4] += torch.randn(4)           # the token at row 1, column 4: window (0, 1)
+    with torch.no_grad():
+        changed = (attention(moved, (6, 6)) - attention(x, (6, 6))).abs().amax(-1) > 0
+    rows, cols = torch.meshgrid(torch.arange(6), torch.arange(6), indexing='ij')
+    assert torch.equal(rearrange(changed[0], '(h w) -> h w', h=6), (rows < 3) & (cols >= 3))
+
+
+def test_global_attention_lets_every_token_see_every_window():
+    attention = perturb(SpatialReductionAttention(4, 2, sr_ratio=3)).eval()
+    x = torch.randn(1, 6 * 6, 4)
+    moved = x.clone()
+    moved[0, 0] += torch.randn(4)
+    with torch.no_grad():
+        changed = (attention(moved, (6, 6)) - attention(x, (6, 6))).abs().amax(-1) > 0
+    assert changed.all()
+
+
+def test_the_peg_gives_positions_from_the_zero_padding():
+    # on a constant map the PEG's output differs only where the 3x3 kernel reaches the border
+    peg = perturb(PositionEncodingGenerator(4, 3)).eval()
+    with torch.no_grad():
+        out = rearrange(peg(torch.ones(1, 5 * 5, 4), (5, 5)), '1 (h w) d -> h w d', h=5)
+    assert torch.allclose(out[1:4, 1:4], out[2, 2].expand(3, 3, 4))
+    assert not torch.allclose(out[0, 2], out[2, 2])
+
+
+# the reference: timm's Twins, tiny, noisy weights (tests/fixtures/make_twins_svt_fixtures.py)
+
+
+def timm_case(name):
+    metadata, state_dict, tensors = load_fixture(name)
+    config = metadata['config']
+    model = TwinsSVT(num_classes=config['num_classes'], **stage_kwargs(
+        dims=config['embed_dims'], heads=config['num_heads'], mlp=config['mlp_ratios'], depths=config['depths'],
+        ks=config['sr_ratios'], windows=config.get('wss') or (None,) * 4, patches=(config['patch_size'], 2, 2, 2)))
+    return model, metadata, state_dict, tensors
+
+
+@pytest.mark.parametrize('name', ['timm_twins_svt', 'timm_twins_pcpvt'])
+def test_logits_and_feature_maps_equal_timms(name):
+    model, _, state_dict, tensors = timm_case(name)
+    model = load_timm(model.eval(), state_dict)
+    with torch.no_grad():
+        torch.testing.assert_close(model(tensors['input']), tensors['logits'], atol=1e-4, rtol=1e-4)
+        maps = model.forward_intermediates(tensors['input'])
+    assert len(maps) == 4
+    for i, found in enumerate(maps):
+        torch.testing.assert_close(found, tensors[f'feature.{i}'], atol=1e-4, rtol=1e-4)
+
+
+def test_feature_pyramid_from_forward_intermediates_has_timms_strides_and_channels():
+    model, metadata, _, tensors = timm_case('timm_twins_svt')
+    assert [(info['num_chs'], info['reduction']) for info in model.feature_info] == \
+        [(info['num_chs'], info['reduction']) for info in metadata['feature_info']]
+    img = tensors['input']
+    maps = model.forward_intermediates(img)
+    width = 8
+    laterals = nn.ModuleList(nn.Conv2d(info['num_chs'], width, 1) for info in model.feature_info)
+    pyramid = [lateral(m) for lateral, m in zip(laterals, maps)]
+    for i in range(len(pyramid) - 2, -1, -1):
+        pyramid[i] = pyramid[i] + nn.functional.interpolate(pyramid[i + 1], size=pyramid[i].shape[-2:])
+    for level, info in zip(pyramid, model.feature_info):
+        assert level.shape[:2] == (2, width)
+        assert all(side == image_side // info['reduction'] for side, image_side in zip(level.shape[-2:], img.shape[-2:]))
+
+
+@pytest.mark.parametrize('indices, expected', [(None, [0, 1, 2, 3]), (1, [3]), ([0, -2], [0, 2])])
+def test_forward_intermediates_returns_the_chosen_stages(indices, expected):
+    model, _, state_dict, tensors = timm_case('timm_twins_svt')
+    model = load_timm(model.eval(), state_dict)
+    with torch.no_grad():
+        maps = model.forward_intermediates(tensors['input'], indices=indices)
+    for found, i in zip(maps, expected, strict=True):
+        torch.testing.assert_close(found, tensors[f'feature.{i}'], atol=1e-4, rtol=1e-4)
+
+
+def test_an_svt_checkpoint_in_a_pcpvt_model_says_what_to_build():
+    _, _, state_dict, _ = timm_case('timm_twins_svt')
+    model = tiny(**{f's{i}_local_patch_size': None for i in range(1, 5)}, num_classes=7)
+    with pytest.raises(CheckpointError, match='s1_local_patch_size set'):
+        load_timm(model, state_dict)
+
+
+# vit-pytorch 1.26.14's TwinsSVT computes another function (tests/fixtures/make_twins_svt_fixtures.py)
+
+
+def test_vit_pytorch_checkpoint_is_refused_with_what_differs():
+    metadata, _, _ = load_fixture('vit_pytorch_1.26.14_twins_svt')
+    model = TwinsSVT(**metadata['config'])
+    state_dict = {key: torch.zeros(shape) for key, shape in metadata['shapes'].items()}
+    before = {key: value.clone() for key, value in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"vit-pytorch's TwinsSVT computes another function: its sN_depth counts"):
+        load_vit_pytorch(model, state_dict)
+    assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
+
+
+# recorder, compile, checkpointing, head
+
+
+def expected_attention(attention, x, size):
+    """softmax(q k^T / sqrt(d)) recomputed from the module's projections: per window (LSA) or to the reduced map."""
+    if isinstance(attention, LocallyGroupedAttention):
+        windows = attention.windows.split(rearrange(attention.norm(x), 'b (h w) d -> b h w d', h=size[0]))
+        q, k, _ = rearrange(attention.to_qkv(windows), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=attention.heads)
+    else:
+        normed = attention.norm(x)
+        q = rearrange(attention.to_q(normed), 'b n (h d) -> b h n d', h=attention.heads)
+        k, _ = rearrange(attention.to_kv(attention.keys_from(normed, size)), 'b m (kv h d) -> kv b h m d', kv=2,
+                         h=attention.heads)
+    return (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).softmax(dim=-1)
+
+
+def test_recorded_maps_are_per_block_in_stage_order_and_equal_the_softmax_of_q_and_k():
+    model = perturb(tiny()).double().eval()
+    img = torch.randn(2, 3, 32, 48, dtype=torch.float64)
+    inputs = []
+    hooks = [layer[0].fn.register_forward_pre_hook(lambda module, args: inputs.append((module, *args)))
+             for stage in model.stages for layer in stage.blocks.layers if hasattr(layer[0], 'fn')]
+    with torch.no_grad():
+        logits, maps = Recorder(model)(img)
+    for hook in hooks:
+        hook.remove()
+    # stage 1: 8x12 padded to 10x15, 6 windows of 5x5, then keys reduced 4x4 to 2x3; stage 2: 4x6 padded to 4x8,
+    # 2 windows of 4x4, keys reduced to 2x3, windows again; stage 3: 2x3 padded to 2x4, 2 windows of 2x2;
+    # stage 4: 1x1 padded to 2x2, one window, then the map itself
+    assert [tuple(m.shape) for m in maps] == [
+        (2 * 6, 1, 25, 25), (2, 1, 96, 6), (2 * 2, 2, 16, 16), (2, 2, 24, 6), (2 * 2, 2, 16, 16),
+        (2 * 2, 3, 4, 4), (2, 4, 4, 4), (2, 4, 1, 1)]
+    with torch.no_grad():
+        for recorded, (attention, x, size) in zip(maps, inputs, strict=True):
+            torch.testing.assert_close(recorded, expected_attention(attention, x, size), atol=1e-12, rtol=0)
+        torch.testing.assert_close(logits, model(img))
+
+
+def test_compiles_without_graph_breaks_forward_and_backward():
+    model = tiny(s1_depth=2, s2_depth=1, s3_depth=1, s4_depth=1, drop_path_rate=0.1).eval()
+    img = torch.randn(2, 3, 32, 48)
+    compiled = torch.compile(model, fullgraph=True, backend='eager')
+    out = compiled(img)
+    out.sum().backward()
+    torch.testing.assert_close(out, model(img))
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    model = tiny()
+    img = torch.randn(2, 3, 32, 48)
+    model(img).sum().backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    model.set_grad_checkpointing(True)
+    model(img).sum().backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name])
+
+
+def test_reset_classifier_gives_a_zero_head():
+    model = tiny()
+    model.reset_classifier(3)
+    assert torch.equal(model(torch.randn(2, 3, 32, 48)), torch.zeros(2, 3))
+    model.reset_classifier(0)
+    assert model(torch.randn(2, 3, 32, 48)).shape == (2, 32)
+
+
+# learning
+
+
+def test_tiny_model_overfits_32_real_digits():
+    images, labels = digits_batch(32, size=16)
+    model = TwinsSVT(num_classes=10, channels=1, **stage_kwargs(dims=(16, 32, 32, 32), heads=(1, 2, 2, 2),
+                                                                 depths=(2, 1, 1, 1), ks=(2, 1, 1, 1),
+                                                                 windows=(2, 2, 1, 1), patches=(2, 2, 2, 2)))
+    accuracy, steps = fit_fixed_batch(model, images, labels)
+    assert accuracy == 1.0, f'training accuracy {accuracy} after {steps} steps'
+
+
+# errors
+
+
+@pytest.mark.parametrize('overrides, error, match', [
+    (dict(s1_depth=0), ValueError, 's1_depth'),
+    (dict(s2_emb_dim=2.5), TypeError, 's2_emb_dim'),
+    (dict(s3_heads=5), ValueError, 's3_heads 5 must divide s3_emb_dim 24'),
+    (dict(s4_local_patch_size=0), ValueError, 's4_local_patch_size'),
+    (dict(s1_global_k=None), TypeError, 's1_global_k'),
+    (dict(peg_kernel_size=2), ValueError, 'peg_kernel_size must be odd'),
+    (dict(dropout=1.0), ValueError, 'dropout'),
+    (dict(num_classes=-1), ValueError, 'num_classes'),
+])
+def test_bad_arguments_are_refused_with_their_name(overrides, error, match):
+    with pytest.raises(error, match=match):
+        tiny(**overrides)
+
+
+def test_an_image_too_small_for_a_stage_is_refused_with_the_size_that_works():
+    with pytest.raises(ValueError, match=r'leaves stage 1 a 3x3 map, smaller than 4 .*at least 16 pixels'):
+        tiny()(torch.randn(1, 3, 12, 12))
+    with pytest.raises(ValueError, match=r'leaves stage 4 a 0x0 map'):
+        tiny()(torch.randn(1, 3, 16, 16))
+
+
+def test_missing_num_classes_is_a_type_error_as_in_vit_pytorch():
+    with pytest.raises(TypeError, match='num_classes'):
+        TwinsSVT()
+
+
+# the module's example
+
+
+def test_module_docstring_example_runs_and_says_what_it_gives():
+    example = twins_svt.__doc__.split('    import torch', 1)[1].split('\nThe keyword', 1)[0]
+    namespace = {}
+    exec(textwrap.dedent('    import torch' + example), namespace)
+    assert namespace['logits'].shape == (2, 10)
+    assert [tuple(m.shape[-2:]) for m in namespace['maps']] == [(16, 16), (8, 8), (4, 4), (2, 2)]
+    assert count(namespace['paper_model']) == 24_060_776
