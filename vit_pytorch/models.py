@@ -40,6 +40,7 @@ MODELS = {
     'levit': 'vit_pytorch.levit:LeViT',
     'cvt': 'vit_pytorch.cvt:CvT',
     'pvt_v2': 'vit_pytorch.pvt_v2:PyramidVisionTransformerV2',
+    'twins_svt': 'vit_pytorch.twins_svt:TwinsSVT',
     'mobile_vit': 'vit_pytorch.mobile_vit:RegisteredMobileViT',
     'na_vit': 'vit_pytorch.na_vit:NaViT',
     'vit_1d': 'vit_pytorch.vit_1d:ViT',
@@ -79,6 +80,11 @@ SMALL_CONFIGS = {
     # any size: maps 4, 2, 1 at 16 pixels (8, 4, 2 at 32); the first stage's keys reduced 2x2
     'pvt_v2': dict(depths=(1, 1, 1), embed_dims=(32, 64, 128), num_heads=(1, 2, 4), sr_ratios=(2, 1, 1),
                    mlp_ratios=(4, 4, 4)),
+    # any size: patches of 2, maps 8, 4, 2, 1 at 16 pixels; windows 4, 2, 2, 1, global keys sub-sampled 2, 2, 1, 1
+    'twins_svt': dict(s1_emb_dim=32, s1_patch_size=2, s1_local_patch_size=4, s1_global_k=2, s1_depth=2,
+                      s2_emb_dim=64, s2_patch_size=2, s2_local_patch_size=2, s2_global_k=2, s2_depth=2,
+                      s3_emb_dim=64, s3_patch_size=2, s3_local_patch_size=2, s3_global_k=1, s3_depth=2,
+                      s4_emb_dim=128, s4_patch_size=2, s4_local_patch_size=1, s4_global_k=1, s4_depth=1),
     # any size (the strides 2, 1, 2, 2, 2, 2 give maps of 2, 1, 1 in the MobileViT blocks at 16 pixels, 4, 2, 1 at
     # 32): patches of 1 x 1, so each block attends over its whole map rather than over one pixel of every 2x2 patch;
     # `widths` is vit-pytorch's `channels` (the registered class takes `channels` as the images', as all others do)
