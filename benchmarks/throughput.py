@@ -102,6 +102,7 @@ REGISTRY = {
     'levit': ('levit_128s, one head', 'levit_128s', dict(distillation=False), 224, 3, NUM_CLASSES),
     'cvt': ('cvt_13', 'cvt_13', {}, 224, 3, NUM_CLASSES),
     'pvt_v2': ('pvt_v2_b0', 'pvt_v2_b0', {}, 224, 3, NUM_CLASSES),
+    'twins_svt': ('twins_svt_small', 'twins_svt_small', {}, 224, 3, NUM_CLASSES),
     'mobile_vit': ('mobilevit_xxs (256 px)', 'mobilevit_xxs', {}, 256, 3, NUM_CLASSES),
     'small_dataset_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
     # as many attention and MLP blocks as S/16, in 6 layers of 2 parallel branches
@@ -155,6 +156,7 @@ REFERENCES = {
     'levit': ('timm levit_128s, one head', lambda ours: timm_reference('levit_128s', ours, distilled=False)),
     'cvt': ('Hugging Face CvtForImageClassification (CvT-13)', lambda ours: hf_cvt_reference(ours)),
     'pvt_v2': ('timm pvt_v2_b0', lambda ours: timm_reference('pvt_v2_b0', ours)),
+    'twins_svt': ('timm twins_svt_small', lambda ours: timm_reference('twins_svt_small', ours)),
     'mobile_vit': ('timm mobilevit_xxs', lambda ours: timm_reference('mobilevit_xxs', ours)),
 }
 
