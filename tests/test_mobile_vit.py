@@ -6,7 +6,9 @@ from einops import rearrange
 from torch import nn
 
 from helpers import count, digits_batch, fit_fixed_batch, load_fixture
-from vit_pytorch.mobile_vit import MobileViT, MobileViTBlock, mobilevit_s, mobilevit_xs, mobilevit_xxs
+from vit_pytorch.mobile_vit import (MobileViT, MobileViTBlock, RegisteredMobileViT, mobilevit_s, mobilevit_xs,
+                                   mobilevit_xxs)
+from vit_pytorch.train import model_config
 from vit_pytorch.pretrained import CheckpointError, load_timm, load_vit_pytorch
 from vit_pytorch.recorder import Recorder
 
@@ -195,13 +197,29 @@ def test_reset_classifier_gives_a_zero_head():
     assert model(torch.randn(2, 3, 40, 56)).shape == (2, 32)
 
 
+# the registry's face: `channels` are the images' (the training command's --channels), `widths` vit-pytorch's channels
+
+
+def test_registered_class_is_mobilevit_with_the_images_channels_as_channels():
+    widths = (8,) * 10 + (16,)
+    registered = RegisteredMobileViT(image_size=16, dims=(8, 8, 8), widths=widths, num_classes=3, channels=1,
+                                     depths=(1, 1, 1)).eval()
+    plain = MobileViT(image_size=16, dims=(8, 8, 8), channels=widths, num_classes=3, in_chans=1, depths=(1, 1, 1))
+    plain.load_state_dict(registered.state_dict())
+    img = torch.randn(2, 1, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(registered(img), plain.eval()(img), atol=0, rtol=0)
+    kwargs = model_config('mobile_vit', {}, image_size=16, channels=1, num_classes=10)
+    assert kwargs['channels'] == 1 and len(kwargs['widths']) == 11 and kwargs['num_classes'] == 10
+
+
 # learning
 
 
 def test_tiny_model_overfits_32_real_digits():
     images, labels = digits_batch(32, size=16)
     model = tiny_mobile_vit(image_size=16, dims=(8, 8, 8), channels=(8,) * 10 + (16,), depths=(1, 1, 1), num_classes=10,
-                            in_channels=1)
+                            in_chans=1)
     accuracy, steps = fit_fixed_batch(model, images, labels, lr=1e-2)
     assert accuracy == 1.0, f'training accuracy {accuracy} after {steps} steps'
 
@@ -218,7 +236,7 @@ def test_tiny_model_overfits_32_real_digits():
     (dict(channels=(8, 8, 8, 16, 8, 8, 16, 16, 16, 16, 32)), ValueError, r'channels\[2\] and channels\[3\]'),
     (dict(expansion=0), ValueError, 'expansion'),
     (dict(image_size=0), ValueError, 'image_size'),
-    (dict(in_channels=1.5), TypeError, 'in_channels'),
+    (dict(in_chans=1.5), TypeError, 'in_chans'),
 ])
 def test_bad_arguments_are_refused_with_their_name(overrides, error, match):
     with pytest.raises(error, match=match):

@@ -24,7 +24,8 @@ vit-pytorch's MobileViT takes the same keyword arguments but computes another fu
 `vit_pytorch_plan`), so its checkpoints are refused with what differs. Any image size works: a
 map whose sides the patch size does not divide is resized (bilinear) to the next multiple
 around the transformer and back, as in the reference; `image_size` is checked and kept for
-vit-pytorch's signature only. vit-pytorch reads the input channels as 3; here `in_channels`.
+vit-pytorch's signature only. vit-pytorch reads the input channels as 3; here `in_chans` (timm's name,
+under which the training command passes the data's channels).
 """
 
 import math
@@ -48,24 +49,6 @@ def conv_bn_act(dim_in, dim_out, kernel_size=1, stride=1, *, groups=1):
         nn.BatchNorm2d(dim_out, eps=NORM_EPS),
         nn.SiLU(),
     )
-
-
-def take_indices(indices, count):
-    """Positions chosen by `indices`: None for all `count`, an int n for the last n, or a list of positions
-    (negative ones count from the end)."""
-    if indices is None:
-        return list(range(count))
-    if isinstance(indices, int) and not isinstance(indices, bool):
-        if not 1 <= indices <= count:
-            raise ValueError(f"indices as an int takes the last n feature maps, 1 <= n <= {count}, got {indices}")
-        return list(range(count - indices, count))
-    chosen = []
-    for index in indices:
-        if isinstance(index, bool) or not isinstance(index, int) or not -count <= index < count:
-            raise ValueError(f"indices must be feature map numbers in [-{count}, {count}), "
-                             f"got {index!r} in {indices!r}")
-        chosen.append(index % count)
-    return chosen
 
 
 # classes
@@ -155,7 +138,7 @@ class MobileViT(nn.Module):
     embedding (b, channels[-1]), as timm does.
 
     Options beyond vit-pytorch's API (the defaults are the paper's):
-      in_channels  input channels (vit-pytorch: always 3).
+      in_chans     input channels (vit-pytorch: always 3; timm's name).
       heads        attention heads of every transformer, of width dims[i] / heads.
       mlp_ratio    MLP width over the transformer width.
 
@@ -166,11 +149,11 @@ class MobileViT(nn.Module):
     num_prefix_tokens = 0
 
     def __init__(self, *, image_size, dims, channels, num_classes, expansion=4, kernel_size=3, patch_size=(2, 2),
-                 depths=(2, 4, 3), in_channels=3, heads=4, mlp_ratio=2.):
+                 depths=(2, 4, 3), in_chans=3, heads=4, mlp_ratio=2.):
         check_arguments(**vit.arguments(locals()))
         super().__init__()
         self.image_size, self.patch_size = vit.pair(image_size), vit.pair(patch_size)
-        self.in_channels, self.num_classes = in_channels, num_classes
+        self.in_chans, self.num_classes = in_chans, num_classes
         c = list(channels)
 
         def transformer_stage(i):
@@ -180,7 +163,7 @@ class MobileViT(nn.Module):
                                kernel_size=kernel_size, patch_size=self.patch_size),
             )
 
-        self.conv1 = conv_bn_act(in_channels, c[0], 3, 2)
+        self.conv1 = conv_bn_act(in_chans, c[0], 3, 2)
         self.stages = nn.ModuleList([
             nn.Sequential(InvertedResidual(c[0], c[1], 1, expansion)),
             nn.Sequential(InvertedResidual(c[1], c[2], 2, expansion), InvertedResidual(c[2], c[3], 1, expansion),
@@ -196,8 +179,8 @@ class MobileViT(nn.Module):
     def forward_intermediates(self, img, indices=None):
         """The first four stages' maps and the final convolution's, (b, num_chs, h / reduction, w / reduction)
         as in `feature_info` (rounded up); `indices` chooses some (None: all, n: the last n, or a list)."""
-        chosen = take_indices(indices, len(self.feature_info))
-        vit.check_images(img, channels=self.in_channels, patch_size=(1, 1), dtype=self.final_conv[0].weight.dtype)
+        chosen = vit.take_indices(indices, len(self.feature_info))
+        vit.check_images(img, channels=self.in_chans, patch_size=(1, 1), dtype=self.final_conv[0].weight.dtype)
         x, maps = self.conv1(img), []
         for stage in self.stages[:max(chosen) + 1]:
             maps.append(stage(x))
@@ -208,7 +191,7 @@ class MobileViT(nn.Module):
 
     def forward_features(self, img):
         """The final 1x1 convolution's map, (b, channels[-1], h / 32, w / 32) (rounded up)."""
-        vit.check_images(img, channels=self.in_channels, patch_size=(1, 1), dtype=self.final_conv[0].weight.dtype)
+        vit.check_images(img, channels=self.in_chans, patch_size=(1, 1), dtype=self.final_conv[0].weight.dtype)
         x = self.conv1(img)
         for stage in self.stages:
             x = stage(x)
@@ -228,6 +211,23 @@ class MobileViT(nn.Module):
         self.num_classes = num_classes
         weight = self.final_conv[0].weight
         self.mlp_head = vit.zero_linear(weight.shape[0], num_classes, like=weight) if num_classes > 0 else None
+
+
+class RegisteredMobileViT(MobileViT):
+    """MobileViT under the argument names of the package's registry (`vit_pytorch.models`, 'mobile_vit'):
+    `channels` is the images' channels, as for every other registered model and the training command's
+    `--channels`, and `widths` the eleven widths that vit-pytorch's `channels` lists. The same model and
+    state_dict as `MobileViT(channels=widths, in_chans=channels, ...)`.
+
+        model = RegisteredMobileViT(image_size=16, dims=(8, 8, 8), widths=(8,) * 10 + (16,), num_classes=10,
+                                    channels=1)
+    """
+
+    def __init__(self, *, image_size, dims, widths, num_classes, channels=3, expansion=4, kernel_size=3,
+                 patch_size=(2, 2), depths=(2, 4, 3), heads=4, mlp_ratio=2.):
+        super().__init__(image_size=image_size, dims=dims, channels=widths, num_classes=num_classes,
+                         expansion=expansion, kernel_size=kernel_size, patch_size=patch_size, depths=depths,
+                         in_chans=channels, heads=heads, mlp_ratio=mlp_ratio)
 
 
 # the paper's models (Table 4, section B; timm's mobilevit_*): name -> (dims, channels, expansion); 256x256
@@ -264,7 +264,7 @@ def mobilevit_s(**kwargs):
 
 
 def check_arguments(*, image_size, dims, channels, num_classes, expansion, kernel_size, patch_size, depths,
-                    in_channels, heads, mlp_ratio):
+                    in_chans, heads, mlp_ratio):
     vit.positive_pair('image_size', image_size)
     vit.positive_pair('patch_size', patch_size)
     for name, value, length in (('dims', dims, 3), ('channels', channels, 11), ('depths', depths, 3)):
@@ -273,7 +273,7 @@ def check_arguments(*, image_size, dims, channels, num_classes, expansion, kerne
         for item in value:
             vit.positive_int(name, item)
     vit.non_negative_int('num_classes', num_classes)
-    for name, value in dict(kernel_size=kernel_size, in_channels=in_channels, heads=heads).items():
+    for name, value in dict(kernel_size=kernel_size, in_chans=in_chans, heads=heads).items():
         vit.positive_int(name, value)
     if kernel_size % 2 == 0:
         raise ValueError(f"kernel_size must be odd (the convolutions keep the map's size), got {kernel_size}")
