@@ -557,6 +557,53 @@ def pvt_v2_spec():
     )
 
 
+@st.composite
+def twins_svt_configs(draw):
+    """Twins (vit-pytorch's arguments): four stages, local windows or none (PCPVT), sub-sampling of 1 or 2."""
+    kwargs = dict(num_classes=draw(st.integers(0, 6)), peg_kernel_size=draw(st.sampled_from([1, 3])),
+                  dropout=draw(dropouts), channels=draw(st.integers(1, 3)), drop_path_rate=draw(dropouts))
+    for i in range(1, 5):
+        heads = draw(st.integers(1, 2))
+        kwargs.update({f's{i}_emb_dim': heads * draw(st.integers(1, 4)), f's{i}_heads': heads,
+                       f's{i}_patch_size': draw(st.integers(1, 2)) if i == 1 else 2,
+                       f's{i}_local_patch_size': draw(st.one_of(st.none(), st.integers(1, 3))),
+                       f's{i}_global_k': draw(st.integers(1, 2)), f's{i}_depth': draw(st.integers(1, 2)),
+                       f's{i}_mlp_mult': draw(st.integers(1, 2))})
+    return kwargs
+
+
+def twins_svt_fits(kwargs, size):
+    """Every stage's map at least one token, and at least global_k where the stage has a global block."""
+    for i in range(1, 5):
+        size = tuple(side // kwargs[f's{i}_patch_size'] for side in size)
+        has_global = kwargs[f's{i}_local_patch_size'] is None or kwargs[f's{i}_depth'] > 1
+        if min(size) < (kwargs[f's{i}_global_k'] if has_global else 1):
+            return False
+    return True
+
+
+def twins_svt_spec():
+    """TwinsSVT has no image size: 32x32 examples, and any size that leaves every stage its keys."""
+    stage_names = ('emb_dim', 'patch_size', 'global_k', 'depth', 'mlp_mult')
+    return ModelSpec(
+        name='twins_svt', target='twins_svt:TwinsSVT', configs=twins_svt_configs(),
+        example=dict(num_classes=5, **{f's{i}_{name}': value for i in range(1, 5) for name, value in dict(
+            emb_dim=8, patch_size=2, local_patch_size=2, global_k=1, depth=2, heads=2, mlp_mult=2).items()}),
+        output_shapes=lambda kwargs, batch, size: [(batch, kwargs['num_classes'] or kwargs['s4_emb_dim'])],
+        bad_arguments=dict(
+            {f's{i}_{name}': bad_positive_ints() for i in range(1, 5) for name in stage_names},
+            **{f's{i}_{name}': bad_positive_ints().filter(lambda v: v is not None)
+               for i in range(1, 5) for name in ('local_patch_size', 'heads')},
+            num_classes=bad_non_negative_ints(), peg_kernel_size=bad_positive_ints(), dropout=bad_probabilities(),
+            channels=bad_positive_ints(), drop_path_rate=bad_probabilities()),
+        image_shape=lambda kwargs: (kwargs.get('channels', 3), 32, 32),
+        any_input_size=lambda kwargs: True,
+        size_step=lambda kwargs: (16, 16),
+        input_fits=twins_svt_fits,
+        bad_sizes=lambda kwargs: st.sampled_from([(0, 16), (16, 0), (0, 0)]),
+    )
+
+
 # documented outputs
 
 
@@ -809,6 +856,7 @@ MODELS = [
     levit_spec(),
     cvt_spec(),
     pvt_v2_spec(),
+    twins_svt_spec(),
 ]
 
 model_table = pytest.mark.parametrize('spec', MODELS, ids=lambda spec: spec.name)
