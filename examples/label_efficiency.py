@@ -77,6 +77,8 @@ def main(argv=None):
     parser.add_argument('--methods', nargs='+', default=list(METHODS), choices=METHODS)
     parser.add_argument('--pretrain-epochs', type=int, default=30, help='MAE, SimMIM and MPP')
     parser.add_argument('--dino-epochs', type=int, default=15, help='DINO (5 views an image, so 5x the cost)')
+    parser.add_argument('--dino-lr', type=float, default=1.25e-4,
+                        help="DINO's peak learning rate: the paper's 5e-4 x batch / 256")
     parser.add_argument('--finetune-epochs', type=int, default=30)
     parser.add_argument('--fractions', nargs='+', type=float, default=[0.05, 0.1])
     parser.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
@@ -91,7 +93,8 @@ def main(argv=None):
         epochs = args.dino_epochs if method == 'dino' else args.pretrain_epochs
         folder = out / f'pretrain-{method}'
         print(f"pre-training {method} for {epochs} epochs", flush=True)
-        run_once(pretrain, folder, epochs, ['--method', method, '--epochs', epochs, '--seed', 0, *common])
+        recipe = ['--lr', args.dino_lr] if method == 'dino' else []
+        run_once(pretrain, folder, epochs, ['--method', method, '--epochs', epochs, '--seed', 0, *recipe, *common])
         checkpoints[method] = folder / 'checkpoint'
 
     results = {}

@@ -403,7 +403,7 @@ def draw(learner, method, data, *, mean, std, device, out, count=8):
     return []
 
 
-def reconstructions(learner, method, images, seed=0):
+def reconstructions(learner, method, images, seed=1):
     """(masked, reconstruction, hidden) of MAE or SimMIM on normalised `images`, with a mask drawn from `seed`:
     hidden (b, c, h, w) True on the pixels of the hidden patches."""
     encoder = learner.encoder
