@@ -346,7 +346,7 @@ def mobile_vit_configs(draw):
         num_classes=draw(st.integers(0, 6)), expansion=draw(st.sampled_from([1, 2, 4])),
         kernel_size=draw(st.sampled_from([1, 3])),
         patch_size=draw(st.one_of(st.integers(1, 3), st.tuples(st.integers(1, 3), st.integers(1, 3)))),
-        depths=tuple(draw(st.lists(st.integers(1, 2), min_size=3, max_size=3))), in_channels=draw(st.integers(1, 3)),
+        depths=tuple(draw(st.lists(st.integers(1, 2), min_size=3, max_size=3))), in_chans=draw(st.integers(1, 3)),
         heads=heads, mlp_ratio=draw(st.sampled_from([1.0, 2.0])),
     )
 
@@ -366,9 +366,9 @@ def mobile_vit_spec():
             depths=st.sampled_from([(), (1, 1), (1, 0, 1), 2, None]),
             expansion=st.sampled_from([0, -1.0, math.nan, '4', None, True]),
             kernel_size=st.one_of(bad_positive_ints(), st.sampled_from([2, 4])),
-            in_channels=bad_positive_ints(), heads=bad_positive_ints(),
+            in_chans=bad_positive_ints(), heads=bad_positive_ints(),
             mlp_ratio=st.sampled_from([0, -2.0, math.inf, '2', None])),
-        image_shape=lambda kwargs: (kwargs.get('in_channels', 3), *pair(kwargs['image_size'])),
+        image_shape=lambda kwargs: (kwargs.get('in_chans', 3), *pair(kwargs['image_size'])),
         any_input_size=lambda kwargs: True,
         size_step=lambda kwargs: (1, 1),
         batches=st.integers(2, 4),          # BatchNorm cannot train on one value per channel (1x1 maps)
