@@ -50,10 +50,10 @@ RECIPE = ('batch_size', 'lr', 'weight_decay', 'warmup_epochs', 'label_smoothing'
 # each experiment's defaults, for what the command line leaves out (sized to run in minutes on one CPU core)
 EXPERIMENTS = {
     'pooling': dict(epochs=10, seeds=1, lrs=(3e-4, 1e-3, 3e-3, 1e-2)),
-    'positions': dict(epochs=10, seeds=3, kinds=KINDS),
+    'positions': dict(epochs=30, seeds=3, kinds=KINDS),
     'similarity': dict(epochs=10, seeds=1, patch_sizes=(2, 4), weight_decays=(0.0, 1.0)),
-    'transfer': dict(epochs=10, seeds=3, shots=(5, 20), finetune_epochs=30, finetune_lr=1e-3, pre_logits_dim=64),
-    'scaling': dict(epochs=4, seeds=1, patch_sizes=(2, 4), widths=(32, 64, 128), fractions=(0.2, 1.0)),
+    'transfer': dict(epochs=30, seeds=3, shots=(5, 20), finetune_epochs=30, finetune_lr=1e-3, pre_logits_dim=64),
+    'scaling': dict(epochs=12, seeds=1, patch_sizes=(2, 4), widths=(32, 64, 128), fractions=(0.2, 1.0)),
 }
 # the trainer's small ViT at half its depth, so that a grid of runs takes minutes on a CPU core
 MODEL = dict(depth=2)
@@ -517,6 +517,7 @@ def scaling(args, model_kwargs, data, results, device):
             subset(data.train, list(range(data.num_classes)), fraction=fraction, seed=0), data.test,
             mean=data.mean, std=data.std, image_size=data.image_size, channels=data.channels)
         epochs = round(args.epochs / fraction)                          # the same number of steps
+        plan = recipe(args, epochs=epochs, warmup_epochs=args.warmup_epochs / fraction)   # and the same schedule
         for width in args.widths:
             for patch_size in args.patch_sizes:
                 for seed in range(args.seeds):
@@ -527,7 +528,7 @@ def scaling(args, model_kwargs, data, results, device):
                         model = build(config, seed)
                         step, forward = training_flops(model, data.image_size, channels=data.channels,
                                                        num_classes=data.num_classes)
-                        record = fit(model, part, recipe(args, epochs=epochs), seed=seed, device=device,
+                        record = fit(model, part, plan, seed=seed, device=device,
                                      title=f'width {width} patch {patch_size} data {fraction:g}')
                         return dict(record, parameters=sum(p.numel() for p in model.parameters()),
                                     forward_flops=forward, train_flops=step * epochs * len(part.train),
