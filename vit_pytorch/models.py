@@ -41,6 +41,7 @@ MODELS = {
     'cvt': 'vit_pytorch.cvt:CvT',
     'pvt_v2': 'vit_pytorch.pvt_v2:PyramidVisionTransformerV2',
     'twins_svt': 'vit_pytorch.twins_svt:TwinsSVT',
+    'nest': 'vit_pytorch.nest:NesT',
     'mobile_vit': 'vit_pytorch.mobile_vit:RegisteredMobileViT',
     'na_vit': 'vit_pytorch.na_vit:NaViT',
     'vit_1d': 'vit_pytorch.vit_1d:ViT',
@@ -85,6 +86,8 @@ SMALL_CONFIGS = {
                       s2_emb_dim=64, s2_patch_size=2, s2_local_patch_size=2, s2_global_k=2, s2_depth=2,
                       s3_emb_dim=64, s3_patch_size=2, s3_local_patch_size=2, s3_global_k=1, s3_depth=2,
                       s4_emb_dim=128, s4_patch_size=2, s4_local_patch_size=1, s4_global_k=1, s4_depth=1),
+    # 16 to 32 pixels (divisible by 8): patches of 2, 16 / 4 / 1 blocks of 2x2 tokens at 16 pixels (4x4 at 32)
+    'nest': dict(patch_size=2, dim=32, heads=2, num_hierarchies=3, block_repeats=(1, 1, 2)),
     # any size (the strides 2, 1, 2, 2, 2, 2 give maps of 2, 1, 1 in the MobileViT blocks at 16 pixels, 4, 2, 1 at
     # 32): patches of 1 x 1, so each block attends over its whole map rather than over one pixel of every 2x2 patch;
     # `widths` is vit-pytorch's `channels` (the registered class takes `channels` as the images', as all others do)
