@@ -103,6 +103,7 @@ REGISTRY = {
     'cvt': ('cvt_13', 'cvt_13', {}, 224, 3, NUM_CLASSES),
     'pvt_v2': ('pvt_v2_b0', 'pvt_v2_b0', {}, 224, 3, NUM_CLASSES),
     'twins_svt': ('twins_svt_small', 'twins_svt_small', {}, 224, 3, NUM_CLASSES),
+    'nest': ('nest_tiny', 'nest_tiny', {}, 224, 3, NUM_CLASSES),
     'mobile_vit': ('mobilevit_xxs (256 px)', 'mobilevit_xxs', {}, 256, 3, NUM_CLASSES),
     'small_dataset_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
     # as many attention and MLP blocks as S/16, in 6 layers of 2 parallel branches
@@ -157,6 +158,7 @@ REFERENCES = {
     'cvt': ('Hugging Face CvtForImageClassification (CvT-13)', lambda ours: hf_cvt_reference(ours)),
     'pvt_v2': ('timm pvt_v2_b0', lambda ours: timm_reference('pvt_v2_b0', ours)),
     'twins_svt': ('timm twins_svt_small', lambda ours: timm_reference('twins_svt_small', ours)),
+    'nest': ('timm nest_tiny', lambda ours: timm_reference('nest_tiny', ours, drop_path_rate=0.)),
     'mobile_vit': ('timm mobilevit_xxs', lambda ours: timm_reference('mobilevit_xxs', ours)),
 }
 
