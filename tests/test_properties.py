@@ -604,6 +604,33 @@ def twins_svt_spec():
     )
 
 
+@st.composite
+def nest_configs(draw):
+    """NesT (vit-pytorch's arguments): 1 to 3 levels, square images of whole blocks, heads dividing the width."""
+    levels, patch, heads = draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 2))
+    return dict(
+        image_size=patch * 2 ** (levels - 1) * draw(st.integers(1, 2)), patch_size=patch,
+        num_classes=draw(st.integers(0, 6)), dim=heads * draw(st.integers(1, 4)), heads=heads, num_hierarchies=levels,
+        block_repeats=draw(st.one_of(st.integers(1, 2), st.tuples(*[st.integers(1, 2)] * levels))),
+        mlp_mult=draw(st.integers(1, 2)), channels=draw(st.integers(1, 3)), dropout=draw(dropouts),
+        drop_path_rate=draw(dropouts),
+    )
+
+
+def nest_spec():
+    return ModelSpec(
+        name='nest', target='nest:NesT', configs=nest_configs(),
+        example=dict(image_size=16, patch_size=2, num_classes=5, dim=8, heads=2, num_hierarchies=2, block_repeats=1),
+        output_shapes=lambda kwargs, batch, size: [
+            (batch, kwargs['num_classes'] or kwargs['dim'] * 2 ** (kwargs['num_hierarchies'] - 1))],
+        bad_arguments=dict(
+            {name: bad_positive_ints() for name in ('dim', 'heads', 'num_hierarchies', 'mlp_mult', 'channels')},
+            image_size=bad_pairs(), patch_size=bad_pairs(), num_classes=bad_non_negative_ints(),
+            block_repeats=bad_stage_ints(), dim_head=bad_positive_ints().filter(lambda v: v is not None),
+            dropout=bad_probabilities(), drop_path_rate=bad_probabilities()),
+    )
+
+
 # documented outputs
 
 
@@ -857,6 +884,7 @@ MODELS = [
     cvt_spec(),
     pvt_v2_spec(),
     twins_svt_spec(),
+    nest_spec(),
 ]
 
 model_table = pytest.mark.parametrize('spec', MODELS, ids=lambda spec: spec.name)
