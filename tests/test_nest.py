@@ -226,7 +226,8 @@ def test_tiny_model_overfits_32_real_digits():
 
 
 @pytest.mark.parametrize('overrides, error, match', [
-    (dict(image_size=(32, 32)), TypeError, 'image_size'),
+    (dict(image_size=(32, 64)), ValueError, r'image_size must be square'),
+    (dict(image_size=2.5), TypeError, 'image_size'),
     (dict(image_size=24), ValueError, r'image_size 24 must be divisible by patch_size 4 times 2 \*\* \(num_hierarchies'),
     (dict(heads=3), ValueError, 'heads 3 must divide dim 8'),
     (dict(block_repeats=(1, 1)), ValueError, 'block_repeats'),

@@ -95,8 +95,9 @@ class Level(nn.Module):
 class NesT(nn.Module):
     """NesT with vit-pytorch's keyword arguments.
 
-    image_size        the side of the square images (the position tables are learned for it).
-    patch_size        the side of the patches, embedded by a convolution of that kernel and stride.
+    image_size        the side of the square images (the position tables are learned for it); an (h, w)
+                      pair with h == w is taken too.
+    patch_size        the side of the square patches, embedded by a convolution of that kernel and stride.
     dim, heads        the first level's width and heads; each later level doubles both.
     num_hierarchies   the number of levels; the first has 4 ** (num_hierarchies - 1) blocks.
     block_repeats     Transformer layers of each level (an int: every level).
@@ -119,7 +120,8 @@ class NesT(nn.Module):
                  channels=3, dim_head=None, dropout=0., drop_path_rate=0.):
         check_arguments(**vit.arguments(locals()))
         super().__init__()
-        self.image_size, self.patch_size = image_size, patch_size
+        self.image_size, self.patch_size = vit.pair(image_size)[0], vit.pair(patch_size)[0]
+        image_size, patch_size = self.image_size, self.patch_size
         self.channels, self.num_classes = channels, num_classes
         depths = per_level(block_repeats, num_hierarchies)
         self.dims = tuple(dim * 2 ** i for i in range(num_hierarchies))
@@ -234,20 +236,24 @@ def nest_base(**kwargs):
 
 def check_arguments(*, image_size, patch_size, num_classes, dim, heads, num_hierarchies, block_repeats, mlp_mult,
                     channels, dim_head, dropout, drop_path_rate):
-    for name, value in dict(image_size=image_size, patch_size=patch_size, dim=dim, heads=heads,
-                            num_hierarchies=num_hierarchies, mlp_mult=mlp_mult, channels=channels).items():
+    for name, value in dict(dim=dim, heads=heads, num_hierarchies=num_hierarchies, mlp_mult=mlp_mult,
+                            channels=channels).items():
         vit.positive_int(name, value)
+    image, patch = vit.positive_pair('image_size', image_size), vit.positive_pair('patch_size', patch_size)
+    blocks_per_side = 2 ** (num_hierarchies - 1)
+    if any(side % (patch_side * blocks_per_side) for side, patch_side in zip(image, patch)):
+        raise ValueError(f"image_size {image_size!r} must be divisible by patch_size {patch_size!r} times "
+                         f"2 ** (num_hierarchies - 1) = {blocks_per_side} (the first level's blocks per side), so that "
+                         f"each aggregation halves whole blocks")
+    for name, (height, width) in dict(image_size=image, patch_size=patch).items():
+        if height != width:
+            raise ValueError(f"{name} must be square (an int), as the blocks are, got {(height, width)}")
     vit.non_negative_int('num_classes', num_classes)
     if isinstance(block_repeats, (tuple, list)) and len(block_repeats) != num_hierarchies:
         raise ValueError(f"block_repeats must be an int or one per level ({num_hierarchies}, num_hierarchies), "
                          f"got {block_repeats!r}")
     for value in per_level(block_repeats, num_hierarchies):
         vit.positive_int('block_repeats', value)
-    blocks_per_side = 2 ** (num_hierarchies - 1)
-    if image_size % (patch_size * blocks_per_side):
-        raise ValueError(f"image_size {image_size} must be divisible by patch_size {patch_size} times "
-                         f"2 ** (num_hierarchies - 1) = {blocks_per_side} (the first level's blocks per side), so that "
-                         f"each aggregation halves whole blocks")
     if dim % heads:
         raise ValueError(f"heads {heads} must divide dim {dim}")
     if dim_head is not None:
