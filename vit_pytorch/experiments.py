@@ -50,10 +50,10 @@ RECIPE = ('batch_size', 'lr', 'weight_decay', 'warmup_epochs', 'label_smoothing'
 # each experiment's defaults, for what the command line leaves out (sized to run in minutes on one CPU core)
 EXPERIMENTS = {
     'pooling': dict(epochs=10, seeds=1, lrs=(3e-4, 1e-3, 3e-3, 1e-2)),
-    'positions': dict(epochs=30, seeds=3, kinds=KINDS),
+    'positions': dict(epochs=20, seeds=3, kinds=KINDS),
     'similarity': dict(epochs=10, seeds=1, patch_sizes=(2, 4), weight_decays=(0.0, 1.0)),
-    'transfer': dict(epochs=30, seeds=3, shots=(5, 20), finetune_epochs=30, finetune_lr=1e-3, pre_logits_dim=64),
-    'scaling': dict(epochs=12, seeds=1, patch_sizes=(2, 4), widths=(32, 64, 128), fractions=(0.2, 1.0)),
+    'transfer': dict(epochs=20, seeds=3, shots=(5, 20), finetune_epochs=30, finetune_lr=1e-3, pre_logits_dim=64),
+    'scaling': dict(epochs=8, seeds=1, patch_sizes=(2, 4), widths=(32, 64, 128), fractions=(0.2, 1.0)),
 }
 # the trainer's small ViT at half its depth, so that a grid of runs takes minutes on a CPU core
 MODEL = dict(depth=2)
