@@ -44,13 +44,13 @@ def method_args(method):
 @pytest.mark.parametrize('method', pretrain.METHODS)
 def test_each_method_writes_a_network_that_loads_as_the_model_it_pre_trained(method, tmp_path):
     out = tmp_path / method
-    assert run(*method_args(method), '--epochs', 1, '--out', out, *FAST) == 0
+    assert run(*method_args(method), '--epochs', 1, '--out', out, *FAST, '--image-size', 8) == 0
     [record] = log_of(out)
     assert record['epoch'] == 1 and math.isfinite(record['loss'])
     model, config = load_model(out / 'checkpoint')
     assert config['model'] == 'vit' and config['pretraining'] == dict(method=method)
     assert config['model_kwargs']['dim'] == 32 and config['data']['source'] == 'digits'
-    assert model(torch.zeros(2, 1, 16, 16)).shape == (2, 10)
+    assert model(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
     # the network is the wrapper's own: MAE's encoder, MPP's model, DINO's teacher
     wrapper = weights_of(out / 'pretrainer')
     prefix = dict(mae='encoder.', simmim='encoder.', mpp='transformer.', dino='teacher.net.')[method]
@@ -126,7 +126,7 @@ def test_dino_schedules_follow_the_papers_formulas():
 def test_dino_logs_its_teacher_temperature_and_decay(tmp_path):
     out = tmp_path / 'run'
     assert run(*method_args('dino'), '--epochs', 2, '--warmup-teacher-temp-epochs', 1, '--out', out, *FAST,
-               '--batch-size', 512) == 0
+               '--batch-size', 512, '--image-size', 8) == 0
     first, last = log_of(out)
     # 3 steps an epoch: the last step of epoch 1 is 2/3 into the warm-up, of epoch 2 past it
     assert first['teacher_temp'] == pytest.approx(0.04 + 0.03 * 2 / 3)
