@@ -9,7 +9,8 @@ from torch import nn
 from helpers import as_tuples, count, digits_batch, fit_fixed_batch, load_fixture
 from vit_pytorch import pvt_v2
 from vit_pytorch.pretrained import CheckpointError, load_timm, load_vit_pytorch
-from vit_pytorch.pvt_v2 import ConvFeedForward, PyramidVisionTransformerV2, SpatialReductionAttention
+from vit_pytorch.pvt_v2 import ConvFeedForward, PyramidVisionTransformerV2
+from vit_pytorch.vit import SpatialReductionAttention
 from vit_pytorch.recorder import Recorder
 
 

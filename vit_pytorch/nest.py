@@ -41,7 +41,6 @@ from einops import rearrange
 from torch import nn
 
 from vit_pytorch import vit
-from vit_pytorch.pvt_v2 import DropPath
 
 NORM_EPS = 1e-6       # every LayerNorm of the model (the JAX code's, and timm's)
 
@@ -133,11 +132,11 @@ class NesT(nn.Module):
         levels = []
         for i, (width, depth) in enumerate(zip(self.dims, depths)):
             level_heads = heads * 2 ** i
-            layers = [(DropPath(vit.Attention(width, level_heads, width // level_heads, dropout, qkv_bias=True,
+            layers = [(vit.DropPath(vit.Attention(width, level_heads, width // level_heads, dropout, qkv_bias=True,
                                               norm_eps=NORM_EPS,
                                               to_out=nn.Sequential(nn.Linear(width, width), nn.Dropout(dropout))),
                                 rate),
-                       DropPath(vit.FeedForward(width, width * mlp_mult, dropout, norm_eps=NORM_EPS), rate))
+                       vit.DropPath(vit.FeedForward(width, width * mlp_mult, dropout, norm_eps=NORM_EPS), rate))
                       for rate in rates[sum(depths[:i]):sum(depths[:i + 1])]]
             levels.append(Level(Aggregate(self.dims[i - 1], width) if i > 0 else None, vit.Transformer(layers),
                                 num_blocks=4 ** (num_hierarchies - 1 - i), block_size=block_size, dim=width))

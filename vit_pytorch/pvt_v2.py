@@ -35,7 +35,6 @@ from torch import nn
 from vit_pytorch import vit
 
 BLOCK_EPS = 1e-6          # the blocks' and stages' LayerNorms (the patch embeddings' and reductions': 1e-5)
-LINEAR_POOL_SIZE = 7      # the linear variant pools keys and values to a 7x7 map (paper, section 3.1)
 
 # helpers
 
@@ -64,55 +63,6 @@ class OverlapPatchEmbedding(nn.Module):
         return self.norm(rearrange(self.proj(x), 'b d h w -> b h w d'))
 
 
-class SpatialReductionAttention(nn.Module):
-    """Pre-norm attention of every token to a reduced map: (b, h * w, dim) tokens of an (h, w) map ->
-    (b, h * w, dim).
-
-    Queries come from every token; keys and values from the normed map shrunk by a convolution of
-    kernel and stride `sr_ratio` and a LayerNorm (PVT, section 3.3), or, with `linear=True`,
-    average-pooled to 7x7, a 1x1 convolution, a LayerNorm and a GELU (PVT v2, section 3.1);
-    `sr_ratio=1` without `linear` attends to the map itself. The recorded map is (b, heads, h * w,
-    m), m the number of reduced tokens.
-    """
-
-    def __init__(self, dim, heads, dropout=0., *, sr_ratio=1, linear=False, qkv_bias=True, proj_dropout=0.,
-                 norm_eps=BLOCK_EPS):
-        super().__init__()
-        self.heads = heads
-        self.scale = (dim // heads) ** -0.5
-        self.dropout = dropout
-        self.fused = True
-
-        self.norm = nn.LayerNorm(dim, eps=norm_eps)
-        self.to_q = nn.Linear(dim, dim, bias=qkv_bias)
-        self.to_kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
-        if linear:
-            self.reduce = nn.Sequential(nn.AdaptiveAvgPool2d(LINEAR_POOL_SIZE), nn.Conv2d(dim, dim, 1))
-        elif sr_ratio > 1:
-            self.reduce = nn.Conv2d(dim, dim, sr_ratio, stride=sr_ratio)
-        else:
-            self.reduce = None
-        self.reduce_norm = None if self.reduce is None else nn.LayerNorm(dim)
-        self.reduce_act = nn.GELU() if linear else nn.Identity()
-        self.attention_probs = nn.Identity()
-        self.to_out = nn.Sequential(nn.Linear(dim, dim), nn.Dropout(proj_dropout))
-
-    def keys_from(self, x, size):
-        """The tokens keys and values are made of: the normed tokens, or their reduced map (b, m, dim)."""
-        if self.reduce is None:
-            return x
-        reduced = self.reduce(rearrange(x, 'b (h w) d -> b d h w', h=size[0], w=size[1]))
-        return self.reduce_act(self.reduce_norm(rearrange(reduced, 'b d h w -> b (h w) d')))
-
-    def forward(self, x, size):
-        x = self.norm(x)
-        q = rearrange(self.to_q(x), 'b n (h d) -> b h n d', h=self.heads)
-        k, v = rearrange(self.to_kv(self.keys_from(x, size)), 'b m (kv h d) -> kv b h m d', kv=2, h=self.heads)
-        out = vit.attend(q, k, v, scale=self.scale, fused=self.fused, probs=self.attention_probs,
-                         dropout=self.dropout if self.training else 0.)
-        return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
-
-
 class ConvFeedForward(nn.Module):
     """Pre-norm feedforward with a 3x3 depthwise convolution on the hidden map (PVT v2, section 3.2):
     (b, h * w, dim) tokens of an (h, w) map -> (b, h * w, dim). The linear variant puts a ReLU
@@ -132,19 +82,6 @@ class ConvFeedForward(nn.Module):
         x = self.relu(rearrange(self.fc1(self.norm(x)), 'b (h w) d -> b d h w', h=size[0], w=size[1]))
         x = self.dropout(self.act(rearrange(self.dwconv(x), 'b d h w -> b (h w) d')))
         return self.dropout(self.fc2(x))
-
-
-class DropPath(nn.Module):
-    """A residual branch `fn(x, *args)` (args: e.g. the map's size) with stochastic depth: dropped for a random
-    subset of the samples in training."""
-
-    def __init__(self, fn, p=0.):
-        super().__init__()
-        self.fn = fn
-        self.p = p
-
-    def forward(self, x, *args):
-        return vit.drop_path(self.fn(x, *args), self.p, self.training)
 
 
 class MapTransformer(vit.Transformer):
@@ -214,9 +151,9 @@ class PyramidVisionTransformerV2(nn.Module):
                 zip(depths, embed_dims, num_heads, sr_ratios, mlp_ratios)):
             downsample = OverlapPatchEmbedding(in_chans, dim, patch_size=7, stride=4) if i == 0 else \
                 OverlapPatchEmbedding(embed_dims[i - 1], dim, patch_size=3, stride=2)
-            blocks = [(DropPath(SpatialReductionAttention(dim, heads, attn_drop_rate, sr_ratio=sr_ratio, linear=linear,
+            blocks = [(vit.DropPath(vit.SpatialReductionAttention(dim, heads, attn_drop_rate, sr_ratio=sr_ratio, linear=linear,
                                                           qkv_bias=qkv_bias, proj_dropout=proj_drop_rate), rate),
-                       DropPath(ConvFeedForward(dim, int(dim * mlp_ratio), proj_drop_rate, extra_relu=linear), rate))
+                       vit.DropPath(ConvFeedForward(dim, int(dim * mlp_ratio), proj_drop_rate, extra_relu=linear), rate))
                       for rate in rates[sum(depths[:i]):sum(depths[:i + 1])]]
             stages.append(Stage(downsample, MapTransformer(blocks, norm=nn.LayerNorm(dim, eps=BLOCK_EPS))))
         self.stages = nn.ModuleList(stages)
@@ -225,7 +162,7 @@ class PyramidVisionTransformerV2(nn.Module):
 
         self.dropout = nn.Dropout(drop_rate)
         self.mlp_head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else None
-        self.apply(init_weights)
+        self.apply(vit.init_conv_weights)
 
     def check_image(self, img):
         """Refuse what is not an image batch, or an image that leaves a stage a map smaller than its reduction."""
@@ -279,20 +216,6 @@ class PyramidVisionTransformerV2(nn.Module):
 def per_stage(value, stages):
     """A value for every stage, or the tuple of one per stage, as a tuple."""
     return tuple(value) if isinstance(value, (tuple, list)) else (value,) * stages
-
-
-def init_weights(module):
-    """The paper's initialisation (its code, and timm's): truncated normal (std 0.02) Linear weights, zero
-    biases; convolutions normal with std sqrt(2 / fan_out), fan_out counted per group."""
-    if isinstance(module, nn.Linear):
-        nn.init.trunc_normal_(module.weight, std=0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.Conv2d):
-        fan_out = module.kernel_size[0] * module.kernel_size[1] * module.out_channels // module.groups
-        nn.init.normal_(module.weight, 0, math.sqrt(2.0 / fan_out))
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
 
 
 # the paper's models (Table 1, timm's pvt_v2_*): name -> (depths, embed_dims, mlp_ratios); heads (1, 2, 5, 8)

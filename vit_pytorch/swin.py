@@ -47,7 +47,6 @@ from torch import nn
 
 from vit_pytorch import vit
 
-MASKED = -100.       # the reference's additive mask between tokens the cyclic shift brought together
 CPB_HIDDEN = 512     # width of V2's continuous position bias MLP (the paper's code)
 MAX_LOGIT_SCALE = math.log(100.)   # V2's cap on the cosine-attention scale (section 3.2)
 
@@ -67,17 +66,6 @@ def window_and_shift(resolution, window_size):
     window = tuple(min(side, size) for side, size in zip(resolution, window_size))
     shift = tuple(0 if side <= size else size // 2 for side, size in zip(resolution, window_size))
     return window, shift
-
-
-def padded_size(size, window):
-    """The map size rounded up to whole windows."""
-    return tuple(math.ceil(side / length) * length for side, length in zip(size, window))
-
-
-def built_on_cpu(tensor):
-    """A table computed on the CPU, moved to the device models are being built on (meta tensors would need
-    torch's reference decompositions, slow to import, to compute it there)."""
-    return tensor.to(torch.get_default_device())
 
 
 def relative_position_index(window):
@@ -101,23 +89,6 @@ def log_spaced_coordinates(window, pretrained_window):
     return rearrange(coords, 'h w two -> (h w) two')
 
 
-def shifted_window_mask(size, window, shift, *, device=None, dtype=torch.float32):
-    """(windows, n, n) additive mask of shifted windows on a padded (h, w) map: MASKED between tokens of
-    different regions, 0 within one.
-
-    Along each axis the last window's span [L - window, L) is split at L - shift: the cyclic
-    shift moved the image's first rows there, next to its last ones (the reference's regions).
-    """
-    bands = []
-    for length, length_window, length_shift in zip(size, window, shift):
-        position = torch.arange(length, device=device)
-        bands.append((position >= length - length_window).long() + (position >= length - length_shift).long())
-    region = bands[0][:, None] * 3 + bands[1][None, :]
-    region = rearrange(region, '(nh wh) (nw ww) -> (nh nw) (wh ww)', wh=window[0], ww=window[1])
-    apart = region[:, :, None] != region[:, None, :]
-    return torch.zeros(apart.shape, device=device, dtype=dtype).masked_fill(apart, MASKED)
-
-
 def attend_windows(attention, q, k, v, *, scale, mask):
     """`vit.attend` with the module's switches. An empty batch takes the explicit path: there the position
     bias (part of the mask) gets its zero gradient, which scaled_dot_product_attention leaves out of the
@@ -129,67 +100,11 @@ def attend_windows(attention, q, k, v, *, scale, mask):
 # classes
 
 
-class ShiftedWindows(nn.Module):
-    """Cuts a (b, h, w, c) map into windows and puts them back; holds the mask of its shifted windows.
-
-    `split` rolls the map by -shift (when shifted), zero-pads it at the bottom and right to whole
-    windows and returns (b * windows, wh * ww, c), windows in row-major order, batch outermost;
-    `merge` undoes all three. The mask for the map size the model was built for is kept; other
-    sizes (dynamic image size) get theirs computed.
-    """
-
-    def __init__(self, window_size, shift_size, feature_size):
-        super().__init__()
-        self.window_size, self.shift_size = tuple(window_size), tuple(shift_size)
-        self.shifted = any(self.shift_size)
-        self.padded = padded_size(feature_size, self.window_size)
-        mask = built_on_cpu(shifted_window_mask(self.padded, self.window_size, self.shift_size, device='cpu')) \
-            if self.shifted else None
-        self.register_buffer('mask', mask, persistent=False)
-
-    def split(self, x):
-        """(b, h, w, c) -> (b * windows, wh * ww, c)."""
-        height, width = x.shape[1:3]
-        if self.shifted:
-            x = torch.roll(x, shifts=(-self.shift_size[0], -self.shift_size[1]), dims=(1, 2))
-        padded_height, padded_width = padded_size((height, width), self.window_size)
-        x = F.pad(x, (0, 0, 0, padded_width - width, 0, padded_height - height))
-        return rearrange(x, 'b (nh wh) (nw ww) c -> (b nh nw) (wh ww) c', wh=self.window_size[0],
-                         ww=self.window_size[1])
-
-    def merge(self, windows, size):
-        """(b * windows, wh * ww, c) -> (b, h, w, c) for the map `size` (h, w) that `split` cut."""
-        padded_height, padded_width = padded_size(size, self.window_size)
-        window_height, window_width = self.window_size
-        x = rearrange(windows, '(b nh nw) (wh ww) c -> b (nh wh) (nw ww) c', nh=padded_height // window_height,
-                      nw=padded_width // window_width, wh=window_height)
-        x = x[:, :size[0], :size[1]]
-        return torch.roll(x, shifts=self.shift_size, dims=(1, 2)) if self.shifted else x
-
-    def token_positions(self, size):
-        """(windows, wh * ww): the row-major index on the unshifted (h, w) map of each window's tokens
-        (h * w for padding), in the order of `split`."""
-        count = size[0] * size[1]
-        # each token carries its index + 1 through the shift and the windows; the padding carries 0
-        numbered = rearrange(torch.arange(1, count + 1, device='cpu'), '(h w) -> 1 h w 1', h=size[0], w=size[1])
-        positions = self.split(numbered)[..., 0] - 1                   # (windows, n)
-        return positions.masked_fill(positions < 0, count)
-
-    def attention_mask(self, bias, batch, size):
-        """bias (heads, n, n) plus, in a shifted block, the window mask: (b * windows, heads, n, n)."""
-        if not self.shifted:
-            return bias
-        padded = padded_size(size, self.window_size)
-        mask = self.mask if padded == self.padded else \
-            shifted_window_mask(padded, self.window_size, self.shift_size, device=bias.device, dtype=bias.dtype)
-        return repeat(bias + mask[:, None], 'w h i j -> (b w) h i j', b=batch)
-
-
 class WindowAttention(vit.Attention):
     """Swin's (shifted) window attention with a learned relative position bias, pre-norm: (b, h, w, dim) ->
     (b, h, w, dim).
 
-    The normed map is cut into windows (`ShiftedWindows`); each window attends within itself,
+    The normed map is cut into windows (`vit.ShiftedWindows`); each window attends within itself,
     softmax(q k^T / sqrt(d) + B + mask) v, with B[i, j] read from a learned ((2 wh - 1) (2 ww - 1),
     heads) table at the relative position of query i and key j (Swin, section 3.2). The recorded
     map is (b * windows, heads, wh * ww, wh * ww).
@@ -199,11 +114,11 @@ class WindowAttention(vit.Attention):
                  proj_dropout=0.):
         super().__init__(dim, heads, dim_head, dropout, qkv_bias=qkv_bias,
                          to_out=nn.Sequential(nn.Linear(heads * dim_head, dim), nn.Dropout(proj_dropout)))
-        self.windows = ShiftedWindows(window_size, shift_size, feature_size)
+        self.windows = vit.ShiftedWindows(window_size, shift_size, feature_size)
         height, width = self.windows.window_size
         self.relative_position_bias_table = nn.Parameter(torch.empty((2 * height - 1) * (2 * width - 1), heads))
         nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
-        self.register_buffer('relative_position_index', built_on_cpu(relative_position_index((height, width))),
+        self.register_buffer('relative_position_index', vit.built_on_cpu(relative_position_index((height, width))),
                              persistent=False)
 
     def qkv(self, windows):
@@ -236,7 +151,7 @@ class CosineWindowAttention(nn.Module):
         self.heads = heads
         self.dropout = dropout
         self.fused = True
-        self.windows = ShiftedWindows(window_size, shift_size, feature_size)
+        self.windows = vit.ShiftedWindows(window_size, shift_size, feature_size)
 
         self.to_qkv = nn.Linear(dim, dim * 3, bias=False)
         self.q_bias = nn.Parameter(torch.zeros(dim)) if qkv_bias else None
@@ -244,8 +159,8 @@ class CosineWindowAttention(nn.Module):
         self.logit_scale = nn.Parameter(torch.full((heads, 1, 1), math.log(10.)))
         self.cpb_mlp = nn.Sequential(nn.Linear(2, CPB_HIDDEN), nn.ReLU(), nn.Linear(CPB_HIDDEN, heads, bias=False))
         coordinates = log_spaced_coordinates(self.windows.window_size, pretrained_window_size)
-        self.register_buffer('relative_coordinates', built_on_cpu(coordinates), persistent=False)
-        self.register_buffer('relative_position_index', built_on_cpu(relative_position_index(self.windows.window_size)),
+        self.register_buffer('relative_coordinates', vit.built_on_cpu(coordinates), persistent=False)
+        self.register_buffer('relative_position_index', vit.built_on_cpu(relative_position_index(self.windows.window_size)),
                              persistent=False)
         self.attention_probs = nn.Identity()
         self.to_out = nn.Sequential(nn.Linear(dim, dim), nn.Dropout(proj_dropout))
@@ -267,18 +182,6 @@ class CosineWindowAttention(nn.Module):
         mask = self.windows.attention_mask(self.position_bias(), x.shape[0], x.shape[1:3])
         out = attend_windows(self, q, k, v, scale=1., mask=mask)
         return self.windows.merge(self.to_out(rearrange(out, 'b h n d -> b n (h d)')), x.shape[1:3])
-
-
-class DropPath(nn.Module):
-    """A residual branch `fn` with stochastic depth: dropped for a random subset of samples in training."""
-
-    def __init__(self, fn, p=0.):
-        super().__init__()
-        self.fn = fn
-        self.p = p
-
-    def forward(self, x):
-        return vit.drop_path(self.fn(x), self.p, self.training)
 
 
 class PatchMerging(nn.Module):
@@ -466,7 +369,7 @@ class SwinTransformer(Swin):
                                         shift_size=shift_size, feature_size=feature_size, qkv_bias=qkv_bias,
                                         proj_dropout=proj_drop_rate)
             feedforward = vit.FeedForward(dim, int(dim * mlp_ratio), proj_drop_rate)
-            return DropPath(attention, drop_path), DropPath(feedforward, drop_path)
+            return vit.DropPath(attention, drop_path), vit.DropPath(feedforward, drop_path)
 
         super().__init__(img_size=img_size, patch_size=patch_size, in_chans=in_chans, num_classes=num_classes,
                          embed_dim=embed_dim, depths=depths, num_heads=num_heads, window_size=window_size,
@@ -500,8 +403,8 @@ class SwinTransformerV2(Swin):
             hidden = int(dim * mlp_ratio)
             feedforward = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(proj_drop_rate),
                                         nn.Linear(hidden, dim), nn.Dropout(proj_drop_rate))
-            return (DropPath(nn.Sequential(attention, zero_layer_norm(dim)), drop_path),
-                    DropPath(nn.Sequential(feedforward, zero_layer_norm(dim)), drop_path))
+            return (vit.DropPath(nn.Sequential(attention, zero_layer_norm(dim)), drop_path),
+                    vit.DropPath(nn.Sequential(feedforward, zero_layer_norm(dim)), drop_path))
 
         def merging(dim, out_dim):
             return PatchMerging(dim, out_dim, post_norm=True)

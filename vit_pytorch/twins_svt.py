@@ -43,8 +43,6 @@ from einops import rearrange
 from torch import nn
 
 from vit_pytorch import vit
-from vit_pytorch.pvt_v2 import DropPath, SpatialReductionAttention, init_weights
-from vit_pytorch.swin import ShiftedWindows
 
 BLOCK_EPS = 1e-6      # the blocks' and the final LayerNorm (the patch embeddings' and reductions': 1e-5)
 STAGE_ARGUMENTS = ('emb_dim', 'patch_size', 'local_patch_size', 'global_k', 'depth', 'heads', 'mlp_mult')
@@ -75,7 +73,7 @@ class LocallyGroupedAttention(vit.Attention):
         super().__init__(dim, heads, dim // heads, dropout, qkv_bias=True, norm_eps=BLOCK_EPS,
                          to_out=nn.Sequential(nn.Linear(dim, dim), nn.Dropout(proj_dropout)))
         window = (window_size, window_size)
-        self.windows = ShiftedWindows(window, (0, 0), window)
+        self.windows = vit.ShiftedWindows(window, (0, 0), window)
 
     def forward(self, x, size):
         windows = self.windows.split(rearrange(self.norm(x), 'b (h w) d -> b h w d', h=size[0], w=size[1]))
@@ -178,10 +176,10 @@ class TwinsSVT(nn.Module):
                     attention = LocallyGroupedAttention(dim, heads, dropout, window_size=stage['local_patch_size'],
                                                         proj_dropout=dropout)
                 else:
-                    attention = SpatialReductionAttention(dim, heads, dropout, sr_ratio=stage['global_k'],
+                    attention = vit.SpatialReductionAttention(dim, heads, dropout, sr_ratio=stage['global_k'],
                                                           proj_dropout=dropout)
                 feedforward = vit.FeedForward(dim, dim * stage['mlp_mult'], dropout, norm_eps=BLOCK_EPS)
-                layers.append((DropPath(attention, rate), DropPath(feedforward, rate)))
+                layers.append((vit.DropPath(attention, rate), vit.DropPath(feedforward, rate)))
                 if j == 0:
                     layers.append((PositionEncodingGenerator(dim, peg_kernel_size),))
             modules.append(Stage(PatchEmbedding(in_dim, dim, stage['patch_size']), TwinsTransformer(layers)))
@@ -193,7 +191,7 @@ class TwinsSVT(nn.Module):
 
         self.norm = nn.LayerNorm(s4_emb_dim, eps=BLOCK_EPS)
         self.mlp_head = nn.Linear(s4_emb_dim, num_classes) if num_classes > 0 else None
-        self.apply(init_weights)
+        self.apply(vit.init_conv_weights)
 
     def check_image(self, img):
         """Refuse what is not an image batch, or an image that leaves a stage a map smaller than its sub-sampling."""
