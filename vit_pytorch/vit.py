@@ -313,7 +313,7 @@ def drop_path(x, p, training):
     if p == 0. or not training:
         return x
     keep = x.new_empty(x.shape[0], *((1,) * (x.ndim - 1))).bernoulli_(1 - p)
-    return x * keep / (1 - p)
+    return x * keep.div_(1 - p)                  # the (b, 1, ...) mask scaled, not the whole branch
 
 
 class LayerScale(nn.Module):
