@@ -106,6 +106,7 @@ def test_a_per_frame_model_cannot_tell_a_clip_from_its_reversal_a_3d_vit_can():
         assert not torch.allclose(spatio_temporal(clips), spatio_temporal(backwards), **TOL)
 
 
+@pytest.mark.slow
 def test_compiles_without_graph_breaks():
     model = AcceptVideoWrapper(ViT(**IMAGE), add_time_pos_emb=True, dim_emb=5, time_seq_len=4).eval()
     x = video()

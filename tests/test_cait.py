@@ -168,6 +168,7 @@ def test_attention_modules_follow_the_recorder_protocol_and_paths_agree():
     assert all(torch.allclose(m.sum(-1), torch.ones(())) for m in maps)
 
 
+@pytest.mark.slow
 def test_compiles_without_graph_breaks():
     model = tiny_cait().eval()
     img = torch.randn(2, 3, 16, 24)

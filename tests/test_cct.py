@@ -184,6 +184,7 @@ def test_grad_checkpointing_gives_the_same_gradients():
         torch.testing.assert_close(param.grad, grad)
 
 
+@pytest.mark.slow
 def test_works_with_torch_compile():
     model = CCT(**tiny_cct_kwargs()).eval()
     img = torch.randn(2, 3, 16, 24)

@@ -157,6 +157,7 @@ def test_fused_and_explicit_paths_agree_and_maps_are_visible():
     assert maps == [(2, 2, 1, 1 + 6), (2, 2, 1, 1 + 24)] * 2           # sm cls over large patches, and back
 
 
+@pytest.mark.slow
 def test_compiles_without_graph_breaks():
     model = tiny_cross_vit().eval()
     img = torch.randn(2, 3, 16, 24)

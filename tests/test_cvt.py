@@ -207,6 +207,7 @@ def test_recorded_maps_follow_the_documented_layout_and_equal_the_softmax_of_q_a
     torch.testing.assert_close(logits, model(img))
 
 
+@pytest.mark.slow
 def test_compiles_without_graph_breaks_forward_and_backward():
     model = tiny_cvt(s3_depth=1, cls_token=True)
     img = torch.randn(2, 3, 40, 56)

@@ -83,6 +83,7 @@ def test_re_attention_is_always_explicit():
     assert len(record_attention(attn, torch.randn(1, 4, 32))) == 1
 
 
+@pytest.mark.slow
 def test_works_with_torch_compile():
     model = DeepViT(**tiny_vit_kwargs()).eval()
     img = torch.randn(2, 3, 16, 24)

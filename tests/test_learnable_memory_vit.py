@@ -142,6 +142,7 @@ def test_memories_are_keys_and_values_of_the_normed_layer_input():
     torch.testing.assert_close(attn(x, memories=memories[None]), attn.to_out(weights @ v), atol=1e-12, rtol=0)
 
 
+@pytest.mark.slow
 def test_works_with_torch_compile():
     _, adapter = make_adapter()
     img = torch.randn(2, 3, 16, 24)

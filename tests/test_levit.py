@@ -256,6 +256,7 @@ def test_the_fused_path_with_the_bias_equals_the_explicit_one():
     torch.testing.assert_close(*paths)
 
 
+@pytest.mark.slow
 def test_compiles_without_graph_breaks_forward_and_backward():
     model = tiny_levit()
     img = torch.randn(2, 3, 48, 64)

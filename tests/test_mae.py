@@ -211,6 +211,7 @@ def test_pre_training_on_digits_lowers_the_reconstruction_error():
         assert mae(images, noise=noise).item() < 0.5 * before
 
 
+@pytest.mark.slow
 def test_compiles_without_graph_breaks():
     mae = tiny_mae().eval()
     img, noise = torch.randn(2, 3, 16, 24), torch.rand(2, 12)

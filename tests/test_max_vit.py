@@ -244,6 +244,7 @@ def test_recorded_maps_are_block_then_grid_per_block_and_equal_the_softmax_of_q_
     torch.testing.assert_close(logits, model(img))
 
 
+@pytest.mark.slow
 def test_compiles_without_graph_breaks_forward_and_backward():
     model = tiny_max_vit(depth=(1,), num_register_tokens=1, dropout=0.)   # one block: tracing costs seconds a block
     img = torch.randn(2, 3, 16, 24)

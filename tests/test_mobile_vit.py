@@ -179,6 +179,7 @@ def test_recorded_maps_are_per_transformer_layer_and_equal_the_softmax_of_q_and_
     torch.testing.assert_close(logits, model(img))
 
 
+@pytest.mark.slow
 def test_compiles_without_graph_breaks_forward_and_backward():
     model = tiny_mobile_vit(depths=(1, 1, 1))
     img = torch.randn(2, 3, 40, 56)

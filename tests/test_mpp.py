@@ -128,6 +128,7 @@ def test_pre_training_on_digits_lowers_the_loss():
         assert mpp(images).item() < 0.6 * before
 
 
+@pytest.mark.slow
 def test_compiles_without_graph_breaks():
     mpp = tiny_mpp().eval()
     img = torch.rand(2, 3, 16, 24)

@@ -269,6 +269,7 @@ def test_recorder_lays_a_tensor_batch_on_its_grid():
     assert recorder.grid == (2, 3) and recorder.num_prefix_tokens == 0
 
 
+@pytest.mark.slow
 def test_mask_packing_compiles_without_graph_breaks():
     model = tiny_navit(packing='mask', depth=1).eval()
     images = mixed_images(SIZES[:3])
@@ -278,6 +279,7 @@ def test_mask_packing_compiles_without_graph_breaks():
                                    atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_varlen_training_step_with_token_dropout_compiles_without_graph_breaks():
     model = tiny_navit(token_dropout_prob=0.5, depth=1).train()
     compiled = torch.compile(model, fullgraph=True, dynamic=False, backend='eager')

@@ -78,6 +78,7 @@ def test_grad_checkpointing_gives_the_same_gradients():
         torch.testing.assert_close(param.grad, grad)
 
 
+@pytest.mark.slow
 def test_works_with_torch_compile():
     model = ViT(**tiny_vit_kwargs()).eval()
     img = torch.randn(2, 3, 16, 24)

@@ -200,6 +200,7 @@ def test_recorded_maps_are_per_layer_in_stage_order_and_equal_the_softmax_of_q_a
     torch.testing.assert_close(logits, model(img))
 
 
+@pytest.mark.slow
 def test_compiles_without_graph_breaks_forward_and_backward():
     model = tiny_pit()
     img = torch.randn(2, 3, 16, 24)

@@ -127,6 +127,7 @@ def test_every_kind_learns_a_fixed_batch_of_digits(position):
 
 
 @pytest.mark.parametrize('position', ['2d', 'relative'])
+@pytest.mark.slow
 def test_the_kinds_with_their_own_code_compile_and_take_mean_pooling(position):
     # 'none' and 'sincos' are the core's computation with another table
     model = small(position, pool='mean', depth=1).eval()

@@ -219,6 +219,7 @@ def test_recorded_maps_are_per_block_in_stage_order_and_equal_the_softmax_of_q_a
         torch.testing.assert_close(logits, model(img))     # fused and explicit paths agree
 
 
+@pytest.mark.slow
 def test_compiles_without_graph_breaks_forward_and_backward():
     model = tiny(drop_path_rate=0.1).eval()
     img = torch.randn(2, 3, 32, 24)

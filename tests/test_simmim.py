@@ -139,6 +139,7 @@ def test_pre_training_on_digits_lowers_the_reconstruction_error():
         assert mim(images, mask=mask).item() < 0.6 * before
 
 
+@pytest.mark.slow
 def test_compiles_without_graph_breaks():
     mim = tiny_simmim().eval()
     img, mask = torch.randn(2, 3, 16, 24), torch.rand(2, 12) < 0.5

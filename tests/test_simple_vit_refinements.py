@@ -43,6 +43,7 @@ def test_every_parameter_gets_a_gradient(model_cls):
 
 
 @pytest.mark.parametrize('model_cls', MODELS)
+@pytest.mark.slow
 def test_works_with_torch_compile(model_cls):
     model = model_cls(**tiny_vit_kwargs()).eval()
     img = torch.randn(2, 3, 16, 24)

@@ -127,6 +127,7 @@ def test_a_single_token_is_still_defined():
     assert torch.isfinite(lsa(torch.randn(2, 1, 16))).all()
 
 
+@pytest.mark.slow
 def test_works_with_torch_compile():
     model = ViT(**tiny_vit_kwargs()).eval()
     img = torch.randn(2, 3, 16, 24)

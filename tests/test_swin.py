@@ -370,6 +370,7 @@ def test_v2_recorded_maps_sum_to_one_and_both_paths_agree():
 # training, compile, options
 
 
+@pytest.mark.slow
 def test_compiles_without_graph_breaks_forward_and_backward():
     # shifted and plain windows, padding, the mask of a dynamic size, patch merging (one model: tracing is slow)
     model = perturb(tiny(img_size=(20, 24), depths=(2, 1), num_heads=2, dynamic_img_size=True))

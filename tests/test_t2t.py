@@ -141,6 +141,7 @@ def test_fused_and_explicit_paths_agree():
     assert maps == [(2, 1, 96, 96), (2, 2, 25, 25), (2, 2, 25, 25)]
 
 
+@pytest.mark.slow
 def test_compiles_without_graph_breaks():
     model = tiny_t2t().eval()
     img = torch.randn(2, 3, 32, 48)

@@ -86,6 +86,7 @@ def test_recorded_attention_covers_the_cls_token_and_every_patch():
 
 
 @pytest.mark.parametrize('cls', [ViT, SimpleViT])
+@pytest.mark.slow
 def test_compiles_without_graph_breaks(cls):
     model = cls(**TINY).eval()
     x = series()

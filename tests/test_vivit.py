@@ -113,6 +113,7 @@ def test_masked_frames_do_not_change_the_output(variant, pool):
         assert not torch.allclose(model(changed), model(x), **TOL)
 
 
+@pytest.mark.slow
 def test_compiles_without_graph_breaks():
     for variant in VARIANTS:
         model = tiny(variant=variant).eval()

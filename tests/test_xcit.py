@@ -178,6 +178,7 @@ def test_fused_and_explicit_paths_agree():
     assert [tuple(m.shape) for m in maps] == [(2, 2, 16, 16)] * 2 + [(2, 2, 1, 25)] * 2
 
 
+@pytest.mark.slow
 def test_compiles_without_graph_breaks():
     model = tiny_xcit().eval()
     img = torch.randn(2, 3, 16, 24)
