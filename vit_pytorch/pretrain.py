@@ -49,7 +49,6 @@ Written to --out (default runs/<data>-<model>-<method>):
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -58,12 +57,13 @@ import torch
 from torch import nn
 
 from vit_pytorch import analysis, models
-from vit_pytorch.checkpoint import CheckpointError, load_config, load_training_state, load_weights, save_checkpoint
-from vit_pytorch.evaluate import MissingExtra, autocast, data_source, normalise, require
+from vit_pytorch.checkpoint import load_config, load_training_state, load_weights, save_checkpoint
+from vit_pytorch.evaluate import autocast, data_source, normalise, require
 from vit_pytorch.recorder import Recorder
 from vit_pytorch.train import (_HelpFormatter, _progress, _restore_arguments, _run_name, _write, epoch_batches,
-                               epoch_seed, learning_rate, model_config, parameter_groups, parse_model_kwargs,
-                               pick_examples, setup_distributed, share, translate)
+                               epoch_seed, learning_rate, model_config, parameter_groups,
+                               pick_examples, run_command, setup_distributed, share, translate)
+from vit_pytorch.train import parse_args as parse_training_args
 
 METHODS = ('mae', 'simmim', 'mpp', 'dino')
 # the methods that predict hidden patches and see shifted (and flipped) images; DINO makes its own crops
@@ -138,19 +138,9 @@ def build_parser():
 def parse_args(argv=None):
     """(arguments, model keyword arguments); `args.given` names the options the command line set."""
     parser = build_parser()
-    unset = object()
-    defaults = vars(parser.parse_known_args([])[0])
-    args, rest = parser.parse_known_args(argv, namespace=argparse.Namespace(**dict.fromkeys(defaults, unset)))
-    args.given = tuple(sorted(name for name in defaults if getattr(args, name) is not unset))
-    for name, value in defaults.items():
-        if getattr(args, name) is unset:
-            setattr(args, name, value)
+    args, model_kwargs = parse_training_args(argv, parser)
     if args.method is None and args.resume is None:
         parser.error(f"--method is required: one of {', '.join(METHODS)}")
-    try:
-        model_kwargs = parse_model_kwargs(rest)
-    except ValueError as error:
-        parser.error(str(error))
     return args, model_kwargs
 
 
@@ -494,22 +484,9 @@ def _figure(width, height):
 
 def main(argv=None):
     args, model_kwargs = parse_args(argv)
-    try:
-        result = pretrain(args, model_kwargs)
-    except KeyboardInterrupt:
-        if args.out:
-            print(f"\ninterrupted; continue with: python -m vit_pytorch.pretrain --out {args.out} --resume",
-                  file=sys.stderr)
-        return 130
-    except (CheckpointError, FileNotFoundError, NotADirectoryError, ValueError, MissingExtra) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    if int(os.environ.get('RANK', '0')) == 0:
-        pictures = ', '.join(Path(path).name for path in result['pictures'])
-        print(f"{args.method} loss {result['loss']:.4f} after {result['epoch']} epochs "
-              f"({result['elapsed_seconds']:.1f} s); pre-trained network: {result['checkpoint']}"
-              + (f"; pictures in {result['out']}: {pictures}" if pictures else ''), flush=True)
-    return 0
+    return run_command(pretrain, args, model_kwargs, command='vit_pytorch.pretrain', summary=lambda result: (
+        f"{args.method} loss {result['loss']:.4f} after {result['epoch']} epochs "
+        f"({result['elapsed_seconds']:.1f} s); pre-trained network: {result['checkpoint']}"))
 
 
 if __name__ == '__main__':

@@ -158,10 +158,11 @@ def build_parser():
     return parser
 
 
-def parse_args(argv=None):
+def parse_args(argv=None, parser=None):
     """(training arguments, model keyword arguments) from the command line; `args.given` names the
-    options the command line set (a resumed run compares them with the run's own)."""
-    parser = build_parser()
+    options the command line set (a resumed run compares them with the run's own). `parser`: another
+    command's (the pre-training command's), parsed the same way."""
+    parser = parser or build_parser()
     unset = object()
     defaults = vars(parser.parse_known_args([])[0])
     args, rest = parser.parse_known_args(argv, namespace=argparse.Namespace(**dict.fromkeys(defaults, unset)))
@@ -784,21 +785,26 @@ def draw_inside(model, data, *, mean, std, device, out, count=8):
 
 def main(argv=None):
     args, model_kwargs = parse_args(argv)
+    return run_command(train, args, model_kwargs, command='vit_pytorch.train', summary=lambda result: (
+        f"{result['test_split']} accuracy {100 * result['test_accuracy']:.2f}% after {result['epoch']} epochs "
+        f"({result['elapsed_seconds']:.1f} s of training); checkpoint: {result['checkpoint']}"))
+
+
+def run_command(run, args, model_kwargs, *, command, summary):
+    """A command's run (training or pre-training): an interruption or a known error becomes an exit code
+    with one line on stderr; on rank 0 the last line is `summary(result)` and the pictures written."""
     try:
-        result = train(args, model_kwargs)
+        result = run(args, model_kwargs)
     except KeyboardInterrupt:
         if args.out:
-            print(f"\ninterrupted; continue with: python -m vit_pytorch.train --out {args.out} --resume",
-                  file=sys.stderr)
+            print(f"\ninterrupted; continue with: python -m {command} --out {args.out} --resume", file=sys.stderr)
         return 130
     except (CheckpointError, FileNotFoundError, NotADirectoryError, ValueError, MissingExtra) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if int(os.environ.get('RANK', '0')) == 0:
         pictures = ', '.join(Path(path).name for path in result['pictures'])
-        print(f"{result['test_split']} accuracy {100 * result['test_accuracy']:.2f}% after {result['epoch']} epochs "
-              f"({result['elapsed_seconds']:.1f} s of training); checkpoint: {result['checkpoint']}"
-              + (f"; pictures in {result['out']}: {pictures}" if pictures else ''), flush=True)
+        print(summary(result) + (f"; pictures in {result['out']}: {pictures}" if pictures else ''), flush=True)
     return 0
 
 
