@@ -15,7 +15,9 @@ Loaders (nothing downloads; a local file, a folder or an in-memory state_dict):
                      transformers 5, `...layers.N.attention.q_proj...`);
   load_jax           the official `.npz` files of google-research/vision_transformer;
   load_vit_pytorch   state_dicts saved by the `vit-pytorch` package (1.26.14 and the older
-                     layouts its ViT had), for every model that computes what vit-pytorch's does.
+                     layouts its ViT had), for every model that computes what vit-pytorch's does;
+  load_official      checkpoints of a paper's official code, for the models no library of record
+                     has (each such model's module says which repository and commit).
 Each model says which of these it takes (see "Plans" below); any other pair is a TypeError
 naming the formats the model does take. Files are recognised by their content and read with
 safetensors, `torch.load(weights_only=True)` or `numpy.load(allow_pickle=False)`: no arbitrary
@@ -52,7 +54,7 @@ Numerics that decide parity with each reference (choose them when building):
     #   load_jax(vit('B/16', image_size=384, gelu_approximate='tanh'), 'ViT-B_16.npz')  # resampled to 24x24
 
 Plans. Each model's module ends with a section "# loading checkpoints" holding one function per
-format it takes: `timm_plan`, `hf_plan`, `jax_plan`, `vit_pytorch_plan`, each
+format it takes: `timm_plan`, `hf_plan`, `jax_plan`, `vit_pytorch_plan`, `official_plan`, each
 `(model, checkpoint_keys) -> (plan, head_prefixes)`:
   plan           {our key: ({checkpoint key: expected shape}, convert)}; convert(*tensors) gives
                  our tensor. A position table has convert = dict(num_prefix_tokens=p, grid=(h, w))
@@ -156,7 +158,7 @@ def vit_huge_patch14_224(**kwargs): return vit('H/14', image_size=224, **kwargs)
 
 __all__ = [
     'VARIANTS', 'RESAMPLE', 'CheckpointError', 'decode_variant', 'vit', 'num_parameters',
-    'load_timm', 'load_hf', 'load_jax', 'load_vit_pytorch', 'read_checkpoint',
+    'load_timm', 'load_hf', 'load_jax', 'load_vit_pytorch', 'load_official', 'read_checkpoint',
     'vit_tiny_patch16_224', 'vit_tiny_patch16_384', 'vit_small_patch8_224', 'vit_small_patch16_224',
     'vit_small_patch16_384', 'vit_small_patch32_224', 'vit_small_patch32_384', 'vit_base_patch8_224',
     'vit_base_patch16_224', 'vit_base_patch16_384', 'vit_base_patch32_224', 'vit_base_patch32_384',
@@ -319,7 +321,8 @@ def _as_tensor(value):
 # the loaders
 
 
-FORMATS = {'timm': 'timm', 'hf': 'Hugging Face', 'jax': 'JAX', 'vit_pytorch': 'vit-pytorch'}
+FORMATS = {'timm': 'timm', 'hf': 'Hugging Face', 'jax': 'JAX', 'vit_pytorch': 'vit-pytorch',
+           'official': "the paper's official code"}
 
 
 def load_timm(model, checkpoint, *, resample='timm', load_head=True, checkpoint_grid=None):
@@ -359,6 +362,17 @@ def load_jax(model, checkpoint, *, resample='jax', load_head=True, checkpoint_gr
     """
     return _load_format(model, checkpoint, 'jax', resample=resample, load_head=load_head,
                         checkpoint_grid=checkpoint_grid)
+
+
+def load_official(model, checkpoint, *, load_head=True):
+    """Load a checkpoint saved by a paper's official code (for models that no library of record has:
+    CrossFormer, RegionViT, ScalableViT, SepViT) into the matching model; returns the model.
+
+    Build the model as the checkpoint's configuration (its named configuration, e.g.
+    `crossformer_tiny()`), at the checkpoint's image size. `load_head=False` leaves the head out.
+    """
+    return _load_format(model, checkpoint, 'official', resample='timm', load_head=load_head,
+                        checkpoint_grid=None)
 
 
 def load_vit_pytorch(model, checkpoint):
