@@ -1,0 +1,398 @@
+"""SepViT against its paper and its official code.
+
+References: the authors' code (github liwei109/SepViT @ 2b420d3, classification/sepvit.py) through
+fixtures it wrote (tests/fixtures/make_sep_vit_fixtures.py), the parameter counts it gives, the
+paper's counts (arXiv 2203.15380, Table 1) and the formulas of its section 3.
+"""
+
+import math
+import textwrap
+
+import pytest
+import torch
+from einops import rearrange, repeat
+from torch import nn
+
+from helpers import count, digits_batch, fit_fixed_batch, load_fixture
+from vit_pytorch import sep_vit
+from vit_pytorch.pretrained import CheckpointError, load_official, load_vit_pytorch
+from vit_pytorch.recorder import Recorder
+from vit_pytorch.sep_vit import PositionEncodingGenerator, SeparableAttention, SepViT
+
+
+def tiny(**overrides):
+    """Four stages on 64x64 images: maps 16x16, 8x8, 4x4, 2x2; stage 2 has 16 windows of 2x2, then 4 grouped
+    windows of 4x4; stage 3 4 windows, then one; stage 4 one window."""
+    return SepViT(**{'num_classes': 5, 'image_size': 64, 'dim': 8, 'depth': (1, 2, 2, 1), 'heads': (1, 2, 2, 4),
+                     'window_size': 2, 'grouped_window_size': 4, 'ff_mult': 2, **overrides})
+
+
+def perturb(model, seed=0, scale=0.1):
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * scale)
+    return model
+
+
+def blocks(model):
+    """The SeparableAttention of every block, in stage and block order."""
+    return [layer[0].fn for stage in model.stages for layer in stage.blocks.layers if hasattr(layer[0], 'fn')]
+
+
+# shapes and gradients
+
+
+def test_output_shapes():
+    model = tiny()
+    img = torch.randn(2, 3, 64, 64)
+    assert model(img).shape == (2, 5)
+    assert model.forward_features(img).shape == (2, 4, 64)
+    assert [tuple(m.shape) for m in model.forward_intermediates(img)] == [
+        (2, 8, 16, 16), (2, 16, 8, 8), (2, 32, 4, 4), (2, 64, 2, 2)]
+    assert tiny(num_classes=0)(img).shape == (2, 64)
+
+
+def test_a_non_square_image_with_windows_per_stage():
+    model = tiny(image_size=(64, 32), window_size=(2, 2, 2, 1), grouped_window_size=(4, 4, 2, 1))
+    maps = model.forward_intermediates(torch.randn(1, 3, 64, 32))
+    assert [tuple(m.shape[-2:]) for m in maps] == [(16, 8), (8, 4), (4, 2), (2, 1)]
+    assert [block.window_tokens.shape[0] for block in blocks(model)] == [32, 8, 2, 2, 2, 2]
+
+
+def test_every_parameter_gets_a_gradient():
+    model = perturb(tiny())
+    out = model(torch.randn(2, 3, 64, 64))
+    (out * torch.randn_like(out)).sum().backward()
+    missing = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not missing
+
+
+def test_vit_pytorchs_readme_arguments_build_a_model():
+    # vit-pytorch's README: SepViT(num_classes=1000, dim=32, dim_head=32, heads=(1, 2, 4, 8), depth=(1, 2, 6, 2),
+    # window_size=7, dropout=0.1): heads of 32 channels, the width doubling per stage
+    with torch.device('meta'):
+        model = SepViT(num_classes=1000, dim=32, dim_head=32, heads=(1, 2, 4, 8), depth=(1, 2, 6, 2), window_size=7,
+                       dropout=0.1)
+    assert [info['num_chs'] for info in model.feature_info] == [32, 64, 128, 256]
+    assert [blocks(model)[i].dsa.heads for i in (0, 1, 3, 9)] == [1, 2, 4, 8]
+    metadata, _, _ = load_fixture('vit_pytorch_1.26.14_sep_vit')
+    config = {key: tuple(value) if isinstance(value, list) else value for key, value in metadata['config'].items()}
+    assert SepViT(**config)(torch.randn(1, 3, 224, 224)).shape == (1, 5)
+
+
+# the paper's models: counts of the official code (sum of numel of the parameters of its SepViT_Tiny/Small/Base,
+# make_sep_vit_fixtures.py full-size) and the paper's Table 1
+
+
+@pytest.mark.parametrize('variant, official, paper', [
+    ('tiny', 31_182_856, 31.2), ('small', 46_570_504, 46.6), ('base', 82_377_064, 82.3)])
+def test_named_configuration_parameter_counts(variant, official, paper):
+    with torch.device('meta'):
+        model = getattr(sep_vit, f'sep_vit_{variant}')()
+    assert count(model) == official
+    # the paper rounds T and S; its 82.3M for B is 0.077M under the official code's count (82.4M rounded)
+    assert round(count(model) / 1e6, 1) == (82.4 if variant == 'base' else paper)
+
+
+def test_the_named_models_window_sizes_are_the_official_codes():
+    # ws of the official SepViT_Tiny and SepViT_Small: [[7], [7, 14], [7, 14] * k, [7, 7]]
+    assert sep_vit.sep_vit_tiny.__module__ == 'vit_pytorch.sep_vit'
+    with torch.device('meta'):
+        tiny_model, small_model = sep_vit.sep_vit_tiny(), sep_vit.sep_vit_small()
+    assert tiny_model.windows == [[7], [7, 14], [7, 14] * 3, [7, 7]]
+    assert small_model.windows == [[7], [7, 14], [7, 14] * 7, [7, 7]]
+    # one window token per window where a block has several windows: 64, 16, 4, 4, 1, ... at 224
+    assert [0 if b.window_tokens is None else b.window_tokens.shape[0] for b in blocks(tiny_model)] == \
+        [64, 16, 4, 4, 0, 4, 0, 4, 0, 0, 0]
+
+
+def test_unknown_variant_is_refused():
+    with pytest.raises(ValueError, match='variant'):
+        sep_vit.sep_vit('huge')
+
+
+# what SepViT adds: depthwise self-attention (DSA) within windows with a window token, pointwise self-attention
+# (PSA) among the windows, grouped self-attention (larger windows in every second block)
+
+
+def dsa_outputs(attention, x, size):
+    """The DSA step's output (b, windows, 1 + n, dim), read by a hook."""
+    seen = []
+    hook = attention.dsa.register_forward_hook(lambda module, args, output: seen.append(output))
+    with torch.no_grad():
+        attention(x, size)
+    hook.remove()
+    return seen[0]
+
+
+def changed_tokens_of_the_dsa(window_size, moved_token):
+    """Which tokens of a 8x8 map the DSA output changes at, as an (8, 8) map, when one token moves."""
+    windows = (8 // window_size) ** 2
+    attention = perturb(SeparableAttention(4, 2, window_size=window_size, windows=windows)).eval()
+    x = torch.randn(1, 64, 4)
+    moved = x.clone()
+    moved[0, moved_token] += torch.randn(4)
+    changed = (dsa_outputs(attention, moved, (8, 8)) - dsa_outputs(attention, x, (8, 8))).abs().amax(-1) > 0
+    window_token_changed = changed[0, :, 0]
+    side = 8 // window_size
+    tokens = rearrange(changed[0, :, 1:], '(nh nw) (wh ww) -> (nh wh) (nw ww)', nh=side, wh=window_size)
+    return tokens, window_token_changed
+
+
+def test_depthwise_self_attention_stays_within_its_window_and_its_window_token():
+    # the token at row 1, column 5 lies in window (0, 2) of 2x2 windows: window number 2
+    tokens, window_tokens = changed_tokens_of_the_dsa(2, 1 * 8 + 5)
+    rows, cols = torch.meshgrid(torch.arange(8), torch.arange(8), indexing='ij')
+    assert torch.equal(tokens, (rows < 2) & (cols >= 4) & (cols < 6))
+    assert window_tokens.tolist() == [i == 2 for i in range(16)]
+
+
+def test_grouped_self_attention_windows_are_the_larger_groups():
+    # the same token, in 4x4 grouped windows: its whole group of four 2x2 windows, window (0, 1)
+    tokens, window_tokens = changed_tokens_of_the_dsa(4, 1 * 8 + 5)
+    rows, cols = torch.meshgrid(torch.arange(8), torch.arange(8), indexing='ij')
+    assert torch.equal(tokens, (rows < 4) & (cols >= 4))
+    assert window_tokens.tolist() == [False, True, False, False]
+    model = tiny()
+    assert model.windows == [[2], [2, 4], [2, 4], [2]]
+    assert [None if b.psa is None else b.window_tokens.shape[0] for b in blocks(model)] == [64, 16, 4, 4, None, None]
+
+
+def test_pointwise_self_attention_mixes_whole_windows_by_their_tokens_attention():
+    # PSA's output at place n of window i is sum_j a_ij (the DSA output at place n of window j) plus its input,
+    # per head, a from softmax(q k^T / sqrt(d)) of the window tokens after LayerNorm and GELU (paper eq. 3-4)
+    attention = perturb(SeparableAttention(8, 2, window_size=2, windows=4)).double().eval()
+    x = torch.randn(2, 16, 8, dtype=torch.float64)
+    out = dsa_outputs(attention, x, (4, 4)) + attention.norm(torch.cat((
+        repeat(attention.window_tokens, 'w d -> b w 1 d', b=2),
+        rearrange(x, 'b (nh wh nw ww) d -> b (nh nw) (wh ww) d', nh=2, wh=2, ww=2)), dim=2))
+    tokens, maps = out[:, :, 0], out[:, :, 1:]
+    psa = attention.psa
+    q, k = rearrange(psa.to_qk(nn.functional.gelu(psa.norm(tokens))), 'b w (qk h d) -> qk b h w d', qk=2, h=2)
+    weights = (q @ k.transpose(-1, -2) / math.sqrt(4)).softmax(dim=-1)                 # (b, heads, 4, 4)
+    mixed = torch.einsum('bhij,bjnhd->binhd', weights, rearrange(maps, 'b w n (h d) -> b w n h d', h=2))
+    expected = attention.to_out(rearrange(rearrange(mixed, 'b i n h d -> b i n (h d)') + maps,
+                                          'b (nh nw) (wh ww) d -> b (nh wh nw ww) d', nh=2, wh=2))
+    with torch.no_grad():
+        torch.testing.assert_close(attention(x, (4, 4)), expected, atol=1e-12, rtol=0)
+
+
+def test_one_token_reaches_every_window_through_the_window_tokens():
+    attention = perturb(SeparableAttention(4, 2, window_size=2, windows=16)).eval()
+    x = torch.randn(1, 64, 4)
+    moved = x.clone()
+    moved[0, 0] += torch.randn(4)
+    with torch.no_grad():
+        changed = (attention(moved, (8, 8)) - attention(x, (8, 8))).abs().amax(-1) > 0
+    assert changed.all()
+
+
+def test_the_peg_gives_positions_from_the_zero_padding():
+    peg = perturb(PositionEncodingGenerator(4)).eval()
+    with torch.no_grad():
+        out = rearrange(peg(torch.ones(1, 5 * 5, 4), (5, 5)), '1 (h w) d -> h w d', h=5)
+    assert torch.allclose(out[1:4, 1:4], out[2, 2].expand(3, 3, 4))
+    assert not torch.allclose(out[0, 2], out[2, 2])
+
+
+# the reference: the official code, tiny, noisy weights, at 224 (tests/fixtures/make_sep_vit_fixtures.py)
+
+
+def official_case():
+    metadata, state_dict, tensors = load_fixture('official_sep_vit')
+    config = metadata['config']
+    assert config['ws'] == [[7], [7, 14], [7, 14], [7, 7]]
+    model = SepViT(num_classes=config['num_classes'], dim=config['embed_dims'][0], depth=tuple(config['depths']),
+                   heads=tuple(config['num_heads']), ff_mult=tuple(config['mlp_ratios']), image_size=config['img_size'])
+    img = tensors['input_28'].repeat_interleave(8, dim=-2).repeat_interleave(8, dim=-1)
+    return model, state_dict, img, tensors
+
+
+def test_logits_and_stage_maps_equal_the_official_codes():
+    model, state_dict, img, tensors = official_case()
+    model = load_official(model.eval(), state_dict)
+    with torch.no_grad():
+        torch.testing.assert_close(model(img), tensors['logits'], atol=1e-5, rtol=1e-5)
+        maps = model.forward_intermediates(img[:1])
+    for i, found in enumerate(maps):
+        torch.testing.assert_close(found, tensors[f'feature.{i}'], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('indices, expected', [(1, [3]), ([0, -2], [0, 2])])
+def test_forward_intermediates_returns_the_chosen_stages(indices, expected):
+    model, state_dict, img, tensors = official_case()
+    model = load_official(model.eval(), state_dict)
+    with torch.no_grad():
+        maps = model.forward_intermediates(img[:1], indices=indices)
+    for found, i in zip(maps, expected, strict=True):
+        torch.testing.assert_close(found, tensors[f'feature.{i}'], atol=1e-5, rtol=1e-5)
+
+
+def test_feature_info_gives_the_official_stage_maps_strides_and_channels():
+    model, _, img, tensors = official_case()
+    official = [tensors[f'feature.{i}'] for i in range(4)]
+    assert [(info['num_chs'], info['reduction']) for info in model.feature_info] == \
+        [(m.shape[1], img.shape[-1] // m.shape[-1]) for m in official]
+    maps = model.forward_intermediates(img[:1])
+    width = 8
+    laterals = nn.ModuleList(nn.Conv2d(info['num_chs'], width, 1) for info in model.feature_info)
+    pyramid = [lateral(m) for lateral, m in zip(laterals, maps)]
+    for i in range(len(pyramid) - 2, -1, -1):
+        pyramid[i] = pyramid[i] + nn.functional.interpolate(pyramid[i + 1], size=pyramid[i].shape[-2:])
+    assert [tuple(level.shape) for level in pyramid] == [(1, width, *m.shape[-2:]) for m in official]
+
+
+def test_an_official_checkpoint_in_a_model_of_other_windows_says_what_to_build():
+    model, state_dict, _, _ = official_case()
+    model = SepViT(num_classes=5, dim=4, depth=(1, 2, 2, 2), heads=(1, 2, 2, 4), ff_mult=(2, 2, 4, 2),
+                   grouped_window_size=28)
+    with pytest.raises(CheckpointError, match=r"block 1.1 has window tokens .* build the model at the checkpoint's"):
+        load_official(model, state_dict)
+
+
+# vit-pytorch 1.26.14's SepViT computes another function (tests/fixtures/make_sep_vit_fixtures.py)
+
+
+def test_vit_pytorch_checkpoint_is_refused_with_what_differs():
+    metadata, _, _ = load_fixture('vit_pytorch_1.26.14_sep_vit')
+    config = {key: tuple(value) if isinstance(value, list) else value for key, value in metadata['config'].items()}
+    model = SepViT(**config)
+    state_dict = {key: torch.zeros(shape) for key, shape in metadata['shapes'].items()}
+    before = {key: value.clone() for key, value in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"vit-pytorch's SepViT computes another function: it has no grouped"):
+        load_vit_pytorch(model, state_dict)
+    assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
+
+
+# recorder, compile, checkpointing, head
+
+
+def expected_maps(attention, x, size):
+    """DSA's softmax(q k^T / sqrt(d)) per window (window token first), then PSA's among the window tokens."""
+    side = attention.window_size
+    windows = rearrange(x, 'b (nh wh nw ww) d -> b (nh nw) (wh ww) d', nh=size[0] // side, wh=side, ww=side)
+    if attention.window_tokens is not None:
+        windows = torch.cat((repeat(attention.window_tokens, 'w d -> b w 1 d', b=x.shape[0]), windows), dim=2)
+    normed = attention.norm(windows)
+    heads = attention.dsa.heads
+    q, k, _ = rearrange(attention.dsa.to_qkv(normed), 'b w n (qkv h d) -> qkv (b w) h n d', qkv=3, h=heads)
+    scale = 1 / math.sqrt(q.shape[-1])
+    maps = [(q @ k.transpose(-1, -2) * scale).softmax(dim=-1)]
+    if attention.psa is not None:
+        tokens = (attention.dsa(normed) + normed)[:, :, 0]
+        psa = attention.psa
+        q, k = rearrange(psa.to_qk(nn.functional.gelu(psa.norm(tokens))), 'b w (qk h d) -> qk b h w d', qk=2, h=heads)
+        maps.append((q @ k.transpose(-1, -2) * scale).softmax(dim=-1))
+    return maps
+
+
+def test_recorded_maps_are_dsa_then_psa_per_block_and_equal_the_softmax_of_q_and_k():
+    model = perturb(tiny()).double().eval()
+    img = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    inputs = []
+    hooks = [block.register_forward_pre_hook(lambda module, args: inputs.append((module, *args)))
+             for block in blocks(model)]
+    with torch.no_grad():
+        logits, maps = Recorder(model)(img)
+    for hook in hooks:
+        hook.remove()
+    # stage 1: 16x16 map, 64 windows of 2x2 (+ token); stage 2: 16 windows of 2x2, then 4 of 4x4;
+    # stage 3: 4 windows of 2x2, then one 4x4 window (global, no token); stage 4: one 2x2 window
+    assert [tuple(m.shape) for m in maps] == [
+        (2 * 64, 1, 5, 5), (2, 1, 64, 64), (2 * 16, 2, 5, 5), (2, 2, 16, 16), (2 * 4, 2, 17, 17), (2, 2, 4, 4),
+        (2 * 4, 2, 5, 5), (2, 2, 4, 4), (2, 2, 16, 16), (2, 4, 4, 4)]
+    with torch.no_grad():
+        expected = [m for attention, x, size in inputs for m in expected_maps(attention, x, size)]
+        for recorded, recomputed in zip(maps, expected, strict=True):
+            torch.testing.assert_close(recorded, recomputed, atol=1e-12, rtol=0)
+        torch.testing.assert_close(logits, model(img))
+
+
+@pytest.mark.slow
+def test_compiles_without_graph_breaks_forward_and_backward():
+    model = tiny(drop_path_rate=0.1).eval()
+    img = torch.randn(2, 3, 64, 64)
+    compiled = torch.compile(model, fullgraph=True, backend='eager')
+    out = compiled(img)
+    out.sum().backward()
+    torch.testing.assert_close(out, model(img))
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    model = perturb(tiny())
+    img = torch.randn(2, 3, 64, 64)
+    model(img).sum().backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    model.set_grad_checkpointing(True)
+    model(img).sum().backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name])
+
+
+def test_reset_classifier_gives_a_zero_head():
+    model = tiny()
+    model.reset_classifier(3)
+    assert torch.equal(model(torch.randn(2, 3, 64, 64)), torch.zeros(2, 3))
+    model.reset_classifier(0)
+    assert model(torch.randn(2, 3, 64, 64)).shape == (2, 64)
+
+
+# learning
+
+
+def test_tiny_model_overfits_32_real_digits():
+    images, labels = digits_batch(32, size=16)
+    model = SepViT(num_classes=10, channels=1, image_size=16, dim=16, depth=(1, 1, 1, 1), heads=(1, 2, 2, 4),
+                   window_size=2, grouped_window_size=None)
+    accuracy, steps = fit_fixed_batch(model, images, labels)
+    assert accuracy == 1.0, f'training accuracy {accuracy} after {steps} steps'
+
+
+# errors
+
+
+@pytest.mark.parametrize('overrides, error, match', [
+    (dict(depth=(1, 2, 2)), TypeError, 'depth must be a tuple of 4'),
+    (dict(depth=(1, 0, 2, 1)), ValueError, 'depth'),
+    (dict(dim=2.5), TypeError, 'dim'),
+    (dict(heads=(1, 3, 2, 4)), ValueError, 'heads 3 of stage 2 must divide its width 16'),
+    (dict(heads=(1, 2)), ValueError, 'heads must be an int or 4 values'),
+    (dict(dim_head=4), ValueError, 'dim_head must be None or each stage.s width over its heads'),
+    (dict(window_size=3), ValueError, "window_size 3 must divide the 16x16 map of stage 1"),
+    (dict(grouped_window_size=(4, 3, 4, 4)), ValueError, "grouped_window_size 3 must divide the 8x8 map of stage 2"),
+    (dict(window_size=0), ValueError, 'window_size'),
+    (dict(image_size=0), ValueError, 'image_size'),
+    (dict(ff_mult=None), TypeError, 'ff_mult'),
+    (dict(dropout=1.0), ValueError, 'dropout'),
+    (dict(num_classes=-1), ValueError, 'num_classes'),
+])
+def test_bad_arguments_are_refused_with_their_name(overrides, error, match):
+    with pytest.raises(error, match=match):
+        tiny(**overrides)
+
+
+def test_an_image_of_another_size_is_refused_with_the_models_size():
+    with pytest.raises(ValueError, match=r"img must be 64x64 \(h x w\), the model's image_size .*got 32x32"):
+        tiny()(torch.randn(1, 3, 32, 32))
+    with pytest.raises(ValueError, match='channels'):
+        tiny()(torch.randn(1, 1, 64, 64))
+
+
+def test_missing_num_classes_is_a_type_error_as_in_vit_pytorch():
+    with pytest.raises(TypeError, match='num_classes'):
+        SepViT()
+
+
+# the module's example
+
+
+def test_module_docstring_example_runs_and_says_what_it_gives():
+    example = sep_vit.__doc__.split('    import torch', 1)[1].split('\nSource:', 1)[0]
+    namespace = {}
+    exec(textwrap.dedent('    import torch' + example), namespace)
+    assert namespace['logits'].shape == (2, 10)
+    assert [tuple(m.shape[-2:]) for m in namespace['maps']] == [(16, 16), (8, 8), (4, 4), (2, 2)]
+    assert count(namespace['paper_model']) == 31_182_856
