@@ -631,6 +631,35 @@ def nest_spec():
     )
 
 
+@st.composite
+def sep_vit_configs(draw):
+    """SepViT (vit-pytorch's arguments): square 16 or 32 pixel images, windows 1 or 2, grouped windows none to 4."""
+    heads = draw(st.integers(1, 2))
+    return dict(
+        num_classes=draw(st.integers(0, 6)), image_size=draw(st.sampled_from([16, 32])),
+        dim=heads * draw(st.integers(1, 4)), depth=tuple(draw(st.integers(1, 2)) for _ in range(4)), heads=heads,
+        window_size=draw(st.integers(1, 2)), grouped_window_size=draw(st.sampled_from([None, 1, 2, 4])),
+        ff_mult=draw(st.integers(1, 2)), channels=draw(st.integers(1, 3)), dropout=draw(dropouts),
+        drop_path_rate=draw(dropouts),
+    )
+
+
+def sep_vit_spec():
+    return ModelSpec(
+        name='sep_vit', target='sep_vit:SepViT', configs=sep_vit_configs(),
+        example=dict(num_classes=5, image_size=32, dim=2, depth=(1, 2, 1, 1), heads=(1, 2, 2, 4), window_size=2,
+                     grouped_window_size=4, ff_mult=2),
+        output_shapes=lambda kwargs, batch, size: [(batch, kwargs['num_classes'] or kwargs['dim'] * 8)],
+        bad_arguments=dict(
+            {name: bad_positive_ints() for name in ('dim', 'channels')},
+            depth=st.sampled_from([(), (0, 1, 1, 1), (2.5, 1, 1, 1), 3, None, (True, 1, 1, 1), (1, 1, 1)]),
+            heads=bad_stage_ints(), window_size=bad_stage_ints(), ff_mult=bad_stage_ints(),
+            grouped_window_size=bad_stage_ints().filter(lambda v: v is not None),
+            dim_head=bad_positive_ints().filter(lambda v: v is not None), image_size=bad_pairs(),
+            num_classes=bad_non_negative_ints(), dropout=bad_probabilities(), drop_path_rate=bad_probabilities()),
+    )
+
+
 # documented outputs
 
 
@@ -885,6 +914,7 @@ MODELS = [
     pvt_v2_spec(),
     twins_svt_spec(),
     nest_spec(),
+    sep_vit_spec(),
 ]
 
 model_table = pytest.mark.parametrize('spec', MODELS, ids=lambda spec: spec.name)
