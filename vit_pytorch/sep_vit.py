@@ -39,9 +39,10 @@ with `grouped_window_size`, `image_size` and `drop_path_rate` added; the default
 vit-pytorch 1.26.14's SepViT computes another function and its checkpoints are refused with this
 reason: it has no grouped self-attention (every block uses `window_size`), one window token shared
 by all windows, a window token even where one window covers the map, no residuals inside the
-attention, PSA queries and keys from a LayerNorm over each head's channels, no norm after the
-patch embeddings, the PEG before the first block, channel LayerNorms and a norm at the end of every
-stage but the last; here `dim_head`, if given, must be the stage's width over its heads.
+attention, PSA queries and keys from a LayerNorm over each head's channels, no query/key/value
+bias, no norm after the patch embeddings, the PEG before the first block, channel LayerNorms with a
+norm ending every stage but the last, and its final LayerNorm after the pooling; here `dim_head`,
+if given, must be the stage's width over its heads.
 """
 
 import torch
