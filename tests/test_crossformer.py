@@ -1,0 +1,392 @@
+"""CrossFormer against the paper's official code (cheerss/CrossFormer @ 7952010): the parameter counts it gives
+for its configurations, and the outputs of a tiny official model (tests/fixtures/make_crossformer_fixtures.py)."""
+
+import math
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from helpers import count, digits_batch, fit_fixed_batch, load_fixture
+from vit_pytorch import crossformer
+from vit_pytorch.crossformer import CrossFormer, CrossScaleAttention, CrossScaleEmbedding, DynamicPositionBias
+from vit_pytorch.pretrained import CheckpointError, load_official, load_vit_pytorch
+from vit_pytorch.recorder import Recorder
+
+
+def tiny(**overrides):
+    """Three stages on 32x48 images: maps 16x24, 8x12, 4x6; groups of 3 and intervals 2, 2, 1 that do not divide
+    the first maps (padding), and a last map no larger than its group (one group, SDA in every block). Widths of
+    32 and more: at 16 the position-bias MLP is 1 wide, and its first LayerNorm makes its first layers constant
+    (as in the official code)."""
+    kwargs = dict(num_classes=5, dim=(32, 48, 64), depth=(2, 2, 2), heads=(1, 2, 2), local_window_size=(3, 3, 4),
+                  interval=(2, 2, 1), cross_embed_kernel_sizes=((2, 4, 8), (2, 4), (2, 4)),
+                  cross_embed_strides=(2, 2, 2), mlp_mult=2)
+    return CrossFormer(**{**kwargs, **overrides})
+
+
+def perturb(model, seed=0, scale=0.1):
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * scale)
+    return model
+
+
+# shapes and gradients
+
+
+def test_output_shapes():
+    model = tiny()
+    img = torch.randn(2, 3, 32, 48)
+    assert model(img).shape == (2, 5)
+    assert model.forward_features(img).shape == (2, 4 * 6, 64)
+    assert [tuple(m.shape) for m in model.forward_intermediates(img)] == [
+        (2, 32, 16, 24), (2, 48, 8, 12), (2, 64, 4, 6)]
+    assert tiny(num_classes=0)(img).shape == (2, 64)
+
+
+def test_every_parameter_gets_a_gradient():
+    model = tiny()
+    out = model(torch.randn(2, 3, 32, 48))
+    (out * torch.randn_like(out)).sum().backward()
+    missing = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not missing
+
+
+def test_single_values_are_repeated_over_four_stages():
+    model = CrossFormer(num_classes=3, dim=32, depth=1, local_window_size=2, interval=1,
+                        cross_embed_kernel_sizes=(2, 4), cross_embed_strides=2)
+    assert len(model.stages) == 4
+    assert [info['reduction'] for info in model.feature_info] == [2, 4, 8, 16]
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 3)
+
+
+# the official configurations: sum(p.numel() for p in model.parameters()) of the official models/crossformer.py,
+# built as configs/crossformer/{tiny,small,base,large}_patch4_group7_224.yaml (USE_ACL False) at 224, 1000 classes:
+#   cd /tmp && /work/ref/refvenv/bin/python count.py   (CrossFormer(img_size=224, patch_size=[4, 8, 16, 32],
+#   embed_dim=E, depths=D, num_heads=H, group_size=[7] * 4, crs_interval=[8, 4, 2, 1], mlp_ratio=[4.] * 4,
+#   merge_size=[[2, 4]] * 3, use_acl=False)); the paper's Table: 27.8M, 30.7M, 52.0M, 92.0M
+
+
+@pytest.mark.parametrize('variant, official, paper', [
+    ('tiny', 27_776_794, 27.8), ('small', 30_657_394, 30.7), ('base', 51_971_554, 52.0),
+    ('large', 91_971_184, 92.0)])
+def test_named_configuration_parameter_counts_equal_the_official_code(variant, official, paper):
+    with torch.device('meta'):
+        model = getattr(crossformer, f'crossformer_{variant}')()
+    assert count(model) == official
+    assert round(count(model) / 1e6, 1) == paper
+
+
+def test_unknown_variant_is_refused():
+    with pytest.raises(ValueError, match='variant'):
+        crossformer.crossformer('huge')
+
+
+# what CrossFormer adds: the cross-scale embedding, SDA and LDA groups, the dynamic position bias
+
+
+def test_cross_scale_embedding_concatenates_convolutions_of_every_kernel():
+    embed = CrossScaleEmbedding(3, 16, kernels=(2, 4, 8), stride=2, norm_input=False).eval()
+    assert [conv.out_channels for conv in embed.convs] == [8, 4, 4]
+    img = torch.randn(1, 3, 16, 16)
+    expected = torch.cat([F.conv2d(img, conv.weight, conv.bias, stride=2, padding=(kernel - 2) // 2)
+                          for conv, kernel in zip(embed.convs, (2, 4, 8))], dim=1)
+    with torch.no_grad():
+        torch.testing.assert_close(embed(img), embed.norm(rearrange(expected, 'b d h w -> b h w d')))
+
+
+def test_each_kernel_of_the_cross_scale_embedding_sees_its_own_scale():
+    embed = perturb(CrossScaleEmbedding(3, 16, kernels=(2, 4, 8), stride=2, norm_input=True)).eval()
+    img = torch.randn(1, 3, 16, 16)
+    moved = img.clone()
+    moved[0, :, 7, 7] += torch.randn(3)
+    with torch.no_grad():
+        changed = (embed(moved) - embed(img)).abs() > 0                  # (1, 8, 8, 16)
+    # kernel k (padding (k - 2) / 2) at output position p covers input rows 2p - (k - 2) / 2 ... + k - 1
+    for kernel, channels in zip((2, 4, 8), (slice(0, 8), slice(8, 12), slice(12, 16))):
+        rows = torch.tensor([2 * p - (kernel - 2) // 2 <= 7 < 2 * p - (kernel - 2) // 2 + kernel for p in range(8)])
+        assert torch.equal(changed[0, :, :, channels].any(-1), rows[:, None] & rows[None, :])
+
+
+def changed_tokens(attention, size, token):
+    """Which outputs of `attention` on an (h, w) map move when the input token at (row, col) moves."""
+    attention = perturb(attention).eval()
+    x = torch.randn(1, size[0] * size[1], attention.norm.normalized_shape[0])
+    moved = x.clone()
+    moved[0, token[0] * size[1] + token[1]] += torch.randn(x.shape[-1])
+    with torch.no_grad():
+        changed = (attention(moved, size) - attention(x, size)).abs().amax(-1) > 0
+    return rearrange(changed[0], '(h w) -> h w', h=size[0])
+
+
+def test_short_distance_attention_stays_within_its_group_of_adjacent_tokens():
+    changed = changed_tokens(CrossScaleAttention(16, 2, group_size=2, interval=1), (8, 8), (1, 2))
+    rows, cols = torch.meshgrid(torch.arange(8), torch.arange(8), indexing='ij')
+    assert torch.equal(changed, (rows < 2) & (cols >= 2) & (cols < 4))
+
+
+def test_long_distance_attention_groups_tokens_interval_apart():
+    # group 2, interval 4: on an 8x8 map the token (1, 2) is grouped with rows 1, 5 and columns 2, 6
+    changed = changed_tokens(CrossScaleAttention(16, 2, group_size=2, interval=4), (8, 8), (1, 2))
+    rows, cols = torch.meshgrid(torch.arange(8), torch.arange(8), indexing='ij')
+    assert torch.equal(changed, ((rows == 1) | (rows == 5)) & ((cols == 2) | (cols == 6)))
+
+
+def test_long_distance_groups_repeat_per_span_on_a_padded_map():
+    # group 2, interval 2: spans of 4; a 6x6 map is padded to 8x8, the token (5, 4) is grouped within the span
+    # of rows 4..7 and columns 4..7 with rows 5, 7 (7 is padding) and columns 4, 6
+    changed = changed_tokens(CrossScaleAttention(16, 2, group_size=2, interval=2), (6, 6), (5, 4))
+    rows, cols = torch.meshgrid(torch.arange(6), torch.arange(6), indexing='ij')
+    assert torch.equal(changed, (rows == 5) & ((cols == 4) | (cols == 6)))
+
+
+def test_a_map_no_larger_than_the_group_is_cut_in_groups_of_its_shorter_side():
+    assert changed_tokens(CrossScaleAttention(16, 2, group_size=4, interval=2), (3, 3), (0, 0)).all()
+    # as the official code: a 3x4 map with groups of 4 gets groups of 3 (padded to 3x6), SDA
+    changed = changed_tokens(CrossScaleAttention(16, 2, group_size=4, interval=2), (3, 4), (0, 0))
+    assert torch.equal(changed, torch.tensor([[True, True, True, False]] * 3))
+
+
+def test_dynamic_position_bias_is_the_mlp_of_each_query_key_offset():
+    attention = perturb(CrossScaleAttention(32, 2, group_size=3, interval=1))
+    bias = attention.relative_bias(3, like=torch.zeros(()))                 # (heads, 9, 9)
+    position = [(i // 3, i % 3) for i in range(9)]
+    offsets = torch.tensor([[(position[i][0] - position[j][0], position[i][1] - position[j][1]) for j in range(9)]
+                            for i in range(9)], dtype=torch.float32)
+    torch.testing.assert_close(bias, rearrange(attention.position_bias(offsets), 'i j h -> h i j'))
+    assert isinstance(attention.position_bias, DynamicPositionBias)
+    assert attention.position_bias[0].out_features == 32 // 16
+
+
+def test_blocks_alternate_sda_and_lda():
+    model = tiny()
+    assert [[layer[0].fn.interval for layer in stage.blocks.layers] for stage in model.stages] == [
+        [1, 2], [1, 2], [1, 1]]
+
+
+# the reference: the official code, tiny, noisy weights (tests/fixtures/make_crossformer_fixtures.py)
+
+
+def official_case():
+    metadata, state_dict, tensors = load_fixture('official_crossformer')
+    config = metadata['config']
+    stages = len(config['depths'])
+    model = CrossFormer(num_classes=config['num_classes'], dim=tuple(config['embed_dim'] * 2 ** i for i in range(stages)),
+                        depth=tuple(config['depths']), heads=tuple(config['num_heads']),
+                        local_window_size=tuple(config['group_size']), interval=tuple(config['crs_interval']),
+                        cross_embed_kernel_sizes=(tuple(config['patch_size']), *map(tuple, config['merge_size'])),
+                        cross_embed_strides=(config['patch_size'][0],) + (2,) * (stages - 1),
+                        mlp_mult=int(config['mlp_ratio'][0]))
+    return model.eval(), metadata, state_dict, tensors
+
+
+def test_logits_and_stage_maps_equal_the_official_codes():
+    model, _, state_dict, tensors = official_case()
+    load_official(model, state_dict)
+    with torch.no_grad():
+        torch.testing.assert_close(model(tensors['input']), tensors['logits'], atol=1e-5, rtol=1e-5)
+        maps = model.forward_intermediates(tensors['input'])
+    assert len(maps) == 3
+    for i, found in enumerate(maps):
+        torch.testing.assert_close(found, tensors[f'feature.{i}'], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('indices, expected', [(None, [0, 1, 2]), (1, [2]), ([0, -2], [0, 1])])
+def test_forward_intermediates_returns_the_chosen_stages(indices, expected):
+    model, _, state_dict, tensors = official_case()
+    load_official(model, state_dict)
+    with torch.no_grad():
+        maps = model.forward_intermediates(tensors['input'], indices=indices)
+    for found, i in zip(maps, expected, strict=True):
+        torch.testing.assert_close(found, tensors[f'feature.{i}'], atol=1e-5, rtol=1e-5)
+
+
+def test_feature_pyramid_from_forward_intermediates_has_the_official_strides_and_channels():
+    model, _, _, tensors = official_case()
+    img = tensors['input']
+    official = [(tensors[f'feature.{i}'].shape[1], img.shape[-1] // tensors[f'feature.{i}'].shape[-1])
+                for i in range(3)]
+    assert [(info['num_chs'], info['reduction']) for info in model.feature_info] == official
+    maps = model.forward_intermediates(img)
+    width = 8
+    laterals = nn.ModuleList(nn.Conv2d(info['num_chs'], width, 1) for info in model.feature_info)
+    pyramid = [lateral(m) for lateral, m in zip(laterals, maps)]
+    for i in range(len(pyramid) - 2, -1, -1):
+        pyramid[i] = pyramid[i] + F.interpolate(pyramid[i + 1], size=pyramid[i].shape[-2:])
+    for level, info in zip(pyramid, model.feature_info):
+        assert tuple(level.shape) == (2, width, *(side // info['reduction'] for side in img.shape[-2:]))
+
+
+def test_load_official_without_the_head():
+    model, _, state_dict, tensors = official_case()
+    model.reset_classifier(7)
+    load_official(model, state_dict, load_head=False)
+    with torch.no_grad():
+        pooled = model.forward_head(model.forward_features(tensors['input']), pre_logits=True)
+    head = state_dict['head.weight'], state_dict['head.bias']
+    torch.testing.assert_close(F.linear(pooled, *head), tensors['logits'], atol=1e-5, rtol=1e-5)
+
+
+def test_a_checkpoint_with_the_extra_convolutions_of_acl_is_refused():
+    model, _, state_dict, _ = official_case()
+    state_dict = dict(state_dict, **{'layers.0.blocks.1.ex_conv.weight': torch.zeros(16, 1, 3, 3)})
+    with pytest.raises(CheckpointError, match='USE_ACL'):
+        load_official(model, state_dict)
+
+
+# vit-pytorch 1.26.14's CrossFormer computes another function (tests/fixtures/make_crossformer_fixtures.py)
+
+
+def test_vit_pytorch_checkpoint_is_refused_with_what_differs():
+    metadata, _, _ = load_fixture('vit_pytorch_1.26.14_crossformer')
+    config = metadata['config']
+    model = CrossFormer(num_classes=config['num_classes'], dim=tuple(config['dim']), depth=tuple(config['depth']),
+                        local_window_size=config['local_window_size'],
+                        cross_embed_kernel_sizes=tuple(map(tuple, config['cross_embed_kernel_sizes'])))
+    state_dict = {key: torch.zeros(shape) for key, shape in metadata['shapes'].items()}
+    before = {key: value.clone() for key, value in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"vit-pytorch's CrossFormer computes another function: its depth counts"):
+        load_vit_pytorch(model, state_dict)
+    assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
+
+
+def test_widths_that_vit_pytorch_builds_with_empty_layers_are_refused():
+    metadata, _, _ = load_fixture('vit_pytorch_1.26.14_crossformer')
+    # vit-pytorch builds empty kernels and zero heads (width // 32) for these widths
+    assert 'layers.0.0.convs.2.weight' in metadata['narrow_empty']
+    assert 'layers.0.1.layers.0.0.to_qkv.weight' in metadata['narrow_empty']
+    narrow = metadata['narrow_config']
+    with pytest.raises(ValueError, match='dim of stage 1 must be at least 16, got 4'):
+        CrossFormer(num_classes=narrow['num_classes'], dim=tuple(narrow['dim']), depth=tuple(narrow['depth']),
+                    local_window_size=narrow['local_window_size'])
+    with pytest.raises(ValueError, match=r'dim 16 of stage 1 is too narrow for its 6 embedding kernels: they would '
+                                         r'get \[8, 4, 2, 1, 0, 1\] channels'):
+        tiny(dim=(16, 48, 64), cross_embed_kernel_sizes=((2, 4, 6, 8, 10, 12), (2, 4), (2, 4)))
+
+
+# recorder, compile, checkpointing, head
+
+
+def expected_attention(attention, x, size):
+    """softmax(q k^T / sqrt(d) + bias + padding mask) recomputed from the module's projections."""
+    group, interval = attention.grouping(size)
+    span = group * interval
+    padded = tuple(-(-side // span) * span for side in size)
+    normed = rearrange(attention.norm(x), 'b (h w) d -> b h w d', h=size[0])
+    normed = F.pad(normed, (0, 0, 0, padded[1] - size[1], 0, padded[0] - size[0]))
+    groups = rearrange(normed, 'b (nh gh ih) (nw gw iw) d -> (b nh nw ih iw) (gh gw) d', gh=group, gw=group,
+                       ih=interval, iw=interval)
+    q, k, _ = rearrange(attention.to_qkv(groups), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=attention.heads)
+    valid = F.pad(torch.ones(1, *size, 1, dtype=torch.bool), (0, 0, 0, padded[1] - size[1], 0, padded[0] - size[0]))
+    valid = rearrange(valid, 'b (nh gh ih) (nw gw iw) 1 -> (b nh nw ih iw) 1 1 (gh gw)', gh=group, gw=group,
+                      ih=interval, iw=interval).repeat(x.shape[0], 1, 1, 1)
+    dots = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + attention.relative_bias(group, like=q)
+    return dots.masked_fill(~valid, -1e6).softmax(dim=-1)
+
+
+def test_recorded_maps_are_per_block_in_stage_order_and_equal_the_softmax_of_q_and_k():
+    model = perturb(tiny()).double().eval()
+    img = torch.randn(2, 3, 32, 48, dtype=torch.float64)
+    inputs = []
+    hooks = [layer[0].fn.register_forward_pre_hook(lambda module, args: inputs.append((module, *args)))
+             for stage in model.stages for layer in stage.blocks.layers]
+    with torch.no_grad():
+        logits, maps = Recorder(model)(img)
+    for hook in hooks:
+        hook.remove()
+    # stage 1: 16x24 padded to 18x24, 6x8 groups of 3x3 (SDA), then padded to 18x24, spans of 6, 3x4 spans of 2x2
+    # groups (LDA); stage 2: 8x12 padded to 9x12, 3x4 groups, then 12x12, 2x2 spans of 2x2 groups;
+    # stage 3: 4x6, no larger than its group of 4: one group of 4x4 a side (padded to 4x8: 2 groups), twice
+    assert [tuple(m.shape) for m in maps] == [
+        (2 * 48, 1, 9, 9), (2 * 48, 1, 9, 9), (2 * 12, 2, 9, 9), (2 * 16, 2, 9, 9), (2 * 2, 2, 16, 16),
+        (2 * 2, 2, 16, 16)]
+    with torch.no_grad():
+        for recorded, (attention, x, size) in zip(maps, inputs, strict=True):
+            torch.testing.assert_close(recorded, expected_attention(attention, x, size), atol=1e-12, rtol=0)
+        torch.testing.assert_close(logits, model(img))
+
+
+@pytest.mark.slow
+def test_compiles_without_graph_breaks_forward_and_backward():
+    model = tiny(depth=(2, 1, 1), drop_path_rate=0.1).eval()
+    img = torch.randn(2, 3, 32, 48)
+    compiled = torch.compile(model, fullgraph=True, backend='eager')
+    out = compiled(img)
+    out.sum().backward()
+    torch.testing.assert_close(out, model(img))
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    model = tiny()
+    img = torch.randn(2, 3, 32, 48)
+    model(img).sum().backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    model.set_grad_checkpointing(True)
+    model(img).sum().backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name])
+
+
+def test_reset_classifier_gives_a_zero_head():
+    model = tiny()
+    model.reset_classifier(3)
+    assert torch.equal(model(torch.randn(2, 3, 32, 48)), torch.zeros(2, 3))
+    model.reset_classifier(0)
+    assert model(torch.randn(2, 3, 32, 48)).shape == (2, 64)
+
+
+# learning
+
+
+def test_tiny_model_overfits_32_real_digits():
+    images, labels = digits_batch(32, size=16)
+    model = CrossFormer(num_classes=10, channels=1, dim=(32, 32), depth=(2, 1), heads=(1, 1), local_window_size=2,
+                        interval=(2, 1), cross_embed_kernel_sizes=((4, 8), (2, 4)), cross_embed_strides=(4, 2))
+    accuracy, steps = fit_fixed_batch(model, images, labels)
+    assert accuracy == 1.0, f'training accuracy {accuracy} after {steps} steps'
+
+
+# errors
+
+
+@pytest.mark.parametrize('overrides, error, match', [
+    (dict(depth=(2, 0, 1)), ValueError, 'depth of stage 2'),
+    (dict(dim=(32, 48.5, 64)), TypeError, 'dim of stage 2'),
+    (dict(heads=(1, 5, 2)), ValueError, 'heads 5 of stage 2 must divide its dim 48'),
+    (dict(local_window_size=0), ValueError, 'local_window_size of stage 1'),
+    (dict(interval=(2, 2)), ValueError, 'one value per stage'),
+    (dict(cross_embed_kernel_sizes=((2, 3), (2, 4), (2, 4))), ValueError, 'kernel 3 minus the stride 2 must be even'),
+    (dict(cross_embed_kernel_sizes=((1, 4), (2, 4), (2, 4))), ValueError, 'kernel 1 minus the stride 2'),
+    (dict(cross_embed_kernel_sizes=4), TypeError, 'cross_embed_kernel_sizes must be a tuple'),
+    (dict(attn_dropout=1.0), ValueError, 'attn_dropout'),
+    (dict(num_classes=-1), ValueError, 'num_classes'),
+])
+def test_bad_arguments_are_refused_with_their_name(overrides, error, match):
+    with pytest.raises(error, match=match):
+        tiny(**overrides)
+
+
+def test_an_image_the_strides_do_not_divide_is_refused_with_a_size_that_works():
+    with pytest.raises(ValueError, match=r'\(30, 48\) must be divisible by 8.*e\.g\. 24x48'):
+        tiny()(torch.randn(1, 3, 30, 48))
+    with pytest.raises(ValueError, match='channels'):
+        tiny()(torch.randn(1, 1, 32, 48))
+
+
+# the module's example
+
+
+def test_module_docstring_example_runs_and_says_what_it_gives():
+    example = crossformer.__doc__.split('    import torch', 1)[1].split('\nThe function', 1)[0]
+    namespace = {}
+    exec(textwrap.dedent('    import torch' + example), namespace)
+    assert namespace['logits'].shape == (2, 10)
+    assert [tuple(m.shape[-2:]) for m in namespace['maps']] == [(32, 32), (16, 16), (8, 8)]
+    assert count(namespace['paper_model']) == 27_776_794
