@@ -42,6 +42,7 @@ MODELS = {
     'pvt_v2': 'vit_pytorch.pvt_v2:PyramidVisionTransformerV2',
     'twins_svt': 'vit_pytorch.twins_svt:TwinsSVT',
     'nest': 'vit_pytorch.nest:NesT',
+    'crossformer': 'vit_pytorch.crossformer:CrossFormer',
     'sep_vit': 'vit_pytorch.sep_vit:SepViT',
     'mobile_vit': 'vit_pytorch.mobile_vit:RegisteredMobileViT',
     'na_vit': 'vit_pytorch.na_vit:NaViT',
@@ -89,6 +90,10 @@ SMALL_CONFIGS = {
                       s4_emb_dim=128, s4_patch_size=2, s4_local_patch_size=1, s4_global_k=1, s4_depth=1),
     # 16 to 32 pixels (divisible by 8): patches of 2, 16 / 4 / 1 blocks of 2x2 tokens at 16 pixels (4x4 at 32)
     'nest': dict(patch_size=2, dim=32, heads=2, num_hierarchies=3, block_repeats=(1, 1, 2)),
+    # 16 to 32 pixels (divisible by 8): embeddings of stride 2 (kernels 2, 4, 8, then 2, 4), maps 8, 4, 2 at 16 pixels;
+    # groups of 4, 2, 2 (one group once a map is no larger), LDA intervals 2, 2, 1
+    'crossformer': dict(dim=(32, 64, 128), depth=(2, 2, 2), local_window_size=(4, 2, 2), interval=(2, 2, 1),
+                        cross_embed_kernel_sizes=((2, 4, 8), (2, 4), (2, 4)), cross_embed_strides=(2, 2, 2)),
     # 16 or 32 pixels (square, maps 4, 2, 1, 1 or 8, 4, 2, 1): windows of 2x2, grouped windows of 4x4, each capped
     # at the map (one window there: global attention)
     'sep_vit': dict(dim=32, depth=(1, 2, 2, 1), heads=(1, 2, 4, 8), window_size=2, grouped_window_size=4),
