@@ -63,7 +63,7 @@ def per_stage(value, stages):
 def relative_position_index(window):
     """(n, n), n = window ** 2: for each query and key of a window (row-major), the index of their offset
     (key - query, rows then columns) in a flattened (2 window - 1, 2 window - 1) table."""
-    rows, cols = torch.meshgrid(torch.arange(window), torch.arange(window), indexing='ij')
+    rows, cols = torch.meshgrid(torch.arange(window, device='cpu'), torch.arange(window, device='cpu'), indexing='ij')
     coords = rearrange(torch.stack((rows, cols)), 'c h w -> c (h w)')
     offsets = coords[:, None, :] - coords[:, :, None] + window - 1          # (2, query, key)
     return offsets[0] * (2 * window - 1) + offsets[1]
