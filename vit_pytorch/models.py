@@ -44,6 +44,7 @@ MODELS = {
     'nest': 'vit_pytorch.nest:NesT',
     'crossformer': 'vit_pytorch.crossformer:CrossFormer',
     'sep_vit': 'vit_pytorch.sep_vit:SepViT',
+    'scalable_vit': 'vit_pytorch.scalable_vit:ScalableViT',
     'mobile_vit': 'vit_pytorch.mobile_vit:RegisteredMobileViT',
     'na_vit': 'vit_pytorch.na_vit:NaViT',
     'vit_1d': 'vit_pytorch.vit_1d:ViT',
@@ -97,6 +98,10 @@ SMALL_CONFIGS = {
     # 16 or 32 pixels (square, maps 4, 2, 1, 1 or 8, 4, 2, 1): windows of 2x2, grouped windows of 4x4, each capped
     # at the map (one window there: global attention)
     'sep_vit': dict(dim=32, depth=(1, 2, 2, 1), heads=(1, 2, 4, 8), window_size=2, grouped_window_size=4),
+    # 16 or 32 pixels (maps 4, 2, 1 or 8, 4, 2): IWSA windows of 2x2, then the whole map; SSA keys from 2x2 cells in the
+    # first two stages, 40 wide a head (the paper's r_c = 1.25); a head of hidden width 256 (4096 in the paper's)
+    'scalable_vit': dict(dim=32, depth=(2, 2, 2), heads=(1, 2, 4), reduction_factor=(2, 2, 1), window_size=(2, 2, None),
+                         ssa_dim_key=(40, 40, 32), head_hidden_dim=256),
     # any size (the strides 2, 1, 2, 2, 2, 2 give maps of 2, 1, 1 in the MobileViT blocks at 16 pixels, 4, 2, 1 at
     # 32): patches of 1 x 1, so each block attends over its whole map rather than over one pixel of every 2x2 patch;
     # `widths` is vit-pytorch's `channels` (the registered class takes `channels` as the images', as all others do)
