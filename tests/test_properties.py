@@ -660,6 +660,47 @@ def sep_vit_spec():
     )
 
 
+@st.composite
+def scalable_vit_configs(draw):
+    """ScalableViT (vit-pytorch's arguments): 1 to 3 stages of widths doubling, heads 1 or 2, SSA reductions 1 or 2
+    (key widths free where the reduction is 2, the head width where it is 1), windows of 1, 2 or the whole map."""
+    stages = draw(st.integers(1, 3))
+    dim = 2 * draw(st.integers(1, 3))
+    heads = tuple(draw(st.integers(1, 2)) for _ in range(stages))
+    reductions = tuple(draw(st.integers(1, 2)) for _ in range(stages))
+    return dict(
+        num_classes=draw(st.integers(0, 6)), dim=dim, depth=tuple(draw(st.integers(1, 2)) for _ in range(stages)),
+        heads=heads, reduction_factor=reductions,
+        window_size=tuple(draw(st.sampled_from([None, 1, 2])) for _ in range(stages)),
+        ssa_dim_key=tuple(draw(st.integers(1, 6)) if r > 1 else dim * 2 ** i // h
+                          for i, (h, r) in enumerate(zip(heads, reductions))),
+        ff_expansion_factor=draw(st.integers(1, 2)), channels=draw(st.integers(1, 3)), dropout=draw(dropouts),
+        drop_path_rate=draw(dropouts), head_hidden_dim=draw(st.sampled_from([None, 4])),
+    )
+
+
+def scalable_vit_spec():
+    """ScalableViT has no image size: 32x32 examples, and any size whose stage maps are even (windows of 2)."""
+    return ModelSpec(
+        name='scalable_vit', target='scalable_vit:ScalableViT', configs=scalable_vit_configs(),
+        example=dict(num_classes=5, dim=4, depth=(2, 1), heads=(1, 2), reduction_factor=(2, 1), window_size=(2, None),
+                     ssa_dim_key=(6, 4), ff_expansion_factor=2, head_hidden_dim=8),
+        output_shapes=lambda kwargs, batch, size: [(batch, kwargs['num_classes'] or kwargs['head_hidden_dim']
+                                                     or kwargs['dim'] * 2 ** (len(kwargs['depth']) - 1))],
+        bad_arguments=dict(
+            {name: bad_positive_ints() for name in ('dim', 'ff_expansion_factor', 'channels')},
+            depth=st.sampled_from([(), (0,), (2.5,), 3, None, (True,)]),
+            heads=bad_stage_ints(), reduction_factor=bad_stage_ints(), ssa_dim_key=bad_stage_ints(),
+            window_size=bad_stage_ints().filter(lambda v: v is not None),
+            head_hidden_dim=bad_positive_ints().filter(lambda v: v is not None),
+            num_classes=bad_non_negative_ints(), dropout=bad_probabilities(), drop_path_rate=bad_probabilities()),
+        image_shape=lambda kwargs: (kwargs.get('channels', 3), 32, 32),
+        any_input_size=lambda kwargs: True,
+        size_step=lambda kwargs: (4 * 2 ** len(kwargs['depth']),) * 2,
+        bad_sizes=lambda kwargs: st.sampled_from([(0, 16), (16, 0), (0, 0)]),
+    )
+
+
 # documented outputs
 
 
@@ -915,6 +956,7 @@ MODELS = [
     twins_svt_spec(),
     nest_spec(),
     sep_vit_spec(),
+    scalable_vit_spec(),
 ]
 
 model_table = pytest.mark.parametrize('spec', MODELS, ids=lambda spec: spec.name)
