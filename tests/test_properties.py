@@ -631,6 +631,43 @@ def nest_spec():
     )
 
 
+
+@st.composite
+def crossformer_configs(draw):
+    """CrossFormer: 1 to 3 stages of widths 16 or 32 (the position-bias MLP needs dim // 16), strides 2 or 4 then
+    2, kernels the stride and wider by an even number, groups 1 to 3, intervals 1 or 2."""
+    stages = draw(st.integers(1, 3))
+    first_stride = draw(st.sampled_from([2, 4]))
+    strides = (first_stride,) + (2,) * (stages - 1)
+    heads = tuple(draw(st.integers(1, 2)) for _ in range(stages))
+    return dict(
+        num_classes=draw(st.integers(0, 6)), dim=tuple(16 * draw(st.integers(1, 2)) for _ in range(stages)),
+        depth=tuple(draw(st.integers(1, 2)) for _ in range(stages)), heads=heads,
+        local_window_size=draw(st.integers(1, 3)), interval=tuple(draw(st.integers(1, 2)) for _ in range(stages)),
+        cross_embed_kernel_sizes=tuple(draw(st.sampled_from([(s,), (s, s + 2), (s, 2 * s)])) for s in strides),
+        cross_embed_strides=strides, mlp_mult=draw(st.integers(1, 2)), channels=draw(st.integers(1, 3)),
+        attn_dropout=draw(dropouts), ff_dropout=draw(dropouts), drop_path_rate=draw(dropouts),
+    )
+
+
+def crossformer_spec():
+    """CrossFormer has no image size: 32x32 examples, and any size the product of the strides divides."""
+    return ModelSpec(
+        name='crossformer', target='crossformer:CrossFormer', configs=crossformer_configs(),
+        example=dict(num_classes=5, dim=(16, 32), depth=(2, 1), heads=(1, 2), local_window_size=2, interval=(2, 1),
+                     cross_embed_kernel_sizes=((2, 4), (2, 4)), cross_embed_strides=(2, 2), mlp_mult=2),
+        output_shapes=lambda kwargs, batch, size: [(batch, kwargs['num_classes'] or kwargs['dim'][-1])],
+        bad_arguments=dict(
+            {name: bad_positive_ints() for name in ('dim', 'depth', 'local_window_size', 'interval',
+                                                    'cross_embed_strides', 'mlp_mult', 'channels')},
+            heads=bad_positive_ints().filter(lambda v: v is not None), num_classes=bad_non_negative_ints(),
+            attn_dropout=bad_probabilities(), ff_dropout=bad_probabilities(), drop_path_rate=bad_probabilities()),
+        image_shape=lambda kwargs: (kwargs.get('channels', 3), 32, 32),
+        any_input_size=lambda kwargs: True,
+        size_step=lambda kwargs: (math.prod(kwargs['cross_embed_strides']),) * 2,
+        bad_sizes=lambda kwargs: st.sampled_from([(0, 16), (16, 0), (0, 0)]),
+    )
+
 @st.composite
 def sep_vit_configs(draw):
     """SepViT (vit-pytorch's arguments): square 16 or 32 pixel images, windows 1 or 2, grouped windows none to 4."""
@@ -955,6 +992,7 @@ MODELS = [
     pvt_v2_spec(),
     twins_svt_spec(),
     nest_spec(),
+    crossformer_spec(),
     sep_vit_spec(),
     scalable_vit_spec(),
 ]

@@ -305,7 +305,7 @@ def init_linear_weights(module):
 
 def default_heads(width):
     """Heads of 32 channels where 32 divides the width (every official configuration's), else one head."""
-    return width // 32 if width % 32 == 0 else 1
+    return width // 32 if isinstance(width, int) and width % 32 == 0 else 1
 
 
 def stage_settings(settings):
