@@ -738,6 +738,42 @@ def scalable_vit_spec():
     )
 
 
+@st.composite
+def regionvit_configs(draw):
+    """RegionViT (vit-pytorch's arguments): 1 to 3 stages of widths 4 or 8 then kept or doubled, 4 channels a head,
+    windows of 1 or 2 local tokens, either stem (the three convolutions need local patches of 4, the one at least 2)."""
+    stages, three_convs = draw(st.integers(1, 3)), draw(st.booleans())
+    dims = [4 * draw(st.integers(1, 2))]
+    for _ in range(stages - 1):
+        dims.append(dims[-1] * draw(st.integers(1, 2)))
+    return dict(
+        num_classes=draw(st.integers(0, 6)), dim=tuple(dims), depth=tuple(draw(st.integers(1, 2)) for _ in dims),
+        window_size=draw(st.integers(1, 2)), tokenize_local_3_conv=three_convs,
+        local_patch_size=4 if three_convs else draw(st.integers(2, 4)), dim_head=4, mlp_mult=draw(st.integers(1, 2)),
+        channels=draw(st.integers(1, 3)), attn_dropout=draw(dropouts), ff_dropout=draw(dropouts),
+        drop_path_rate=draw(dropouts),
+    )
+
+
+def regionvit_spec():
+    """RegionViT has no image size: 32x32 examples, and any size the local patch size divides."""
+    return ModelSpec(
+        name='regionvit', target='regionvit:RegionViT', configs=regionvit_configs(),
+        example=dict(num_classes=5, dim=(8, 16), depth=(1, 2), window_size=2, dim_head=4, mlp_mult=2),
+        output_shapes=lambda kwargs, batch, size: [(batch, kwargs['num_classes'] or kwargs['dim'][-1])],
+        bad_arguments=dict(
+            {name: bad_positive_ints() for name in ('window_size', 'local_patch_size', 'dim_head', 'mlp_mult',
+                                                    'channels')},
+            dim=bad_stage_ints(), depth=bad_stage_ints(), num_classes=bad_non_negative_ints(),
+            tokenize_local_3_conv=st.sampled_from([1, 0, None, 'yes']), attn_dropout=bad_probabilities(),
+            ff_dropout=bad_probabilities(), drop_path_rate=bad_probabilities()),
+        image_shape=lambda kwargs: (kwargs.get('channels', 3), 32, 32),
+        any_input_size=lambda kwargs: True,
+        size_step=lambda kwargs: (kwargs.get('local_patch_size', 4),) * 2,
+        bad_sizes=lambda kwargs: st.sampled_from([(0, 16), (16, 0), (0, 0)]),
+    )
+
+
 # documented outputs
 
 
@@ -995,6 +1031,7 @@ MODELS = [
     crossformer_spec(),
     sep_vit_spec(),
     scalable_vit_spec(),
+    regionvit_spec(),
 ]
 
 model_table = pytest.mark.parametrize('spec', MODELS, ids=lambda spec: spec.name)

@@ -45,6 +45,7 @@ MODELS = {
     'crossformer': 'vit_pytorch.crossformer:CrossFormer',
     'sep_vit': 'vit_pytorch.sep_vit:SepViT',
     'scalable_vit': 'vit_pytorch.scalable_vit:ScalableViT',
+    'regionvit': 'vit_pytorch.regionvit:RegionViT',
     'mobile_vit': 'vit_pytorch.mobile_vit:RegisteredMobileViT',
     'na_vit': 'vit_pytorch.na_vit:NaViT',
     'vit_1d': 'vit_pytorch.vit_1d:ViT',
@@ -102,6 +103,10 @@ SMALL_CONFIGS = {
     # first two stages, 40 wide a head (the paper's r_c = 1.25); a head of hidden width 256 (4096 in the paper's)
     'scalable_vit': dict(dim=32, depth=(2, 2, 2), heads=(1, 2, 4), reduction_factor=(2, 2, 1), window_size=(2, 2, None),
                          ssa_dim_key=(40, 40, 32), head_hidden_dim=256),
+    # even sizes: local patches of 2 (tokens 8, 4, 2 at 16 pixels), windows of 2x2 local tokens under each
+    # regional token (regional maps 4, 2, 1), 16 channels a head; the three-convolution stem needs patches of 4
+    'regionvit': dict(dim=(32, 64, 128), depth=(1, 1, 2), window_size=2, local_patch_size=2,
+                      tokenize_local_3_conv=False, dim_head=16, mlp_mult=2),
     # any size (the strides 2, 1, 2, 2, 2, 2 give maps of 2, 1, 1 in the MobileViT blocks at 16 pixels, 4, 2, 1 at
     # 32): patches of 1 x 1, so each block attends over its whole map rather than over one pixel of every 2x2 patch;
     # `widths` is vit-pytorch's `channels` (the registered class takes `channels` as the images', as all others do)

@@ -386,6 +386,9 @@ def check_arguments(*, dim, depth, window_size, num_classes, tokenize_local_3_co
     if tokenize_local_3_conv and local_patch_size != 4:
         raise ValueError(f"tokenize_local_3_conv=True (strides 2, 2, 1) needs local_patch_size 4, got "
                          f"{local_patch_size}; use tokenize_local_3_conv=False for other patch sizes")
+    if not tokenize_local_3_conv and local_patch_size < 2:
+        raise ValueError(f"local_patch_size must be at least 2 with tokenize_local_3_conv=False (its convolution of "
+                         f"kernel 2 * p, stride p, padding p - 1 gives h / p tokens only then), got {local_patch_size}")
     if tokenize_local_3_conv and dims[0] % 4:
         raise ValueError(f"tokenize_local_3_conv=True needs dim[0] divisible by 4 (its convolutions are dim / 4 "
                          f"and dim / 2 wide), got {dims[0]}")
