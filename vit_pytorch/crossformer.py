@@ -424,8 +424,9 @@ FEEDFORWARD = {'net.0.': 'norm2.', 'net.1.': 'mlp.fc1.', 'net.4.': 'mlp.fc2.'}
 
 
 def official_plan(model, keys):
-    """The official CrossFormer's state_dict (cheerss/CrossFormer @ 7952010, `models/crossformer.py`; its
-    released checkpoints hold it under 'model') -> CrossFormer.
+    """The official CrossFormer's state_dict (cheerss/CrossFormer @ 7952010, `models/crossformer.py`), alone or
+    under 'model' -> CrossFormer. A training checkpoint of its main.py also pickles its configuration object,
+    which safe loading refuses: save the 'model' entry alone.
 
     Names differ, values do not. The official stem is `patch_embed`; each later stage's embedding (with
     the norm before it) is the previous stage's `downsample`.
