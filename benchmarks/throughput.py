@@ -104,6 +104,7 @@ REGISTRY = {
     'pvt_v2': ('pvt_v2_b0', 'pvt_v2_b0', {}, 224, 3, NUM_CLASSES),
     'twins_svt': ('twins_svt_small', 'twins_svt_small', {}, 224, 3, NUM_CLASSES),
     'nest': ('nest_tiny', 'nest_tiny', {}, 224, 3, NUM_CLASSES),
+    'crossformer': ('crossformer_tiny', 'crossformer_tiny', {}, 224, 3, NUM_CLASSES),
     'mobile_vit': ('mobilevit_xxs (256 px)', 'mobilevit_xxs', {}, 256, 3, NUM_CLASSES),
     'small_dataset_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
     # as many attention and MLP blocks as S/16, in 6 layers of 2 parallel branches
@@ -159,6 +160,8 @@ REFERENCES = {
     'pvt_v2': ('timm pvt_v2_b0', lambda ours: timm_reference('pvt_v2_b0', ours)),
     'twins_svt': ('timm twins_svt_small', lambda ours: timm_reference('twins_svt_small', ours)),
     'nest': ('timm nest_tiny', lambda ours: timm_reference('nest_tiny', ours, drop_path_rate=0.)),
+    # the official code, imported from $VIT_PYTORCH_OFFICIAL/CrossFormer (skipped when that is unset)
+    'crossformer': ('official CrossFormer-T (cheerss/CrossFormer)', lambda ours: crossformer_official_reference(ours)),
     'mobile_vit': ('timm mobilevit_xxs', lambda ours: timm_reference('mobilevit_xxs', ours)),
 }
 
@@ -355,6 +358,28 @@ def timm_reference(timm_name, ours, **kwargs):
     load_timm(ours, reference.state_dict())
     return reference
 
+
+
+def crossformer_official_reference(ours):
+    """The official CrossFormer-T (github cheerss/CrossFormer @ 7952010, checked out as
+    $VIT_PYTORCH_OFFICIAL/CrossFormer), built by tests/fixtures/make_crossformer_fixtures.py's `official_model`
+    (no stochastic depth); its random weights loaded into `ours` by vit_pytorch.pretrained.load_official. None
+    where VIT_PYTORCH_OFFICIAL is unset."""
+    import importlib.util
+
+    from vit_pytorch.pretrained import load_official
+
+    root = os.environ.get('VIT_PYTORCH_OFFICIAL')
+    if root is None:
+        return None
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'tests', 'fixtures',
+                          'make_crossformer_fixtures.py')
+    spec = importlib.util.spec_from_file_location('make_crossformer_fixtures', script)
+    fixtures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fixtures)
+    reference = fixtures.official_model(os.path.join(root, 'CrossFormer'), 'tiny')
+    load_official(ours, reference.state_dict())
+    return reference
 
 class HFLogits(nn.Module):
     """A Hugging Face image classifier whose forward returns the logits tensor, as the benchmark's models do."""
