@@ -44,6 +44,7 @@ import argparse
 import copy
 import datetime
 import importlib
+import importlib.util
 import json
 import os
 import platform
@@ -105,6 +106,7 @@ REGISTRY = {
     'twins_svt': ('twins_svt_small', 'twins_svt_small', {}, 224, 3, NUM_CLASSES),
     'nest': ('nest_tiny', 'nest_tiny', {}, 224, 3, NUM_CLASSES),
     'crossformer': ('crossformer_tiny', 'crossformer_tiny', {}, 224, 3, NUM_CLASSES),
+    'sep_vit': ('sep_vit_tiny', 'sep_vit_tiny', {}, 224, 3, NUM_CLASSES),
     'mobile_vit': ('mobilevit_xxs (256 px)', 'mobilevit_xxs', {}, 256, 3, NUM_CLASSES),
     'small_dataset_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
     # as many attention and MLP blocks as S/16, in 6 layers of 2 parallel branches
@@ -162,6 +164,8 @@ REFERENCES = {
     'nest': ('timm nest_tiny', lambda ours: timm_reference('nest_tiny', ours, drop_path_rate=0.)),
     # the official code, imported from $VIT_PYTORCH_OFFICIAL/CrossFormer (skipped when that is unset)
     'crossformer': ('official CrossFormer-T (cheerss/CrossFormer)', lambda ours: crossformer_official_reference(ours)),
+    # the official code, imported from $VIT_PYTORCH_OFFICIAL/SepViT (skipped when that is unset)
+    'sep_vit': ('official SepViT_Tiny (liwei109/SepViT)', lambda ours: sep_vit_official_reference(ours)),
     'mobile_vit': ('timm mobilevit_xxs', lambda ours: timm_reference('mobilevit_xxs', ours)),
 }
 
@@ -404,6 +408,26 @@ def hf_cvt_reference(ours):
     return HFLogits(reference)
 
 
+def sep_vit_official_reference(ours):
+    """The official SepViT_Tiny (github liwei109/SepViT @ 2b420d3, checked out as $VIT_PYTORCH_OFFICIAL/SepViT),
+    imported as tests/fixtures/make_sep_vit_fixtures.py imports it (timm 0.3.2's Block signature on timm 1.0.31's
+    Block, fvcore stubbed); its random weights loaded into `ours` by vit_pytorch.pretrained.load_official. None
+    where VIT_PYTORCH_OFFICIAL is unset."""
+    from vit_pytorch.pretrained import load_official
+
+    root = os.environ.get('VIT_PYTORCH_OFFICIAL')
+    if root is None:
+        return None
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'tests', 'fixtures',
+                          'make_sep_vit_fixtures.py')
+    spec = importlib.util.spec_from_file_location('make_sep_vit_fixtures', script)
+    fixtures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fixtures)
+    reference = fixtures.official_module(os.path.join(root, 'SepViT')).SepViT_Tiny(num_classes=ours.num_classes)
+    load_official(ours, reference.state_dict())
+    return reference
+
+
 def reference_workload(workload):
     """The reference implementation of a registry workload's preset, as a workload named '<name>:ref'; None
     where there is none (or its library is not importable, or the workload is tiny)."""
@@ -412,6 +436,8 @@ def reference_workload(workload):
         return None
     label, build = REFERENCES[name]
     reference = build(workload['model'])
+    if reference is None:
+        return None
     img = torch.randn(2, workload['channels'], workload['image_size'], workload['image_size'])
     with torch.no_grad():
         torch.testing.assert_close(workload['model'].eval()(img), reference.eval()(img), atol=1e-4, rtol=0)
