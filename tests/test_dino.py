@@ -57,6 +57,20 @@ def test_the_teacher_follows_the_students_exponential_moving_average_exactly():
         torch.testing.assert_close(new, 0.5 * old + 0.5 * student, atol=1e-9, rtol=1e-6)
 
 
+def test_cancelled_last_layer_gradients_leave_only_that_layer_unchanged_by_a_step():
+    learner = tiny_dino()
+    optimizer = torch.optim.AdamW(learner.parameters(), lr=1e-2, weight_decay=0.1)
+    before = {name: p.clone() for name, p in learner.student.named_parameters()}
+    loss = learner(torch.rand(4, 3, 16, 24))
+    optimizer.zero_grad()
+    loss.backward()
+    learner.cancel_last_layer_gradients()
+    optimizer.step()
+    changed = {name for name, p in learner.student.named_parameters() if not torch.equal(p, before[name])}
+    assert 'head.last_layer.weight' not in changed          # not even weight decay moved it
+    assert {'head.mlp.0.weight', 'net.cls_token'} <= changed
+
+
 def test_the_teacher_starts_as_a_copy_of_the_student_and_stays_in_eval_mode():
     learner = tiny_dino().train()
     assert all(torch.equal(t, s) for t, s in zip(learner.teacher.parameters(), learner.student.parameters()))

@@ -15,6 +15,7 @@ import torch
 from vit_pytorch import pretrain, train
 from vit_pytorch.checkpoint import load_model
 from vit_pytorch.evaluate import load_digits
+from vit_pytorch.dino import Dino
 
 TINY = ['--threads', '1', '--dim', '32', '--depth', '2', '--heads', '2', '--dim-head', '16', '--mlp-dim', '64']
 FAST = ['--quiet', '--no-plots', '--batch-size', '256', '--warmup-epochs', '1'] + TINY
@@ -132,6 +133,16 @@ def test_dino_logs_its_teacher_temperature_and_decay(tmp_path):
     assert first['teacher_temp'] == pytest.approx(0.04 + 0.03 * 2 / 3)
     assert last['teacher_temp'] == pytest.approx(0.07)
     assert last['teacher_decay'] == pytest.approx(1 - 0.004 * (math.cos(math.pi * 5 / 6) + 1) / 2)
+
+
+@pytest.mark.parametrize('freeze, cancelled', [(1, 3), (0, 0), (2, 6)])
+def test_dino_freezes_the_heads_last_layer_for_the_first_epochs_only(freeze, cancelled, tmp_path, monkeypatch):
+    # 3 steps an epoch; the cancelling itself is tested in test_dino
+    calls = []
+    monkeypatch.setattr(Dino, 'cancel_last_layer_gradients', lambda self: calls.append(1))
+    assert run(*method_args('dino'), '--epochs', 2, '--freeze-last-layer', freeze, '--out', tmp_path, *FAST,
+               '--batch-size', 512, '--image-size', 8) == 0
+    assert len(calls) == cancelled
 
 
 def test_pictures_reconstructions_and_attention_per_head(tmp_path):

@@ -219,6 +219,12 @@ class Dino(nn.Module):
             self.last_teacher_centers.copy_(batch_center(teacher_logits))
         return self.loss(teacher_logits, student_logits, teacher_temp=teacher_temp, student_temp=student_temp)
 
+    def cancel_last_layer_gradients(self):
+        """Drop the gradients of the student head's last layer, so that the next optimiser step leaves it as it is
+        (the paper's code does this for its first epoch, `--freeze_last_layer 1`, to steady the start)."""
+        for parameter in self.student.head.last_layer.parameters():
+            parameter.grad = None
+
     @torch.no_grad()
     def update_moving_average(self, decay=None):
         """teacher <- m teacher + (1 - m) student (m = `decay`, default `moving_average_decay`), and

@@ -25,8 +25,8 @@ The wrappers are `vit_pytorch.mae.MAE`, `vit_pytorch.simmim.SimMIM`, `vit_pytorc
 take `ViT`, `SimpleViT` and the variants with their public face (see each wrapper); DINO takes
 every image model of the package. DINO's teacher temperature rises linearly from `--teacher-temp`
 to `--final-teacher-temp` over `--warmup-teacher-temp-epochs`, and its EMA decay from
-`--momentum-teacher` to 1 along a cosine, as in the paper (its weight-decay schedule and the
-frozen last layer of the first epoch are left out).
+`--momentum-teacher` to 1 along a cosine, and its head's last layer is not updated during the first
+`--freeze-last-layer` epochs, as in the paper's code (its weight-decay schedule is left out).
 
 A resumed run takes its data, model, method and recipe from pretrainer/; `--epochs` may grow and
 `--lr` may change (the new peak for the remaining steps); any other option given with a value
@@ -122,6 +122,8 @@ def build_parser():
                       help='epochs of teacher temperature warm-up (default: 30%% of --epochs)')
     dino.add_argument('--student-temp', type=float, default=0.1, help="the student's temperature")
     dino.add_argument('--momentum-teacher', type=float, default=0.996, help='first EMA decay of the teacher')
+    dino.add_argument('--freeze-last-layer', type=float, default=1,
+                      help="epochs during which the head's last layer is not updated (the paper's code: 1)")
     run = parser.add_argument_group('run')
     run.add_argument('--out', default=None, help='output folder (default: runs/<data>-<model>-<method>)')
     run.add_argument('--resume', nargs='?', const='auto', default=None,
@@ -320,6 +322,8 @@ def _pretrain(args, model_kwargs, rank, world_size, device):
             loss = loss_mean * (len(images) * world_size / len(index))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if args.method == 'dino' and epoch < args.freeze_last_layer:
+                learner.cancel_last_layer_gradients()
             if args.clip_grad > 0:
                 nn.utils.clip_grad_norm_(learner.parameters(), args.clip_grad)
             optimizer.step()
