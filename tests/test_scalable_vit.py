@@ -79,11 +79,14 @@ def test_unknown_variant_is_refused():
 
 
 def test_vit_pytorchs_readme_arguments_build_scalable_vit_s():
-    # vit-pytorch's README example; its depth counts pairs of blocks there (75.9M), blocks here (ScalableViT-S)
+    # vit-pytorch's README example: its depth counts pairs of blocks there (75.9M parameters, the count vit-pytorch
+    # gave, tests/fixtures/make_scalable_vit_fixtures.py), blocks here: ScalableViT-S
+    metadata, _, _ = load_fixture('vit_pytorch_1.26.14_scalable_vit')
+    config = {key: tuple(value) if isinstance(value, list) else value
+              for key, value in metadata['readme_config'].items()}
+    assert round(metadata['readme_parameters'] / 1e6, 1) == 75.9
     with torch.device('meta'):
-        model = ScalableViT(num_classes=1000, dim=64, heads=(2, 4, 8, 16), depth=(2, 2, 20, 2),
-                            ssa_dim_key=(40, 40, 40, 32), reduction_factor=(8, 4, 2, 1),
-                            window_size=(64, 32, None, None), dropout=0.1)
+        model = ScalableViT(**config)
     assert count(model) == 32_000_472
 
 

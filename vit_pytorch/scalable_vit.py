@@ -28,7 +28,7 @@ residual 3x3 depthwise convolution) after each stage's first block:
 
 The function is the official code's (Yangr116/ScalableViT @ 8011147,
 image_classification/models/scalablevit.py, read for facts and run as the test reference), whose
-checkpoints load with `vit_pytorch.pretrained.load_official`. Its head is an MLP: Linear to
+state_dicts load with `vit_pytorch.pretrained.load_official`. Its head is an MLP: Linear to
 `head_hidden_dim` (4096), LayerNorm, GELU, then the classifier (`head_hidden_dim=None`: the
 classifier alone, the official `plain_head`). The official code at that commit counts 32,000,472 /
 81,881,624 / 109,288,840 parameters for S / B / L; its README says 32.4M / 81.9M / 104.9M: B
@@ -42,11 +42,11 @@ checkpoints are refused with this reason: there, each unit of `depth` is an (SSA
 IWSA, feedforward) pair of blocks (its ScalableViT-S arguments build 75.9M parameters), SSA comes
 first, the PEG follows the first pair, the LIM is a full (not depthwise) 3x3 convolution, keys and
 values come from one strided convolution each (no depthwise reduction, no norm, no GELU), the
-projections have no bias, the norms are channel LayerNorms with a LayerNorm before the head, and
-the head is one Linear. Here, as in the paper, `depth` counts blocks (IWSA and SSA alternating,
-IWSA first). `ssa_dim_value`, `iwsa_dim_key` and `iwsa_dim_value` are accepted for vit-pytorch's
-sake only at the paper's value, the head width (their default, 32, is it for ScalableViT-S).
-A window must divide its stage's map (no padding, as in the official code).
+query/key/value projections have no bias, the patch embeddings no norm, the norms are channel
+LayerNorms with a LayerNorm before the head, and the head is one Linear. Here, as in the paper,
+`depth` counts blocks (IWSA and SSA alternating, IWSA first). `ssa_dim_value`, `iwsa_dim_key` and
+`iwsa_dim_value` are accepted for vit-pytorch's sake only at the paper's value, the head width
+(vit-pytorch's default, 32, is the head width of ScalableViT-S). A window must divide its stage's map (no padding, as in the official code).
 """
 
 from functools import partial
@@ -491,6 +491,7 @@ def vit_pytorch_plan(model, keys):
     raise ValueError(
         "vit-pytorch's ScalableViT computes another function: each unit of its depth is an (SSA, feedforward, IWSA, "
         "feedforward) pair of blocks with SSA first, its local interactive module is a full 3x3 convolution, its keys "
-        "and values come from strided convolutions without the depthwise reduction, norm and GELU, its projections "
-        "have no bias, its norms are channel LayerNorms and its head is one Linear; ScalableViT (the paper's, the "
-        "official code's) counts blocks in depth, IWSA first, and has the official SSA and MLP head")
+        "and values come from strided convolutions without the depthwise reduction, norm and GELU, its "
+        "query/key/value projections have no bias, its norms are channel LayerNorms and its head is one Linear; "
+        "ScalableViT (the paper's, the official code's) counts blocks in depth, IWSA first, and has the official SSA "
+        "and MLP head")
