@@ -108,6 +108,7 @@ REGISTRY = {
     'crossformer': ('crossformer_tiny', 'crossformer_tiny', {}, 224, 3, NUM_CLASSES),
     'sep_vit': ('sep_vit_tiny', 'sep_vit_tiny', {}, 224, 3, NUM_CLASSES),
     'mobile_vit': ('mobilevit_xxs (256 px)', 'mobilevit_xxs', {}, 256, 3, NUM_CLASSES),
+    'regionvit': ('regionvit_tiny', 'regionvit_tiny', {}, 224, 3, NUM_CLASSES),
     'small_dataset_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
     # as many attention and MLP blocks as S/16, in 6 layers of 2 parallel branches
     'parallel_vit': ('S/16, 6 layers x 2 branches', None, dict(S16, depth=6, num_parallel_branches=2), 224, 3, NUM_CLASSES),
@@ -167,6 +168,8 @@ REFERENCES = {
     # the official code, imported from $VIT_PYTORCH_OFFICIAL/SepViT (skipped when that is unset)
     'sep_vit': ('official SepViT_Tiny (liwei109/SepViT)', lambda ours: sep_vit_official_reference(ours)),
     'mobile_vit': ('timm mobilevit_xxs', lambda ours: timm_reference('mobilevit_xxs', ours)),
+    # the official code, imported from $VIT_PYTORCH_OFFICIAL/RegionViT (skipped when that is unset)
+    'regionvit': ('official regionvit_tiny_224 (IBM/RegionViT)', lambda ours: regionvit_official_reference(ours)),
 }
 
 
@@ -384,6 +387,26 @@ def crossformer_official_reference(ours):
     reference = fixtures.official_model(os.path.join(root, 'CrossFormer'), 'tiny')
     load_official(ours, reference.state_dict())
     return reference
+
+
+def regionvit_official_reference(ours):
+    """The official regionvit_tiny_224 (github IBM/RegionViT @ 77000c2, checked out as $VIT_PYTORCH_OFFICIAL/RegionViT;
+    it needs only timm); its random weights loaded into `ours` by vit_pytorch.pretrained.load_official. None where
+    VIT_PYTORCH_OFFICIAL is unset."""
+    from vit_pytorch.pretrained import load_official
+
+    root = os.environ.get('VIT_PYTORCH_OFFICIAL')
+    if root is None:
+        return None
+    sys.path.insert(0, os.path.join(root, 'RegionViT'))
+    try:
+        official = importlib.import_module('regionvit.regionvit')
+    finally:
+        sys.path.pop(0)
+    reference = official.regionvit_tiny_224(num_classes=ours.num_classes)
+    load_official(ours, reference.state_dict())
+    return reference
+
 
 class HFLogits(nn.Module):
     """A Hugging Face image classifier whose forward returns the logits tensor, as the benchmark's models do."""
