@@ -40,9 +40,11 @@ encoding, progressive group sizes of CrossFormer++) are left out, and stochastic
 unless `drop_path_rate` is given (the official training used 0.1, 0.2, 0.3, 0.5 for T, S, B, L).
 
 vit-pytorch 1.26.14's CrossFormer computes another function (its checkpoints are refused with
-the reasons, see `vit_pytorch_plan`), and builds layers of zero width when a stage is narrow (a
-width of 4 over four kernels, or the 1-wide position-bias MLP of a width under 4); here a width
-that leaves a kernel or the position-bias MLP no channel is a ValueError.
+the reasons, see `vit_pytorch_plan`), and silently builds layers of zero width when a stage is
+narrow (no heads under 32 channels, its heads being width // 32; no channel for a kernel when
+the width halved per kernel reaches 0, e.g. 4 over four kernels); here a stage under 32 channels
+has one head, and a width that leaves a kernel or the position-bias MLP (dim // 16 wide) no
+channel is a ValueError.
 """
 
 import torch
@@ -130,10 +132,11 @@ class CrossScaleAttention(vit.Attention):
         return rearrange(bias, 'i j h -> h i j')
 
     def mask(self, bias, size, padded, group, interval, batch):
-        """The bias, plus PADDING_MASK on padding keys where the map was padded: (heads, n, n) or
-        (b * groups, heads, n, n)."""
+        """The bias, plus PADDING_MASK on padding keys where the map was padded: (1, heads, n, n) or
+        (b * groups, heads, n, n). Four dimensions: with a 3-d mask `scaled_dot_product_attention` on the CPU
+        leaves its fused kernel for the math one (torch 2.13, 2.14), which costs CrossFormer-T 10% at batch 1."""
         if padded == tuple(size):
-            return bias
+            return rearrange(bias, 'h i j -> 1 h i j')
         rows = torch.arange(padded[0], device=bias.device)[:, None] >= size[0]
         cols = torch.arange(padded[1], device=bias.device)[None, :] >= size[1]
         keys = rearrange(rows | cols, '(nh gh ih) (nw gw iw) -> (nh nw ih iw) 1 1 (gh gw)', gh=group, gw=group,
