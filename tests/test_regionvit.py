@@ -196,7 +196,8 @@ def test_feature_pyramid_from_forward_intermediates_has_the_official_strides_and
     pyramid[0] = pyramid[0] + nn.functional.interpolate(pyramid[1], size=pyramid[0].shape[-2:])
     for level, info, reference in zip(pyramid, model.feature_info, (tensors[f'features.{i}'] for i in range(2))):
         assert level.shape == (2, width, *reference.shape[-2:])
-        assert all(side == image_side // info['reduction'] for side, image_side in zip(level.shape[-2:], img.shape[-2:]))
+        assert all(side == image_side // info['reduction']
+                   for side, image_side in zip(level.shape[-2:], img.shape[-2:]))
 
 
 @pytest.mark.parametrize('indices, expected', [(None, [0, 1]), (1, [1]), ([-2], [0])])
