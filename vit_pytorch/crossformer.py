@@ -381,12 +381,11 @@ def check_arguments(*, num_classes, attn_dropout, ff_dropout, drop_path_rate, ch
         raise ValueError(f"the per-stage arguments must all have one value per stage, got lengths {lengths}")
     if 0 in lengths.values():
         raise ValueError(f"the per-stage arguments must have at least one stage, got lengths {lengths}")
-    if not per_stage('cross_embed_kernel_sizes', stage_arguments['cross_embed_kernel_sizes']) and not (
-            isinstance(stage_arguments['cross_embed_kernel_sizes'], (tuple, list))
-            and stage_arguments['cross_embed_kernel_sizes']):
+    kernels = stage_arguments['cross_embed_kernel_sizes']
+    if not isinstance(kernels, (tuple, list)) or not kernels:
         raise TypeError(f"cross_embed_kernel_sizes must be a tuple of kernel sizes, or one such tuple per stage, "
-                        f"got {stage_arguments['cross_embed_kernel_sizes']!r}")
-    for i, stage in enumerate(stage_settings({**stage_arguments, 'heads': stage_arguments['heads']})):
+                        f"got {kernels!r}")
+    for i, stage in enumerate(stage_settings(stage_arguments)):
         check_stage(i, **stage)
 
 
