@@ -67,9 +67,9 @@ def test_single_values_are_repeated_over_four_stages():
 
 # the official configurations: sum(p.numel() for p in model.parameters()) of the official models/crossformer.py,
 # built as configs/crossformer/{tiny,small,base,large}_patch4_group7_224.yaml (USE_ACL False) at 224, 1000 classes:
-#   cd /tmp && /work/ref/refvenv/bin/python count.py   (CrossFormer(img_size=224, patch_size=[4, 8, 16, 32],
-#   embed_dim=E, depths=D, num_heads=H, group_size=[7] * 4, crs_interval=[8, 4, 2, 1], mlp_ratio=[4.] * 4,
-#   merge_size=[[2, 4]] * 3, use_acl=False)); the paper's Table: 27.8M, 30.7M, 52.0M, 92.0M
+#   cd /tmp && /work/ref/refvenv/bin/python /work/main/tests/fixtures/make_crossformer_fixtures.py \
+#       --official /work/ref/official/CrossFormer --counts
+# and the published figures (the official README's table, the issue's): 27.8M, 30.7M, 52.0M, 92.0M
 
 
 @pytest.mark.parametrize('variant, official, paper', [
