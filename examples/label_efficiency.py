@@ -19,6 +19,7 @@ complete is not run again, so an interrupted table continues where it stopped.
 
 import argparse
 import json
+import shlex
 import statistics
 import time
 from pathlib import Path
@@ -79,6 +80,8 @@ def main(argv=None):
     parser.add_argument('--dino-epochs', type=int, default=15, help='DINO (5 views an image, so 5x the cost)')
     parser.add_argument('--dino-lr', type=float, default=1.25e-4,
                         help="DINO's peak learning rate: the paper's 5e-4 x batch / 256")
+    parser.add_argument('--dino-args', default='',
+                        help="more options of DINO's pre-training, e.g. '--momentum-teacher 0.95'")
     parser.add_argument('--finetune-epochs', type=int, default=30)
     parser.add_argument('--fractions', nargs='+', type=float, default=[0.05, 0.1])
     parser.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
@@ -93,7 +96,7 @@ def main(argv=None):
         epochs = args.dino_epochs if method == 'dino' else args.pretrain_epochs
         folder = out / f'pretrain-{method}'
         print(f"pre-training {method} for {epochs} epochs", flush=True)
-        recipe = ['--lr', args.dino_lr] if method == 'dino' else []
+        recipe = ['--lr', args.dino_lr, *shlex.split(args.dino_args)] if method == 'dino' else []
         run_once(pretrain, folder, epochs, ['--method', method, '--epochs', epochs, '--seed', 0, *recipe, *common])
         checkpoints[method] = folder / 'checkpoint'
 
