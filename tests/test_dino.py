@@ -9,8 +9,8 @@ import torch
 from helpers import digits_batch, tiny_vit_kwargs
 from vit_pytorch import SimpleViT, ViT
 from vit_pytorch.cait import CaiT
-from vit_pytorch.dino import (Dino, MultiCrop, color_jitter, gaussian_blur, random_grayscale, random_resized_crop,
-                              random_solarize, rotate_hue)
+from vit_pytorch.dino import (Dino, MultiCrop, collapse_entropies, color_jitter, gaussian_blur, random_grayscale,
+                              random_resized_crop, random_solarize, rotate_hue)
 
 
 def tiny_dino(net=None, **overrides):
@@ -69,6 +69,28 @@ def test_cancelled_last_layer_gradients_leave_only_that_layer_unchanged_by_a_ste
     changed = {name for name, p in learner.student.named_parameters() if not torch.equal(p, before[name])}
     assert 'head.last_layer.weight' not in changed          # not even weight decay moved it
     assert {'head.mlp.0.weight', 'net.cls_token'} <= changed
+
+
+def test_collapse_entropies_tell_uniform_from_one_output_from_healthy():
+    k = 8
+    uniform = torch.full((2, 4, k), 1 / k)
+    assert collapse_entropies(uniform) == pytest.approx((math.log(k), math.log(k)))
+    same_one = torch.zeros(2, 4, k)
+    same_one[..., 3] = 1
+    assert collapse_entropies(same_one) == pytest.approx((0, 0), abs=1e-6)
+    healthy = torch.eye(k).expand(2, k, k)              # confident, and each image its own output
+    assert collapse_entropies(healthy) == pytest.approx((0, math.log(k)), abs=1e-6)
+
+
+def test_each_loss_records_the_entropies_of_its_centred_sharpened_teacher():
+    learner = tiny_dino(teacher_temp=0.05)
+    learner.teacher_centers.normal_()
+    teacher, student = torch.randn(2, 3, 64), torch.randn(4, 3, 64)
+    learner.loss(teacher, student)
+    probs = ((teacher - learner.teacher_centers) / 0.05).softmax(-1).flatten(0, 1)
+    entropy = lambda p: -torch.special.xlogy(p, p).sum(-1)
+    assert learner.last_entropies == pytest.approx((entropy(probs).mean().item(), entropy(probs.mean(0)).item()),
+                                                   rel=1e-5)
 
 
 def test_the_teacher_starts_as_a_copy_of_the_student_and_stays_in_eval_mode():

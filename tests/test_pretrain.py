@@ -133,6 +133,10 @@ def test_dino_logs_its_teacher_temperature_and_decay(tmp_path):
     assert first['teacher_temp'] == pytest.approx(0.04 + 0.03 * 2 / 3)
     assert last['teacher_temp'] == pytest.approx(0.07)
     assert last['teacher_decay'] == pytest.approx(1 - 0.004 * (math.cos(math.pi * 5 / 6) + 1) / 2)
+    # the signs of collapse: the teacher's entropies, between one output (0) and uniform outputs (ln K)
+    for record in (first, last):
+        assert record['uniform_entropy'] == pytest.approx(math.log(64))
+        assert 0 < record['teacher_entropy'] <= record['teacher_mean_entropy'] <= math.log(64) + 1e-9
 
 
 @pytest.mark.parametrize('freeze, cancelled', [(1, 3), (0, 0), (2, 6)])

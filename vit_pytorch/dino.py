@@ -160,6 +160,7 @@ class Dino(nn.Module):
         image_size = vit.pair(image_size)
         local_image_size = image_size if local_image_size is None else vit.pair(local_image_size)
         self.student_temp, self.teacher_temp = student_temp, teacher_temp
+        self.last_entropies = None          # the last loss's collapse_entropies, for monitoring
         self.moving_average_decay, self.center_moving_average_decay = moving_average_decay, center_moving_average_decay
         self.crops = MultiCrop(image_size=image_size, local_image_size=local_image_size,
                                global_scale=(global_lower_crop_scale, 1.), local_scale=(0.05, local_upper_crop_scale),
@@ -196,6 +197,7 @@ class Dino(nn.Module):
         student_temp = self.student_temp if student_temp is None else student_temp
         teacher_probs = ((teacher_logits - self.teacher_centers) / teacher_temp).softmax(dim=-1)
         student_log_probs = (student_logits / student_temp).log_softmax(dim=-1)
+        self.last_entropies = collapse_entropies(teacher_probs.detach())
         terms = [-(teacher_probs[i] * student_log_probs[j]).sum(dim=-1).mean()
                  for i in range(len(teacher_probs)) for j in range(len(student_log_probs)) if j != i]
         return sum(terms) / len(terms)
@@ -236,6 +238,16 @@ class Dino(nn.Module):
             teacher.copy_(student)
         c = self.center_moving_average_decay
         self.teacher_centers.mul_(c).add_(self.last_teacher_centers, alpha=1 - c)
+
+
+def collapse_entropies(teacher_probs):
+    """(mean entropy of the teacher's distributions, entropy of their mean), in nats, as floats: the two ways DINO
+    collapses (paper, section 5.3). Both near ln K: every output uniform (centring won); the first near 0 and the
+    second small: every image sent to the same few outputs (sharpening won). Healthy: the first well below ln K, the
+    second near it (confident, and different for different images)."""
+    entropy = lambda p: -(p * p.clamp_min(1e-30).log()).sum(dim=-1)
+    probs = teacher_probs.flatten(0, -2)
+    return entropy(probs).mean().item(), entropy(probs.mean(dim=0)).item()
 
 
 def batch_center(teacher_logits):

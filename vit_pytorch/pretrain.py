@@ -33,7 +33,11 @@ A resumed run takes its data, model, method and recipe from pretrainer/; `--epoc
 unlike the run's is refused with both values.
 
 Written to --out (default runs/<data>-<model>-<method>):
-  log.jsonl     one JSON line per epoch: loss, learning rate, seconds, images/s
+  log.jsonl     one JSON line per epoch: loss, learning rate, seconds, images/s; DINO adds its
+                teacher temperature and decay, and the signs of collapse (`dino.collapse_entropies`):
+                the teacher's mean entropy per image and the entropy of its mean output (per batch), beside
+                ln K (both near ln K: collapsed to uniform outputs; the first near 0 with the second
+                small: collapsed to one output)
   checkpoint/   the pre-trained network in the training command's format (model.safetensors +
                 config.json, its classifier head as built and never trained): `python -m
                 vit_pytorch.train --init <out>/checkpoint` fine-tunes it (or `--linear-probe`
@@ -295,6 +299,7 @@ def _pretrain(args, model_kwargs, rank, world_size, device):
         generator = torch.Generator().manual_seed(seed)
         order = torch.randperm(len(train_set), generator=generator)
         totals = torch.zeros(2, dtype=torch.float64)                 # loss sum, count (this process)
+        entropies = torch.zeros(2, dtype=torch.float64)              # DINO: the teacher's, summed over images
         network.train()
         bar = _progress(steps_per_epoch, epoch, args, main_process)
         for step, index in enumerate(epoch_batches(order, batch_size)):
@@ -330,6 +335,8 @@ def _pretrain(args, model_kwargs, rank, world_size, device):
             if args.method == 'dino':
                 learner.update_moving_average(decay=decay)
             totals += torch.tensor([loss_mean.item() * len(images), len(images)], dtype=torch.float64)
+            if args.method == 'dino':
+                entropies += torch.tensor(learner.last_entropies, dtype=torch.float64) * len(images)
             if bar is not None:
                 bar.set_postfix_str(f"loss {totals[0] / max(totals[1], 1):.4f}", refresh=False)
                 bar.update()
@@ -337,12 +344,15 @@ def _pretrain(args, model_kwargs, rank, world_size, device):
             bar.close()
         if world_size > 1:
             torch.distributed.all_reduce(totals)
+            torch.distributed.all_reduce(entropies)
         seconds = time.perf_counter() - started
         elapsed += seconds
         record = dict(epoch=epoch + 1, lr=lr, loss=(totals[0] / totals[1]).item(), epoch_seconds=seconds,
                       images_per_second=len(train_set) / seconds, elapsed_seconds=elapsed)
         if args.method == 'dino':
-            record.update(teacher_temp=temperature, teacher_decay=decay)
+            teacher_entropy, mean_entropy = (entropies / totals[1]).tolist()
+            record.update(teacher_temp=temperature, teacher_decay=decay, teacher_entropy=teacher_entropy,
+                          teacher_mean_entropy=mean_entropy, uniform_entropy=math.log(args.num_classes_k))
         history.append(record)
         if main_process:
             with open(out / 'log.jsonl', 'a') as log:
@@ -353,7 +363,10 @@ def _pretrain(args, model_kwargs, rank, world_size, device):
                             state=dict(epoch=epoch + 1, elapsed=elapsed, history=history,
                                        args={k: v for k, v in vars(args).items() if k != 'given'}))
             if not args.quiet:
-                _write(f"epoch {epoch + 1}/{args.epochs}: {args.method} loss {record['loss']:.4f}, "
+                collapse = (f", teacher entropy {record['teacher_entropy']:.2f} (of its mean "
+                            f"{record['teacher_mean_entropy']:.2f}; uniform: {record['uniform_entropy']:.2f})"
+                            if args.method == 'dino' else '')
+                _write(f"epoch {epoch + 1}/{args.epochs}: {args.method} loss {record['loss']:.4f}{collapse}, "
                        f"{record['images_per_second']:.0f} img/s, {seconds:.1f} s")
 
     pictures = []
