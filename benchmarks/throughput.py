@@ -107,6 +107,7 @@ REGISTRY = {
     'nest': ('nest_tiny', 'nest_tiny', {}, 224, 3, NUM_CLASSES),
     'crossformer': ('crossformer_tiny', 'crossformer_tiny', {}, 224, 3, NUM_CLASSES),
     'sep_vit': ('sep_vit_tiny', 'sep_vit_tiny', {}, 224, 3, NUM_CLASSES),
+    'scalable_vit': ('scalable_vit_small', 'scalable_vit_small', {}, 224, 3, NUM_CLASSES),
     'mobile_vit': ('mobilevit_xxs (256 px)', 'mobilevit_xxs', {}, 256, 3, NUM_CLASSES),
     'regionvit': ('regionvit_tiny', 'regionvit_tiny', {}, 224, 3, NUM_CLASSES),
     'small_dataset_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
@@ -167,6 +168,9 @@ REFERENCES = {
     'crossformer': ('official CrossFormer-T (cheerss/CrossFormer)', lambda ours: crossformer_official_reference(ours)),
     # the official code, imported from $VIT_PYTORCH_OFFICIAL/SepViT (skipped when that is unset)
     'sep_vit': ('official SepViT_Tiny (liwei109/SepViT)', lambda ours: sep_vit_official_reference(ours)),
+    # the official code, imported from $VIT_PYTORCH_OFFICIAL/ScalableViT (skipped when that is unset)
+    'scalable_vit': ('official scalable_vit_small (Yangr116/ScalableViT)',
+                     lambda ours: scalable_vit_official_reference(ours)),
     'mobile_vit': ('timm mobilevit_xxs', lambda ours: timm_reference('mobilevit_xxs', ours)),
     # the official code, imported from $VIT_PYTORCH_OFFICIAL/RegionViT (skipped when that is unset)
     'regionvit': ('official regionvit_tiny_224 (IBM/RegionViT)', lambda ours: regionvit_official_reference(ours)),
@@ -447,6 +451,27 @@ def sep_vit_official_reference(ours):
     fixtures = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fixtures)
     reference = fixtures.official_module(os.path.join(root, 'SepViT')).SepViT_Tiny(num_classes=ours.num_classes)
+    load_official(ours, reference.state_dict())
+    return reference
+
+
+def scalable_vit_official_reference(ours):
+    """The official scalable_vit_small (github Yangr116/ScalableViT @ 8011147, checked out as
+    $VIT_PYTORCH_OFFICIAL/ScalableViT), imported as tests/fixtures/make_scalable_vit_fixtures.py imports it; its
+    random weights loaded into `ours` by vit_pytorch.pretrained.load_official. None where VIT_PYTORCH_OFFICIAL is
+    unset."""
+    from vit_pytorch.pretrained import load_official
+
+    root = os.environ.get('VIT_PYTORCH_OFFICIAL')
+    if root is None:
+        return None
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'tests', 'fixtures',
+                          'make_scalable_vit_fixtures.py')
+    spec = importlib.util.spec_from_file_location('make_scalable_vit_fixtures', script)
+    fixtures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fixtures)
+    official = fixtures.official_module(os.path.join(root, 'ScalableViT'))
+    reference = fixtures.quiet(official.scalable_vit_small, num_classes=ours.num_classes)
     load_official(ours, reference.state_dict())
     return reference
 
