@@ -14,8 +14,8 @@ from helpers import count, digits_batch, fit_fixed_batch, load_fixture
 from vit_pytorch import scalable_vit
 from vit_pytorch.pretrained import CheckpointError, load_official, load_vit_pytorch
 from vit_pytorch.recorder import Recorder
-from vit_pytorch.scalable_vit import (InteractiveWindowAttention, PositionEncodingGenerator, ScalableSelfAttention,
-                                      ScalableViT)
+from vit_pytorch.scalable_vit import InteractiveWindowAttention, ScalableSelfAttention, ScalableViT
+from vit_pytorch.vit import PositionEncodingGenerator
 
 
 def tiny(**overrides):

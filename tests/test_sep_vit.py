@@ -17,7 +17,8 @@ from helpers import count, digits_batch, fit_fixed_batch, load_fixture
 from vit_pytorch import sep_vit
 from vit_pytorch.pretrained import CheckpointError, load_official, load_vit_pytorch
 from vit_pytorch.recorder import Recorder
-from vit_pytorch.sep_vit import PositionEncodingGenerator, SeparableAttention, SepViT
+from vit_pytorch.sep_vit import SeparableAttention, SepViT
+from vit_pytorch.vit import PositionEncodingGenerator
 
 
 def tiny(**overrides):

@@ -9,9 +9,9 @@ from torch import nn
 from helpers import count, digits_batch, fit_fixed_batch, load_fixture
 from vit_pytorch import twins_svt
 from vit_pytorch.pretrained import CheckpointError, load_timm, load_vit_pytorch
-from vit_pytorch.vit import SpatialReductionAttention
+from vit_pytorch.vit import PositionEncodingGenerator, SpatialReductionAttention
 from vit_pytorch.recorder import Recorder
-from vit_pytorch.twins_svt import LocallyGroupedAttention, PositionEncodingGenerator, TwinsSVT
+from vit_pytorch.twins_svt import LocallyGroupedAttention, TwinsSVT
 
 
 def stage_kwargs(dims=(8, 16, 24, 32), heads=(1, 2, 3, 4), mlp=(2, 2, 4, 4), depths=(2, 3, 1, 2), ks=(4, 2, 1, 1),

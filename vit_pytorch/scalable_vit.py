@@ -156,48 +156,7 @@ class ScalableSelfAttention(nn.Module):
         return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
 
 
-class PositionEncodingGenerator(nn.Module):
-    """CPVT's PEG (arXiv 2102.10882): a 3x3 depthwise convolution of the token map, (b, h * w, dim) -> (b, h * w,
-    dim); the layer adds it to the tokens."""
-
-    def __init__(self, dim):
-        super().__init__()
-        self.proj = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
-
-    def forward(self, x, size):
-        x = self.proj(rearrange(x, 'b (h w) d -> b d h w', h=size[0], w=size[1]))
-        return rearrange(x, 'b d h w -> b (h w) d')
-
-
-class MapTransformer(vit.Transformer):
-    """`vit.Transformer` whose first residual branch in a layer (an attention, or the PEG) reads the (h, w)
-    map the tokens lie on (keyword `size`)."""
-
-    @staticmethod
-    def layer(branches, x, *, size):
-        attention, *rest = branches
-        x = attention(x, size) + x
-        for branch in rest:
-            x = branch(x) + x
-        return x
-
-
-class Stage(nn.Module):
-    """A stage: its patch embedding, then its blocks with the PEG after the first: (b, c, h, w) -> tokens
-    (b, h' * w', dim) and their map's (h', w')."""
-
-    def __init__(self, embed, blocks):
-        super().__init__()
-        self.embed = embed
-        self.blocks = blocks
-
-    def forward(self, x):
-        x = self.embed(x)                                            # (b, h, w, dim)
-        size = tuple(x.shape[1:3])
-        return self.blocks(rearrange(x, 'b h w d -> b (h w) d'), size=size), size
-
-
-class ScalableViT(nn.Module):
+class ScalableViT(vit.StagedModel):
     """ScalableViT with vit-pytorch's keyword arguments (the defaults build ScalableViT-S).
 
     dim                 the first stage's width; every later stage doubles it.
@@ -251,10 +210,10 @@ class ScalableViT(nn.Module):
                 feedforward = vit.FeedForward(width, width * ff_expansion_factor, dropout, norm_eps=BLOCK_EPS)
                 layers.append((vit.DropPath(attention, rate), vit.DropPath(feedforward, rate)))
                 if j == 0:
-                    layers.append((PositionEncodingGenerator(width),))
+                    layers.append((vit.PositionEncodingGenerator(width),))
             embed = ConvPatchEmbedding(in_dim, width, kernel_size=7, stride=4) if i == 0 else \
                 ConvPatchEmbedding(in_dim, width, kernel_size=3, stride=2)
-            modules.append(Stage(embed, MapTransformer(layers)))
+            modules.append(vit.MapStage(embed, vit.MapTransformer(layers)))
             in_dim = width
         self.stages = nn.ModuleList(modules)
         self.feature_info = [dict(num_chs=width, reduction=4 * 2 ** i, module=f'stages.{i}')
@@ -292,21 +251,6 @@ class ScalableViT(nn.Module):
                                  f"reduction_factor {reduction}; use images of at least "
                                  f"{reduction * self.feature_info[i]['reduction']} pixels a side")
 
-    def stage_outputs(self, img, last):
-        """Tokens and map size of stages 0..last, each stage run on the previous one's map."""
-        self.check_image(img)
-        x, outputs = img, []
-        for stage in self.stages[:last + 1]:
-            tokens, size = stage(x)
-            outputs.append((tokens, size))
-            x = rearrange(tokens, 'b (h w) d -> b d h w', h=size[0])
-        return outputs
-
-    def forward_features(self, img):
-        """The last stage's tokens after the final norm: (b, h * w, dim * 8)."""
-        tokens, _ = self.stage_outputs(img, len(self.stages) - 1)[-1]
-        return self.norm(tokens)
-
     def forward_head(self, x, pre_logits=False):
         """Average the tokens and run the head's hidden layer; return those pre-logits (b, num_features), or the
         logits."""
@@ -314,27 +258,6 @@ class ScalableViT(nn.Module):
         if self.head_hidden is not None:
             x = self.head_hidden(x)
         return x if pre_logits or self.mlp_head is None else self.mlp_head(x)
-
-    def forward(self, img):
-        return self.forward_head(self.forward_features(img))
-
-    def forward_intermediates(self, img, indices=None):
-        """Each chosen stage's output map (b, c, h, w), before the final norm: indices None for every stage, an int
-        n for the last n, or a list of stage numbers (0-based)."""
-        chosen = vit.take_indices(indices, len(self.stages))
-        outputs = self.stage_outputs(img, max(chosen))
-        return [rearrange(outputs[i][0], 'b (h w) d -> b d h w', h=outputs[i][1][0]) for i in chosen]
-
-    def reset_classifier(self, num_classes):
-        """A new zero-initialised classifier for `num_classes` (0 removes it); the head's hidden layer stays."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.mlp_head = vit.zero_linear(self.num_features, num_classes, like=self.norm.weight) \
-            if num_classes > 0 else None
-
-    def set_grad_checkpointing(self, enable=True):
-        for stage in self.stages:
-            stage.blocks.grad_checkpointing = enable
 
 
 def per_stage(value, stages):
@@ -450,7 +373,7 @@ def official_plan(model, keys):
         block = 0
         for index, layer in enumerate(stage.blocks.layers):
             ours = f'stages.{i}.blocks.layers.{index}.'
-            if isinstance(layer[0], PositionEncodingGenerator):
+            if isinstance(layer[0], vit.PositionEncodingGenerator):
                 names[ours + '0.proj.'] = (f'pos_block.{i}.proj.0.', None)
                 continue
             theirs = f'stages.{i}.{block}.'

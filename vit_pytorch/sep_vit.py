@@ -71,19 +71,6 @@ class PatchEmbedding(nn.Module):
         return self.norm(rearrange(self.proj(x), 'b d h w -> b h w d'))
 
 
-class PositionEncodingGenerator(nn.Module):
-    """CPVT's PEG (arXiv 2102.10882): a 3x3 depthwise convolution of the token map, (b, h * w, dim) -> (b, h * w,
-    dim), added to the tokens by the layer."""
-
-    def __init__(self, dim):
-        super().__init__()
-        self.proj = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
-
-    def forward(self, x, size):
-        x = self.proj(rearrange(x, 'b (h w) d -> b d h w', h=size[0], w=size[1]))
-        return rearrange(x, 'b d h w -> b (h w) d')
-
-
 class DepthwiseSelfAttention(nn.Module):
     """DSA: attention among the tokens of each window, its window token first: (b, windows, n, dim) normed tokens
     -> (b, windows, n, dim), without the output projection. The recorded map is (b * windows, heads, n, n)."""
@@ -162,35 +149,7 @@ class SeparableAttention(nn.Module):
         return self.to_out(x)
 
 
-class SepViTTransformer(vit.Transformer):
-    """`vit.Transformer` whose first residual branch in a layer (the attention, or the PEG) reads the (h, w) map
-    the tokens lie on (keyword `size`)."""
-
-    @staticmethod
-    def layer(branches, x, *, size):
-        attention, *rest = branches
-        x = attention(x, size) + x
-        for branch in rest:
-            x = branch(x) + x
-        return x
-
-
-class Stage(nn.Module):
-    """A stage: its patch embedding, then its blocks with the PEG after the first: (b, c, h, w) -> tokens
-    (b, h' * w', dim) and their map's (h', w')."""
-
-    def __init__(self, embed, blocks):
-        super().__init__()
-        self.embed = embed
-        self.blocks = blocks
-
-    def forward(self, x):
-        x = self.embed(x)                                            # (b, h, w, dim)
-        size = tuple(x.shape[1:3])
-        return self.blocks(rearrange(x, 'b h w d -> b (h w) d'), size=size), size
-
-
-class SepViT(nn.Module):
+class SepViT(vit.StagedModel):
     """SepViT with vit-pytorch's keyword arguments (see the module docstring).
 
     num_classes          classes of the head; 0 makes `forward` return the pooled embedding (b, 8 * dim).
@@ -240,8 +199,8 @@ class SepViT(nn.Module):
                 feedforward = vit.FeedForward(width, width * ff_mult[i], dropout, norm_eps=BLOCK_EPS)
                 layers.append((vit.DropPath(attention, rate), vit.DropPath(feedforward, rate)))
                 if j == 0:
-                    layers.append((PositionEncodingGenerator(width),))
-            modules.append(Stage(PatchEmbedding(in_dim, width, stride), SepViTTransformer(layers)))
+                    layers.append((vit.PositionEncodingGenerator(width),))
+            modules.append(vit.MapStage(PatchEmbedding(in_dim, width, stride), vit.MapTransformer(layers)))
             in_dim = width
         self.stages = nn.ModuleList(modules)
         self.feature_info = [dict(num_chs=dim * 2 ** i, reduction=4 * 2 ** i, module=f'stages.{i}')
@@ -258,47 +217,6 @@ class SepViT(nn.Module):
         if size != self.image_size:
             raise ValueError(f"img must be {self.image_size[0]}x{self.image_size[1]} (h x w), the model's "
                              f"image_size (its window tokens are one per window), got {size[0]}x{size[1]}")
-
-    def stage_outputs(self, img, last):
-        """Tokens and map size of stages 0..last, each stage run on the previous one's map."""
-        self.check_image(img)
-        x, outputs = img, []
-        for stage in self.stages[:last + 1]:
-            tokens, size = stage(x)
-            outputs.append((tokens, size))
-            x = rearrange(tokens, 'b (h w) d -> b d h w', h=size[0])
-        return outputs
-
-    def forward_features(self, img):
-        """The last stage's tokens after the final norm: (b, h * w, 8 * dim)."""
-        tokens, _ = self.stage_outputs(img, len(self.stages) - 1)[-1]
-        return self.norm(tokens)
-
-    def forward_head(self, x, pre_logits=False):
-        """Average the tokens; return the pooled embedding (b, num_features), or the logits."""
-        x = x.mean(dim=1)
-        return x if pre_logits or self.mlp_head is None else self.mlp_head(x)
-
-    def forward(self, img):
-        return self.forward_head(self.forward_features(img))
-
-    def forward_intermediates(self, img, indices=None):
-        """Each chosen stage's output map (b, c, h, w), before the final norm: indices None for every stage, an int n
-        for the last n, or a list of stage numbers (0-based)."""
-        chosen = vit.take_indices(indices, len(self.stages))
-        outputs = self.stage_outputs(img, max(chosen))
-        return [rearrange(outputs[i][0], 'b (h w) d -> b d h w', h=outputs[i][1][0]) for i in chosen]
-
-    def reset_classifier(self, num_classes):
-        """A new zero-initialised head for `num_classes` (0 removes it)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.mlp_head = vit.zero_linear(self.num_features, num_classes, like=self.norm.weight) \
-            if num_classes > 0 else None
-
-    def set_grad_checkpointing(self, enable=True):
-        for stage in self.stages:
-            stage.blocks.grad_checkpointing = enable
 
 
 def per_stage(value):
@@ -414,7 +332,7 @@ def official_plan(model, keys):
         block = 0
         for index, layer in enumerate(stage.blocks.layers):
             ours = f'stages.{i}.blocks.layers.{index}.'
-            if isinstance(layer[0], PositionEncodingGenerator):
+            if isinstance(layer[0], vit.PositionEncodingGenerator):
                 names[ours + '0.proj.'] = f'pos_block.{i}.proj.0.'
                 continue
             theirs = f'blocks.{i}.{block}.'

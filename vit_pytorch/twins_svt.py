@@ -82,48 +82,7 @@ class LocallyGroupedAttention(vit.Attention):
         return self.to_out(rearrange(out, 'b h w d -> b (h w) d'))
 
 
-class PositionEncodingGenerator(nn.Module):
-    """CPVT's PEG (arXiv 2102.10882): a depthwise convolution of the token map, (b, h * w, dim) -> (b, h * w,
-    dim); the layer adds it to the tokens, so positions come from the zero padding at the borders."""
-
-    def __init__(self, dim, kernel_size):
-        super().__init__()
-        self.proj = nn.Conv2d(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim)
-
-    def forward(self, x, size):
-        x = self.proj(rearrange(x, 'b (h w) d -> b d h w', h=size[0], w=size[1]))
-        return rearrange(x, 'b d h w -> b (h w) d')
-
-
-class TwinsTransformer(vit.Transformer):
-    """`vit.Transformer` whose first residual branch in a layer (an attention, or the PEG) reads the (h, w)
-    map the tokens lie on (keyword `size`)."""
-
-    @staticmethod
-    def layer(branches, x, *, size):
-        attention, *rest = branches
-        x = attention(x, size) + x
-        for branch in rest:
-            x = branch(x) + x
-        return x
-
-
-class Stage(nn.Module):
-    """A stage: its patch embedding, then its blocks with the PEG after the first: (b, c, h, w) -> tokens
-    (b, h' * w', dim) and their map's (h', w')."""
-
-    def __init__(self, embed, blocks):
-        super().__init__()
-        self.embed = embed
-        self.blocks = blocks
-
-    def forward(self, x):
-        x = self.embed(x)                                            # (b, h, w, dim)
-        size = tuple(x.shape[1:3])
-        return self.blocks(rearrange(x, 'b h w d -> b (h w) d'), size=size), size
-
-
-class TwinsSVT(nn.Module):
+class TwinsSVT(vit.StagedModel):
     """Twins-SVT (and, without local windows, Twins-PCPVT) with vit-pytorch's keyword arguments.
 
     For each stage N in 1..4:
@@ -181,8 +140,8 @@ class TwinsSVT(nn.Module):
                 feedforward = vit.FeedForward(dim, dim * stage['mlp_mult'], dropout, norm_eps=BLOCK_EPS)
                 layers.append((vit.DropPath(attention, rate), vit.DropPath(feedforward, rate)))
                 if j == 0:
-                    layers.append((PositionEncodingGenerator(dim, peg_kernel_size),))
-            modules.append(Stage(PatchEmbedding(in_dim, dim, stage['patch_size']), TwinsTransformer(layers)))
+                    layers.append((vit.PositionEncodingGenerator(dim, peg_kernel_size),))
+            modules.append(vit.MapStage(PatchEmbedding(in_dim, dim, stage['patch_size']), vit.MapTransformer(layers)))
             in_dim = dim
         self.stages = nn.ModuleList(modules)
         strides = torch.tensor([stage['patch_size'] for stage in stages], device='cpu').cumprod(0).tolist()
@@ -205,47 +164,6 @@ class TwinsSVT(nn.Module):
                 raise ValueError(f"img of {img.shape[-2]}x{img.shape[-1]} leaves stage {i + 1} a {size[0]}x{size[1]} "
                                  f"map, smaller than {least} (its global_k and patch); use images of at least "
                                  f"{needed} pixels a side")
-
-    def stage_outputs(self, img, last):
-        """Tokens and map size of stages 0..last, each stage run on the previous one's map."""
-        self.check_image(img)
-        x, outputs = img, []
-        for stage in self.stages[:last + 1]:
-            tokens, size = stage(x)
-            outputs.append((tokens, size))
-            x = rearrange(tokens, 'b (h w) d -> b d h w', h=size[0])
-        return outputs
-
-    def forward_features(self, img):
-        """The last stage's tokens after the final norm: (b, h * w, s4_emb_dim), as timm's."""
-        tokens, _ = self.stage_outputs(img, len(self.stages) - 1)[-1]
-        return self.norm(tokens)
-
-    def forward_head(self, x, pre_logits=False):
-        """Average the tokens; return the pooled embedding (b, num_features), or the logits."""
-        x = x.mean(dim=1)
-        return x if pre_logits or self.mlp_head is None else self.mlp_head(x)
-
-    def forward(self, img):
-        return self.forward_head(self.forward_features(img))
-
-    def forward_intermediates(self, img, indices=None):
-        """Each chosen stage's output map (b, c, h, w), before the final norm (as timm's): indices None for every
-        stage, an int n for the last n, or a list of stage numbers (0-based)."""
-        chosen = vit.take_indices(indices, len(self.stages))
-        outputs = self.stage_outputs(img, max(chosen))
-        return [rearrange(outputs[i][0], 'b (h w) d -> b d h w', h=outputs[i][1][0]) for i in chosen]
-
-    def reset_classifier(self, num_classes):
-        """A new zero-initialised head for `num_classes` (0 removes it)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.mlp_head = vit.zero_linear(self.num_features, num_classes, like=self.norm.weight) \
-            if num_classes > 0 else None
-
-    def set_grad_checkpointing(self, enable=True):
-        for stage in self.stages:
-            stage.blocks.grad_checkpointing = enable
 
 
 def default_heads(width):
@@ -346,7 +264,7 @@ def timm_plan(model, keys):
         block = 0
         for index, layer in enumerate(stage.blocks.layers):
             ours = f'stages.{i}.blocks.layers.{index}.'
-            if isinstance(layer[0], PositionEncodingGenerator):
+            if isinstance(layer[0], vit.PositionEncodingGenerator):
                 names[ours + '0.proj.'] = f'pos_block.{i}.proj.0.'
                 continue
             local = isinstance(layer[0].fn, LocallyGroupedAttention)

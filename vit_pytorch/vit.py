@@ -506,7 +506,7 @@ class ShiftedWindows(nn.Module):
         return repeat(bias + mask[:, None], 'w h i j -> (b w) h i j', b=batch)
 
 
-# blocks of multi-scale models (Swin, PVT v2, Twins, NesT)
+# blocks of multi-scale models (Swin, PVT v2, Twins, NesT, CrossFormer, ScalableViT, SepViT)
 
 
 class DropPath(nn.Module):
@@ -569,6 +569,97 @@ class SpatialReductionAttention(nn.Module):
         out = attend(q, k, v, scale=self.scale, fused=self.fused, probs=self.attention_probs,
                          dropout=self.dropout if self.training else 0.)
         return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
+
+
+class PositionEncodingGenerator(nn.Module):
+    """CPVT's PEG (arXiv 2102.10882): a depthwise convolution of the token map, (b, h * w, dim) -> (b, h * w, dim);
+    the layer adds it to the tokens, so positions come from the zero padding at the borders (Twins, ScalableViT,
+    SepViT)."""
+
+    def __init__(self, dim, kernel_size=3):
+        super().__init__()
+        self.proj = nn.Conv2d(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim)
+
+    def forward(self, x, size):
+        x = self.proj(rearrange(x, 'b (h w) d -> b d h w', h=size[0], w=size[1]))
+        return rearrange(x, 'b d h w -> b (h w) d')
+
+
+class MapTransformer(Transformer):
+    """`Transformer` whose first residual branch in a layer (an attention, or a PEG) also reads the (h, w) map the
+    tokens lie on (keyword `size`)."""
+
+    @staticmethod
+    def layer(branches, x, *, size):
+        attention, *rest = branches
+        x = attention(x, size) + x
+        for branch in rest:
+            x = branch(x) + x
+        return x
+
+
+class MapStage(nn.Module):
+    """A stage of a multi-scale model: its patch embedding ((b, c, h, w) -> (b, h', w', dim)), then its blocks (a
+    `MapTransformer`): (b, c, h, w) -> tokens (b, h' * w', dim) and their map's (h', w')."""
+
+    def __init__(self, embed, blocks):
+        super().__init__()
+        self.embed = embed
+        self.blocks = blocks
+
+    def forward(self, x):
+        x = self.embed(x)                                            # (b, h, w, dim)
+        size = tuple(x.shape[1:3])
+        return self.blocks(rearrange(x, 'b h w d -> b (h w) d'), size=size), size
+
+
+class StagedModel(nn.Module):
+    """The face of a multi-scale model made of `MapStage`s, each run on the previous one's map, then a final norm
+    and the average of the last stage's tokens (Twins, CrossFormer, ScalableViT, SepViT).
+
+    A subclass builds `self.stages` (stages returning (tokens, (h, w))), `self.norm`, `self.mlp_head` (None
+    without classes), `self.num_features`, `self.num_classes`, and `check_image(img)`.
+    """
+
+    def stage_outputs(self, img, last):
+        """Tokens and map size of stages 0..last, each stage run on the previous one's map."""
+        self.check_image(img)
+        x, outputs = img, []
+        for stage in self.stages[:last + 1]:
+            tokens, size = stage(x)
+            outputs.append((tokens, size))
+            x = rearrange(tokens, 'b (h w) d -> b d h w', h=size[0])
+        return outputs
+
+    def forward_features(self, img):
+        """The last stage's tokens after the final norm: (b, h * w, num_features)."""
+        tokens, _ = self.stage_outputs(img, len(self.stages) - 1)[-1]
+        return self.norm(tokens)
+
+    def forward_head(self, x, pre_logits=False):
+        """Average the tokens; return the pooled embedding (b, num_features), or the logits."""
+        x = x.mean(dim=1)
+        return x if pre_logits or self.mlp_head is None else self.mlp_head(x)
+
+    def forward(self, img):
+        return self.forward_head(self.forward_features(img))
+
+    def forward_intermediates(self, img, indices=None):
+        """Each chosen stage's output map (b, c, h, w), before the final norm: indices None for every stage, an int n
+        for the last n, or a list of stage numbers (0-based)."""
+        chosen = take_indices(indices, len(self.stages))
+        outputs = self.stage_outputs(img, max(chosen))
+        return [rearrange(outputs[i][0], 'b (h w) d -> b d h w', h=outputs[i][1][0]) for i in chosen]
+
+    def reset_classifier(self, num_classes):
+        """A new zero-initialised head for `num_classes` (0 removes it)."""
+        non_negative_int('num_classes', num_classes)
+        self.num_classes = num_classes
+        self.mlp_head = zero_linear(self.num_features, num_classes, like=self.norm.weight) if num_classes > 0 else None
+
+    def set_grad_checkpointing(self, enable=True):
+        for stage in self.stages:
+            stage.blocks.grad_checkpointing = enable
 
 
 def init_conv_weights(module):
