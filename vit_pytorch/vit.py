@@ -39,9 +39,10 @@ def attend(q, k, v, *, scale, dropout=0., fused=True, probs=None, mask=None):
     The one attention computation of the package. `fused=True` runs
     `scaled_dot_product_attention`; `fused=False` forms the (..., n, m) matrix and passes it
     through `probs` (an `nn.Identity` whose forward hook is how `vit_pytorch.recorder` sees
-    it). `mask` is boolean (True: may attend) or an additive float bias.
+    it). `mask` is boolean (True: may attend) or an additive float bias. An empty batch takes the
+    explicit path: the fused kernel gives a learned bias passed as `mask` no (zero) gradient there.
     """
-    if fused:
+    if fused and q.numel():
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
     dots = q @ k.transpose(-1, -2) * scale
     if mask is not None:
