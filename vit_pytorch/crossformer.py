@@ -149,7 +149,8 @@ class CrossScaleAttention(vit.Attention):
         span = group * interval
         padded = tuple(-(-side // span) * span for side in size)
         x = rearrange(self.norm(x), 'b (h w) d -> b h w d', h=size[0])
-        x = F.pad(x, (0, 0, 0, padded[1] - size[1], 0, padded[0] - size[0]))
+        if padded != tuple(size):
+            x = F.pad(x, (0, 0, 0, padded[1] - size[1], 0, padded[0] - size[0]))
         groups = rearrange(x, 'b (nh gh ih) (nw gw iw) d -> (b nh nw ih iw) (gh gw) d', gh=group, gw=group,
                            ih=interval, iw=interval)
         q, k, v = rearrange(self.to_qkv(groups), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=self.heads)
