@@ -160,31 +160,7 @@ class CrossScaleAttention(vit.Attention):
         return self.to_out(rearrange(out[:, :size[0], :size[1]], 'b h w d -> b (h w) d'))
 
 
-class CrossFormerTransformer(vit.Transformer):
-    """`vit.Transformer` whose attention branch reads the (h, w) map the tokens lie on (keyword `size`)."""
-
-    @staticmethod
-    def layer(branches, x, *, size):
-        attention, feedforward = branches
-        x = attention(x, size) + x
-        return feedforward(x) + x
-
-
-class Stage(nn.Module):
-    """A stage: its cross-scale embedding, then its blocks: (b, c, h, w) -> tokens (b, h' * w', dim) and (h', w')."""
-
-    def __init__(self, embed, blocks):
-        super().__init__()
-        self.embed = embed
-        self.blocks = blocks
-
-    def forward(self, x):
-        x = self.embed(x)                                            # (b, h, w, dim)
-        size = tuple(x.shape[1:3])
-        return self.blocks(rearrange(x, 'b h w d -> b (h w) d'), size=size), size
-
-
-class CrossFormer(nn.Module):
+class CrossFormer(vit.StagedModel):
     """CrossFormer. Each per-stage argument is one value for every stage or a tuple with one per stage (the
     tuples' common length is the number of stages, 4 when all are single values).
 
@@ -234,7 +210,7 @@ class CrossFormer(nn.Module):
                 layers.append((vit.DropPath(attention, rate), vit.DropPath(feedforward, rate)))
             embed = CrossScaleEmbedding(in_dim, width, kernels=stage['cross_embed_kernel_sizes'],
                                         stride=stage['cross_embed_strides'], norm_input=i > 0)
-            modules.append(Stage(embed, CrossFormerTransformer(layers)))
+            modules.append(vit.MapStage(embed, vit.MapTransformer(layers)))
             in_dim = width
         self.stages = nn.ModuleList(modules)
         strides = torch.tensor([stage['cross_embed_strides'] for stage in stages], device='cpu').cumprod(0).tolist()
@@ -255,47 +231,6 @@ class CrossFormer(nn.Module):
                              f"of cross_embed_strides (every stage halves an even map, as in the official code), "
                              f"e.g. {max(reduction, height - height % reduction)}x"
                              f"{max(reduction, width - width % reduction)}")
-
-    def stage_outputs(self, img, last):
-        """Tokens and map size of stages 0..last, each stage run on the previous one's map."""
-        self.check_image(img)
-        x, outputs = img, []
-        for stage in self.stages[:last + 1]:
-            tokens, size = stage(x)
-            outputs.append((tokens, size))
-            x = rearrange(tokens, 'b (h w) d -> b d h w', h=size[0])
-        return outputs
-
-    def forward_features(self, img):
-        """The last stage's tokens after the final norm: (b, h * w, dim[-1])."""
-        tokens, _ = self.stage_outputs(img, len(self.stages) - 1)[-1]
-        return self.norm(tokens)
-
-    def forward_head(self, x, pre_logits=False):
-        """Average the tokens; return the pooled embedding (b, num_features), or the logits."""
-        x = x.mean(dim=1)
-        return x if pre_logits or self.mlp_head is None else self.mlp_head(x)
-
-    def forward(self, img):
-        return self.forward_head(self.forward_features(img))
-
-    def forward_intermediates(self, img, indices=None):
-        """Each chosen stage's output map (b, c, h, w), before the next stage's norm: indices None for every stage,
-        an int n for the last n, or a list of stage numbers (0-based)."""
-        chosen = vit.take_indices(indices, len(self.stages))
-        outputs = self.stage_outputs(img, max(chosen))
-        return [rearrange(outputs[i][0], 'b (h w) d -> b d h w', h=outputs[i][1][0]) for i in chosen]
-
-    def reset_classifier(self, num_classes):
-        """A new zero-initialised head for `num_classes` (0 removes it)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.mlp_head = vit.zero_linear(self.num_features, num_classes, like=self.norm.weight) \
-            if num_classes > 0 else None
-
-    def set_grad_checkpointing(self, enable=True):
-        for stage in self.stages:
-            stage.blocks.grad_checkpointing = enable
 
 
 def init_linear_weights(module):
