@@ -35,9 +35,9 @@ Differences: as the paper's code and Hugging Face's `ViTMAEForPreTraining` (whos
 tests reproduce on a committed fixture), the prefix tokens (cls) go through the decoder, the
 decoder's position table is the paper's fixed 2D sin-cos table (`sincos_2d`: frequencies
 10000 ** -(i / (d / 4)), column before row, as its util/pos_embed.py; zeros for the prefix rows;
-not SimpleViT's table, whose frequencies differ), and
-`int(n * (1 - masking_ratio))` patches stay visible; vit-pytorch drops the cls token, learns the
-decoder's positions and hides `int(n * masking_ratio)` patches. The decoder (`mae.decoder`, a
+not SimpleViT's table, whose frequencies differ), and `int(n * (1 - masking_ratio))` patches
+stay visible; vit-pytorch drops the cls token, learns the decoder's positions and hides
+`int(n * masking_ratio)` patches. The decoder (`mae.decoder`, a
 `vit.Transformer` of `decoder_depth` pre-norm layers with MLP width 4 x `decoder_dim`, then a
 LayerNorm) has vit-pytorch's blocks: no qkv bias, LayerNorm epsilon 1e-5; assign another
 `vit.encoder(...)` to `mae.decoder` for the paper's (qkv bias, epsilon 1e-6).
