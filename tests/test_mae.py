@@ -1,5 +1,7 @@
 """MAE (arXiv 2111.06377): what defines it, Hugging Face's outputs, every encoder it takes, vit-pytorch's example."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -9,7 +11,7 @@ from helpers import digits_batch, load_fixture, tiny_vit_kwargs
 from vit_pytorch import SimpleViT, ViT, vit
 from vit_pytorch.deepvit import DeepViT
 from vit_pytorch.distill import DistillableViT
-from vit_pytorch.mae import MAE
+from vit_pytorch.mae import MAE, decoder_table, sincos_2d
 from vit_pytorch.parallel_vit import ViT as ParallelViT
 from vit_pytorch.pretrained import load_hf
 from vit_pytorch.simple_vit_with_patch_dropout import SimpleViT as PatchDropoutViT
@@ -74,8 +76,18 @@ def mae_from_hugging_face():
                 ours[f'decoder.layers.{i}.{our_name}.{kind}'] = state_dict[f'{theirs}{their_name}.{kind}']
     missing, unexpected = mae.load_state_dict(ours, strict=False)
     assert unexpected == [] and all(key.startswith('encoder.') for key in missing)
-    mae.decoder_pos_embedding.copy_(state_dict['decoder.decoder_pos_embed'][0])   # HF's fixed table, its layout
     return mae.eval(), tensors
+
+
+def test_decoder_positions_are_hugging_faces_fixed_table():
+    mae, _ = mae_from_hugging_face()
+    state_dict = load_fixture('hf_mae')[1]
+    theirs = state_dict['decoder.decoder_pos_embed'][0]                                  # (1 + 16, 24)
+    assert theirs[1:].abs().amax(dim=1).min() > 0                                        # filled, not zeros
+    torch.testing.assert_close(mae.decoder_pos_embedding, theirs, atol=1e-6, rtol=0)
+    # the paper's encoder uses the same function: HF's encoder table at width 32
+    torch.testing.assert_close(sincos_2d(4, 4, 32), state_dict['vit.embeddings.position_embeddings'][0, 1:],
+                               atol=1e-6, rtol=0)
 
 
 def test_predictions_mask_and_loss_equal_hugging_faces_vit_mae():
@@ -97,6 +109,20 @@ def test_per_patch_normalised_loss_equals_hugging_faces():
 
 
 # what defines MAE
+
+
+def test_decoder_positions_are_the_papers_sin_cos_formula():
+    height, width, dim = 2, 3, 8                          # frequencies 10000 ** -(i / 2), i = 0, 1
+    frequencies = [10000 ** -(i / (dim / 4)) for i in range(dim // 4)]
+    rows = []
+    for y in range(height):
+        for x in range(width):
+            rows.append([math.sin(x * w) for w in frequencies] + [math.cos(x * w) for w in frequencies]
+                        + [math.sin(y * w) for w in frequencies] + [math.cos(y * w) for w in frequencies])
+    torch.testing.assert_close(sincos_2d(height, width, dim), torch.tensor(rows), atol=1e-6, rtol=0)
+    table = decoder_table(2, (height, width), dim)
+    assert table.shape == (2 + 6, 8) and table[:2].abs().max() == 0
+    torch.testing.assert_close(table[2:], torch.tensor(rows), atol=1e-6, rtol=0)
 
 
 def test_the_encoder_never_sees_a_hidden_patch():

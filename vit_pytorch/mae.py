@@ -32,10 +32,12 @@ its hidden neighbours) nor with patch dropout while training (it drops visible t
 decoder needs; a ValueError says so).
 
 Differences: as the paper's code and Hugging Face's `ViTMAEForPreTraining` (whose outputs these
-tests reproduce on a committed fixture), the prefix tokens (cls) go through the decoder and the
-decoder's position table is a fixed 2D sin-cos table (zeros for the prefix rows), and
-`int(n * (1 - masking_ratio))` patches stay visible; vit-pytorch drops the cls token, learns the
-decoder's positions and hides `int(n * masking_ratio)` patches. The decoder (`mae.decoder`, a
+tests reproduce on a committed fixture), the prefix tokens (cls) go through the decoder, the
+decoder's position table is the paper's fixed 2D sin-cos table (`sincos_2d`: frequencies
+10000 ** -(i / (d / 4)), column before row, as its util/pos_embed.py; zeros for the prefix rows;
+not SimpleViT's table, whose frequencies differ), and `int(n * (1 - masking_ratio))` patches
+stay visible; vit-pytorch drops the cls token, learns the decoder's positions and hides
+`int(n * masking_ratio)` patches. The decoder (`mae.decoder`, a
 `vit.Transformer` of `decoder_depth` pre-norm layers with MLP width 4 x `decoder_dim`, then a
 LayerNorm) has vit-pytorch's blocks: no qkv bias, LayerNorm epsilon 1e-5; assign another
 `vit.encoder(...)` to `mae.decoder` for the paper's (qkv bias, epsilon 1e-6).
@@ -46,7 +48,6 @@ from einops import rearrange, repeat
 from torch import nn
 
 from vit_pytorch import vit
-from vit_pytorch.simple_vit import posemb_sincos_2d
 
 
 class MAE(nn.Module):
@@ -164,9 +165,27 @@ class MAE(nn.Module):
         return masked, reconstruction
 
 
+def sincos_2d(height, width, dim, temperature=10000, device=None):
+    """The MAE paper's fixed 2D sin-cos table, (height * width, dim), rows in row-major grid order.
+
+    A quarter of the channels each holds sin(x w), cos(x w), sin(y w), cos(y w) for column x and
+    row y, with frequencies w = temperature ** -(i / (dim / 4)), i = 0 .. dim / 4 - 1: the paper's
+    util/pos_embed.py, and Hugging Face's ViTMAE once its halves are swapped back as its code does.
+    SimpleViT's `posemb_sincos_2d` has vit-pytorch's w = temperature ** -(i / (dim / 4 - 1)).
+    Computed in float64 as the paper's numpy code (float32 on MPS, which has no float64).
+    """
+    work = torch.float32 if torch.device(device or 'cpu').type == 'mps' else torch.float64
+    y, x = torch.meshgrid(torch.arange(height, dtype=work, device=device),
+                          torch.arange(width, dtype=work, device=device), indexing='ij')
+    omega = temperature ** -(torch.arange(dim // 4, dtype=work, device=device) / (dim // 4))   # (dim / 4,)
+    x = rearrange(x, 'h w -> (h w) 1') * omega                                          # (h * w, dim / 4)
+    y = rearrange(y, 'h w -> (h w) 1') * omega
+    return torch.cat((x.sin(), x.cos(), y.sin(), y.cos()), dim=1).float()
+
+
 def decoder_table(num_prefix_tokens, grid, dim, device=None):
-    """Zeros for the prefix tokens, then the 2D sin-cos table of the (h, w) grid: (prefix + h * w, dim)."""
-    table = posemb_sincos_2d(*grid, dim, device=device)
+    """Zeros for the prefix tokens, then the paper's 2D sin-cos table of the (h, w) grid: (prefix + h * w, dim)."""
+    table = sincos_2d(*grid, dim, device=device)
     return torch.cat((table.new_zeros(num_prefix_tokens, dim), table))
 
 
