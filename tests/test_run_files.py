@@ -14,6 +14,7 @@ import torch
 
 from vit_pytorch import checkpoint as ckpt
 from vit_pytorch import pretrain, train
+from vit_pytorch.evaluate import main as evaluate_main
 from vit_pytorch.models import build_model
 
 TINY = ['--threads', '1', '--dim', '32', '--depth', '2', '--heads', '2', '--dim-head', '16', '--mlp-dim', '64']
@@ -207,8 +208,19 @@ def edit_json(**changes):
     return edit
 
 
+def edit_data(**changes):
+    def edit(file):
+        config = json.loads(file.read_text())
+        config['data'].update(changes)
+        file.write_text(json.dumps(config))
+    return edit
+
+
 @pytest.mark.parametrize('damage', [invalid_utf8, a_folder_in_its_place, edit_json(model_kwargs=[1, 2]),
-                                    edit_json(model=3)], ids=['utf8', 'folder', 'kwargs-list', 'model-number'])
+                                    edit_json(model=3), edit_json(version='1'), edit_data(mean='0.5'),
+                                    edit_data(channels=[1])],
+                         ids=['utf8', 'folder', 'kwargs-list', 'model-number', 'version-string', 'mean-string',
+                              'channels-list'])
 def test_a_damaged_config_file_is_a_checkpoint_error_naming_it(copy, damage):
     file = copy / 'checkpoint' / 'config.json'
     damage(file)
@@ -219,10 +231,10 @@ def test_a_damaged_config_file_is_a_checkpoint_error_naming_it(copy, damage):
 
 @pytest.mark.parametrize('damage', [
     invalid_utf8, a_folder_in_its_place, edit_json(args=['--epochs', '1']), edit_json(history=None),
-    edit_json(history='epoch 1'), edit_json(epoch='1'), edit_json(epoch=5), edit_json(elapsed=[]),
-    edit_json(optimizer=None),
-], ids=['utf8', 'folder', 'args-list', 'no-history', 'history-string', 'epoch-string', 'epoch-not-history',
-        'elapsed-list', 'no-optimizer'])
+    edit_json(history='epoch 1'), edit_json(history=[dict(epoch='1')]), edit_json(epoch='1'), edit_json(epoch=5),
+    edit_json(elapsed=[]), edit_json(optimizer=None),
+], ids=['utf8', 'folder', 'args-list', 'no-history', 'history-string', 'history-unnumbered', 'epoch-string',
+        'epoch-not-history', 'elapsed-list', 'no-optimizer'])
 def test_a_damaged_state_file_is_a_checkpoint_error_naming_it(copy, damage):
     folder = copy / 'checkpoint'
     damage(folder / 'state.json')
@@ -251,3 +263,11 @@ def test_weights_of_another_model_in_a_run_without_config_json_are_refused_as_no
     assert run('--out', copy, '--resume', '--epochs', 2, '--quiet') == 2
     line = one_error_line(capsys)
     assert str(folder) in line and "'swin'" in line and "'vit'" in line and 'do not fit' in line, line
+
+
+def test_evaluating_a_checkpoint_whose_config_lacks_the_datas_normalisation_is_one_error_line(copy, capsys):
+    config = copy / 'checkpoint' / 'config.json'
+    edit_data(mean=None)(config)
+    assert evaluate_main([str(copy / 'checkpoint')]) == 2
+    line = one_error_line(capsys)
+    assert str(copy / 'checkpoint') in line and 'mean' in line and 'config.json' in line

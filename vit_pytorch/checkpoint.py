@@ -169,6 +169,8 @@ def _check_config(config, source):
     if config.get('format') != FORMAT:
         raise CheckpointError(f"{source} is not a vit_pytorch training checkpoint (format "
                               f"{config.get('format')!r}, expected {FORMAT!r})")
+    if not _is_kind(config.get('version', 0), int):
+        raise CheckpointError(f"{source}: 'version' must be an integer, got {config['version']!r}")
     if config.get('version', 0) > VERSION:
         raise CheckpointError(f"{source} was written by a newer vit_pytorch (checkpoint version "
                               f"{config['version']}, this one reads up to {VERSION}); upgrade vit_pytorch")
@@ -178,8 +180,18 @@ def _check_config(config, source):
         if not isinstance(config[key], kind):
             raise CheckpointError(f"{source}: {key!r} must be a JSON {_JSON_NAMES[kind]}, got "
                                   f"{type(config[key]).__name__} {config[key]!r}")
-    if not isinstance(config.get('data', {}), dict):
-        raise CheckpointError(f"{source}: 'data' must be a JSON object, got {type(config['data']).__name__}")
+    data = config.get('data', {})
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{source}: 'data' must be a JSON object, got {type(data).__name__}")
+    for key, fits in (('channels', lambda value: _is_kind(value, int)),
+                      ('image_size', lambda value: _is_kind(value, int) or (
+                          isinstance(value, list) and all(_is_kind(side, int) for side in value))),
+                      ('mean', lambda value: isinstance(value, list) and all(_is_kind(x, float) for x in value)),
+                      ('std', lambda value: isinstance(value, list) and all(_is_kind(x, float) for x in value)),
+                      ('classes', lambda value: isinstance(value, list))):
+        if data.get(key) is not None and not fits(data[key]):
+            raise CheckpointError(f"{source}: 'data.{key}' is {_shorten(data[key])}, which is not a {key} "
+                                  f"(corrupt, or edited by hand?)")
     return config
 
 
@@ -256,9 +268,10 @@ def load_state(path):
         raise CheckpointError(f"{state_file}: 'epoch' {state['epoch']} and 'elapsed' {state['elapsed']} must be "
                               f"counts of epochs and seconds, at least 0")
     history = state['history']
-    if len(history) != state['epoch'] or not all(isinstance(record, dict) for record in history):
+    if [record.get('epoch') if isinstance(record, dict) else None for record in history] != \
+            list(range(1, state['epoch'] + 1)):
         raise CheckpointError(f"{state_file}: 'history' must hold one JSON object per epoch done ({state['epoch']}), "
-                              f"got {_shorten(history)}")
+                              f"numbered from 1, got {_shorten(history)}")
     rest = state['optimizer']
     groups, scalars = rest.get('param_groups'), rest.get('scalars', {})
     if not isinstance(groups, list) or not groups or not all(
