@@ -9,9 +9,11 @@ A checkpoint is a folder:
     optimizer.safetensors  optimizer tensors (AdamW moments and step counts), for --resume
     state.json             epoch, step, optimizer hyperparameters, the log so far, the run's arguments
 
-Nothing is unpickled: tensors come from safetensors and everything else from JSON. A folder is
-written next to the old one and swapped in, so an interruption leaves the previous checkpoint
-whole.
+Nothing is unpickled: tensors come from safetensors and everything else from JSON. Both weight
+files carry a sha256 of their tensors in their header, checked on reading. Every file is read
+into memory whole (no memory map stays open on it), and every file that cannot be read or does
+not hold what it should is a `CheckpointError` naming it. A folder is written next to the old one
+and swapped in, so an interruption leaves the previous checkpoint whole.
 
     from vit_pytorch.checkpoint import load_model
 
@@ -20,6 +22,8 @@ whole.
 
 import hashlib
 import json
+import math
+import re
 import shutil
 from pathlib import Path
 
@@ -75,7 +79,7 @@ def save_checkpoint(directory, *, model, config, optimizer=None, state=None):
     (staging / CONFIG_FILE).write_text(config_text + '\n')
     if optimizer is not None:
         tensors, rest = _optimizer_tensors(optimizer)
-        (staging / OPTIMIZER_FILE).write_bytes(safetensors.torch.save(tensors))
+        (staging / OPTIMIZER_FILE).write_bytes(safetensors.torch.save(tensors, metadata={'sha256': _digest(tensors)}))
         (staging / STATE_FILE).write_text(json.dumps(dict(state or {}, optimizer=rest), indent=1) + '\n')
 
     # swap: the old folder is removed only once the new one is complete
@@ -114,20 +118,41 @@ def _locate(path):
     raise CheckpointError(f"no checkpoint at {path}: expected a folder with {MODEL_FILE} and {CONFIG_FILE}{hint}")
 
 
-def _read_tensors(file, what):
-    safetensors = _safetensors()
+def _read_bytes(file, what):
+    """The whole of `file`, in memory: a CheckpointError naming it when it is missing or not a readable file."""
     if not file.exists():
         raise CheckpointError(f"checkpoint file {file} is missing ({what})")
     try:
-        with safetensors.safe_open(str(file), framework='pt') as handle:
-            metadata = handle.metadata() or {}
-            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+        return file.read_bytes()
+    except OSError as error:                                         # a folder in its place, no permission, ...
+        raise CheckpointError(f"cannot read {file} ({what}): {error.strerror or error}") from error
+
+
+def _read_tensors(file, what):
+    """(tensors, header metadata) of a safetensors file, read into memory: nothing is left mapped onto the file,
+    which may then be rewritten in place without pulling the pages from under the tensors (SIGBUS)."""
+    safetensors = _safetensors()
+    data = _read_bytes(file, what)
+    try:
+        tensors = safetensors.torch.load(data)                      # each tensor owns a copy of its bytes
+        header = json.loads(data[8:8 + int.from_bytes(data[:8], 'little')])
     except Exception as error:  # safetensors raises its own SafetensorError for bad headers and sizes
         raise CheckpointError(f"cannot read {file} ({what}): the file is corrupt, truncated or not "
                               f"safetensors ({error})") from error
+    metadata = header.get('__metadata__') or {}
     if 'sha256' in metadata and _digest(tensors) != metadata['sha256']:
         raise CheckpointError(f"{file} ({what}) is corrupt: its tensors do not match the checksum saved with them")
     return tensors, metadata
+
+
+def _read_json(file, what):
+    """The JSON object in `file`; a CheckpointError naming the file for anything else."""
+    data = _read_bytes(file, what)
+    try:
+        text = data.decode('utf-8')
+    except UnicodeDecodeError as error:
+        raise CheckpointError(f"{file} ({what}) is not UTF-8 text (corrupt?): {error}") from error
+    return _parse_json(text, file)
 
 
 def _parse_json(text, source):
@@ -144,12 +169,29 @@ def _check_config(config, source):
     if config.get('format') != FORMAT:
         raise CheckpointError(f"{source} is not a vit_pytorch training checkpoint (format "
                               f"{config.get('format')!r}, expected {FORMAT!r})")
+    if not _is_kind(config.get('version', 0), int):
+        raise CheckpointError(f"{source}: 'version' must be an integer, got {config['version']!r}")
     if config.get('version', 0) > VERSION:
         raise CheckpointError(f"{source} was written by a newer vit_pytorch (checkpoint version "
                               f"{config['version']}, this one reads up to {VERSION}); upgrade vit_pytorch")
-    for key in ('model', 'model_kwargs'):
+    for key, kind in (('model', str), ('model_kwargs', dict)):
         if key not in config:
             raise CheckpointError(f"{source} lacks the entry {key!r}")
+        if not isinstance(config[key], kind):
+            raise CheckpointError(f"{source}: {key!r} must be a JSON {_JSON_NAMES[kind]}, got "
+                                  f"{type(config[key]).__name__} {config[key]!r}")
+    data = config.get('data', {})
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{source}: 'data' must be a JSON object, got {type(data).__name__}")
+    for key, fits in (('channels', lambda value: _is_kind(value, int)),
+                      ('image_size', lambda value: _is_kind(value, int) or (
+                          isinstance(value, list) and all(_is_kind(side, int) for side in value))),
+                      ('mean', lambda value: isinstance(value, list) and all(_is_kind(x, float) for x in value)),
+                      ('std', lambda value: isinstance(value, list) and all(_is_kind(x, float) for x in value)),
+                      ('classes', lambda value: isinstance(value, list))):
+        if data.get(key) is not None and not fits(data[key]):
+            raise CheckpointError(f"{source}: 'data.{key}' is {_shorten(data[key])}, which is not a {key} "
+                                  f"(corrupt, or edited by hand?)")
     return config
 
 
@@ -158,7 +200,7 @@ def load_config(path):
     folder, model_file = _locate(path)
     config_file = folder / CONFIG_FILE
     if config_file.exists():
-        return _check_config(_parse_json(config_file.read_text(), config_file), config_file)
+        return _check_config(_read_json(config_file, 'model configuration'), config_file)
     _, metadata = _read_tensors(model_file, 'model weights')
     if 'config' not in metadata:
         raise CheckpointError(f"{config_file} is missing and {model_file} carries no configuration in its header")
@@ -207,28 +249,135 @@ def load_model(path, *, device='cpu'):
     return model.to(device).eval(), config
 
 
-def load_training_state(path, optimizer):
-    """Restore `optimizer` from the checkpoint at `path`; returns the JSON training state (epoch, log, ...)."""
+def load_state(path):
+    """The JSON training state of the checkpoint at `path` (epoch, elapsed, history, args, optimizer), its
+    schema checked: a CheckpointError naming state.json for a missing file or any entry of the wrong kind."""
     folder, _ = _locate(path)
     state_file = folder / STATE_FILE
     if not state_file.exists():
         raise CheckpointError(f"{folder} has no training state ({STATE_FILE}): it holds weights only and cannot "
                               f"be resumed; start a new run from it instead")
-    state = _parse_json(state_file.read_text(), state_file)
-    tensors, _ = _read_tensors(folder / OPTIMIZER_FILE, 'optimizer state')
-    rest = state.pop('optimizer', None)
-    if not isinstance(rest, dict) or 'param_groups' not in rest:
-        raise CheckpointError(f"{state_file} lacks the optimizer's hyperparameters")
+    state = _read_json(state_file, 'training state')
+    for key, kind in (('epoch', int), ('elapsed', float), ('history', list), ('args', dict), ('optimizer', dict)):
+        if key not in state:
+            raise CheckpointError(f"{state_file} lacks the entry {key!r} (corrupt, or not written by vit_pytorch?)")
+        if not _is_kind(state[key], kind):
+            raise CheckpointError(f"{state_file}: {key!r} must be a JSON {_JSON_NAMES[kind]}, got "
+                                  f"{type(state[key]).__name__} {_shorten(state[key])}")
+    if state['epoch'] < 0 or not math.isfinite(state['elapsed']) or state['elapsed'] < 0:
+        raise CheckpointError(f"{state_file}: 'epoch' {state['epoch']} and 'elapsed' {state['elapsed']} must be "
+                              f"counts of epochs and seconds, at least 0")
+    history = state['history']
+    if [record.get('epoch') if isinstance(record, dict) else None for record in history] != \
+            list(range(1, state['epoch'] + 1)):
+        raise CheckpointError(f"{state_file}: 'history' must hold one JSON object per epoch done ({state['epoch']}), "
+                              f"numbered from 1, got {_shorten(history)}")
+    rest = state['optimizer']
+    groups, scalars = rest.get('param_groups'), rest.get('scalars', {})
+    if not isinstance(groups, list) or not groups or not all(
+            isinstance(group, dict) and isinstance(group.get('params'), list) for group in groups):
+        raise CheckpointError(f"{state_file}: 'optimizer.param_groups' must be a list of JSON objects with "
+                              f"'params', got {_shorten(groups)}")
+    if not isinstance(scalars, dict):
+        raise CheckpointError(f"{state_file}: 'optimizer.scalars' must be a JSON object, got {_shorten(scalars)}")
+    return state
+
+
+def load_training_state(path, optimizer):
+    """Restore `optimizer` from the checkpoint at `path`; returns the JSON training state (epoch, log, ...).
+
+    The optimizer file is checked before anything is restored: its checksum, every key (`state.<index>.<name>`
+    of one of the optimizer's parameters), every tensor's shape (a step count is a scalar, every other tensor
+    has its parameter's shape), finite values and non-negative second moments; a CheckpointError names the
+    file and the key."""
+    folder, _ = _locate(path)
+    state = load_state(folder)
+    state_file, optimizer_file = folder / STATE_FILE, folder / OPTIMIZER_FILE
+    tensors, _ = _read_tensors(optimizer_file, 'optimizer state')
+    rest = state.pop('optimizer')
+    groups = rest['param_groups']
+    if [len(group['params']) for group in groups] != [len(group['params']) for group in optimizer.param_groups]:
+        raise CheckpointError(
+            f"{state_file}: the optimizer's parameter groups hold {[len(group['params']) for group in groups]} "
+            f"parameters, this model's optimizer {[len(group['params']) for group in optimizer.param_groups]}: "
+            f"the checkpoint is of another model")
+    for saved, group in zip(groups, optimizer.param_groups):
+        for name, value in group.items():
+            if name != 'params' and name in saved and not _same_kind(saved[name], value):
+                raise CheckpointError(f"{state_file}: the optimizer's {name!r} is {saved[name]!r}, expected a "
+                                      f"value like {value!r}")
+    parameters = dict(zip((index for group in groups for index in group['params']),
+                          (parameter for group in optimizer.param_groups for parameter in group['params'])))
+
     optimizer_state = {}
     for key, value in tensors.items():
-        _, index, name = key.split('.', 2)
-        optimizer_state.setdefault(int(index), {})[name] = value
+        index, name = _state_key(key, r'state\.(\d+)\.(\w+)', 'state.<index>.<name>', parameters, optimizer_file)
+        _check_moment(value, name, parameters[index], key, optimizer_file)
+        optimizer_state.setdefault(index, {})[name] = value
     for key, value in rest.get('scalars', {}).items():
-        index, name = key.split('.', 1)
-        optimizer_state.setdefault(int(index), {})[name] = value
+        index, name = _state_key(key, r'(\d+)\.(\w+)', '<index>.<name>', parameters, state_file)
+        optimizer_state.setdefault(index, {})[name] = value
+    kinds = {frozenset(entries) for entries in optimizer_state.values()}
+    if len(kinds) > 1:
+        raise CheckpointError(f"{optimizer_file} is incomplete: its parameters hold different entries "
+                              f"({', '.join(sorted(map(str, map(sorted, kinds))))})")
     try:
-        optimizer.load_state_dict(dict(state=optimizer_state, param_groups=rest['param_groups']))
-    except (ValueError, KeyError, RuntimeError) as error:
+        optimizer.load_state_dict(dict(state=optimizer_state, param_groups=groups))
+    except (ValueError, KeyError, TypeError, RuntimeError) as error:
         raise CheckpointError(f"the optimizer state in {folder} does not fit this model's optimizer: {error}") \
             from error
     return state
+
+
+# the parts of a file's contents: what each must be
+
+_JSON_NAMES = {int: 'integer', float: 'number', str: 'string', list: 'list', dict: 'object'}
+
+
+def _is_kind(value, kind):
+    """Whether the JSON value is of `kind` (a number may be an integer; a bool is neither)."""
+    if isinstance(value, bool):
+        return kind is bool
+    return isinstance(value, (int, float) if kind is float else kind)
+
+
+def _same_kind(saved, current):
+    """Whether a hyperparameter read from JSON can stand where the optimizer's `current` value is."""
+    if current is None or isinstance(current, bool):
+        return saved is None or isinstance(saved, bool)
+    if isinstance(current, (int, float)):
+        return _is_kind(saved, float) and math.isfinite(saved)
+    if isinstance(current, (tuple, list)):
+        return isinstance(saved, list) and len(saved) == len(current) and all(map(_same_kind, saved, current))
+    return isinstance(saved, type(current))
+
+
+def _shorten(value, limit=80):
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + '...'
+
+
+def _state_key(key, pattern, form, parameters, file):
+    """(parameter index, entry name) of an optimizer entry's key, which must name one of the parameters."""
+    match = re.fullmatch(pattern, key)
+    if match is None or int(match[1]) not in parameters:
+        raise CheckpointError(f"{file}: the optimizer entry {key!r} is malformed or names no parameter of this "
+                              f"model's optimizer (expected {form}, the index one of its {len(parameters)} "
+                              f"parameters)")
+    return int(match[1]), match[2]
+
+
+def _check_moment(value, name, parameter, key, file):
+    """An optimizer tensor: a finite scalar step count >= 0, or a finite tensor of its parameter's shape (a second
+    moment, a mean of squares, also >= 0)."""
+    shape = () if name == 'step' else tuple(parameter.shape)
+    if tuple(value.shape) != shape:
+        raise CheckpointError(f"{file}: {key} has shape {tuple(value.shape)}, expected {shape}"
+                              + ('' if name == 'step' else ' (its parameter\'s)'))
+    if not value.is_floating_point() and name != 'step':
+        raise CheckpointError(f"{file}: {key} is {value.dtype}, expected a floating-point tensor")
+    if not torch.isfinite(value).all():
+        raise CheckpointError(f"{file}: {key} holds non-finite values (NaN or infinity)")
+    if (name == 'step' or name.endswith('exp_avg_sq')) and (value < 0).any():
+        raise CheckpointError(f"{file}: {key} holds negative values, which a "
+                              f"{'step count' if name == 'step' else 'mean of squares'} cannot")

@@ -294,6 +294,11 @@ def main(argv=None):
             raise CheckpointError(f"{args.checkpoint} does not say what data it was trained on; pass --data")
         chosen = data_source(source)
         require(*chosen.requires, purpose=f'python -m vit_pytorch.evaluate on {source}', extra=chosen.extra)
+        missing = [key for key in ('channels', 'mean', 'std') + (() if args.image_size else ('image_size',))
+                   if data_config.get(key) is None]
+        if missing:
+            raise CheckpointError(f"the configuration of {args.checkpoint} lacks the data's {', '.join(missing)} "
+                                  f"(config.json, 'data'): corrupt, or not written by vit_pytorch.train?")
         split = args.split or data_config.get('test_split') or chosen.test_split
         image_size = args.image_size or data_config['image_size']
         data = chosen.load(split, image_size=image_size, channels=data_config['channels'],

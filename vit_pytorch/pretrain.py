@@ -61,11 +61,11 @@ import torch
 from torch import nn
 
 from vit_pytorch import analysis, models
-from vit_pytorch.checkpoint import load_config, load_training_state, load_weights, save_checkpoint
+from vit_pytorch.checkpoint import CheckpointError, load_config, load_training_state, load_weights, save_checkpoint
 from vit_pytorch.evaluate import autocast, data_source, normalise, require
 from vit_pytorch.recorder import Recorder
-from vit_pytorch.train import (_HelpFormatter, _progress, _restore_arguments, _run_name, _write, epoch_batches,
-                               epoch_seed, learning_rate, model_config, parameter_groups,
+from vit_pytorch.train import (_HelpFormatter, _progress, _restore_arguments, _run_name, _write, check_step,
+                               check_weights, epoch_batches, epoch_seed, learning_rate, model_config, parameter_groups,
                                pick_examples, run_command, setup_distributed, share, translate)
 from vit_pytorch.train import parse_args as parse_training_args
 
@@ -253,6 +253,9 @@ def _pretrain(args, model_kwargs, rank, world_size, device):
     try:
         encoder = models.build_model(args.model, **kwargs)
     except TypeError as error:
+        if resumed is not None:                                    # the kwargs came from the checkpoint's config
+            raise CheckpointError(f"cannot build model {args.model!r} from the configuration in {resumed} "
+                                  f"({kwargs}): {error}") from error
         raise ValueError(f"cannot build model {args.model!r} with {kwargs}: {error}") from error
     try:
         learner = build_learner(args, encoder, image_size=image_size, mean=mean, std=std).to(device)
@@ -329,8 +332,11 @@ def _pretrain(args, model_kwargs, rank, world_size, device):
             loss.backward()
             if args.method == 'dino' and epoch < args.freeze_last_layer:
                 learner.cancel_last_layer_gradients()
-            if args.clip_grad > 0:
-                nn.utils.clip_grad_norm_(learner.parameters(), args.clip_grad)
+            # the norm is measured anyway (inf: no clipping); a NaN or infinite one would poison every weight
+            grad_norm = nn.utils.clip_grad_norm_(learner.parameters(),
+                                                 args.clip_grad if args.clip_grad > 0 else math.inf)
+            check_step(loss.item(), grad_norm.item(), epoch=epoch, step=step, steps=steps_per_epoch, lr=lr, args=args,
+                       kept=out / 'pretrainer', world_size=world_size, device=device, what=f'{args.method} loss')
             optimizer.step()
             if args.method == 'dino':
                 learner.update_moving_average(decay=decay)
@@ -353,6 +359,7 @@ def _pretrain(args, model_kwargs, rank, world_size, device):
             teacher_entropy, mean_entropy = (entropies / totals[1]).tolist()
             record.update(teacher_temp=temperature, teacher_decay=decay, teacher_entropy=teacher_entropy,
                           teacher_mean_entropy=mean_entropy, uniform_entropy=math.log(args.num_classes_k))
+        check_weights(learner, epoch=epoch, args=args, kept=out / 'pretrainer')
         history.append(record)
         if main_process:
             with open(out / 'log.jsonl', 'a') as log:

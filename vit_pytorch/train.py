@@ -68,7 +68,8 @@ from einops import pack, rearrange, unpack
 from torch import nn
 
 from vit_pytorch import analysis, models, plots
-from vit_pytorch.checkpoint import CheckpointError, load_config, load_training_state, load_weights, save_checkpoint
+from vit_pytorch.checkpoint import (CheckpointError, load_config, load_state, load_training_state, load_weights,
+                                    save_checkpoint)
 from vit_pytorch.evaluate import MissingExtra, autocast, data_source, evaluate, normalise, require
 from vit_pytorch.recorder import Recorder
 
@@ -370,15 +371,9 @@ def _same_setting(name, mine, theirs):
 def _restore_arguments(args, model_kwargs, checkpoint):
     """The run's arguments and model kwargs from the checkpoint, with the command line's run options,
     --epochs and --lr; a ValueError names every other option given with a value unlike the run's."""
-    state_file = Path(checkpoint) / 'state.json'
-    if not state_file.exists():
-        raise CheckpointError(f"cannot resume: {checkpoint} has no training state (state.json); "
-                              f"it holds weights only")
-    try:
-        saved = json.loads(state_file.read_text())['args']
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
-        raise CheckpointError(f"cannot resume: {state_file} is corrupt or truncated ({error})") from error
+    saved = load_state(checkpoint)['args']
     config = load_config(checkpoint)
+    _check_saved_arguments(args, saved, config, checkpoint)
     given, conflicts = _given(args), []
     for name, value in saved.items():
         if name in RUNTIME_ARGUMENTS or (name in given and name in CONTINUABLE_ARGUMENTS):
@@ -403,6 +398,31 @@ def _restore_arguments(args, model_kwargs, checkpoint):
     return args, saved_kwargs
 
 
+def _check_saved_arguments(args, saved, config, checkpoint):
+    """A CheckpointError naming state.json when a saved argument is not of the kind its option takes (a flag, a
+    number, a string), or when the checkpoint's weights were saved for another model than the run's."""
+    state_file = Path(checkpoint) / 'state.json'
+    for name, value in saved.items():
+        default = getattr(args, name, None)
+        if default is not None and value is not None and _json_kind(value) != _json_kind(default):
+            raise CheckpointError(f"{state_file}: the run's argument {name!r} is {value!r}, expected a "
+                                  f"{_json_kind(default)} like {default!r} (corrupt, or edited by hand?)")
+    if 'model' in saved and config['model'] != saved['model']:
+        raise CheckpointError(
+            f"the weights in {checkpoint} were saved for model {config['model']!r}, and its state.json is of a "
+            f"run of {saved['model']!r}: the files' keys do not fit the model being built; were files from two "
+            f"runs mixed?")
+
+
+def _json_kind(value):
+    """'flag', 'number', 'string' or 'list': an option that takes floats may have an integer default."""
+    if isinstance(value, bool):
+        return 'flag'
+    if isinstance(value, (int, float)):
+        return 'number'
+    return 'string' if isinstance(value, str) else 'list' if isinstance(value, (list, tuple)) else 'object'
+
+
 def _format_seconds(seconds):
     seconds = int(round(seconds))
     return f'{seconds // 60}:{seconds % 60:02d}'
@@ -410,6 +430,46 @@ def _format_seconds(seconds):
 
 def _warn(line):
     print(f"warning: {line}", file=sys.stderr, flush=True)
+
+
+# divergence: a NaN or infinite loss stops the run before it can be saved over the last good checkpoint
+
+
+class TrainingDiverged(ValueError):
+    """The loss, the gradients or the weights became NaN or infinite: the run stops, nothing more is saved."""
+
+
+def check_step(loss, grad_norm, *, epoch, step, steps, lr, args, kept, world_size, device, what='training loss'):
+    """Raise TrainingDiverged, before the optimizer steps, when this step's loss or gradient norm is not finite
+    on any process. `kept`: the checkpoint folder the run saved last (its previous epoch's)."""
+    bad = not (math.isfinite(loss) and math.isfinite(grad_norm))
+    if world_size > 1:                          # every process stops at the same step, or the others wait forever
+        flag = torch.tensor([float(bad)], device=device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        bad = flag.item() > 0
+    if bad:
+        raise TrainingDiverged(
+            f"the {what} became {loss:g} (gradient norm {grad_norm:g}) at epoch {epoch + 1}, step {step + 1}/"
+            f"{steps}, learning rate {lr:.3g}: {_divergence_advice(args, epoch, kept)}")
+
+
+def check_weights(model, *, epoch, args, kept, test_loss=None):
+    """Raise TrainingDiverged when, after an epoch, a weight (or the test loss) is NaN or infinite."""
+    broken = [name for name, tensor in model.state_dict().items()
+              if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
+    if broken:
+        shown = ', '.join(broken[:3]) + (f' and {len(broken) - 3} more' if len(broken) > 3 else '')
+        raise TrainingDiverged(f"after epoch {epoch + 1} the weights hold NaN or infinite values ({shown}): "
+                               f"{_divergence_advice(args, epoch, kept)}")
+    if test_loss is not None and not math.isfinite(test_loss):
+        raise TrainingDiverged(f"after epoch {epoch + 1} the test loss is {test_loss:g}: "
+                               f"{_divergence_advice(args, epoch, kept)}")
+
+
+def _divergence_advice(args, epoch, kept):
+    saved = f"the checkpoint of epoch {epoch} in {kept} is kept" if epoch else "no checkpoint was written"
+    return (f"the run diverged, most likely because the learning rate is too high (--lr {args.lr:g}); "
+            f"nothing of epoch {epoch + 1} was saved and {saved}; try a lower --lr")
 
 
 # the run
@@ -489,6 +549,9 @@ def _train(args, model_kwargs, rank, world_size, device):
     try:
         model = models.build_model(args.model, **kwargs).to(device)
     except TypeError as error:
+        if checkpoint is not None:                                # the kwargs came from the checkpoint's config
+            raise CheckpointError(f"cannot build model {args.model!r} from the configuration in {checkpoint} "
+                                  f"({kwargs}): {error}") from error
         raise ValueError(f"cannot build model {args.model!r} with {kwargs}: {error}") from error
     if initial is not None:
         load_weights(model, args.init, config=initial)
@@ -572,8 +635,11 @@ def _train(args, model_kwargs, rank, world_size, device):
             logits = sum(output.detach().float() for output in outputs)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            if args.clip_grad > 0:
-                nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)
+            # the norm is measured anyway (inf: no clipping); a NaN or infinite one would poison every weight
+            grad_norm = nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad if args.clip_grad > 0 else
+                                                 math.inf)
+            check_step(loss_sum.item(), grad_norm.item(), epoch=epoch, step=step, steps=steps_per_epoch, lr=lr,
+                       args=args, kept=out / 'checkpoint', world_size=world_size, device=device)
             optimizer.step()
 
             totals += torch.tensor([loss_sum.item(), (logits.argmax(-1) == labels).sum().item(), len(labels)],
@@ -598,6 +664,7 @@ def _train(args, model_kwargs, rank, world_size, device):
                       train_accuracy=totals[1].item() / totals[2].item(), train_images=int(totals[2].item()),
                       test_loss=tested['loss'], test_accuracy=tested['accuracy'], epoch_seconds=seconds,
                       images_per_second=len(train_set) / seconds, elapsed_seconds=elapsed)
+        check_weights(model, epoch=epoch, args=args, kept=out / 'checkpoint', test_loss=tested['loss'])
         history.append(record)
         if main_process:
             with open(out / 'log.jsonl', 'a') as log:
