@@ -48,6 +48,10 @@ Written to --out (default runs/<data>-<model>-<method>):
   curves.png    the loss per epoch
   reconstructions.png  (MAE, SimMIM) test images, masked, and reconstructed, as MAE's figure 2
   attention.png (DINO, a model with a cls token) the last layer's cls attention per head on test images
+
+As in the training command, one run at a time holds --out, a new run over another's files is
+refused unless --resume or --overwrite (which moves them to <out>/previous-<n>/) is given, and a
+model with BatchNorm trains on no last batch of fewer than 2 images per process.
 """
 
 import argparse

@@ -30,7 +30,10 @@ one of 3). Under torchrun each process takes a contiguous part of every batch; a
 batch is split as evenly as it goes (67 images on 2 processes: 33 and 34, 1 image: 0 and 1).
 Each process sums its images' losses, divides by the whole batch's size and multiplies by the
 number of processes; DDP averages the processes' gradients, so that gives the gradient of the
-whole batch's mean loss, and 2 processes follow the path of 1.
+whole batch's mean loss, and 2 processes follow the path of 1. A model with BatchNorm (LeViT,
+MobileViT, CvT, ...) cannot train on one image per process (a channel of one value has no
+variance): there a last batch of fewer than 2 images per process joins the one before (70 images
+at 3: 22 batches of 3 and one of 4), as the first lines of the run say.
 
 A resumed run takes its recipe, data and model from the checkpoint. `--epochs` may grow (the
 cosine schedule is then stretched to the new end) and `--lr` may change (the new peak applies
@@ -47,7 +50,9 @@ measured on them all, as a label-efficiency experiment needs.
 
 Written to --out: log.jsonl (one JSON line per epoch), checkpoint/ (safetensors + JSON, replaced
 every epoch), curves.png, attention.png (rollout on test images of every class),
-attention_distance.png and position_similarity.png.
+attention_distance.png and position_similarity.png. One run at a time holds --out (its run.lock,
+see `vit_pytorch.run_folder`); a new run where --out holds another run's files is refused unless
+--resume continues that run or --overwrite moves its files to <out>/previous-<n>/.
 """
 
 import argparse
