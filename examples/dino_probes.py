@@ -65,6 +65,8 @@ def main(argv=None):
         if len(log_of(folder)) < args.epochs:
             argv = ['--method', 'dino', '--epochs', str(args.epochs), '--seed', '0', '--threads', str(args.threads),
                     '--quiet', '--no-plots', '--out', str(folder), *shlex.split(options)]
+            # an interrupted run continues from its checkpoint; one killed before its first save starts afresh
+            argv += ['--resume'] if (folder / 'pretrainer').exists() else ['--overwrite'] if log_of(folder) else []
             if pretrain.main(argv) != 0:
                 raise SystemExit(f"pretrain {' '.join(argv)} failed")
         last = log_of(folder)[-1]

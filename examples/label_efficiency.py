@@ -44,7 +44,10 @@ def run_once(command, folder, epochs, argv):
     """Run `command.main(argv + --out folder)` unless its log already has `epochs` epochs; the log."""
     if len(log_of(folder)) < epochs:
         started = time.process_time()
-        code = command.main([str(arg) for arg in argv] + ['--out', str(folder)])
+        # an interrupted run continues from its checkpoint; one killed before its first save starts afresh
+        state = Path(folder) / ('pretrainer' if command is pretrain else 'checkpoint')
+        again = ['--resume'] if state.exists() else ['--overwrite'] if log_of(folder) else []
+        code = command.main([str(arg) for arg in argv] + ['--out', str(folder)] + again)
         if code != 0:
             raise SystemExit(f"{command.__name__} {' '.join(map(str, argv))} failed ({code})")
         print(f"  {folder.name}: {time.process_time() - started:.0f} CPU-s", flush=True)

@@ -136,9 +136,9 @@ def test_a_second_run_reuses_the_recorded_runs(tmp_path, monkeypatch):
     assert second['runs'] == first['runs']
 
 
-def test_other_settings_start_afresh(tmp_path):
+def test_other_settings_start_afresh_with_overwrite(tmp_path):
     run(tmp_path, 'positions', '--seeds', '1', '--kinds', 'none')
-    again = run(tmp_path, 'positions', '--seeds', '1', '--kinds', 'none', '--lr', '1e-3')
+    again = run(tmp_path, 'positions', '--seeds', '1', '--kinds', 'none', '--lr', '1e-3', '--overwrite')
     assert len(again['runs']) == 1 and again['settings']['lr'] == 1e-3
 
 

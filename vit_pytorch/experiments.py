@@ -20,7 +20,9 @@ argument of the model, as there (--depth 4 gives the trainer's own).
 Written to --out (default runs/experiments/NAME): results.json (the settings, one record per
 training run, and a summary) and NAME.png. Each run's record is written as it ends, and the same
 command run again skips the runs already recorded, so an interrupted experiment continues where
-it stopped; other settings start the file afresh.
+it stopped; other settings in the same --out are refused, naming the differences, unless
+--overwrite moves the old results to <out>/previous-<n>/ (see `vit_pytorch.run_folder`; one
+command at a time holds an --out).
 """
 
 import argparse
@@ -37,7 +39,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from vit_pytorch import analysis, models, plots, train
+from vit_pytorch import analysis, models, plots, run_folder, train
 from vit_pytorch.checkpoint import CheckpointError, load_model, save_checkpoint
 from vit_pytorch.evaluate import ImageSet, MissingExtra, data_source, evaluate, normalise, require
 from vit_pytorch.flops import training_flops
@@ -63,7 +65,7 @@ ARMS = {
     'random_last': 'keep the hidden layer, randomly re-initialised last layer',
     'zero_last': 'keep the hidden layer, zero-initialised last layer',
 }
-RUN_OPTIONS = ('out', 'device', 'threads', 'quiet')
+RUN_OPTIONS = ('out', 'overwrite', 'device', 'threads', 'quiet')
 
 
 def build_parser():
@@ -104,6 +106,9 @@ def build_parser():
                       help='scaling: parts of the training set, each trained for the same number of steps')
     run = parser.add_argument_group('run')
     run.add_argument('--out', default=None, help='output folder (default: runs/experiments/NAME)')
+    run.add_argument('--overwrite', action='store_true',
+                     help='start afresh in an --out that holds results of other settings, moving them to '
+                          '<out>/previous-<n>/ (default: refuse)')
     run.add_argument('--device', default=None, help='cpu, cuda, ... (default: cuda when available)')
     run.add_argument('--threads', type=int, default=None,
                      help="CPU threads (default: 1 for the digits on CPU, else torch's)")
@@ -279,8 +284,11 @@ class Results:
         self.path = Path(out) / 'results.json'
         self.head = dict(experiment=experiment, settings=json.loads(json.dumps(settings)))
         saved = json.loads(self.path.read_text()) if self.path.exists() else {}
-        same = {key: saved.get(key) for key in self.head} == self.head
-        self.runs = saved.get('runs', []) if same else []
+        recorded = saved.get('settings', {}) if saved else self.head['settings']
+        # the settings unlike those the recorded runs were trained with
+        self.differences = [f"{name} {value!r} (recorded: {recorded.get(name)!r})"
+                            for name, value in self.head['settings'].items() if recorded.get(name) != value]
+        self.runs = [] if self.differences else saved.get('runs', [])
 
     def find(self, **key):
         return next((run for run in self.runs if all(run.get(name) == value for name, value in key.items())), None)
@@ -586,12 +594,20 @@ def run_experiment(args, model_kwargs):
         if args.threads or (source.tiny and torch.device(device).type == 'cpu'):
             # as the trainer: for models this small one thread beats several on a CPU
             torch.set_num_threads(args.threads or 1)
-        data = load_data(args)
         settings = {name: value for name, value in vars(args).items() if name not in RUN_OPTIONS}
         settings.update(model_kwargs=model_kwargs, data=source.name)
-        results = Results(args.out, args.experiment, settings)
-        summary, picture = RUNNERS[args.experiment](args, model_kwargs, data, results, device)
-        results.save(summary=summary, picture=Path(picture).name)
+        with run_folder.locked(args.out, command=f'python -m vit_pytorch.experiments {args.experiment}'):
+            run_folder.remove_unfinished_saves(args.out, ('pretrained-seed*',))
+            differences = Results(args.out, args.experiment, settings).differences
+            # --overwrite with the same settings starts afresh too
+            run_folder.check_new_run(
+                args.out, names=('results.json', '*.png', 'pretrained-seed*'),
+                continuing=not differences and not args.overwrite, overwrite=args.overwrite,
+                how_to_continue=f"the settings it was run with (this command differs in {'; '.join(differences)})")
+            data = load_data(args)
+            results = Results(args.out, args.experiment, settings)
+            summary, picture = RUNNERS[args.experiment](args, model_kwargs, data, results, device)
+            results.save(summary=summary, picture=Path(picture).name)
     finally:
         torch.set_num_threads(threads)
     return summary, picture, results.path

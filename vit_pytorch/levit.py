@@ -285,6 +285,8 @@ class LeViT(nn.Module):
 
     def forward_features(self, img):
         """The last stage's tokens: (b, h * w, dim[-1])."""
+        # the smallest map a BatchNorm sees: the stem's last (stage 0's grid) or a later stage's grid
+        self.check_training_batch(len(img), min(h * w for h, w in self.grids), where='on its smallest token grid')
         x = self.embed(img)
         for i in range(len(self.transformers)):
             x = self.stage(i, x)
@@ -305,6 +307,7 @@ class LeViT(nn.Module):
         x = tokens.mean(dim=1)
         if pre_logits or self.mlp_head is None:
             return x
+        self.check_training_batch(len(x), 1, where='in its head, on the pooled embedding')
         if self.distill_head is None:
             return self.mlp_head(x)
         logits, distill_logits = self.mlp_head(x), self.distill_head(x)
@@ -318,7 +321,17 @@ class LeViT(nn.Module):
         if self.distill_head is None:
             raise ValueError("this LeViT has no distillation head: build it with num_distill_classes=num_classes")
         x = self.forward_features(img).mean(dim=1)
+        self.check_training_batch(len(x), 1, where='in its heads, on the pooled embedding')
         return self.mlp_head(x), self.distill_head(x)
+
+    def check_training_batch(self, batch, values, *, where):
+        """A ValueError in training mode when a BatchNorm would get one value per channel (`batch` images of
+        `values` positions each), which has no variance to normalise by (PyTorch refuses it too, in its words)."""
+        if self.training and batch * values == 1:
+            raise ValueError(f"LeViT in training mode needs a batch of at least 2 images, got {batch}: its BatchNorm "
+                             f"layers normalise each channel by the batch's own mean and variance, and {where} one "
+                             f"image gives a single value per channel; call model.eval() to classify a single "
+                             f"image (BatchNorm then uses its running statistics)")
 
     def reset_classifier(self, num_classes):
         """New zero-initialised heads for `num_classes` (the distillation head too, if the model was built with

@@ -192,6 +192,13 @@ class MobileViT(nn.Module):
     def forward_features(self, img):
         """The final 1x1 convolution's map, (b, channels[-1], h / 32, w / 32) (rounded up)."""
         vit.check_images(img, channels=self.in_chans, patch_size=(1, 1), dtype=self.final_conv[0].weight.dtype)
+        smallest = math.ceil(img.shape[-2] / 32) * math.ceil(img.shape[-1] / 32)   # the final map's positions
+        if self.training and len(img) * smallest == 1:
+            raise ValueError(f"MobileViT in training mode needs a batch of at least 2 images of {img.shape[-2]}x"
+                             f"{img.shape[-1]} pixels, got {len(img)}: its BatchNorm layers normalise each channel by "
+                             f"the batch's own mean and variance, and one image this small leaves its final map "
+                             f"(stride 32) a single value per channel; call model.eval() to classify a single image "
+                             f"(BatchNorm then uses its running statistics)")
         x = self.conv1(img)
         for stage in self.stages:
             x = stage(x)

@@ -48,9 +48,14 @@ Written to --out (default runs/<data>-<model>-<method>):
   curves.png    the loss per epoch
   reconstructions.png  (MAE, SimMIM) test images, masked, and reconstructed, as MAE's figure 2
   attention.png (DINO, a model with a cls token) the last layer's cls attention per head on test images
+
+As in the training command, one run at a time holds --out, a new run over another's files is
+refused unless --resume or --overwrite (which moves them to <out>/previous-<n>/) is given, and a
+model with BatchNorm trains on no last batch of fewer than 2 images per process.
 """
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -60,18 +65,22 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vit_pytorch import analysis, models
+from vit_pytorch import analysis, models, run_folder
 from vit_pytorch.checkpoint import CheckpointError, load_config, load_training_state, load_weights, save_checkpoint
 from vit_pytorch.evaluate import autocast, data_source, normalise, require
 from vit_pytorch.recorder import Recorder
-from vit_pytorch.train import (_HelpFormatter, _progress, _restore_arguments, _run_name, _write, check_step,
-                               check_weights, epoch_batches, epoch_seed, learning_rate, model_config, parameter_groups,
-                               pick_examples, run_command, setup_distributed, share, translate)
+from vit_pytorch.train import (_HelpFormatter, _progress, _restore_arguments, _run_name, _write, check_batches,
+                               check_step, check_weights, epoch_batches, epoch_seed, learning_rate, least_batch,
+                               model_config, parameter_groups, pick_examples, run_command, setup_distributed, share,
+                               translate)
 from vit_pytorch.train import parse_args as parse_training_args
 
 METHODS = ('mae', 'simmim', 'mpp', 'dino')
 # the methods that predict hidden patches and see shifted (and flipped) images; DINO makes its own crops
 MASKED = ('mae', 'simmim', 'mpp')
+# what a run writes to --out (see run_folder): a new run over any of them is refused unless --overwrite
+RUN_FILES = ('checkpoint', 'checkpoint.old', 'pretrainer', 'pretrainer.old', 'log.jsonl', 'curves.png',
+             'reconstructions.png', 'attention.png')
 
 
 def build_parser():
@@ -133,6 +142,9 @@ def build_parser():
     run.add_argument('--resume', nargs='?', const='auto', default=None,
                      help='continue the run in --out, or the one whose pretrainer/ folder is given '
                           '(default: start a new run)')
+    run.add_argument('--overwrite', action='store_true',
+                     help='start a new run in an --out that holds another, moving its files to '
+                          '<out>/previous-<n>/ (default: refuse)')
     run.add_argument('--device', default=None, help='cpu, cuda, cuda:1, ... (default: cuda when available)')
     run.add_argument('--threads', type=int, default=None,
                      help="CPU threads per process (default: 1 for the digits on CPU, else torch's)")
@@ -195,9 +207,10 @@ def pretrain(args, model_kwargs):
     rank, world_size, device = setup_distributed(args.device)
     threads = torch.get_num_threads()
     try:
-        record = _pretrain(args, model_kwargs, rank, world_size, device)
-        if world_size > 1:
-            torch.distributed.barrier()                           # the first process writes the last files
+        with contextlib.ExitStack() as run:                       # holds --out from _pretrain's claim to the end
+            record = _pretrain(args, model_kwargs, rank, world_size, device, run)
+            if world_size > 1:
+                torch.distributed.barrier()                       # the first process writes the last files
         return record
     finally:
         torch.set_num_threads(threads)
@@ -205,7 +218,7 @@ def pretrain(args, model_kwargs):
             torch.distributed.destroy_process_group()
 
 
-def _pretrain(args, model_kwargs, rank, world_size, device):
+def _pretrain(args, model_kwargs, rank, world_size, device, run):
     main_process = rank == 0
     resumed = None
     if args.resume is not None:
@@ -227,6 +240,10 @@ def _pretrain(args, model_kwargs, rank, world_size, device):
         require('matplotlib', purpose='the pictures of python -m vit_pytorch.pretrain (--no-plots skips them)')
     out = Path(args.out or Path('runs') / f'{_run_name(args)}-{args.method}')
     args.out = str(out)
+    run.enter_context(run_folder.claimed(
+        out, command='python -m vit_pytorch.pretrain', names=RUN_FILES, checkpoints=('checkpoint', 'pretrainer'),
+        continuing=resumed is not None and resumed.resolve().parent == out.resolve(), overwrite=args.overwrite,
+        how_to_continue='--resume (with more --epochs to extend a finished run)', rank=rank, world_size=world_size))
     threads = args.threads
     if threads is None and source.tiny and torch.device(device).type == 'cpu':
         threads = 1                                                # tiny models: one thread beats several
@@ -281,7 +298,10 @@ def _pretrain(args, model_kwargs, rank, world_size, device):
     batch_size = min(args.batch_size, len(train_set))
     if batch_size % world_size:
         raise ValueError(f"--batch-size {batch_size} must divide by the number of processes ({world_size})")
-    steps_per_epoch = math.ceil(len(train_set) / batch_size)        # the last batch takes what is left
+    least = least_batch(learner, world_size)
+    merged = check_batches(least, batch_size, images=len(train_set), world_size=world_size,
+                           name=f'--method {args.method} with {args.model}')
+    steps_per_epoch = len(epoch_batches(torch.arange(len(train_set)), batch_size, least))
     total_steps = steps_per_epoch * args.epochs
     warmup_steps = round(args.warmup_epochs * steps_per_epoch)
     if main_process:
@@ -293,6 +313,8 @@ def _pretrain(args, model_kwargs, rank, world_size, device):
             print(f"{args.method} pre-training of {args.model} ({count:,} parameters) on {len(train_set)} unlabelled "
                   f"{args.data} images, {image_size}px; {world_size} process(es) on {device}; writing to {out}"
                   + (f"; resumed after epoch {start_epoch}" if start_epoch else ''), flush=True)
+            if merged:
+                print(f"note: {merged}", flush=True)
 
     record = None
     for epoch in range(start_epoch, args.epochs):
@@ -305,7 +327,7 @@ def _pretrain(args, model_kwargs, rank, world_size, device):
         entropies = torch.zeros(2, dtype=torch.float64)              # DINO: the teacher's, summed over images
         network.train()
         bar = _progress(steps_per_epoch, epoch, args, main_process)
-        for step, index in enumerate(epoch_batches(order, batch_size)):
+        for step, index in enumerate(epoch_batches(order, batch_size, least)):
             images = train_set.floats(index)
             if args.method in MASKED:                                # drawn for the whole batch, as the trainer
                 shifts = torch.randint(-args.translate, args.translate + 1, (len(index), 2), generator=generator)

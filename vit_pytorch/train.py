@@ -30,7 +30,10 @@ one of 3). Under torchrun each process takes a contiguous part of every batch; a
 batch is split as evenly as it goes (67 images on 2 processes: 33 and 34, 1 image: 0 and 1).
 Each process sums its images' losses, divides by the whole batch's size and multiplies by the
 number of processes; DDP averages the processes' gradients, so that gives the gradient of the
-whole batch's mean loss, and 2 processes follow the path of 1.
+whole batch's mean loss, and 2 processes follow the path of 1. A model with BatchNorm (LeViT,
+MobileViT, CvT, ...) cannot train on one image per process (a channel of one value has no
+variance): there a last batch of fewer than 2 images per process joins the one before (70 images
+at 3: 22 batches of 3 and one of 4), as the first lines of the run say.
 
 A resumed run takes its recipe, data and model from the checkpoint. `--epochs` may grow (the
 cosine schedule is then stretched to the new end) and `--lr` may change (the new peak applies
@@ -47,11 +50,14 @@ measured on them all, as a label-efficiency experiment needs.
 
 Written to --out: log.jsonl (one JSON line per epoch), checkpoint/ (safetensors + JSON, replaced
 every epoch), curves.png, attention.png (rollout on test images of every class),
-attention_distance.png and position_similarity.png.
+attention_distance.png and position_similarity.png. One run at a time holds --out (its run.lock,
+see `vit_pytorch.run_folder`); a new run where --out holds another run's files is refused unless
+--resume continues that run or --overwrite moves its files to <out>/previous-<n>/.
 """
 
 import argparse
 import ast
+import contextlib
 import importlib
 import json
 import math
@@ -67,7 +73,7 @@ import torch.nn.functional as F
 from einops import pack, rearrange, unpack
 from torch import nn
 
-from vit_pytorch import analysis, models, plots
+from vit_pytorch import analysis, models, plots, run_folder
 from vit_pytorch.checkpoint import (CheckpointError, load_config, load_state, load_training_state, load_weights,
                                     save_checkpoint)
 from vit_pytorch.evaluate import MissingExtra, autocast, data_source, evaluate, normalise, require
@@ -85,11 +91,14 @@ ALIASES = dict(image_size=('img_size', 'seq_len'), channels=('n_input_channels',
                depth=('num_layers',), heads=('num_heads',))
 
 # arguments that may differ in a resumed run without changing what it computes
-RUNTIME_ARGUMENTS = ('resume', 'out', 'quiet', 'device', 'plots', 'eval_batch_size', 'threads')
+RUNTIME_ARGUMENTS = ('resume', 'overwrite', 'out', 'quiet', 'device', 'plots', 'eval_batch_size', 'threads')
 # arguments a resumed run takes from the command line: more epochs extend it, a new peak lr sets the remaining steps
 CONTINUABLE_ARGUMENTS = ('epochs', 'lr')
 # fewer patches than this and attention has next to nothing to relate (one token: none at all)
 MIN_PATCHES = 4
+# what a run writes to --out (see run_folder): a new run over any of them is refused unless --overwrite
+RUN_FILES = ('checkpoint', 'checkpoint.old', 'log.jsonl', 'curves.png', 'attention.png', 'attention_distance.png',
+             'position_similarity.png')
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -149,6 +158,9 @@ def build_parser():
     run.add_argument('--resume', nargs='?', const='auto', default=None,
                      help='continue from the checkpoint in --out, or the checkpoint folder given '
                           '(default: start a new run)')
+    run.add_argument('--overwrite', action='store_true',
+                     help='start a new run in an --out that holds another, moving its files to '
+                          '<out>/previous-<n>/ (default: refuse)')
     run.add_argument('--device', default=None, help='cpu, cuda, cuda:1, ... (default: cuda when available)')
     run.add_argument('--threads', type=int, default=None,
                      help="CPU threads per process (default: 1 for the digits on CPU, else torch's)")
@@ -306,9 +318,37 @@ def check_random_size(size_range, multiple, inputs):
         raise ValueError(f"--random-size resizes images (b, c, h, w); this data's inputs are {tuple(inputs.shape)}")
 
 
-def epoch_batches(order, batch_size):
-    """The epoch's global batches: `order` cut into runs of `batch_size`, the last holding what is left."""
-    return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+def epoch_batches(order, batch_size, least=1):
+    """The epoch's global batches: `order` cut into runs of `batch_size`, the last holding what is left; a last
+    batch of fewer than `least` images joins the one before it."""
+    batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+    if len(batches) > 1 and len(batches[-1]) < least:
+        batches[-2:] = [torch.cat(batches[-2:])]
+    return batches
+
+
+def least_batch(model, world_size):
+    """The fewest images a global training batch of `model` may hold: 2 per process where it has BatchNorm
+    (in training it normalises each channel by the batch's own statistics: one value per channel has no
+    variance, and PyTorch refuses it), else 1."""
+    norms = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+    return 2 * world_size if any(isinstance(module, norms) for module in model.modules()) else 1
+
+
+def check_batches(least, batch_size, *, images, world_size, name):
+    """A ValueError when a batch of `batch_size` from `images` training images is too small for `least`
+    (see least_batch); the note to show when the epoch's last batch joins the one before, else None."""
+    if batch_size < least:
+        fix = (f"there are only {images} training image(s): train on more" if images < least
+               else f"use --batch-size {least} or more")
+        raise ValueError(f"{name} has BatchNorm layers, which in training need at least 2 images per process in "
+                         f"every batch, and a batch here holds {batch_size // world_size} per process of "
+                         f"{world_size}; {fix}")
+    left = images % batch_size
+    if 0 < left < least:
+        return (f"the last batch of each epoch ({left} image(s)) joins the one before: {name}'s BatchNorm layers "
+                f"need at least 2 images per process in training")
+    return None
 
 
 def share(count, rank, world_size):
@@ -480,11 +520,12 @@ def train(args, model_kwargs):
     rank, world_size, device = setup_distributed(args.device)
     threads = torch.get_num_threads()
     try:
-        record = _train(args, model_kwargs, rank, world_size, device)
-        if world_size > 1:
-            # the first process writes the last checkpoint and the pictures after the last collective; the others
-            # wait for it here, so that no process closes its connections while a peer still uses the group
-            torch.distributed.barrier()
+        with contextlib.ExitStack() as run:                         # holds --out from _train's claim to the end
+            record = _train(args, model_kwargs, rank, world_size, device, run)
+            if world_size > 1:
+                # the first process writes the last checkpoint and the pictures after the last collective; the
+                # others wait for it here, so that no process closes its connections while a peer still uses it
+                torch.distributed.barrier()
         return record
     finally:
         torch.set_num_threads(threads)
@@ -493,7 +534,7 @@ def train(args, model_kwargs):
             torch.distributed.destroy_process_group()
 
 
-def _train(args, model_kwargs, rank, world_size, device):
+def _train(args, model_kwargs, rank, world_size, device, run):
     main_process = rank == 0
     checkpoint = None
     if args.resume is not None:
@@ -513,6 +554,10 @@ def _train(args, model_kwargs, rank, world_size, device):
         require('matplotlib', purpose='the pictures of python -m vit_pytorch.train (--no-plots skips them)')
     out = Path(args.out or Path('runs') / _run_name(args))
     args.out = str(out)
+    run.enter_context(run_folder.claimed(
+        out, command='python -m vit_pytorch.train', names=RUN_FILES, checkpoints=('checkpoint',),
+        continuing=checkpoint is not None and checkpoint.resolve().parent == out.resolve(), overwrite=args.overwrite,
+        how_to_continue='--resume (with more --epochs to extend a finished run)', rank=rank, world_size=world_size))
     threads = args.threads
     if threads is None and source.tiny and torch.device(device).type == 'cpu':
         # a model this small gains less from intra-op threads than it loses to their synchronisation,
@@ -586,7 +631,9 @@ def _train(args, model_kwargs, rank, world_size, device):
     batch_size = min(args.batch_size, len(train_set))
     if batch_size % world_size:
         raise ValueError(f"--batch-size {batch_size} must divide by the number of processes ({world_size})")
-    steps_per_epoch = math.ceil(len(train_set) / batch_size)       # the last batch takes what is left
+    least = 1 if args.linear_probe else least_batch(model, world_size)   # a probed network is in eval mode
+    merged = check_batches(least, batch_size, images=len(train_set), world_size=world_size, name=args.model)
+    steps_per_epoch = len(epoch_batches(torch.arange(len(train_set)), batch_size, least))
     total_steps = steps_per_epoch * args.epochs
     warmup_steps = round(args.warmup_epochs * steps_per_epoch)
 
@@ -600,6 +647,8 @@ def _train(args, model_kwargs, rank, world_size, device):
                   f"{len(test_set)} {test_split} images, {num_classes} classes, {image_size}px; "
                   f"{world_size} process(es) on {device}; writing to {out}"
                   + (f"; resumed after epoch {start_epoch}" if start_epoch else ''), flush=True)
+        if merged and not args.quiet:
+            print(f"note: {merged}", flush=True)
 
     record = None
     for epoch in range(start_epoch, args.epochs):
@@ -611,7 +660,7 @@ def _train(args, model_kwargs, rank, world_size, device):
         totals = torch.zeros(3, dtype=torch.float64)                # loss sum, correct, count (this process)
         network.train(not args.linear_probe)                        # a probed network stays in eval mode
         bar = _progress(steps_per_epoch, epoch, args, main_process)
-        for step, index in enumerate(epoch_batches(order, batch_size)):
+        for step, index in enumerate(epoch_batches(order, batch_size, least)):
             images, targets = augment(train_set.floats(index), train_set.labels[index], args, generator, rng,
                                       num_classes)
             mine = share(len(index), rank, world_size)
