@@ -245,3 +245,10 @@ def test_a_bare_model_in_training_mode_explains_a_batch_of_one(name):
         model(torch.randn(1, 1, 16, 16))
     assert model(torch.randn(2, 1, 16, 16)).shape == (2, 10)
     assert model.eval()(torch.randn(1, 1, 16, 16)).shape == (1, 10)
+
+
+def test_a_last_batch_smaller_than_the_processes_joins_the_one_before_with_a_note_saying_why():
+    # pre-training takes means over each process's images: a process with none would give a NaN loss
+    note = train.check_batches(2, 4, images=9, world_size=2, name='vit')
+    assert note is not None and 'each of the 2 processes needs at least one image' in note
+    assert [len(batch) for batch in train.epoch_batches(torch.arange(9), 4, 2)] == [4, 5]

@@ -298,7 +298,8 @@ def _pretrain(args, model_kwargs, rank, world_size, device, run):
     batch_size = min(args.batch_size, len(train_set))
     if batch_size % world_size:
         raise ValueError(f"--batch-size {batch_size} must divide by the number of processes ({world_size})")
-    least = least_batch(learner, world_size)
+    # the methods' losses are means over this process's images: an empty share would be a NaN
+    least = max(least_batch(learner, world_size), world_size)
     merged = check_batches(least, batch_size, images=len(train_set), world_size=world_size,
                            name=f'--method {args.method} with {args.model}')
     steps_per_epoch = len(epoch_batches(torch.arange(len(train_set)), batch_size, least))

@@ -346,8 +346,9 @@ def check_batches(least, batch_size, *, images, world_size, name):
                          f"{world_size}; {fix}")
     left = images % batch_size
     if 0 < left < least:
-        return (f"the last batch of each epoch ({left} image(s)) joins the one before: {name}'s BatchNorm layers "
-                f"need at least 2 images per process in training")
+        why = (f"{name}'s BatchNorm layers need at least 2 images per process in training" if least > world_size
+               else f"each of the {world_size} processes needs at least one image")
+        return f"the last batch of each epoch ({left} image(s)) joins the one before: {why}"
     return None
 
 
