@@ -1,4 +1,4 @@
-"""The 1-NN DTW baseline on the UCR/UEA sets the README's "1D signals" table uses.
+"""The 1-NN DTW baseline on the UCR/UEA sets the table of docs/signals.md uses.
 
 Full-window dynamic time warping with one nearest neighbour, the standard baseline of the UCR
 archive (Dau et al., "The UCR Time Series Archive", arXiv 1810.07758) and of the UEA multivariate

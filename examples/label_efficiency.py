@@ -1,4 +1,4 @@
-"""Does self-supervised pre-training pay off with few labels? The README's table, on the digits.
+"""Does self-supervised pre-training pay off with few labels? The table of docs/pretraining.md, on the digits.
 
     python examples/label_efficiency.py --out runs/label_efficiency
 

@@ -1,4 +1,4 @@
-"""The numbers quoted in the README's captions of the digits pictures, from the checkpoint that the
+"""The numbers quoted in the captions of the digits pictures (docs/looking-inside.md), from the checkpoint that the
 documented command writes:
 
     python -m vit_pytorch.train --image-size 32 --out runs/digits-32
