@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from helpers import tiny_vit_kwargs
-from vit_pytorch import SimpleViT, ViT
+from vit_pytorch import SimpleViT, ViT, models
+from vit_pytorch.models import build_model
 
 MODELS = [ViT, SimpleViT]
 
@@ -113,3 +114,30 @@ def test_dynamic_vit_still_requires_divisible_sizes():
     model = ViT(**tiny_vit_kwargs(dynamic_image_size=True))
     with pytest.raises(ValueError, match=r'divisible by patch_size \(4, 8\)'):
         model(torch.randn(1, 3, 16, 20))
+
+
+# messages name the argument the user typed (issue 22, item 10)
+
+
+def registered_mobile_vit_kwargs(**overrides):
+    return dict(models.SMALL_CONFIGS['mobile_vit'], image_size=32, num_classes=10, **overrides)
+
+
+def test_registered_mobile_vit_names_widths_for_a_wrong_count_of_widths():
+    # RegisteredMobileViT's `widths` is MobileViT's `channels`; the message must not send the user to `channels`
+    with pytest.raises(ValueError, match=r'^widths must be a list of 11 ints, got \(16,'):
+        build_model('mobile_vit', **registered_mobile_vit_kwargs(widths=(16,) * 10))
+
+
+def test_registered_mobile_vit_names_channels_for_bad_image_channels():
+    # its `channels` is MobileViT's `in_chans`
+    with pytest.raises(ValueError, match=r'^channels must be a positive int, got 0$'):
+        build_model('mobile_vit', **registered_mobile_vit_kwargs(channels=0))
+
+
+def test_cross_vit_names_the_patch_size_that_does_not_divide_the_image():
+    kwargs = dict(image_size=32, num_classes=10, sm_dim=32, lg_dim=64, sm_patch_size=3, lg_patch_size=4, depth=1)
+    with pytest.raises(ValueError, match=r'image_size \(32, 32\) must be divisible by sm_patch_size \(3, 3\)'):
+        build_model('cross_vit', **kwargs)
+    with pytest.raises(ValueError, match=r'lg_image_size \(32, 32\) must be divisible by lg_patch_size \(5, 5\)'):
+        build_model('cross_vit', **dict(kwargs, sm_patch_size=4, lg_patch_size=5))

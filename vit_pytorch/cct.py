@@ -106,14 +106,6 @@ def tokenizer_grid(size, layers, kernel, stride, padding, pool_kernel, pool_stri
     return height, width
 
 
-def _non_negative_number(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    if value < 0:
-        raise ValueError(f"{name} must be non-negative, got {value}")
-    return value
-
-
 # classes
 
 
@@ -355,8 +347,10 @@ def check_arguments(*, img_size, embedding_dim, n_input_channels, n_conv_layers,
     for name, value in dict(dropout_rate=dropout_rate, attention_dropout=attention_dropout,
                             stochastic_depth_rate=stochastic_depth_rate).items():
         vit.probability(name, value)
-    if _non_negative_number('mlp_ratio', mlp_ratio) == 0 or int(embedding_dim * mlp_ratio) == 0:
-        raise ValueError(f"mlp_ratio must give an MLP width of at least 1, got {mlp_ratio}")
+    expected = 'a number > 0 (the MLP width over embedding_dim)'
+    if int(embedding_dim * vit.finite_number('mlp_ratio', mlp_ratio, expected)) < 1:
+        raise ValueError(f"mlp_ratio must give an MLP width of at least 1 (int(embedding_dim * mlp_ratio)), "
+                         f"got {mlp_ratio} with embedding_dim {embedding_dim}")
     if embedding_dim % num_heads:
         raise ValueError(f"embedding_dim {embedding_dim} must be divisible by num_heads {num_heads}")
     if pooling_padding > pooling_kernel_size // 2:

@@ -275,10 +275,11 @@ def check_arguments(*, image_size, num_classes, sm_dim, lg_dim, sm_patch_size, s
     lg_image_size = image_size if lg_image_size is None else vit.positive_pair('lg_image_size', lg_image_size)
     sm_patch_size = vit.positive_pair('sm_patch_size', sm_patch_size)
     lg_patch_size = vit.positive_pair('lg_patch_size', lg_patch_size)
-    for name, size, patch in (('image_size', image_size, sm_patch_size),
-                              ('lg_image_size', lg_image_size, lg_patch_size)):
+    for name, size, patch_name, patch in (('image_size', image_size, 'sm_patch_size', sm_patch_size),
+                                          ('lg_image_size', lg_image_size, 'lg_patch_size', lg_patch_size)):
         if size[0] % patch[0] or size[1] % patch[1]:
-            raise ValueError(f"{name} {size} must be divisible by the branch's patch size {patch}")
+            raise ValueError(f"{name} {size} must be divisible by {patch_name} {patch} in both height and width "
+                             f"(change either)")
     for name, value in dict(sm_dim=sm_dim, lg_dim=lg_dim, sm_enc_depth=sm_enc_depth, sm_enc_heads=sm_enc_heads,
                             sm_enc_mlp_dim=sm_enc_mlp_dim, sm_enc_dim_head=sm_enc_dim_head,
                             lg_enc_depth=lg_enc_depth, lg_enc_heads=lg_enc_heads, lg_enc_mlp_dim=lg_enc_mlp_dim,
@@ -295,6 +296,9 @@ def check_arguments(*, image_size, num_classes, sm_dim, lg_dim, sm_patch_size, s
     vit.non_negative_int('num_classes', num_classes)
     vit.probability('dropout', dropout)
     vit.probability('emb_dropout', emb_dropout)
+    vit.positive_float('norm_eps', norm_eps)
+    for name, value in dict(patch_norm=patch_norm, qkv_bias=qkv_bias).items():
+        vit.boolean(name, value)
 
 
 # loading checkpoints

@@ -388,18 +388,18 @@ def check_arguments(*, net, image_size, hidden_layer, projection_hidden_size, nu
     vit.positive_float('teacher_temp', teacher_temp)
     for name, value in dict(moving_average_decay=moving_average_decay,
                             center_moving_average_decay=center_moving_average_decay).items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-            raise ValueError(f"{name} must be in [0, 1] (the weight of the old value), got {value!r}")
-    if not 0 < global_lower_crop_scale <= 1:
-        raise ValueError(f"global_lower_crop_scale must be in (0, 1], got {global_lower_crop_scale}")
-    if not 0.05 < local_upper_crop_scale <= 1:
-        raise ValueError(f"local_upper_crop_scale must be in (0.05, 1] (local crops cover 5 % of the image "
-                         f"and up), got {local_upper_crop_scale}")
+        vit.fraction(name, value, ' (the weight of the old value)')
+    expected = 'a float in (0, 1] (the least share of the image a global crop covers)'
+    if not 0 < vit.finite_number('global_lower_crop_scale', global_lower_crop_scale, expected) <= 1:
+        raise ValueError(f"global_lower_crop_scale must be {expected}, got {global_lower_crop_scale}")
+    expected = 'a float in (0.05, 1] (local crops cover 5 % of the image and up)'
+    if not 0.05 < vit.finite_number('local_upper_crop_scale', local_upper_crop_scale, expected) <= 1:
+        raise ValueError(f"local_upper_crop_scale must be {expected}, got {local_upper_crop_scale}")
     for name, value in dict(augment_fn=augment_fn, augment_fn2=augment_fn2).items():
         if value is not None and not callable(value):
             raise TypeError(f"{name} must be a callable on image batches or None, got {value!r}")
     if (mean is None) != (std is None):
         raise ValueError("mean and std go together: give both (the network's input normalisation) or neither")
     for name, value in dict(mean=mean, std=std).items():
-        if value is not None and len(value) != net.channels:
-            raise ValueError(f"{name} must have one value per channel ({net.channels}), got {value!r}")
+        if value is not None:
+            vit.per_channel(name, value, net.channels, positive=name == 'std')

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from einops import repeat
 from torch import nn
 
+from vit_pytorch import vit
 from vit_pytorch.vit import ViT, init_tokens, zero_linear
 
 # the DeiT configurations (Touvron et al., Table 1); the paper's ViT numerics of `vit_pytorch.pretrained`
@@ -122,20 +123,8 @@ class DistillWrapper(nn.Module):
     """
 
     def __init__(self, *, teacher, student, temperature=1.0, alpha=0.5, hard=False):
+        check_wrapper_arguments(**vit.arguments(locals()))
         super().__init__()
-        if not isinstance(teacher, nn.Module):
-            raise TypeError(f"teacher must be an nn.Module, got {type(teacher).__name__}")
-        if not isinstance(student, DistillableViT):
-            raise TypeError(f"student must be a DistillableViT (it holds the distillation token and head), "
-                            f"got {type(student).__name__}")
-        if student.mlp_head is None:
-            raise ValueError("student has no heads (num_classes=0); build it with num_classes > 0")
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature <= 0:
-            raise ValueError(f"temperature must be a positive number, got {temperature!r}")
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
-            raise ValueError(f"alpha must be a number in [0, 1] (weight of the distillation loss), got {alpha!r}")
-        if not isinstance(hard, bool):
-            raise TypeError(f"hard must be a bool, got {hard!r}")
         self.teacher = teacher.eval().requires_grad_(False)
         self.student = student
         self.temperature = float(temperature)
@@ -183,6 +172,22 @@ def deit_base_distilled_patch16_224(**kwargs):
 
 def deit_base_distilled_patch16_384(**kwargs):
     return DistillableViT(**{**_PAPER_VIT, **_DEIT['base'], 'image_size': 384, 'num_classes': 1000, **kwargs})
+
+
+# argument checks
+
+
+def check_wrapper_arguments(*, teacher, student, temperature, alpha, hard):
+    if not isinstance(teacher, nn.Module):
+        raise TypeError(f"teacher must be an nn.Module, got {type(teacher).__name__}")
+    if not isinstance(student, DistillableViT):
+        raise TypeError(f"student must be a DistillableViT (it holds the distillation token and head), "
+                        f"got {type(student).__name__}")
+    if student.mlp_head is None:
+        raise ValueError("student has no heads (num_classes=0); build it with num_classes > 0")
+    vit.positive_float('temperature', temperature)
+    vit.fraction('alpha', alpha, ' (the weight of the distillation loss)')
+    vit.boolean('hard', hard)
 
 
 # loading checkpoints: the paper ViT's plans (vit_pytorch.pretrained) with the distillation token and head

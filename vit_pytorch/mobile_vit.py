@@ -232,6 +232,9 @@ class RegisteredMobileViT(MobileViT):
 
     def __init__(self, *, image_size, dims, widths, num_classes, channels=3, expansion=4, kernel_size=3,
                  patch_size=(2, 2), depths=(2, 4, 3), heads=4, mlp_ratio=2.):
+        check_arguments(image_size=image_size, dims=dims, channels=widths, num_classes=num_classes,
+                        expansion=expansion, kernel_size=kernel_size, patch_size=patch_size, depths=depths,
+                        in_chans=channels, heads=heads, mlp_ratio=mlp_ratio, names=REGISTERED_NAMES)
         super().__init__(image_size=image_size, dims=dims, channels=widths, num_classes=num_classes,
                          expansion=expansion, kernel_size=kernel_size, patch_size=patch_size, depths=depths,
                          in_chans=channels, heads=heads, mlp_ratio=mlp_ratio)
@@ -270,23 +273,29 @@ def mobilevit_s(**kwargs):
 # argument checks
 
 
+# RegisteredMobileViT's names for MobileViT's arguments, so that a message names what its user typed
+REGISTERED_NAMES = dict(channels='widths', in_chans='channels')
+
+
 def check_arguments(*, image_size, dims, channels, num_classes, expansion, kernel_size, patch_size, depths,
-                    in_chans, heads, mlp_ratio):
+                    in_chans, heads, mlp_ratio, names=None):
+    """`names` renames arguments in the messages (REGISTERED_NAMES for RegisteredMobileViT)."""
+    widths_name, in_chans_name = ((names or {}).get(name, name) for name in ('channels', 'in_chans'))
     vit.positive_pair('image_size', image_size)
     vit.positive_pair('patch_size', patch_size)
-    for name, value, length in (('dims', dims, 3), ('channels', channels, 11), ('depths', depths, 3)):
+    for name, value, length in (('dims', dims, 3), (widths_name, channels, 11), ('depths', depths, 3)):
         if not isinstance(value, (tuple, list)) or len(value) != length:
             raise ValueError(f"{name} must be a list of {length} ints, got {value!r}")
-        for item in value:
-            vit.positive_int(name, item)
+        for index, item in enumerate(value):
+            vit.positive_int(f'{name}[{index}]', item)
     vit.non_negative_int('num_classes', num_classes)
-    for name, value in dict(kernel_size=kernel_size, in_chans=in_chans, heads=heads).items():
+    for name, value in {'kernel_size': kernel_size, in_chans_name: in_chans, 'heads': heads}.items():
         vit.positive_int(name, value)
     if kernel_size % 2 == 0:
         raise ValueError(f"kernel_size must be odd (the convolutions keep the map's size), got {kernel_size}")
     if channels[2] != channels[3]:
-        raise ValueError(f"channels[2] and channels[3] must be equal (the second stage's blocks keep one width), "
-                         f"got {channels[2]} and {channels[3]}")
+        raise ValueError(f"{widths_name}[2] and {widths_name}[3] must be equal (the second stage's blocks keep one "
+                         f"width), got {channels[2]} and {channels[3]}")
     for dim in dims:
         if dim % heads:
             raise ValueError(f"every dims entry must be divisible by heads={heads}, got dims={list(dims)}")

@@ -130,13 +130,12 @@ def check_arguments(*, transformer, patch_size, dim, output_channel_bits, channe
     if vit.probability('mask_prob', mask_prob) == 0:
         raise ValueError("mask_prob must be in (0, 1): the fraction of patches corrupted and predicted, got 0")
     for name, value in dict(replace_prob=replace_prob, random_patch_prob=random_patch_prob).items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-            raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")
+        vit.fraction(name, value, ' (a probability)')
     if replace_prob + random_patch_prob > 1:
         raise ValueError(f"replace_prob + random_patch_prob must be at most 1 (the rest stay unchanged), "
                          f"got {replace_prob} + {random_patch_prob}")
     if (mean is None) != (std is None):
         raise ValueError("mean and std go together: give both (the images' normalisation) or neither")
     for name, value in dict(mean=mean, std=std).items():
-        if value is not None and len(value) != transformer.channels:
-            raise ValueError(f"{name} must have one value per channel ({transformer.channels}), got {value!r}")
+        if value is not None:
+            vit.per_channel(name, value, transformer.channels, positive=name == 'std')

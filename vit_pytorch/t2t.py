@@ -340,6 +340,8 @@ def check_arguments(*, image_size, num_classes, dim, depth, heads, mlp_dim, pool
     vit.non_negative_int('num_classes', num_classes)
     vit.probability('dropout', dropout)
     vit.probability('emb_dropout', emb_dropout)
+    vit.positive_float('norm_eps', norm_eps)
+    vit.boolean('qkv_bias', qkv_bias)
     if pool not in ('cls', 'mean'):
         raise ValueError(f"pool must be 'cls' (cls token) or 'mean' (mean pooling), got {pool!r}")
     if transformer is None:

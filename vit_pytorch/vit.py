@@ -715,20 +715,45 @@ def positive_pair(name, value):
     return positive_int(name, height), positive_int(name, width)
 
 
-def probability(name, value):
+def finite_number(name, value, expected='a finite number'):
+    """`value` as a float if it is a finite int or float; a bool or a string is a TypeError, NaN or an
+    infinity a ValueError, each naming `name`, the value and `expected` (the range the caller wants)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a float in [0, 1), got {value!r}")
-    if not 0.0 <= value < 1.0:
+        raise TypeError(f"{name} must be {expected}, got {value!r} ({type(value).__name__})")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    return float(value)
+
+
+def probability(name, value):
+    """A dropout-like rate in [0, 1): 1 would drop everything."""
+    if not 0.0 <= finite_number(name, value, 'a float in [0, 1)') < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {value}")
     return float(value)
 
 
+def fraction(name, value, meaning=''):
+    """A weight or share in [0, 1], both ends included; `meaning` says what it weighs, for the message."""
+    expected = f"a float in [0, 1]{meaning}"
+    if not 0.0 <= finite_number(name, value, expected) <= 1.0:
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    return float(value)
+
+
 def positive_float(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a positive float, got {value!r} ({type(value).__name__})")
-    if not 0.0 < value < math.inf:
+    """A finite float > 0: a norm's epsilon, a LayerScale init, a temperature, a width ratio."""
+    if finite_number(name, value, 'a positive finite float') <= 0:
         raise ValueError(f"{name} must be a positive finite float, got {value}")
     return float(value)
+
+
+def per_channel(name, value, channels, *, positive=False):
+    """One finite number per channel (a normalisation's mean or std; `positive`: each > 0), as a list."""
+    items = value.tolist() if hasattr(value, 'tolist') else value
+    if not isinstance(items, (tuple, list)) or len(items) != channels:
+        raise ValueError(f"{name} must have one value per channel ({channels}), got {value!r}")
+    check = positive_float if positive else finite_number
+    return [check(f'{name}[{index}]', item) for index, item in enumerate(items)]
 
 
 def boolean(name, value):

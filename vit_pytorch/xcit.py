@@ -347,10 +347,11 @@ def check_arguments(*, image_size, patch_size, num_classes, dim, depth, cls_dept
     vit.non_negative_int('num_classes', num_classes)
     for name, value in dict(dropout=dropout, emb_dropout=emb_dropout, layer_dropout=layer_dropout).items():
         vit.probability(name, value)
-    if layer_scale_init is not None and (isinstance(layer_scale_init, bool)
-                                         or not isinstance(layer_scale_init, (int, float)) or layer_scale_init <= 0):
-        raise ValueError(f"layer_scale_init must be a positive float or None (the paper's rule), "
-                         f"got {layer_scale_init!r}")
+    if layer_scale_init is not None:        # None: the paper's rule from depth
+        vit.positive_float('layer_scale_init', layer_scale_init)
+    vit.positive_float('norm_eps', norm_eps)
+    for name, value in dict(tokens_norm=tokens_norm, qkv_bias=qkv_bias).items():
+        vit.boolean(name, value)
 
 
 

@@ -1,0 +1,210 @@
+"""Every numeric constructor argument of every registered model and wrapper is checked when it is built.
+
+For each model of `vit_pytorch.models.MODELS` (a new one joins by its registry entry) and each wrapper, each
+numeric argument found in the constructor's signature is given NaN, infinity, -1, a string and True in turn
+(and, for a tuple, each of these as its first entry): every one must be a ValueError/TypeError at
+construction that names the argument, never a model that computes NaN or fails later in `forward`.
+"""
+
+import inspect
+import math
+import re
+
+import pytest
+import torch
+
+from helpers import tiny_vit_kwargs
+from vit_pytorch import models, train
+from vit_pytorch.accept_video_wrapper import AcceptVideoWrapper
+from vit_pytorch.dino import Dino
+from vit_pytorch.distill import DistillableViT, DistillWrapper
+from vit_pytorch.mae import MAE
+from vit_pytorch.mpp import MPP
+from vit_pytorch.simmim import SimMIM
+from vit_pytorch.vit import ViT
+
+BAD_VALUES = [math.nan, math.inf, -1, 'x', True]
+
+# arguments left None (by default) which take a number (or numbers) when given; any other None default
+# must be listed in NOT_NUMBERS, so that a new model's arguments are classified rather than skipped
+OPTIONAL_NUMBERS = {
+    'pre_logits_dim', 'layer_scale_init', 'qk_scale', 'lg_image_size', 'pretrained_window_sizes',
+    'num_distill_classes', 's1_emb_padding', 's2_emb_padding', 's3_emb_padding', 's1_heads', 's2_heads',
+    's3_heads', 's4_heads', 'dim_head', 'heads', 'ssa_dim_value', 'iwsa_dim_key', 'iwsa_dim_value',
+    'token_dropout_prob', 'frame_padding', 'frame_pooling_padding',
+    # the wrappers' (MPP's patch_size, dim and channels must agree with the transformer's)
+    'patch_size', 'dim', 'channels', 'mean', 'std', 'local_image_size', 'dim_emb', 'time_seq_len',
+    'proj_embed_to_dim',
+}
+NOT_NUMBERS = {
+    'transformer',      # T2T-ViT: a custom backbone module
+    'augment_fn', 'augment_fn2',        # Dino: callables
+    'moss',             # AcceptVideoWrapper: vit-pytorch's MOSS module, refused unless None
+}
+
+# (owner, argument, value) a constructor may accept, with the reason
+ALLOWED = {
+    # a position in the wrapped model's outputs: -1 is the last, as in Python indexing
+    ('accept_video_wrapper', 'output_pos_add_pos_emb', -1),
+}
+
+IMAGE_SIZE, CHANNELS, NUM_CLASSES = 32, 3, 10
+
+
+def model_kwargs(name):
+    """The trainer's small configuration of `name` for 32-pixel, 3-channel images and 10 classes."""
+    return train.model_config(name, {}, image_size=IMAGE_SIZE, channels=CHANNELS, num_classes=NUM_CLASSES)
+
+
+def vit():
+    return ViT(**tiny_vit_kwargs())
+
+
+# wrapper -> (its class, the keyword arguments of a small valid one)
+WRAPPERS = {
+    'mae': (MAE, lambda: dict(encoder=vit(), decoder_dim=32, decoder_depth=1, decoder_heads=2, decoder_dim_head=16)),
+    'simmim': (SimMIM, lambda: dict(encoder=vit())),
+    'mpp': (MPP, lambda: dict(transformer=vit())),
+    'dino': (Dino, lambda: dict(net=vit(), image_size=(16, 24), projection_hidden_size=32, num_classes_K=64,
+                                bottleneck_dim=16, num_local_crops=1)),
+    'distill_wrapper': (DistillWrapper, lambda: dict(teacher=vit(), student=DistillableViT(**tiny_vit_kwargs()))),
+    'accept_video_wrapper': (AcceptVideoWrapper, lambda: dict(image_net=vit())),
+}
+
+
+def signature(cls):
+    """name -> default of every keyword argument of `cls(...)`, following **kwargs into base classes."""
+    found = {}
+    for klass in cls.__mro__:
+        if '__init__' not in vars(klass) or klass is object:
+            continue
+        parameters = inspect.signature(klass.__init__).parameters.values()
+        for parameter in parameters:
+            if parameter.kind in (parameter.KEYWORD_ONLY, parameter.POSITIONAL_OR_KEYWORD) and parameter.name != 'self':
+                found.setdefault(parameter.name, parameter.default)
+        if not any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
+            break
+    return found
+
+
+def is_number(value):
+    return isinstance(value, (int, float, tuple, list)) and not isinstance(value, bool)
+
+
+def numeric_arguments(cls, kwargs):
+    """name -> the value `kwargs` or the default gives, for every argument of `cls` that takes numbers."""
+    numeric = {}
+    for name, default in signature(cls).items():
+        value = kwargs.get(name, default)
+        if is_number(value) or (value is None and name in OPTIONAL_NUMBERS):
+            numeric[name] = value
+    return numeric
+
+
+def first_entry_replaced(value, bad):
+    """`value` with its first (innermost) entry replaced by `bad`; None when there is no entry."""
+    if not isinstance(value, (tuple, list)):
+        return bad
+    if not value:
+        return None
+    inner = first_entry_replaced(value[0], bad)
+    return None if inner is None else type(value)((inner, *value[1:]))
+
+
+def substitutions(value):
+    """(label, bad value) pairs for an argument whose valid value is `value`."""
+    cases = [(repr(bad), bad) for bad in BAD_VALUES]
+    if isinstance(value, (tuple, list)):
+        cases += [(f'first entry {bad!r}', first_entry_replaced(value, bad)) for bad in BAD_VALUES]
+    return [(label, bad) for label, bad in cases if bad is not None]
+
+
+def unchecked(owner, cls, make_kwargs):
+    """Every (argument, substituted value) that `cls` did not refuse by a ValueError/TypeError naming it."""
+    failures = []
+    for name, value in numeric_arguments(cls, make_kwargs()).items():
+        for label, bad in substitutions(value):
+            if (owner, name, bad) in ALLOWED:
+                continue
+            try:
+                cls(**{**make_kwargs(), name: bad})
+            except (ValueError, TypeError) as error:
+                if not re.search(rf'\b{re.escape(name)}\b', str(error)):
+                    failures.append(f'{name}={label}: {type(error).__name__} not naming it: {error}')
+            except Exception as error:      # any other error is a failure to report
+                failures.append(f'{name}={label}: {type(error).__name__}: {error}')
+            else:
+                failures.append(f'{name}={label}: accepted')
+    return failures
+
+
+@pytest.mark.parametrize('name', models.MODELS)
+def test_the_base_configuration_builds(name):
+    # without a configuration that builds, the model's arguments would go untested: give the model an entry
+    # in vit_pytorch.models.SMALL_CONFIGS (or ViT-style arguments)
+    model = models.build_model(name, **model_kwargs(name))
+    assert isinstance(model, torch.nn.Module)
+
+
+def unclassified(cls, kwargs):
+    """Arguments left None by `kwargs` and the defaults that neither table classifies."""
+    return [argument for argument, default in signature(cls).items()
+            if kwargs.get(argument, default) is None and argument not in OPTIONAL_NUMBERS | NOT_NUMBERS]
+
+
+@pytest.mark.parametrize('name', models.MODELS)
+def test_every_argument_left_none_is_classified(name):
+    unknown = unclassified(models.model_class(name), model_kwargs(name))
+    assert not unknown, f'{name}: add {unknown} to OPTIONAL_NUMBERS or NOT_NUMBERS'
+
+
+@pytest.mark.parametrize('name', models.MODELS)
+def test_every_numeric_argument_of_a_model_is_checked_at_construction(name):
+    cls = models.model_class(name)
+    assert numeric_arguments(cls, model_kwargs(name)), f'{name}: no numeric arguments found'
+    failures = unchecked(name, cls, lambda: model_kwargs(name))
+    assert not failures, f'{name}:\n' + '\n'.join(failures)
+
+
+@pytest.mark.parametrize('name', WRAPPERS)
+def test_every_argument_of_a_wrapper_left_none_is_classified(name):
+    cls, make_kwargs = WRAPPERS[name]
+    unknown = unclassified(cls, make_kwargs())
+    assert not unknown, f'{name}: add {unknown} to OPTIONAL_NUMBERS or NOT_NUMBERS'
+
+
+@pytest.mark.parametrize('name', WRAPPERS)
+def test_every_numeric_argument_of_a_wrapper_is_checked_at_construction(name):
+    cls, make_kwargs = WRAPPERS[name]
+    cls(**make_kwargs())
+    failures = unchecked(name, cls, make_kwargs)
+    assert not failures, f'{name}:\n' + '\n'.join(failures)
+
+
+# norm_eps=0 is no epsilon: a constant image (zero variance) then gives NaN; every model that takes one refuses it
+@pytest.mark.parametrize('name', [name for name in models.MODELS if 'norm_eps' in signature(models.model_class(name))])
+def test_a_norm_eps_of_zero_is_refused(name):
+    with pytest.raises(ValueError, match=r'\bnorm_eps\b.*0'):
+        models.build_model(name, **{**model_kwargs(name), 'norm_eps': 0.0})
+
+
+@pytest.mark.parametrize('name', [name for name in models.MODELS
+                                  if 'layer_scale_init' in signature(models.model_class(name))])
+@pytest.mark.parametrize('value', [math.nan, math.inf, 0.0])
+def test_a_layer_scale_init_that_is_not_a_positive_finite_number_is_refused(name, value):
+    with pytest.raises(ValueError, match=r'\blayer_scale_init\b'):
+        models.build_model(name, **{**model_kwargs(name), 'layer_scale_init': value})
+
+
+# a NaN mean gives NaN images; a std of 0 divides by zero
+@pytest.mark.parametrize('name', ['mpp', 'dino'])
+@pytest.mark.parametrize('mean, std, argument', [
+    ((math.nan, 0.5, 0.5), (0.2, 0.2, 0.2), r'mean\[0\]'),
+    ((0.5, 0.5, 0.5), (0.2, 0.0, 0.2), r'std\[1\]'),
+    ((0.5, 0.5, 0.5), (0.2, 0.2, math.inf), r'std\[2\]'),
+    ((0.5, '0.5', 0.5), (0.2, 0.2, 0.2), r'mean\[1\]'),
+])
+def test_a_normalisation_must_be_finite_with_a_positive_std(name, mean, std, argument):
+    cls, make_kwargs = WRAPPERS[name]
+    with pytest.raises((ValueError, TypeError), match=argument):
+        cls(**make_kwargs(), mean=mean, std=std)
