@@ -25,7 +25,8 @@ TINY = ['--threads', '1', '--dim', '32', '--depth', '2', '--heads', '2', '--dim-
 def setup_arguments():
     """The keyword arguments of setup.py's setup(...) call, read from its source (nothing is run)."""
     tree = ast.parse((ROOT / 'setup.py').read_text())
-    call = next(node for node in ast.walk(tree) if isinstance(node, ast.Call) and getattr(node.func, 'id', '') == 'setup')
+    call = next(node for node in ast.walk(tree)
+                if isinstance(node, ast.Call) and getattr(node.func, 'id', '') == 'setup')
     return {keyword.arg: keyword.value for keyword in call.keywords}
 
 
@@ -202,3 +203,12 @@ def test_looking_inside_shows_its_training_progress(capsys):
     looking_inside.train(model, lambda step: batch, 3, lr=1e-3, description='photograph model')
     error = capsys.readouterr().err
     assert 'photograph model' in error and '3/3' in error
+
+
+def test_evaluate_names_every_missing_package_of_the_extra_at_once(tmp_path, capsys, monkeypatch):
+    assert run_train('--out', tmp_path / 'run', '--quiet', '--no-plots', *TINY) == 0
+    monkeypatch.setitem(sys.modules, 'safetensors', None)
+    monkeypatch.setitem(sys.modules, 'sklearn', None)
+    assert evaluate.main([str(tmp_path / 'run' / 'checkpoint')]) == 2
+    needed = re.search(r'needs (.*), not installed here', error_of(capsys))[1].split(', ')
+    assert sorted(needed) == ['safetensors', 'scikit-learn']

@@ -324,25 +324,30 @@ def main(argv=None):
     parser.add_argument('--data', help="'digits' or a class-per-folder data set (default: the one it trained on)")
     parser.add_argument('--split', help="split to evaluate (default: the one tested during training)")
     parser.add_argument('--image-size', type=int,
-                        help="resize the data to this size, for a model that takes other sizes (na_vit) "
-                             "(default: the size it trained at)")
+                        help="resize the data to this size, for a model that takes other sizes (na_vit, or one "
+                             "trained with --dynamic-image-size) (default: the size it trained at)")
     parser.add_argument('--batch-size', type=int, default=256)
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--amp', action='store_true', help='bf16 autocast')
     parser.add_argument('--json', action='store_true', help='print the result as one JSON line')
     args = parser.parse_args(argv)
 
-    from vit_pytorch.checkpoint import CheckpointError, load_model
+    from vit_pytorch.checkpoint import CheckpointError, load_config, load_model
 
     try:
-        require('safetensors', 'numpy', purpose='python -m vit_pytorch.evaluate')
-        model, config = load_model(args.checkpoint, device=args.device)
-        data_config = config.get('data', {})
+        data_config = load_config(args.checkpoint).get('data', {})     # config.json: JSON, no extra needed
         source = args.data or data_config.get('source')
         if source is None:
             raise CheckpointError(f"{args.checkpoint} does not say what data it was trained on; pass --data")
         chosen = data_source(source)
-        require(*chosen.requires, purpose=f'python -m vit_pytorch.evaluate on {source}', extra=chosen.extra)
+        # every missing package named at once where one extra brings them all
+        one_extra = chosen.extra == 'train'
+        require('safetensors', 'numpy', *(chosen.requires if one_extra else ()),
+                purpose='python -m vit_pytorch.evaluate')
+        if not one_extra:
+            require(*chosen.requires, purpose=f'python -m vit_pytorch.evaluate on {source}', extra=chosen.extra)
+        model, config = load_model(args.checkpoint, device=args.device)
+        data_config = config.get('data', {})
         missing = [key for key in ('channels', 'mean', 'std') + (() if args.image_size else ('image_size',))
                    if data_config.get(key) is None]
         if missing:
