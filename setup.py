@@ -12,6 +12,9 @@ setup(
     install_requires=[
         'torch>=2.4',
         'einops>=0.8',
+        # the models never touch numpy, but `import torch` itself warns "Failed to initialize NumPy" without it
+        # (torch 2.13.0, torch/_subclasses/functional_tensor.py), and torch's wheel does not bring it
+        'numpy',
     ],
     extras_require={
         'test': ['pytest', 'hypothesis', 'numpy', 'scikit-learn', 'safetensors', 'pillow', 'matplotlib', 'tqdm',

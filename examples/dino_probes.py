@@ -55,6 +55,7 @@ def main(argv=None):
     parser.add_argument('--out', default='runs/dino_probes')
     parser.add_argument('--epochs', type=int, default=8)
     parser.add_argument('--threads', type=int, default=1)
+    parser.add_argument('--quiet', action='store_true', help="no runs' progress bars and epoch lines")
     args = parser.parse_args(argv)
     out = Path(args.out)
     train_set, test_set = load_digits('train', image_size=16), load_digits('test', image_size=16)
@@ -63,8 +64,9 @@ def main(argv=None):
     for index, (name, options) in enumerate(PROBES.items()):
         folder = out / f'probe{index}'
         if len(log_of(folder)) < args.epochs:
+            print(f"probe {index + 1}/{len(PROBES)}: {name}, {args.epochs} epochs", flush=True)
             argv = ['--method', 'dino', '--epochs', str(args.epochs), '--seed', '0', '--threads', str(args.threads),
-                    '--quiet', '--no-plots', '--out', str(folder), *shlex.split(options)]
+                    *(['--quiet'] if args.quiet else []), '--no-plots', '--out', str(folder), *shlex.split(options)]
             # an interrupted run continues from its checkpoint; one killed before its first save starts afresh
             argv += ['--resume'] if (folder / 'pretrainer').exists() else ['--overwrite'] if log_of(folder) else []
             if pretrain.main(argv) != 0:

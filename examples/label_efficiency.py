@@ -43,6 +43,7 @@ def log_of(folder):
 def run_once(command, folder, epochs, argv):
     """Run `command.main(argv + --out folder)` unless its log already has `epochs` epochs; the log."""
     if len(log_of(folder)) < epochs:
+        print(f"  {folder.name}: {epochs} epochs", flush=True)
         started = time.process_time()
         # an interrupted run continues from its checkpoint; one killed before its first save starts afresh
         state = Path(folder) / ('pretrainer' if command is pretrain else 'checkpoint')
@@ -90,9 +91,10 @@ def main(argv=None):
     parser.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
     parser.add_argument('--k', type=int, default=5, help='neighbours of the k-NN probe')
     parser.add_argument('--threads', type=int, default=1)
+    parser.add_argument('--quiet', action='store_true', help="no runs' progress bars and epoch lines")
     args = parser.parse_args(argv)
     out = Path(args.out)
-    common = ['--threads', args.threads, '--quiet']
+    common = ['--threads', args.threads] + (['--quiet'] if args.quiet else [])
 
     checkpoints = {'scratch': None}
     for method in args.methods:

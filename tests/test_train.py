@@ -330,7 +330,7 @@ def test_training_without_the_train_extra_names_what_to_install(tmp_path, capsys
     assert run('--epochs', 1, '--out', tmp_path / 'run', *FAST) == 2
     error = capsys.readouterr().err
     assert f'needs {distribution}' in error
-    assert "pip install -e '.[train]'" in error and "pip install 'vit-pytorch-clean[train]'" in error
+    assert "pip install -e '" in error and "[train]'" in error
     assert not (tmp_path / 'run').exists()                          # said before anything was trained
 
 
@@ -339,7 +339,7 @@ def test_pictures_without_matplotlib_name_what_to_install_and_how_to_do_without(
     monkeypatch.setitem(sys.modules, 'matplotlib', None)
     assert run('--data', data, '--image-size', 8, '--epochs', 1, '--out', tmp_path / 'run', '--quiet', *TINY) == 2
     error = capsys.readouterr().err
-    assert 'needs matplotlib' in error and '--no-plots' in error and "'.[train]'" in error
+    assert 'needs matplotlib' in error and '--no-plots' in error and "[train]'" in error
     assert not (tmp_path / 'run').exists()
 
 
@@ -348,7 +348,7 @@ def test_a_folder_without_pillow_names_what_to_install(tmp_path, capsys, monkeyp
     monkeypatch.setitem(sys.modules, 'PIL', None)
     assert run('--data', data, '--image-size', 8, '--epochs', 1, '--out', tmp_path / 'run', *FAST) == 2
     error = capsys.readouterr().err
-    assert 'needs pillow' in error and "pip install 'vit-pytorch-clean[train]'" in error
+    assert 'needs pillow' in error and "[train]'" in error
 
 
 def test_an_image_of_fewer_than_4_patches_is_warned_about(tmp_path, capsys):
@@ -542,7 +542,7 @@ def test_evaluate_without_safetensors_names_what_to_install(saved, capsys, monke
     assert evaluate_main([str(saved)]) == 2
     error = capsys.readouterr().err
     assert 'python -m vit_pytorch.evaluate needs safetensors' in error
-    assert "pip install -e '.[train]'" in error and "pip install 'vit-pytorch-clean[train]'" in error
+    assert "pip install -e '" in error and "[train]'" in error
 
 
 def test_evaluate_reloads_the_model_without_the_trainer(saved, capsys):

@@ -18,12 +18,14 @@ and evaluated on the split it was tested on during training (or on `--data`). Da
 
 Both commands need the 'train' extra (safetensors and numpy for checkpoints, scikit-learn for
 the digits, Pillow for folders, matplotlib for the trainer's pictures); a missing package is
-named with the command that installs it (`MissingExtra`).
+named with the command that installs it (`MissingExtra`): the package is not on the package index,
+so the command installs the extra from this checkout by its absolute path.
 """
 
 import argparse
 import importlib
 import json
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from einops import rearrange
+
+from vit_pytorch import models
 
 IMAGE_SUFFIXES = ('.png', '.jpg', '.jpeg', '.bmp', '.gif', '.webp', '.tif', '.tiff')
 DIGITS_SPLITS = ('train', 'test')
@@ -43,6 +47,23 @@ class MissingExtra(ImportError):
     """An optional package a command needs is not installed; the message names it and the extra that brings it."""
 
 
+def checkout():
+    """The root of the vit_pytorch checkout this package runs from (an editable install or PYTHONPATH),
+    or None for a package installed from a wheel, which has no setup.py beside it."""
+    root = Path(__file__).resolve().parents[1]
+    return root if (root / 'setup.py').is_file() else None
+
+
+def install_command(extra, distributions):
+    """A pip command that installs `extra` (or, without a checkout, the `distributions` it would bring),
+    as written from any folder: the package is not on the package index, so the extra comes from the
+    checkout by its absolute path."""
+    root = checkout()
+    if root is None:
+        return 'pip install ' + ' '.join(shlex.quote(distribution) for distribution in distributions)
+    return 'pip install -e ' + shlex.quote(f'{root}[{extra}]')
+
+
 def require(*modules, purpose, extra='train'):
     """Import `modules` now, or raise a MissingExtra naming every missing one and how to install them."""
     missing = []
@@ -52,9 +73,9 @@ def require(*modules, purpose, extra='train'):
         except ImportError:
             missing.append(DISTRIBUTIONS.get(module, module))
     if missing:
-        raise MissingExtra(
-            f"{purpose} needs {', '.join(missing)}, not installed here; install the {extra!r} extra: "
-            f"pip install -e '.[{extra}]' in a checkout of vit_pytorch, or pip install 'vit-pytorch-clean[{extra}]'")
+        how = f"the {extra!r} extra" if checkout() else 'them'
+        raise MissingExtra(f"{purpose} needs {', '.join(missing)}, not installed here; install {how}: "
+                           f"{install_command(extra, missing)}")
 
 
 @dataclass
@@ -268,6 +289,34 @@ def evaluate(model, data, *, mean, std, batch_size=256, device='cpu', amp=False,
     return dict(loss=loss / max(count, 1), accuracy=correct / max(count, 1), correct=int(correct), count=int(count))
 
 
+# the constructor arguments by which a model takes other sizes than it was built for
+DYNAMIC_SIZE_ARGUMENTS = ('dynamic_image_size', 'dynamic_img_size')
+
+
+@torch.no_grad()
+def check_size(model, config, data, *, checkpoint, image_size, device):
+    """A ValueError in the command's own terms when `model` does not take `data` at `--image-size`: the
+    model's advice names its constructor's arguments, which this command cannot set."""
+    data_config = config['data']
+    was_training = model.training
+    try:
+        model.eval()(normalise(data.floats(slice(0, 1)).to(device), data_config['mean'], data_config['std']))
+    except ValueError as error:
+        name, kwargs = config['model'], config.get('model_kwargs', {})
+        reason = str(error).split('; ')[0]
+        advice = (f"the model in {checkpoint} ({name}, trained at {data_config['image_size']}) does not take "
+                  f"--image-size {image_size} ({reason}): leave out --image-size to evaluate it at the size it "
+                  f"trained at")
+        accepted = models.parameters(name) or ()
+        dynamic = next((argument for argument in DYNAMIC_SIZE_ARGUMENTS if argument in accepted), None)
+        if dynamic is not None and not kwargs.get(dynamic):
+            advice += (f"; a model that takes other sizes is trained with python -m vit_pytorch.train --model {name} "
+                       f"--{dynamic.replace('_', '-')} (and the rest of its options)")
+        raise ValueError(advice) from error
+    finally:
+        model.train(was_training)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog='python -m vit_pytorch.evaluate', description=__doc__.split('\n\n')[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -275,25 +324,30 @@ def main(argv=None):
     parser.add_argument('--data', help="'digits' or a class-per-folder data set (default: the one it trained on)")
     parser.add_argument('--split', help="split to evaluate (default: the one tested during training)")
     parser.add_argument('--image-size', type=int,
-                        help="resize the data to this size, for a model that takes other sizes (na_vit) "
-                             "(default: the size it trained at)")
+                        help="resize the data to this size, for a model that takes other sizes (na_vit, or one "
+                             "trained with --dynamic-image-size) (default: the size it trained at)")
     parser.add_argument('--batch-size', type=int, default=256)
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--amp', action='store_true', help='bf16 autocast')
     parser.add_argument('--json', action='store_true', help='print the result as one JSON line')
     args = parser.parse_args(argv)
 
-    from vit_pytorch.checkpoint import CheckpointError, load_model
+    from vit_pytorch.checkpoint import CheckpointError, load_config, load_model
 
     try:
-        require('safetensors', 'numpy', purpose='python -m vit_pytorch.evaluate')
-        model, config = load_model(args.checkpoint, device=args.device)
-        data_config = config.get('data', {})
+        data_config = load_config(args.checkpoint).get('data', {})     # config.json: JSON, no extra needed
         source = args.data or data_config.get('source')
         if source is None:
             raise CheckpointError(f"{args.checkpoint} does not say what data it was trained on; pass --data")
         chosen = data_source(source)
-        require(*chosen.requires, purpose=f'python -m vit_pytorch.evaluate on {source}', extra=chosen.extra)
+        # every missing package named at once where one extra brings them all
+        one_extra = chosen.extra == 'train'
+        require('safetensors', 'numpy', *(chosen.requires if one_extra else ()),
+                purpose='python -m vit_pytorch.evaluate')
+        if not one_extra:
+            require(*chosen.requires, purpose=f'python -m vit_pytorch.evaluate on {source}', extra=chosen.extra)
+        model, config = load_model(args.checkpoint, device=args.device)
+        data_config = config.get('data', {})
         missing = [key for key in ('channels', 'mean', 'std') + (() if args.image_size else ('image_size',))
                    if data_config.get(key) is None]
         if missing:
@@ -303,6 +357,8 @@ def main(argv=None):
         image_size = args.image_size or data_config['image_size']
         data = chosen.load(split, image_size=image_size, channels=data_config['channels'],
                            classes=data_config.get('classes') if source != 'digits' else None)
+        if args.image_size:
+            check_size(model, config, data, checkpoint=args.checkpoint, image_size=image_size, device=args.device)
         result = evaluate(model, data, mean=data_config['mean'], std=data_config['std'],
                           batch_size=args.batch_size, device=args.device, amp=args.amp)
     except (CheckpointError, FileNotFoundError, NotADirectoryError, ValueError, MissingExtra) as error:

@@ -34,8 +34,7 @@ def _figure(width, height):
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as error:
-        raise ImportError("vit_pytorch.plots needs matplotlib, not installed here: pip install matplotlib, or the "
-                          "'plots' extra (pip install -e '.[plots]' in a checkout of vit_pytorch)") from error
+        raise ImportError("vit_pytorch.plots needs matplotlib, not installed here: pip install matplotlib") from error
     figure = Figure(figsize=(width, height), layout='constrained')
     FigureCanvasAgg(figure)
     return figure
@@ -59,10 +58,19 @@ def _as_image(image):
 
 
 def _upsampled(weights, size):
-    """(h, w) weights -> (H, W), scaled from their minimum (0) to their maximum (1) and bilinearly upsampled."""
+    """(h, w) weights -> (H, W), scaled from their minimum (0) to their maximum (1) and bilinearly upsampled;
+    equal weights everywhere are all 1 (attention spread evenly hides nothing), not all 0."""
     weights = weights.detach().float().cpu()
-    weights = (weights - weights.min()) / (weights.max() - weights.min()).clamp_min(1e-12)
+    spread = weights.max() - weights.min()
+    weights = (weights - weights.min()) / spread if spread > 0 else torch.ones_like(weights)
     return F.interpolate(weights[None, None], size=size, mode='bilinear', align_corners=False)[0, 0].clamp(0, 1)
+
+
+def _check_grid(grid):
+    """A ValueError for attention maps on a grid of one patch, where every map is one flat value."""
+    if grid[0] * grid[1] == 1:
+        raise ValueError(f"maps must cover more than one patch, got a {grid[0]}x{grid[1]} grid: attention over "
+                         f"a single patch has nothing to show")
 
 
 def _off(axis):
@@ -76,11 +84,13 @@ def save_attention_overlay(images, maps, path, *, titles=None, cmap='inferno', a
     images: (k, c, H, W) in [0, 1]; maps: (k, h, w) weights on the patch grid, e.g. the cls
     row of the attention rollout. Rows: the input, the map upsampled and laid over it, and
     the input multiplied by the map as in the paper. Each map is stretched to [0, 1] from its
-    minimum to its maximum, since rollout maps are often nearly flat.
+    minimum to its maximum, since rollout maps are often nearly flat; the colour bar beside the
+    attention row reads on that scale. Maps of a single patch have nothing to show and are refused.
     """
     if images.ndim != 4 or maps.ndim != 3 or images.shape[0] != maps.shape[0]:
         raise ValueError(f"images must be (k, c, H, W) and maps (k, h, w) with the same k, got "
                          f"{tuple(images.shape)} and {tuple(maps.shape)}")
+    _check_grid(maps.shape[-2:])
     count = images.shape[0]
     if titles is not None and len(titles) != count:
         raise ValueError(f"titles must have one entry per image ({count}), got {len(titles)}")
@@ -95,7 +105,7 @@ def save_attention_overlay(images, maps, path, *, titles=None, cmap='inferno', a
         masked, _ = _as_image(masked)
         axes[0, column].imshow(image, cmap=image_cmap, vmin=0, vmax=1)
         axes[1, column].imshow(image, cmap=image_cmap, vmin=0, vmax=1)
-        axes[1, column].imshow(weights.numpy(), cmap=cmap, alpha=alpha, vmin=0, vmax=1)
+        shown = axes[1, column].imshow(weights.numpy(), cmap=cmap, alpha=alpha, vmin=0, vmax=1)
         axes[2, column].imshow(masked, cmap=image_cmap, vmin=0, vmax=1)
         if titles is not None:
             axes[0, column].set_title(titles[column], fontsize=8)
@@ -103,6 +113,9 @@ def save_attention_overlay(images, maps, path, *, titles=None, cmap='inferno', a
             _off(axes[row, column])
     for row, label in enumerate(('input', 'attention', 'input x attention')):
         axes[row, 0].set_ylabel(label, fontsize=8)
+    bar = figure.colorbar(shown, ax=axes[1, :], fraction=0.02, pad=0.01, ticks=[0, 1])
+    bar.ax.set_yticklabels(['least', 'most'], fontsize=7)
+    bar.solids.set_alpha(1)
     return _save(figure, path, dpi)
 
 
@@ -110,6 +123,7 @@ def save_attention_heads(image, maps, path, *, title=None, cmap='inferno', alpha
     """One image and each head's attention map laid over it: image (c, H, W), maps (heads, h, w)."""
     if maps.ndim != 3:
         raise ValueError(f"maps must have shape (heads, h, w), got {tuple(maps.shape)}")
+    _check_grid(maps.shape[-2:])
     height, width = image.shape[-2:]
     heads = maps.shape[0]
     aspect = width / height
@@ -147,6 +161,7 @@ def save_position_embedding_similarity(similarity, path, *, max_tiles=8, dpi=100
     more per patch, so that a 16x16 grid stays readable."""
     if similarity.ndim != 4:
         raise ValueError(f"similarity must have shape (h, w, h, w), got {tuple(similarity.shape)}")
+    _check_grid(similarity.shape[:2])
     height, width = similarity.shape[:2]
     rows, columns = _spread(height, max_tiles), _spread(width, max_tiles)
     tile = max(0.55, 0.045 * max(height, width) * 100 / dpi)      # inches: 4.5 pixels per patch at least
@@ -198,10 +213,11 @@ def save_mean_attention_distance(distance, path, *, unit='pixels', uniform=None,
     if uniform is not None:
         axis.axhline(float(uniform), color='grey', linestyle='--', linewidth=1, label='uniform attention')
     axis.set_xticks(depth.numpy())
-    axis.set_ylim(0, 1.1 * max(values.max().item(), float(uniform or 0)))
+    top = max(values.max().item(), float(uniform or 0))
+    axis.set_ylim(0, 1.1 * top if top > 0 else 1)
     axis.grid(alpha=0.3)
     if heads <= 16:
-        axis.legend(fontsize=6, ncols=2 if heads > 8 else 1, loc='lower left')
+        axis.legend(fontsize=8, ncols=2 if heads > 8 else 1, loc='lower left')
     return _save(figure, path, dpi)
 
 

@@ -864,7 +864,7 @@ def uniform_attention_distance(grid, patch_size):
 def draw_inside(model, data, *, mean, std, device, out, count=8):
     """Attention rollout on `count` test images drawn from every class, the mean attention distance per head
     and the learned position embeddings' similarity; returns the paths written (none for a model without
-    attention maps)."""
+    attention maps, or one whose image is a single patch)."""
     if data.images.ndim != 4:                                        # the pictures are of images
         return []
     try:
@@ -878,6 +878,11 @@ def draw_inside(model, data, *, mean, std, device, out, count=8):
         logits, attns = recorder(normalise(pictures.to(device), mean, std))
     grid, prefix = recorder.grid, recorder.num_prefix_tokens
     if grid is None or not isinstance(attns, torch.Tensor):         # maps of several shapes (CaiT, CrossViT)
+        return []
+    if grid[0] * grid[1] == 1:
+        # every map would be one flat value: a black 'input x attention' row and a distance of 0 in every layer
+        _warn(f"no attention pictures: a {pictures.shape[-2]}x{pictures.shape[-1]} image is one patch for this "
+              f"model, and attention over a single patch has nothing to show")
         return []
     attns = attns.float().cpu()
     rollout = analysis.attention_rollout(attns)

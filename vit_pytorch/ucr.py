@@ -69,10 +69,11 @@ def load_classification():
     except ImportError as error:
         floor = '' if sys.version_info >= (3, 11) else \
             f" (aeon needs Python >= 3.11; this is {sys.version_info.major}.{sys.version_info.minor})"
+        from vit_pytorch.evaluate import install_command
+
         raise MissingAeon(
             f"the UCR/UEA data sets come with the aeon package, not installed here{floor}; install the "
-            f"'timeseries' extra: pip install -e '.[timeseries]' in a checkout of vit_pytorch, or "
-            f"pip install 'vit-pytorch-clean[timeseries]'") from error
+            f"'timeseries' extra: {install_command('timeseries', ['aeon'])}") from error
     return load_classification
 
 
