@@ -6,8 +6,9 @@ vit-pytorch's version keeps the images apart with `torch.nested` jagged tensors;
 instead, as `vit_pytorch.na_vit` does ('varlen' packing): the tokens of all images form one sequence
 sorted by length, and each run of images of one length is one batched `scaled_dot_product_attention`
 call (`vit_pytorch.na_vit.attend_segments`), with nothing padded and no attention across images. The
-function is the same; per layer the packed path measured faster than the nested one on a CPU (see
-tests/test_vit_pytorch_infra.py's timing note and the report of the measurement in docs/navit.md).
+function is the same (equal logits on vit-pytorch's own fixture). Measured once on a shared CPU (torch
+2.13, one thread; 8 images of 16 to 64 pixels, patch 8, dim 64, depth 4, heads 4): 255 ms a forward
+for vit-pytorch's nested tensors, 41 ms for this packing.
 
     import torch
     from vit_pytorch.na_vit_nested_tensor import NaViT
