@@ -287,7 +287,7 @@ def test_every_registered_model_is_recorded_without_side_effects(name):
     # window models (Swin, MaxViT, Twins' local attention, NesT's blocks, CrossFormer's groups, RegionViT's regions,
     # ScalableViT's and SepViT's windows) record (b * windows, heads, n, n), as their docstrings state
     assert all(attn.ndim == 4 and attn.shape[0] % 2 == 0 for attn in recorder.maps)
-    if name not in ('swin', 'swinv2', 'max_vit', 'twins_svt', 'nest', 'crossformer', 'regionvit', 'scalable_vit',
+    if name not in ('swin', 'swinv2', 'max_vit', 'max_vit_with_registers', 'twins_svt', 'nest', 'crossformer', 'regionvit', 'scalable_vit',
                     'sep_vit'):
         assert all(attn.shape[0] == 2 for attn in recorder.maps)
     flat = lambda out: out if isinstance(out, torch.Tensor) else torch.cat([t.flatten(1) for t in out], dim=1)

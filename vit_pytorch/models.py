@@ -54,6 +54,13 @@ MODELS = {
     'simple_vit_3d': 'vit_pytorch.simple_vit_3d:SimpleViT',
     'vivit': 'vit_pytorch.vivit:ViViT',
     'cct_3d': 'vit_pytorch.cct_3d:CCT',
+    # vit-pytorch's infrastructure modules, at its import paths
+    'vit_with_patch_dropout': 'vit_pytorch.vit_with_patch_dropout:ViT',
+    'simple_flash_attn_vit': 'vit_pytorch.simple_flash_attn_vit:SimpleViT',
+    'simple_flash_attn_vit_3d': 'vit_pytorch.simple_flash_attn_vit_3d:SimpleViT',
+    'na_vit_nested_tensor': 'vit_pytorch.na_vit_nested_tensor:NaViT',
+    'na_vit_nested_tensor_3d': 'vit_pytorch.na_vit_nested_tensor_3d:NaViT',
+    'max_vit_with_registers': 'vit_pytorch.max_vit_with_registers:MaxViT',
 }
 
 # models whose input is not a batch of images (b, c, h, w): name -> what they take (`--data ucr:NAME` gives
@@ -65,6 +72,8 @@ INPUTS = {
     'simple_vit_3d': 'clips (b, c, frames, h, w)',
     'vivit': 'clips (b, c, frames, h, w)',
     'cct_3d': 'clips (b, c, frames, h, w)',
+    'simple_flash_attn_vit_3d': 'clips (b, c, frames, h, w)',
+    'na_vit_nested_tensor_3d': 'clips (b, c, frames, h, w)',
 }
 
 # the trainer's default sizes for a model whose arguments are not the ViT's (multi-scale models): name ->
@@ -74,6 +83,8 @@ SMALL_CONFIGS = {
     'swinv2': dict(patch_size=2, embed_dim=32, depths=(2, 2, 2), num_heads=(2, 4, 8), window_size=4),
     # 16 and 32 pixels: stage maps 4 and 2 (8 and 4), both divisible by the 2x2 window
     'max_vit': dict(dim=32, depth=(2, 2), dim_head=16, dim_conv_stem=32, window_size=2),
+    'max_vit_with_registers': dict(dim=32, depth=(2, 2), dim_head=16, dim_conv_stem=32, window_size=2,
+                                   num_register_tokens=2),
     # 16 to 32 pixels (divisible by 4): patches of 4 every 2 pixels, grids 7 -> 4 -> 2 at 16 pixels
     'pit': dict(patch_size=4, dim=32, depth=(1, 1, 1), heads=(2, 4, 8), dim_head=16, mlp_dim=(64, 128, 256)),
     # 16 or 32 pixels (the stem divides by 16): grids 1 or 2, then 1
@@ -120,6 +131,11 @@ SMALL_CONFIGS = {
                    mlp_dim=128),
     'simple_vit_3d': dict(frames=8, image_patch_size=8, frame_patch_size=2, dim=64, depth=4, heads=4, dim_head=16,
                           mlp_dim=128),
+    'simple_flash_attn_vit_3d': dict(frames=8, image_patch_size=8, frame_patch_size=2, dim=64, depth=4, heads=4,
+                                     dim_head=16, mlp_dim=128),
+    # clips of up to 8 frames of up to 32 pixels (image_size is the largest), tubelets of 2 frames x 8 x 8 pixels
+    'na_vit_nested_tensor_3d': dict(max_frames=8, patch_size=8, frame_patch_size=2, dim=64, depth=4, heads=4,
+                                    dim_head=16, mlp_dim=128, num_registers=2),
     # the factorised encoder: 3 spatial layers on each time slice, 1 temporal layer on their cls tokens
     'vivit': dict(frames=8, image_patch_size=8, frame_patch_size=2, dim=64, spatial_depth=3, temporal_depth=1,
                   heads=4, dim_head=16, mlp_dim=128),
