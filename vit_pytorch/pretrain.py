@@ -67,12 +67,12 @@ from torch import nn
 
 from vit_pytorch import analysis, models, run_folder
 from vit_pytorch.checkpoint import CheckpointError, load_config, load_training_state, load_weights, save_checkpoint
-from vit_pytorch.evaluate import autocast, data_source, normalise, require
+from vit_pytorch.evaluate import autocast, data_source, normalise
 from vit_pytorch.recorder import Recorder
 from vit_pytorch.train import (_HelpFormatter, _progress, _restore_arguments, _run_name, _write, check_batches,
                                check_step, check_weights, epoch_batches, epoch_seed, learning_rate, least_batch,
-                               model_config, parameter_groups, pick_examples, run_command, setup_distributed, share,
-                               translate)
+                               model_config, parameter_groups, pick_examples, require_extras, run_command,
+                               setup_distributed, share, translate)
 from vit_pytorch.train import parse_args as parse_training_args
 
 METHODS = ('mae', 'simmim', 'mpp', 'dino')
@@ -234,10 +234,7 @@ def _pretrain(args, model_kwargs, rank, world_size, device, run):
         load_config(resumed)                                       # a clear error before anything else
         args, model_kwargs = _restore_arguments(args, model_kwargs, resumed)
     source = data_source(args.data)
-    require('safetensors', 'numpy', purpose='python -m vit_pytorch.pretrain')
-    require(*source.requires, purpose=f'python -m vit_pytorch.pretrain --data {args.data}', extra=source.extra)
-    if args.plots:
-        require('matplotlib', purpose='the pictures of python -m vit_pytorch.pretrain (--no-plots skips them)')
+    require_extras('python -m vit_pytorch.pretrain', args, source)
     out = Path(args.out or Path('runs') / f'{_run_name(args)}-{args.method}')
     args.out = str(out)
     run.enter_context(run_folder.claimed(

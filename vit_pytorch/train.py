@@ -464,6 +464,18 @@ def _json_kind(value):
     return 'string' if isinstance(value, str) else 'list' if isinstance(value, (list, tuple)) else 'object'
 
 
+def require_extras(command, args, source):
+    """Stop before anything else when a package the command needs for `args` is missing, naming all of them
+    at once where they come from one extra (the data source's own extra, if another, is named after)."""
+    needs = ['safetensors', 'numpy', *(['matplotlib'] if args.plots else [])]
+    pictures = ' (matplotlib draws the pictures; --no-plots skips them)' if args.plots else ''
+    if source.extra == 'train':
+        require(*needs, *source.requires, purpose=f'{command} --data {args.data}{pictures}')
+    else:
+        require(*needs, purpose=f'{command}{pictures}')
+        require(*source.requires, purpose=f'{command} --data {args.data}', extra=source.extra)
+
+
 def _format_seconds(seconds):
     seconds = int(round(seconds))
     return f'{seconds // 60}:{seconds % 60:02d}'
@@ -549,10 +561,7 @@ def _train(args, model_kwargs, rank, world_size, device, run):
         load_config(checkpoint)                                   # a clear error before anything else
         args, model_kwargs = _restore_arguments(args, model_kwargs, checkpoint)
     source = data_source(args.data)
-    require('safetensors', 'numpy', purpose='python -m vit_pytorch.train')
-    require(*source.requires, purpose=f'python -m vit_pytorch.train --data {args.data}', extra=source.extra)
-    if args.plots:
-        require('matplotlib', purpose='the pictures of python -m vit_pytorch.train (--no-plots skips them)')
+    require_extras('python -m vit_pytorch.train', args, source)
     out = Path(args.out or Path('runs') / _run_name(args))
     args.out = str(out)
     run.enter_context(run_folder.claimed(
