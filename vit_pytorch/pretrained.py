@@ -74,6 +74,7 @@ import math
 import os
 import pickle
 import re
+import stat
 import sys
 import zipfile
 from collections.abc import Mapping
@@ -198,15 +199,60 @@ def _read(source):
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"checkpoint must be a path or a state_dict mapping, got {type(source).__name__}")
     path = os.fspath(source)
-    if os.path.isdir(path):
+    if stat.S_ISDIR(_stat(path, 'a weight file or a save_pretrained folder').st_mode):
         return _read_folder(path)
     return _read_file(path), path, None
 
 
+def _stat(path, expected):
+    """The path's stat, or a CheckpointError saying why there is nothing readable there.
+
+    Judged before anything is opened: opening a FIFO blocks until something writes to it."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        broken = ' (a link to nothing)' if os.path.islink(path) else ''
+        raise CheckpointError(f"{path}: does not exist{broken}; expected {expected}") from None
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot look at it ({error.strerror or error}); expected {expected}") from None
+
+
+def _regular_file(path, expected):
+    """Refuse anything at `path` but a regular file (a folder, a FIFO, a socket or a device)."""
+    mode = _stat(path, expected).st_mode
+    if not stat.S_ISREG(mode):
+        kind = ('a folder' if stat.S_ISDIR(mode) else 'a FIFO (named pipe)' if stat.S_ISFIFO(mode) else
+                'a socket' if stat.S_ISSOCK(mode) else 'a device' if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
+                'not a regular file')
+        raise CheckpointError(f"{path}: is {kind}, not a file; expected {expected}")
+
+
+# safetensors' own reader refuses headers above 100 MB
+MAX_SAFETENSORS_HEADER = 100_000_000
+
+
 def _file_kind(path):
-    """What the file holds, judged by its first bytes (and a zip archive's member names)."""
-    with open(path, 'rb') as file:
-        head = file.read(16)
+    """What the file holds, judged by what it provably is: a safetensors header that fits the file
+    and parses, a zip archive's member names, then the magic bytes of .npy and pickle files."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, 'rb') as file:
+            head = file.read(16)
+            # safetensors: an 8-byte little-endian header length, then a JSON header starting with '{'.
+            # Tested first, because the length's low bytes can be anything, 'PK' or 0x80 included.
+            if head[8:9] == b'{':
+                length = int.from_bytes(head[:8], 'little')
+                if length > min(size - 8, MAX_SAFETENSORS_HEADER):
+                    return 'broken safetensors'
+                file.seek(8)
+                try:
+                    header = json.loads(file.read(length).decode('utf-8'))
+                except ValueError:       # not UTF-8, or not JSON (UnicodeDecodeError is a ValueError)
+                    return 'broken safetensors'
+                if isinstance(header, dict):
+                    return SAFETENSORS
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot read it ({error.strerror or error})") from error
     if not head:
         return 'empty'
     if head.startswith(b'PK'):
@@ -222,18 +268,22 @@ def _file_kind(path):
         return 'npy'
     if head.startswith(b'\x80'):          # a pickle: torch's legacy (pre-1.6) format
         return TORCH
-    if len(head) > 8 and head[8:9] == b'{':   # 8 bytes of header length, then the JSON header
-        return SAFETENSORS
     return 'unknown'
+
+
+# what each damaged container is, when the file's name says it should be that container
+BROKEN = {'broken zip': (ZIPPED, 'a zip archive whose directory cannot be read'),
+          'broken safetensors': ((SAFETENSORS,), 'its header does not fit the file or is not a JSON object')}
 
 
 def _read_file(path):
     expected = SAFETENSORS if path.endswith('.safetensors') else NPZ if path.endswith('.npz') else TORCH
-    kind = _file_kind(path)      # FileNotFoundError for a path that does not exist
-    if kind == 'broken zip' and expected in ZIPPED:
+    _regular_file(path, WHAT[expected])
+    kind = _file_kind(path)
+    if kind in BROKEN and expected in BROKEN[kind][0]:
         raise CheckpointError(f"{path}: cannot read it as {WHAT[expected]}: it is corrupt or truncated "
-                              f"(a zip archive whose directory cannot be read)")
-    if kind == 'broken zip':
+                              f"({BROKEN[kind][1]})")
+    if kind in BROKEN:
         kind = 'unknown'
     if kind != expected:
         raise CheckpointError(f"{path}: its name says {WHAT[expected]}, but the file is {WHAT[kind]}"
@@ -264,37 +314,66 @@ def _read_file(path):
     return _tensors(dict(state_dict), path)
 
 
+def _read_json(path, expected):
+    """A JSON object from a file (a folder's config.json or shard index), or a CheckpointError naming it."""
+    _regular_file(path, expected)
+    try:
+        with open(path, 'rb') as file:
+            text = file.read().decode('utf-8')
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot read it ({error.strerror or error}); expected {expected}") from error
+    except UnicodeDecodeError as error:
+        raise CheckpointError(f"{path}: not UTF-8 text ({error}); expected {expected}") from error
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise CheckpointError(f"{path}: cannot read it as JSON: corrupt or truncated ({error}); "
+                              f"expected {expected}") from error
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path}: holds a JSON {type(value).__name__}, not an object; expected {expected}")
+    return value
+
+
 def _read_folder(path):
     """The weights and config.json of a `save_pretrained` folder (Hugging Face, or timm's hub folders)."""
     config_path = os.path.join(path, 'config.json')
-    config = None
-    if os.path.isfile(config_path):
-        try:
-            with open(config_path) as file:
-                config = json.load(file)
-        except (OSError, ValueError) as error:
-            raise CheckpointError(f"{config_path}: cannot read it as JSON: corrupt or truncated ({error})") from error
-        if not isinstance(config, dict):
-            raise CheckpointError(f"{config_path}: holds a {type(config).__name__}, not a JSON object")
+    # lexists: a folder, a FIFO or a dangling link under a name save_pretrained writes is an error, not skipped
+    config = _read_json(config_path, 'the JSON object save_pretrained writes') \
+        if os.path.lexists(config_path) else None
     for name in FOLDER_WEIGHTS:
         weights = os.path.join(path, name)
-        if not os.path.isfile(weights):
+        if not os.path.lexists(weights):
             continue
         if not name.endswith('.index.json'):
             return _read_file(weights), weights, config
-        try:
-            with open(weights) as file:
-                shards = sorted(set(json.load(file)['weight_map'].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-            raise CheckpointError(f"{weights}: not a readable shard index (a JSON object with a 'weight_map')"
-                                  f" ({type(error).__name__}: {error})") from error
-        state_dict = {}
-        for shard in shards:
-            state_dict.update(_read_file(os.path.join(path, shard)))
-        return state_dict, weights, config
+        return _read_shards(path, weights), weights, config
     present = ', '.join(sorted(os.listdir(path))) or 'nothing'
     raise CheckpointError(f"{path}: a folder without weights: expected one of {', '.join(FOLDER_WEIGHTS)} "
                           f"(as save_pretrained writes them); it holds {present}")
+
+
+def _read_shards(folder, index):
+    """The state_dict of the shards an index names, each holding exactly the keys the index gives it."""
+    weight_map = _read_json(index, "a shard index (a JSON object with a 'weight_map')").get('weight_map')
+    if not isinstance(weight_map, dict) or not all(isinstance(shard, str) for shard in weight_map.values()):
+        raise CheckpointError(f"{index}: not a readable shard index: its 'weight_map' must map each key to a "
+                              f"shard's file name, got {type(weight_map).__name__}")
+    state_dict = {}
+    for shard in sorted(set(weight_map.values())):
+        if os.path.basename(shard) != shard or shard in ('', '.', '..'):
+            raise CheckpointError(f"{index}: names the shard {shard!r}, which is not a file name in {folder}")
+        shard_path = os.path.join(folder, shard)
+        if not os.path.lexists(shard_path):
+            raise CheckpointError(f"{shard_path}: does not exist, but the shard index {index} names it")
+        tensors = _read_file(shard_path)
+        wanted = {key for key, name in weight_map.items() if name == shard}
+        if tensors.keys() != wanted:
+            lacks, extra = sorted(wanted - tensors.keys()), sorted(tensors.keys() - wanted)
+            raise CheckpointError(f"{shard_path}: does not hold what the shard index {index} says"
+                                  + (f"; it lacks {', '.join(lacks[:5])}" if lacks else '')
+                                  + (f"; it also holds {', '.join(extra[:5])}" if extra else ''))
+        state_dict.update(tensors)
+    return state_dict
 
 
 def _tensors(state_dict, name):
