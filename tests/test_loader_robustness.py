@@ -15,11 +15,14 @@ import threading
 import numpy as np
 import pytest
 import torch
-from helpers import FIXTURES
+from helpers import FIXTURES, as_tuples, load_fixture
 from safetensors.torch import load_file, save_file
 
 from vit_pytorch import ViT
-from vit_pytorch.pretrained import CheckpointError, load_hf, load_jax, load_timm, load_vit_pytorch, read_checkpoint
+from vit_pytorch.crossformer import CrossFormer
+from vit_pytorch.pretrained import (CheckpointError, load_hf, load_jax, load_official, load_timm, load_vit_pytorch,
+                                    read_checkpoint)
+from vit_pytorch.swin import SwinTransformer, SwinTransformerV2
 
 TINY = dict(image_size=32, patch_size=8, dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32, num_classes=5,
             patch_norm=False, qkv_bias=True, norm_eps=1e-6)
@@ -266,3 +269,72 @@ def test_every_loader_names_an_odd_file(loader, case, tmp_path):
     source, named = write(tmp_path)
     with pytest.raises(CheckpointError, match=f'^{named}: {message}'):
         read_without_hanging(lambda path: loader(tiny(), path), source, named)
+
+
+# a file of another model is said to be one, before any advice on an option or a key
+
+
+def timm_case(name):
+    metadata, state_dict, _ = load_fixture(name)
+    return as_tuples(metadata['config'], 'img_size', 'depths', 'num_heads'), state_dict
+
+
+@pytest.mark.parametrize('cls', [SwinTransformer, SwinTransformerV2])
+def test_maxvit_weights_given_to_swin_are_called_another_models_not_an_option(cls):
+    config, _ = timm_case('timm_swin')
+    _, maxvit = timm_case('timm_max_vit')
+    with pytest.raises(CheckpointError, match=r"^the state_dict: it holds weights for another model \(it looks like "
+                                              r"timm's MaxViT \(maxvit_\*\); its keys start with head, stages, stem\)"):
+        load_timm(cls(**config), maxvit)
+
+
+def test_swin_weights_given_to_the_vit_are_called_another_models():
+    _, swin = timm_case('timm_swin')
+    with pytest.raises(CheckpointError, match=r"another model \(it looks like timm's Swin \(swin_\*\)"):
+        load_timm(tiny(), swin)
+
+
+def test_swin_weights_given_to_vit_pytorch_s_vit_are_called_another_models():
+    _, swin = timm_case('timm_swin')
+    with pytest.raises(CheckpointError, match=r"another model \(it looks like timm's Swin .* of ViT hold"):
+        load_vit_pytorch(tiny(), swin)
+
+
+def test_keys_of_no_known_model_are_named_by_their_prefixes():
+    unknown = {f'trunk.{i}.conv.weight': torch.zeros(3) for i in range(4)} | {'classifier.weight': torch.zeros(5, 16)}
+    with pytest.raises(CheckpointError, match=r'another model \(its keys start with classifier, trunk\): it has 0 of '
+                                              r'the \d+ kinds of key that timm checkpoints of ViT hold'):
+        load_timm(tiny(), unknown)
+
+
+def test_a_checkpoint_of_the_same_model_with_another_depth_still_lists_its_keys():
+    state_dict = read_checkpoint(FIXTURES / 'timm_vit.safetensors')
+    deeper = ViT(**dict(TINY, depth=TINY['depth'] + 1))
+    with pytest.raises(CheckpointError, match=r'the timm checkpoint does not fit this ViT:\n  missing keys \(\d+\): '
+                                              r'blocks\.2\.'):
+        load_timm(deeper, state_dict)
+
+
+def test_an_option_of_the_same_model_still_gets_its_advice():
+    config, swin = timm_case('timm_swin')
+    with pytest.raises(CheckpointError, match=r'^the state_dict: build the model with qkv_bias=True'):
+        load_timm(SwinTransformer(**dict(config, qkv_bias=False)), swin)
+
+
+# the messages name the paper's official code in a sentence
+
+
+def test_a_model_without_official_checkpoints_says_so_in_a_sentence():
+    with pytest.raises(TypeError, match=r"^no checkpoints of the paper's official code exist for ViT; it loads: timm, "
+                                        r"Hugging Face, JAX, vit-pytorch$"):
+        load_official(tiny(), {})
+
+
+def test_a_misfit_official_checkpoint_says_so_in_a_sentence():
+    _, state_dict, _ = load_fixture('official_crossformer')
+    model = CrossFormer(num_classes=5, dim=(16, 32, 64), depth=(2, 2, 2), heads=(1, 2, 2), local_window_size=(5, 6, 3),
+                        interval=(2, 2, 1), cross_embed_kernel_sizes=((4, 8), (2, 4), (2, 4)),
+                        cross_embed_strides=(4, 2, 2), mlp_mult=2)
+    with pytest.raises(CheckpointError, match=r"^the state_dict: the checkpoint of the paper's official code does not "
+                                              r"fit this CrossFormer:\n  missing keys \(26\): layers\.2\.blocks\.1\."):
+        load_official(model, state_dict)

@@ -402,6 +402,13 @@ def _as_tensor(value):
 
 FORMATS = {'timm': 'timm', 'hf': 'Hugging Face', 'jax': 'JAX', 'vit_pytorch': 'vit-pytorch',
            'official': "the paper's official code"}
+# the same as a noun, for messages ("no timm checkpoints exist", "the timm checkpoint does not fit")
+CHECKPOINTS = {**{fmt: f'{source} checkpoints' for fmt, source in FORMATS.items()},
+               'official': "checkpoints of the paper's official code"}
+
+
+def _one_checkpoint(fmt):
+    return CHECKPOINTS[fmt].replace('checkpoints', 'checkpoint')
 
 
 def load_timm(model, checkpoint, *, resample='timm', load_head=True, checkpoint_grid=None):
@@ -464,12 +471,13 @@ def load_vit_pytorch(model, checkpoint):
     """
     plan_function = _plan_function(model, 'vit_pytorch')
     state_dict, name, _ = _read(checkpoint)
-    planned = _make_plan(plan_function, model, state_dict, name)
+    planned = _make_plan(plan_function, model, state_dict, name, 'vit_pytorch')
     if planned is not None:
         return _load(model, state_dict, *planned, name=name, fmt='vit_pytorch', resample=RESAMPLE['timm'],
                      load_head=True)
     # the keys agree: the model's own load hooks bring older layouts up to date. Tried on a copy
     # first, so that a checkpoint that does not fit leaves the model untouched.
+    _refuse_another_model(list(model.state_dict()), (), state_dict, name, 'vit_pytorch', model)
     trial = copy.deepcopy(model)
     try:
         trial.load_state_dict(state_dict, strict=True)
@@ -487,7 +495,7 @@ def _load_format(model, checkpoint, fmt, *, resample, load_head, checkpoint_grid
         # old optimizer checkpoints nest the parameters under opt/target/
         state_dict = {key.removeprefix('opt/target/'): value for key, value in state_dict.items()}
     config_grid = _check_hf_config(model, config, name) if fmt == 'hf' and config else None
-    plan, head_prefixes = _make_plan(plan_function, model, state_dict, name)
+    plan, head_prefixes = _make_plan(plan_function, model, state_dict, name, fmt)
     return _load(model, state_dict, plan, head_prefixes, name=name, fmt=fmt, resample=resample,
                  load_head=load_head, checkpoint_grid=checkpoint_grid, config_grid=config_grid)
 
@@ -505,7 +513,7 @@ def _plan_function(model, fmt):
         plans = _plans_of(cls)
         if plans:
             if fmt not in plans:
-                raise TypeError(f"no {FORMATS[fmt]} checkpoints exist for {_model_name(model)}; it loads: "
+                raise TypeError(f"no {CHECKPOINTS[fmt]} exist for {_model_name(model)}; it loads: "
                                 f"{', '.join(FORMATS[other] for other in plans)}")
             return plans[fmt]
     raise TypeError(f"model must be a vit_pytorch model with checkpoint plans, got {type(model).__name__}")
@@ -519,11 +527,71 @@ def _model_name(model):
     return cls.__name__
 
 
-def _make_plan(plan_function, model, state_dict, name):
+def _make_plan(plan_function, model, state_dict, name, fmt):
     try:
         return plan_function(model, list(state_dict))
     except ValueError as error:      # the plan says what differs between the model and such checkpoints
+        # advice on an option is for a file of this model: judge that first, against the plan the
+        # model's own options give (the plan with no checkpoint keys to sense options from)
+        try:
+            plan, head_prefixes = plan_function(model, [])
+        except ValueError:
+            plan = None
+        if plan is not None:
+            _refuse_another_model([key for sources, _ in plan.values() for key in sources], tuple(head_prefixes),
+                                  state_dict, name, fmt, model)
         raise CheckpointError(f"{name}: {error}") from error
+
+
+def _key_pattern(key):
+    # block, stage and layer numbers do not tell one model's keys from another's
+    return re.sub(r'(?<=[./_])\d+(?=[./]|$)', '#', key)
+
+
+def _shares_pattern(pattern, patterns):
+    # one wrapper module around the model (`vit.`, `module.`) does not make a key another model's
+    return any(pattern == other or pattern.partition('.')[2] == other or other.partition('.')[2] == pattern
+               for other in patterns)
+
+
+# key patterns characteristic of the models people load, to say what another model's file looks like
+LOOKS_LIKE = (
+    (r'^stages\.#\.blocks\.#\.attn_block\.', "timm's MaxViT (maxvit_*)"),
+    (r'^layers\.#\.blocks\.#\.attn\.cpb_mlp\.', "timm's Swin V2 (swinv2_*)"),
+    (r'^layers\.#\.blocks\.#\.attn\.relative_position_bias_table$', "timm's Swin (swin_*)"),
+    (r'^stages\.#\.blocks\.#\.attn\.attention_biases$', "timm's LeViT (levit_*)"),
+    (r'^stages\.#\.blocks\.#\.attn\.kv\.weight$', "timm's PVT v2 (pvt_v2_*)"),
+    (r'^levels\.#\.transformer_encoder\.', "timm's NesT (nest_*)"),
+    (r'^transformers\.#\.blocks\.#\.attn\.', "timm's PiT (pit_*)"),
+    (r'^blocks\.#\.#\.attn\.kv\.weight$', "timm's Twins (twins_*)"),
+    (r'^stages\.#\.#\.conv1_1x1\.', "timm's MobileViT (mobilevit_*)"),
+    (r'^blocks_token_only\.', "timm's CaiT (cait_*)"),
+    (r'^cls_attn_blocks\.', "timm's XCiT (xcit_*)"),
+    (r'^blocks\.#\.blocks\.#\.#\.attn\.', "timm's CrossViT (crossvit_*)"),
+    (r'^blocks\.#\.attn\.qkv\.weight$', "timm's ViT or DeiT (vit_*, deit_*)"),
+    (r'(^|\.)encoder\.layer\.#\.attention\.attention\.query\.weight$', "a Hugging Face ViT or DeiT"),
+    (r'^cvt\.encoder\.stages\.', "Hugging Face's CvT"),
+    (r'^Transformer/encoderblock_#/', "the official JAX ViT (.npz)"),
+    (r'^transformer\.layers\.#\.', "vit-pytorch's parameter names"),
+)
+
+
+def _refuse_another_model(expected_keys, head_prefixes, state_dict, name, fmt, model):
+    """A CheckpointError when the file has under a quarter of the key patterns (numbers aside, heads
+    aside) that such checkpoints of this model have: no option of this model would make it fit."""
+    expected = {_key_pattern(key) for key in expected_keys if not (head_prefixes and key.startswith(head_prefixes))}
+    held = {_key_pattern(key) for key in state_dict}
+    shared = [pattern for pattern in expected if _shares_pattern(pattern, held)]
+    if not expected or 4 * len(shared) >= len(expected):
+        return
+    looks = next((what for regex, what in LOOKS_LIKE if any(re.search(regex, key) for key in held)), None)
+    tops = sorted({re.split(r'[./]', key)[0] for key in state_dict})
+    missing = sorted(expected - set(shared))
+    raise CheckpointError(
+        f"{name}: it holds weights for another model ({'it looks like ' + looks + '; ' if looks else ''}"
+        f"its keys start with {', '.join(tops[:8])}{' ...' if len(tops) > 8 else ''}): it has {len(shared)} of the "
+        f"{len(expected)} kinds of key that {CHECKPOINTS[fmt]} of {_model_name(model)} hold (it lacks "
+        f"{', '.join(missing[:3])} ...). Load it into the model it was saved from")
 
 
 def _check_hf_config(model, config, name):
@@ -588,7 +656,8 @@ def _load(model, state_dict, plan, head_prefixes, *, name, fmt, resample, load_h
     missing = [key for key in wanted if key not in state_dict]
     unexpected = sorted(key for key in set(state_dict) - set(wanted) if not (ignored and key.startswith(ignored)))
     if missing or unexpected:
-        lines = [f"{name}: the {FORMATS[fmt]} checkpoint does not fit this {type(model).__name__}:"]
+        _refuse_another_model(wanted, head_prefixes, state_dict, name, fmt, model)
+        lines = [f"{name}: the {_one_checkpoint(fmt)} does not fit this {type(model).__name__}:"]
         if missing:
             lines.append(f"  missing keys ({len(missing)}): {', '.join(missing)}")
         if unexpected:
@@ -619,13 +688,13 @@ def _load(model, state_dict, plan, head_prefixes, *, name, fmt, resample, load_h
             continue
         converted[ours] = tensor
     if problems:
-        lines = [f"{name}: the {FORMATS[fmt]} checkpoint does not fit this {type(model).__name__} "
+        lines = [f"{name}: the {_one_checkpoint(fmt)} does not fit this {type(model).__name__} "
                  f"(nothing was copied):"] + [f"  {line}" for line in problems]
         raise CheckpointError('\n'.join(lines + _head_hint(problems, head_prefixes)))
 
     left_out = sorted(set(targets) - planned)
     if left_out:
-        raise CheckpointError(f"{name}: the {FORMATS[fmt]} format has nothing for these parameters of "
+        raise CheckpointError(f"{name}: {CHECKPOINTS[fmt]} have nothing for these parameters of "
                               f"{type(model).__name__}: {', '.join(left_out)}")
     try:
         with torch.no_grad():
@@ -633,7 +702,7 @@ def _load(model, state_dict, plan, head_prefixes, *, name, fmt, resample, load_h
     except (RuntimeError, ValueError) as error:      # a model's own load hook refused (e.g. CCT's sine table)
         raise CheckpointError(f"{name}: {error}") from error
     if result.unexpected_keys or set(result.missing_keys) - heads:
-        raise CheckpointError(f"{name}: the {FORMATS[fmt]} plan of {type(model).__name__} does not match the "
+        raise CheckpointError(f"{name}: {type(model).__name__}'s plan for {CHECKPOINTS[fmt]} does not match the "
                               f"model: missing {result.missing_keys}, unexpected {result.unexpected_keys}")
     return model
 
