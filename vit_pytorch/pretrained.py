@@ -584,14 +584,15 @@ def _refuse_another_model(expected_keys, head_prefixes, state_dict, name, fmt, m
     shared = [pattern for pattern in expected if _shares_pattern(pattern, held)]
     if not expected or 4 * len(shared) >= len(expected):
         return
-    looks = next((what for regex, what in LOOKS_LIKE if any(re.search(regex, key) for key in held)), None)
+    looks = next((what for regex, what in LOOKS_LIKE
+                  if any(re.search(regex, key) or re.search(regex, key.partition('.')[2]) for key in held)), None)
     tops = sorted({re.split(r'[./]', key)[0] for key in state_dict})
     missing = sorted(expected - set(shared))
     raise CheckpointError(
         f"{name}: it holds weights for another model ({'it looks like ' + looks + '; ' if looks else ''}"
         f"its keys start with {', '.join(tops[:8])}{' ...' if len(tops) > 8 else ''}): it has {len(shared)} of the "
         f"{len(expected)} kinds of key that {CHECKPOINTS[fmt]} of {_model_name(model)} hold (it lacks "
-        f"{', '.join(missing[:3])} ...). Load it into the model it was saved from")
+        f"{', '.join(missing[:3])} ...). Load it into the model it was saved from, with the loader of its source")
 
 
 def _check_hf_config(model, config, name):
