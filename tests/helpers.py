@@ -71,10 +71,11 @@ def load_fixture(name):
     the metadata, which comes back decoded where it parses as JSON.
     """
     from safetensors import safe_open
-    from safetensors.torch import load_file
+
+    from vit_pytorch.pretrained import read_checkpoint
 
     path = FIXTURES / f'{name}.safetensors'
-    with safe_open(path, 'pt') as f:
+    with safe_open(path, 'pt') as f:     # the metadata only: the tensors come through the public reader
         raw = f.metadata() or {}
     metadata = {}
     for key, value in raw.items():
@@ -82,7 +83,7 @@ def load_fixture(name):
             metadata[key] = json.loads(value)
         except json.JSONDecodeError:
             metadata[key] = value
-    tensors = load_file(path)
+    tensors = read_checkpoint(path)
     state_dict = {k.removeprefix('state_dict.'): v for k, v in tensors.items() if k.startswith('state_dict.')}
     others = {k: v for k, v in tensors.items() if not k.startswith('state_dict.')}
     return metadata, state_dict, others

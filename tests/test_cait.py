@@ -2,11 +2,10 @@ import os
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from helpers import count, digits_batch, fit_fixed_batch
 from vit_pytorch.cait import CaiT, TalkingHeadsAttention, cait_s24_224, cait_xxs24_224
-from vit_pytorch.pretrained import load_timm
+from vit_pytorch.pretrained import load_timm, read_checkpoint
 from vit_pytorch.vit import ClassAttention
 
 
@@ -140,7 +139,7 @@ FIXTURES = os.path.join(os.path.dirname(__file__), 'fixtures')
 
 
 def test_logits_equal_timms_cait():
-    reference = load_file(os.path.join(FIXTURES, 'timm_cait_reference.safetensors'))
+    reference = read_checkpoint(os.path.join(FIXTURES, 'timm_cait_reference.safetensors'))
     model = CaiT(image_size=32, patch_size=8, num_classes=7, dim=24, depth=2, cls_depth=2, heads=3, dim_head=8,
                  mlp_dim=96, patch_norm=False, qkv_bias=True, norm_eps=1e-6).eval()
     load_timm(model, os.path.join(FIXTURES, 'timm_cait.safetensors'))     # the public loader

@@ -3,11 +3,10 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
 from helpers import digits_batch, fit_fixed_batch
 from vit_pytorch.cross_vit import CrossFusion, CrossViT, crossvit_small_240, crossvit_tiny_240
-from vit_pytorch.pretrained import load_timm
+from vit_pytorch.pretrained import load_timm, read_checkpoint
 from vit_pytorch.vit import ClassAttention
 
 
@@ -127,7 +126,7 @@ FIXTURES = os.path.join(os.path.dirname(__file__), 'fixtures')
 
 
 def test_logits_equal_timms_crossvit():
-    reference = load_file(os.path.join(FIXTURES, 'timm_cross_vit_reference.safetensors'))
+    reference = read_checkpoint(os.path.join(FIXTURES, 'timm_cross_vit_reference.safetensors'))
     model = CrossViT(image_size=48, num_classes=7, sm_dim=12, lg_dim=24, sm_patch_size=12, sm_enc_depth=1,
                      sm_enc_heads=3, sm_enc_mlp_dim=48, sm_enc_dim_head=4, lg_patch_size=16, lg_enc_depth=2,
                      lg_enc_heads=3, lg_enc_mlp_dim=96, lg_enc_dim_head=8, cross_attn_depth=1, cross_attn_heads=3,

@@ -6,14 +6,13 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 from torch import nn
 
 from helpers import digits_batch
 from vit_pytorch import ViT
 from vit_pytorch import distill
 from vit_pytorch.distill import DistillableViT, DistillWrapper
-from vit_pytorch.pretrained import load_timm
+from vit_pytorch.pretrained import load_timm, read_checkpoint
 
 FIXTURES = os.path.join(os.path.dirname(__file__), 'fixtures')
 TINY = dict(image_size=32, patch_size=8, dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32, num_classes=5,
@@ -182,7 +181,7 @@ def test_hard_distillation_learns_real_digits():
 
 
 def test_timm_distilled_deit_fixture_logits():
-    reference = load_file(os.path.join(FIXTURES, 'timm_deit_distilled_reference.safetensors'))
+    reference = read_checkpoint(os.path.join(FIXTURES, 'timm_deit_distilled_reference.safetensors'))
     model = load_timm(DistillableViT(**TINY).eval(), os.path.join(FIXTURES, 'timm_deit_distilled.safetensors'))
     torch.testing.assert_close(model(reference['input']), reference['logits'], atol=1e-4, rtol=0)
     logits, distill_logits = model.train()(reference['input'])
@@ -191,7 +190,7 @@ def test_timm_distilled_deit_fixture_logits():
 
 
 def test_timm_distilled_deit_resampled_on_load_to_another_resolution():
-    reference = load_file(os.path.join(FIXTURES, 'timm_deit_distilled_reference.safetensors'))
+    reference = read_checkpoint(os.path.join(FIXTURES, 'timm_deit_distilled_reference.safetensors'))
     model = DistillableViT(**{**TINY, 'image_size': 40}).eval()
     load_timm(model, os.path.join(FIXTURES, 'timm_deit_distilled.safetensors'))   # both prefix rows kept
     torch.testing.assert_close(model(reference['input_40']), reference['logits_40'], atol=1e-4, rtol=0)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import FIXTURES
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from vit_pytorch import ViT
 from vit_pytorch.pretrained import CheckpointError, load_hf, load_jax, load_timm, load_vit_pytorch, read_checkpoint
@@ -27,7 +27,7 @@ def tiny():
 
 
 def timm_state_dict():
-    return load_file(FIXTURES / 'timm_vit.safetensors')
+    return read_checkpoint(FIXTURES / 'timm_vit.safetensors')
 
 
 def torch_file(path):
@@ -96,9 +96,10 @@ def test_every_loader_gives_the_same_error(loader, case, tmp_path):
     assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
 
 
-def test_a_missing_file_is_file_not_found(tmp_path):
-    with pytest.raises(FileNotFoundError):
-        load_timm(tiny(), tmp_path / 'nothing.safetensors')
+def test_a_missing_file_is_a_checkpoint_error_naming_it(tmp_path):
+    path = tmp_path / 'nothing.safetensors'
+    with pytest.raises(CheckpointError, match=f'^{path}: does not exist'):
+        load_timm(tiny(), path)
 
 
 @pytest.mark.parametrize('name', ['weights.bin', 'weights.pt', 'weights.ckpt', 'weights'])
@@ -131,7 +132,7 @@ def test_a_folder_with_a_corrupt_config_is_named(tmp_path):
 
 
 def test_a_sharded_folder_is_read_whole(tmp_path):
-    state_dict = load_file(FIXTURES / 'hf_vit_folder' / 'model.safetensors')
+    state_dict = read_checkpoint(FIXTURES / 'hf_vit_folder' / 'model.safetensors')
     keys = sorted(state_dict)
     shards = {'model-00001-of-00002.safetensors': keys[:10], 'model-00002-of-00002.safetensors': keys[10:]}
     for shard, names in shards.items():

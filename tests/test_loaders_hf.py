@@ -11,11 +11,10 @@ import shutil
 import pytest
 import torch
 from helpers import FIXTURES
-from safetensors.torch import load_file
 
 from vit_pytorch import ViT
 from vit_pytorch.distill import DistillableViT
-from vit_pytorch.pretrained import RESAMPLE, CheckpointError, load_hf
+from vit_pytorch.pretrained import RESAMPLE, CheckpointError, load_hf, read_checkpoint
 from vit_pytorch.vit import resample_pos_embedding
 
 FOLDER = FIXTURES / 'hf_vit_folder'
@@ -27,7 +26,7 @@ TOL = dict(atol=1e-5, rtol=1e-5)
 
 
 def reference(name):
-    return load_file(FIXTURES / f'{name}_reference.safetensors')
+    return read_checkpoint(FIXTURES / f'{name}_reference.safetensors')
 
 
 def folder_vit(**overrides):
@@ -63,7 +62,7 @@ def test_the_folders_config_is_checked_against_the_model():
 
 
 def test_a_folder_resamples_from_the_grid_its_config_gives():
-    table = load_file(FOLDER / 'model.safetensors')['vit.embeddings.position_embeddings'][0]   # 1 + 5 * 7 rows
+    table = read_checkpoint(FOLDER / 'model.safetensors')['vit.embeddings.position_embeddings'][0]   # 1 + 5 * 7 rows
     expected = resample_pos_embedding(table, old_grid=(5, 7), new_grid=(6, 8), num_prefix_tokens=1, **RESAMPLE['hf'])
     from_folder = load_hf(folder_vit(image_size=(48, 64)), FOLDER)
     from_file = load_hf(folder_vit(image_size=(48, 64)), FOLDER / 'model.safetensors', checkpoint_grid=(5, 7))
@@ -85,7 +84,7 @@ def test_a_non_square_table_of_unknown_grid_is_refused_with_the_way_out():
 def test_a_folder_with_pytorch_model_bin_loads_too(tmp_path):
     ref = reference('hf_vit_folder')
     shutil.copy(FOLDER / 'config.json', tmp_path)
-    torch.save(load_file(FOLDER / 'model.safetensors'), tmp_path / 'pytorch_model.bin')
+    torch.save(read_checkpoint(FOLDER / 'model.safetensors'), tmp_path / 'pytorch_model.bin')
     model = load_hf(folder_vit(), tmp_path)
     with torch.no_grad():
         torch.testing.assert_close(model(ref['input']), ref['logits'], **TOL)
@@ -122,7 +121,7 @@ def test_hf_deit_into_a_plain_vit_names_the_distillation_token():
 
 
 def test_position_table_of_deit_keeps_both_prefix_rows_when_resampled():
-    table = load_file(FIXTURES / 'hf_deit_distilled.safetensors')['deit.embeddings.position_embeddings'][0]
+    table = read_checkpoint(FIXTURES / 'hf_deit_distilled.safetensors')['deit.embeddings.position_embeddings'][0]
     model = load_hf(DistillableViT(**{**DEIT, 'image_size': 40}), FIXTURES / 'hf_deit_distilled.safetensors')
     assert model.pos_embedding.shape == (2 + 25, 16)
     torch.testing.assert_close(model.pos_embedding[:2].detach(), table[:2], atol=0, rtol=0)

@@ -7,7 +7,6 @@ make_variant_timm_fixtures.py), tiny random-weight models moved off their initia
 import pytest
 import torch
 from helpers import FIXTURES
-from safetensors.torch import load_file
 
 from vit_pytorch import SimpleViT, ViT
 from vit_pytorch.cait import CaiT
@@ -16,7 +15,7 @@ from vit_pytorch.deepvit import DeepViT
 from vit_pytorch.learnable_memory_vit import Adapter
 from vit_pytorch.learnable_memory_vit import ViT as MemoryViT
 from vit_pytorch.parallel_vit import ViT as ParallelViT
-from vit_pytorch.pretrained import CheckpointError, load_hf, load_timm
+from vit_pytorch.pretrained import CheckpointError, load_hf, load_timm, read_checkpoint
 from vit_pytorch.simple_vit_with_patch_dropout import SimpleViT as PatchDropoutSimpleViT
 from vit_pytorch.simple_vit_with_qk_norm import SimpleViT as QkNormSimpleViT
 from vit_pytorch.simple_vit_with_register_tokens import SimpleViT as RegisterSimpleViT
@@ -30,7 +29,7 @@ NONSQUARE = dict(image_size=(32, 24), patch_size=8, dim=16, depth=2, heads=2, di
 
 
 def reference(name):
-    return load_file(FIXTURES / f'{name}_reference.safetensors')
+    return read_checkpoint(FIXTURES / f'{name}_reference.safetensors')
 
 
 def test_non_square_checkpoint_loads_on_the_models_grid():
@@ -63,7 +62,7 @@ def test_checkpoint_grid_is_validated():
 
 
 def test_qkv_bias_false_timm_checkpoint_needs_a_model_without_qkv_bias():
-    state_dict = load_file(FIXTURES / 'timm_vit_nonsquare.safetensors')
+    state_dict = read_checkpoint(FIXTURES / 'timm_vit_nonsquare.safetensors')
     state_dict = {key: value for key, value in state_dict.items() if not key.endswith('attn.qkv.bias')}
     with pytest.raises(CheckpointError, match=r'build the model with qkv_bias=False'):
         load_timm(ViT(**NONSQUARE), state_dict)

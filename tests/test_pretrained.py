@@ -12,7 +12,6 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from vit_pytorch import ViT
 from vit_pytorch import pretrained
@@ -36,7 +35,7 @@ def fixture(name):
 
 
 def reference(case):
-    return load_file(fixture(f'{case}_reference.safetensors'))
+    return read_checkpoint(fixture(f'{case}_reference.safetensors'))
 
 
 def max_diff(a, b):
@@ -144,7 +143,7 @@ def test_another_resampling_mode_misses_timms_logits():
 
 def test_timm_checkpoint_loads_from_a_torch_file_and_a_deit_style_wrapper(tmp_path):
     ref = reference('timm_vit')
-    state_dict = load_file(fixture('timm_vit.safetensors'))
+    state_dict = read_checkpoint(fixture('timm_vit.safetensors'))
     torch.save(state_dict, tmp_path / 'plain.pth')
     torch.save({'model': state_dict}, tmp_path / 'wrapped.pth')
     for source in (tmp_path / 'plain.pth', str(tmp_path / 'wrapped.pth'), state_dict):
@@ -182,7 +181,7 @@ def transformers5_names(state_dict):
 
 def test_hf_in_memory_names_of_transformers_5_load_too():
     ref = reference('hf_vit_classifier')
-    state_dict = transformers5_names(load_file(fixture('hf_vit_classifier.safetensors')))
+    state_dict = transformers5_names(read_checkpoint(fixture('hf_vit_classifier.safetensors')))
     assert 'vit.layers.0.attention.q_proj.weight' in state_dict
     model = load_hf(tiny(norm_eps=1e-12), state_dict)
     torch.testing.assert_close(model(ref['input']), ref['logits'], **TOL)
@@ -271,7 +270,7 @@ def test_load_without_head_then_zero_initialised_new_head():
 
 
 def timm_state_dict():
-    return load_file(fixture('timm_vit.safetensors'))
+    return read_checkpoint(fixture('timm_vit.safetensors'))
 
 
 def test_missing_key_is_named():
@@ -324,7 +323,7 @@ def test_position_table_that_is_not_a_square_grid_is_refused():
 
 
 def test_hf_missing_value_projection_is_named():
-    state_dict = load_file(fixture('hf_vit_classifier.safetensors'))
+    state_dict = read_checkpoint(fixture('hf_vit_classifier.safetensors'))
     del state_dict['vit.encoder.layer.0.attention.attention.value.weight']
     with pytest.raises(CheckpointError, match=r'vit\.encoder\.layer\.0\.attention\.attention\.value\.weight'):
         load_hf(tiny(norm_eps=1e-12), state_dict)

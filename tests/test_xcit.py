@@ -3,10 +3,9 @@ import os
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from helpers import digits_batch, fit_fixed_batch
-from vit_pytorch.pretrained import load_timm
+from vit_pytorch.pretrained import load_timm, read_checkpoint
 from vit_pytorch.vit import ClassAttention
 from vit_pytorch.xcit import (FourierPositionEncoding, LocalPatchInteraction, XCAttention, XCiT,
                               xcit_tiny_12_p16_224)
@@ -156,7 +155,7 @@ FIXTURES = os.path.join(os.path.dirname(__file__), 'fixtures')
 
 
 def test_logits_equal_timms_xcit_at_another_image_size():
-    reference = load_file(os.path.join(FIXTURES, 'timm_xcit_reference.safetensors'))
+    reference = read_checkpoint(os.path.join(FIXTURES, 'timm_xcit_reference.safetensors'))
     model = XCiT(image_size=32, patch_size=8, num_classes=7, dim=32, depth=2, cls_depth=2, heads=4, dim_head=8,
                  mlp_dim=128, tokens_norm=True, qkv_bias=True, norm_eps=1e-6).eval()
     load_timm(model, os.path.join(FIXTURES, 'timm_xcit.safetensors'))     # the public loader

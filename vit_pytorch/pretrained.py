@@ -74,6 +74,7 @@ import math
 import os
 import pickle
 import re
+import stat
 import sys
 import zipfile
 from collections.abc import Mapping
@@ -198,15 +199,60 @@ def _read(source):
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"checkpoint must be a path or a state_dict mapping, got {type(source).__name__}")
     path = os.fspath(source)
-    if os.path.isdir(path):
+    if stat.S_ISDIR(_stat(path, 'a weight file or a save_pretrained folder').st_mode):
         return _read_folder(path)
     return _read_file(path), path, None
 
 
+def _stat(path, expected):
+    """The path's stat, or a CheckpointError saying why there is nothing readable there.
+
+    Judged before anything is opened: opening a FIFO blocks until something writes to it."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        broken = ' (a link to nothing)' if os.path.islink(path) else ''
+        raise CheckpointError(f"{path}: does not exist{broken}; expected {expected}") from None
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot look at it ({error.strerror or error}); expected {expected}") from None
+
+
+def _regular_file(path, expected):
+    """Refuse anything at `path` but a regular file (a folder, a FIFO, a socket or a device)."""
+    mode = _stat(path, expected).st_mode
+    if not stat.S_ISREG(mode):
+        kind = ('a folder' if stat.S_ISDIR(mode) else 'a FIFO (named pipe)' if stat.S_ISFIFO(mode) else
+                'a socket' if stat.S_ISSOCK(mode) else 'a device' if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
+                'not a regular file')
+        raise CheckpointError(f"{path}: is {kind}, not a file; expected {expected}")
+
+
+# safetensors' own reader refuses headers above 100 MB
+MAX_SAFETENSORS_HEADER = 100_000_000
+
+
 def _file_kind(path):
-    """What the file holds, judged by its first bytes (and a zip archive's member names)."""
-    with open(path, 'rb') as file:
-        head = file.read(16)
+    """What the file holds, judged by what it provably is: a safetensors header that fits the file
+    and parses, a zip archive's member names, then the magic bytes of .npy and pickle files."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, 'rb') as file:
+            head = file.read(16)
+            # safetensors: an 8-byte little-endian header length, then a JSON header starting with '{'.
+            # Tested first, because the length's low bytes can be anything, 'PK' or 0x80 included.
+            if head[8:9] == b'{':
+                length = int.from_bytes(head[:8], 'little')
+                if length > min(size - 8, MAX_SAFETENSORS_HEADER):
+                    return 'broken safetensors'
+                file.seek(8)
+                try:
+                    header = json.loads(file.read(length).decode('utf-8'))
+                except ValueError:       # not UTF-8, or not JSON (UnicodeDecodeError is a ValueError)
+                    return 'broken safetensors'
+                if isinstance(header, dict):
+                    return SAFETENSORS
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot read it ({error.strerror or error})") from error
     if not head:
         return 'empty'
     if head.startswith(b'PK'):
@@ -222,18 +268,22 @@ def _file_kind(path):
         return 'npy'
     if head.startswith(b'\x80'):          # a pickle: torch's legacy (pre-1.6) format
         return TORCH
-    if len(head) > 8 and head[8:9] == b'{':   # 8 bytes of header length, then the JSON header
-        return SAFETENSORS
     return 'unknown'
+
+
+# what each damaged container is, when the file's name says it should be that container
+BROKEN = {'broken zip': (ZIPPED, 'a zip archive whose directory cannot be read'),
+          'broken safetensors': ((SAFETENSORS,), 'its header does not fit the file or is not a JSON object')}
 
 
 def _read_file(path):
     expected = SAFETENSORS if path.endswith('.safetensors') else NPZ if path.endswith('.npz') else TORCH
-    kind = _file_kind(path)      # FileNotFoundError for a path that does not exist
-    if kind == 'broken zip' and expected in ZIPPED:
+    _regular_file(path, WHAT[expected])
+    kind = _file_kind(path)
+    if kind in BROKEN and expected in BROKEN[kind][0]:
         raise CheckpointError(f"{path}: cannot read it as {WHAT[expected]}: it is corrupt or truncated "
-                              f"(a zip archive whose directory cannot be read)")
-    if kind == 'broken zip':
+                              f"({BROKEN[kind][1]})")
+    if kind in BROKEN:
         kind = 'unknown'
     if kind != expected:
         raise CheckpointError(f"{path}: its name says {WHAT[expected]}, but the file is {WHAT[kind]}"
@@ -264,37 +314,66 @@ def _read_file(path):
     return _tensors(dict(state_dict), path)
 
 
+def _read_json(path, expected):
+    """A JSON object from a file (a folder's config.json or shard index), or a CheckpointError naming it."""
+    _regular_file(path, expected)
+    try:
+        with open(path, 'rb') as file:
+            text = file.read().decode('utf-8')
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot read it ({error.strerror or error}); expected {expected}") from error
+    except UnicodeDecodeError as error:
+        raise CheckpointError(f"{path}: not UTF-8 text ({error}); expected {expected}") from error
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise CheckpointError(f"{path}: cannot read it as JSON: corrupt or truncated ({error}); "
+                              f"expected {expected}") from error
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path}: holds a JSON {type(value).__name__}, not an object; expected {expected}")
+    return value
+
+
 def _read_folder(path):
     """The weights and config.json of a `save_pretrained` folder (Hugging Face, or timm's hub folders)."""
     config_path = os.path.join(path, 'config.json')
-    config = None
-    if os.path.isfile(config_path):
-        try:
-            with open(config_path) as file:
-                config = json.load(file)
-        except (OSError, ValueError) as error:
-            raise CheckpointError(f"{config_path}: cannot read it as JSON: corrupt or truncated ({error})") from error
-        if not isinstance(config, dict):
-            raise CheckpointError(f"{config_path}: holds a {type(config).__name__}, not a JSON object")
+    # lexists: a folder, a FIFO or a dangling link under a name save_pretrained writes is an error, not skipped
+    config = _read_json(config_path, 'the JSON object save_pretrained writes') \
+        if os.path.lexists(config_path) else None
     for name in FOLDER_WEIGHTS:
         weights = os.path.join(path, name)
-        if not os.path.isfile(weights):
+        if not os.path.lexists(weights):
             continue
         if not name.endswith('.index.json'):
             return _read_file(weights), weights, config
-        try:
-            with open(weights) as file:
-                shards = sorted(set(json.load(file)['weight_map'].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-            raise CheckpointError(f"{weights}: not a readable shard index (a JSON object with a 'weight_map')"
-                                  f" ({type(error).__name__}: {error})") from error
-        state_dict = {}
-        for shard in shards:
-            state_dict.update(_read_file(os.path.join(path, shard)))
-        return state_dict, weights, config
+        return _read_shards(path, weights), weights, config
     present = ', '.join(sorted(os.listdir(path))) or 'nothing'
     raise CheckpointError(f"{path}: a folder without weights: expected one of {', '.join(FOLDER_WEIGHTS)} "
                           f"(as save_pretrained writes them); it holds {present}")
+
+
+def _read_shards(folder, index):
+    """The state_dict of the shards an index names, each holding exactly the keys the index gives it."""
+    weight_map = _read_json(index, "a shard index (a JSON object with a 'weight_map')").get('weight_map')
+    if not isinstance(weight_map, dict) or not all(isinstance(shard, str) for shard in weight_map.values()):
+        raise CheckpointError(f"{index}: not a readable shard index: its 'weight_map' must map each key to a "
+                              f"shard's file name, got {type(weight_map).__name__}")
+    state_dict = {}
+    for shard in sorted(set(weight_map.values())):
+        if os.path.basename(shard) != shard or shard in ('', '.', '..'):
+            raise CheckpointError(f"{index}: names the shard {shard!r}, which is not a file name in {folder}")
+        shard_path = os.path.join(folder, shard)
+        if not os.path.lexists(shard_path):
+            raise CheckpointError(f"{shard_path}: does not exist, but the shard index {index} names it")
+        tensors = _read_file(shard_path)
+        wanted = {key for key, name in weight_map.items() if name == shard}
+        if tensors.keys() != wanted:
+            lacks, extra = sorted(wanted - tensors.keys()), sorted(tensors.keys() - wanted)
+            raise CheckpointError(f"{shard_path}: does not hold what the shard index {index} says"
+                                  + (f"; it lacks {', '.join(lacks[:5])}" if lacks else '')
+                                  + (f"; it also holds {', '.join(extra[:5])}" if extra else ''))
+        state_dict.update(tensors)
+    return state_dict
 
 
 def _tensors(state_dict, name):
@@ -323,6 +402,13 @@ def _as_tensor(value):
 
 FORMATS = {'timm': 'timm', 'hf': 'Hugging Face', 'jax': 'JAX', 'vit_pytorch': 'vit-pytorch',
            'official': "the paper's official code"}
+# the same as a noun, for messages ("no timm checkpoints exist", "the timm checkpoint does not fit")
+CHECKPOINTS = {**{fmt: f'{source} checkpoints' for fmt, source in FORMATS.items()},
+               'official': "checkpoints of the paper's official code"}
+
+
+def _one_checkpoint(fmt):
+    return CHECKPOINTS[fmt].replace('checkpoints', 'checkpoint')
 
 
 def load_timm(model, checkpoint, *, resample='timm', load_head=True, checkpoint_grid=None):
@@ -385,12 +471,13 @@ def load_vit_pytorch(model, checkpoint):
     """
     plan_function = _plan_function(model, 'vit_pytorch')
     state_dict, name, _ = _read(checkpoint)
-    planned = _make_plan(plan_function, model, state_dict, name)
+    planned = _make_plan(plan_function, model, state_dict, name, 'vit_pytorch')
     if planned is not None:
         return _load(model, state_dict, *planned, name=name, fmt='vit_pytorch', resample=RESAMPLE['timm'],
                      load_head=True)
     # the keys agree: the model's own load hooks bring older layouts up to date. Tried on a copy
     # first, so that a checkpoint that does not fit leaves the model untouched.
+    _refuse_another_model(list(model.state_dict()), (), state_dict, name, 'vit_pytorch', model)
     trial = copy.deepcopy(model)
     try:
         trial.load_state_dict(state_dict, strict=True)
@@ -408,7 +495,7 @@ def _load_format(model, checkpoint, fmt, *, resample, load_head, checkpoint_grid
         # old optimizer checkpoints nest the parameters under opt/target/
         state_dict = {key.removeprefix('opt/target/'): value for key, value in state_dict.items()}
     config_grid = _check_hf_config(model, config, name) if fmt == 'hf' and config else None
-    plan, head_prefixes = _make_plan(plan_function, model, state_dict, name)
+    plan, head_prefixes = _make_plan(plan_function, model, state_dict, name, fmt)
     return _load(model, state_dict, plan, head_prefixes, name=name, fmt=fmt, resample=resample,
                  load_head=load_head, checkpoint_grid=checkpoint_grid, config_grid=config_grid)
 
@@ -426,7 +513,7 @@ def _plan_function(model, fmt):
         plans = _plans_of(cls)
         if plans:
             if fmt not in plans:
-                raise TypeError(f"no {FORMATS[fmt]} checkpoints exist for {_model_name(model)}; it loads: "
+                raise TypeError(f"no {CHECKPOINTS[fmt]} exist for {_model_name(model)}; it loads: "
                                 f"{', '.join(FORMATS[other] for other in plans)}")
             return plans[fmt]
     raise TypeError(f"model must be a vit_pytorch model with checkpoint plans, got {type(model).__name__}")
@@ -440,11 +527,72 @@ def _model_name(model):
     return cls.__name__
 
 
-def _make_plan(plan_function, model, state_dict, name):
+def _make_plan(plan_function, model, state_dict, name, fmt):
     try:
         return plan_function(model, list(state_dict))
     except ValueError as error:      # the plan says what differs between the model and such checkpoints
+        # advice on an option is for a file of this model: judge that first, against the plan the
+        # model's own options give (the plan with no checkpoint keys to sense options from)
+        try:
+            plan, head_prefixes = plan_function(model, [])
+        except ValueError:
+            plan = None
+        if plan is not None:
+            _refuse_another_model([key for sources, _ in plan.values() for key in sources], tuple(head_prefixes),
+                                  state_dict, name, fmt, model)
         raise CheckpointError(f"{name}: {error}") from error
+
+
+def _key_pattern(key):
+    # block, stage and layer numbers do not tell one model's keys from another's
+    return re.sub(r'(?<=[./_])\d+(?=[./]|$)', '#', key)
+
+
+def _shares_pattern(pattern, patterns):
+    # one wrapper module around the model (`vit.`, `module.`) does not make a key another model's
+    return any(pattern == other or pattern.partition('.')[2] == other or other.partition('.')[2] == pattern
+               for other in patterns)
+
+
+# key patterns characteristic of the models people load, to say what another model's file looks like
+LOOKS_LIKE = (
+    (r'^stages\.#\.blocks\.#\.attn_block\.', "timm's MaxViT (maxvit_*)"),
+    (r'^layers\.#\.blocks\.#\.attn\.cpb_mlp\.', "timm's Swin V2 (swinv2_*)"),
+    (r'^layers\.#\.blocks\.#\.attn\.relative_position_bias_table$', "timm's Swin (swin_*)"),
+    (r'^stages\.#\.blocks\.#\.attn\.attention_biases$', "timm's LeViT (levit_*)"),
+    (r'^stages\.#\.blocks\.#\.attn\.kv\.weight$', "timm's PVT v2 (pvt_v2_*)"),
+    (r'^levels\.#\.transformer_encoder\.', "timm's NesT (nest_*)"),
+    (r'^transformers\.#\.blocks\.#\.attn\.', "timm's PiT (pit_*)"),
+    (r'^blocks\.#\.#\.attn\.kv\.weight$', "timm's Twins (twins_*)"),
+    (r'^stages\.#\.#\.conv1_1x1\.', "timm's MobileViT (mobilevit_*)"),
+    (r'^blocks_token_only\.', "timm's CaiT (cait_*)"),
+    (r'^cls_attn_blocks\.', "timm's XCiT (xcit_*)"),
+    (r'^blocks\.#\.blocks\.#\.#\.attn\.', "timm's CrossViT (crossvit_*)"),
+    (r'^blocks\.#\.attn\.qkv\.weight$', "timm's ViT or DeiT (vit_*, deit_*)"),
+    (r'(^|\.)encoder\.layer\.#\.attention\.attention\.query\.weight$', "a Hugging Face ViT or DeiT"),
+    (r'^cvt\.encoder\.stages\.', "Hugging Face's CvT"),
+    (r'^Transformer/encoderblock_#/', "the official JAX ViT (.npz)"),
+    (r'^transformer\.layers\.#\.', "vit-pytorch's parameter names"),
+)
+
+
+def _refuse_another_model(expected_keys, head_prefixes, state_dict, name, fmt, model):
+    """A CheckpointError when the file has under a quarter of the key patterns (numbers aside, heads
+    aside) that such checkpoints of this model have: no option of this model would make it fit."""
+    expected = {_key_pattern(key) for key in expected_keys if not (head_prefixes and key.startswith(head_prefixes))}
+    held = {_key_pattern(key) for key in state_dict}
+    shared = [pattern for pattern in expected if _shares_pattern(pattern, held)]
+    if not expected or 4 * len(shared) >= len(expected):
+        return
+    looks = next((what for regex, what in LOOKS_LIKE
+                  if any(re.search(regex, key) or re.search(regex, key.partition('.')[2]) for key in held)), None)
+    tops = sorted({re.split(r'[./]', key)[0] for key in state_dict})
+    missing = sorted(expected - set(shared))
+    raise CheckpointError(
+        f"{name}: it holds weights for another model ({'it looks like ' + looks + '; ' if looks else ''}"
+        f"its keys start with {', '.join(tops[:8])}{' ...' if len(tops) > 8 else ''}): it has {len(shared)} of the "
+        f"{len(expected)} kinds of key that {CHECKPOINTS[fmt]} of {_model_name(model)} hold (it lacks "
+        f"{', '.join(missing[:3])} ...). Load it into the model it was saved from, with the loader of its source")
 
 
 def _check_hf_config(model, config, name):
@@ -509,7 +657,8 @@ def _load(model, state_dict, plan, head_prefixes, *, name, fmt, resample, load_h
     missing = [key for key in wanted if key not in state_dict]
     unexpected = sorted(key for key in set(state_dict) - set(wanted) if not (ignored and key.startswith(ignored)))
     if missing or unexpected:
-        lines = [f"{name}: the {FORMATS[fmt]} checkpoint does not fit this {type(model).__name__}:"]
+        _refuse_another_model(wanted, head_prefixes, state_dict, name, fmt, model)
+        lines = [f"{name}: the {_one_checkpoint(fmt)} does not fit this {type(model).__name__}:"]
         if missing:
             lines.append(f"  missing keys ({len(missing)}): {', '.join(missing)}")
         if unexpected:
@@ -540,13 +689,13 @@ def _load(model, state_dict, plan, head_prefixes, *, name, fmt, resample, load_h
             continue
         converted[ours] = tensor
     if problems:
-        lines = [f"{name}: the {FORMATS[fmt]} checkpoint does not fit this {type(model).__name__} "
+        lines = [f"{name}: the {_one_checkpoint(fmt)} does not fit this {type(model).__name__} "
                  f"(nothing was copied):"] + [f"  {line}" for line in problems]
         raise CheckpointError('\n'.join(lines + _head_hint(problems, head_prefixes)))
 
     left_out = sorted(set(targets) - planned)
     if left_out:
-        raise CheckpointError(f"{name}: the {FORMATS[fmt]} format has nothing for these parameters of "
+        raise CheckpointError(f"{name}: {CHECKPOINTS[fmt]} have nothing for these parameters of "
                               f"{type(model).__name__}: {', '.join(left_out)}")
     try:
         with torch.no_grad():
@@ -554,7 +703,7 @@ def _load(model, state_dict, plan, head_prefixes, *, name, fmt, resample, load_h
     except (RuntimeError, ValueError) as error:      # a model's own load hook refused (e.g. CCT's sine table)
         raise CheckpointError(f"{name}: {error}") from error
     if result.unexpected_keys or set(result.missing_keys) - heads:
-        raise CheckpointError(f"{name}: the {FORMATS[fmt]} plan of {type(model).__name__} does not match the "
+        raise CheckpointError(f"{name}: {type(model).__name__}'s plan for {CHECKPOINTS[fmt]} does not match the "
                               f"model: missing {result.missing_keys}, unexpected {result.unexpected_keys}")
     return model
 

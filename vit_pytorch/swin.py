@@ -586,7 +586,10 @@ def timm_plan(model, keys):
         raise ValueError("this is the original Microsoft layout (patch merging at the end of each stage, index and "
                          "mask buffers saved); timm's layout is expected: load the file into timm's model (which "
                          "converts it) and save its state_dict")
-    if v2 != any('cpb_mlp' in key for key in keys):
+    # the version and the bias are read from Swin's attention keys; a file without them is not told
+    # to change an option (the loader says that it holds another model's weights)
+    attention = [key for key in keys if key.startswith('layers.0.blocks.0.attn.')]
+    if attention and v2 != any('cpb_mlp' in key for key in attention):
         theirs, ours = ('Swin V2', 'SwinTransformer') if not v2 else ('Swin V1', 'SwinTransformerV2')
         right = 'SwinTransformerV2' if not v2 else 'SwinTransformer'
         raise ValueError(f"the checkpoint is a {theirs} model, this is a {ours}: load it into {right}")
@@ -594,7 +597,7 @@ def timm_plan(model, keys):
     has_bias = bias_key in keys
     state = model.state_dict()
     ours_bias = any(key.endswith('q_bias' if v2 else 'to_qkv.bias') for key in state)
-    if has_bias != ours_bias:
+    if attention and has_bias != ours_bias:
         raise ValueError(f"build the model with qkv_bias={has_bias} (the checkpoint's attention "
                          f"{'has' if has_bias else 'has no'} qkv bias)")
     names = {'to_patch_embedding.2.bias': 'patch_embed.proj.bias', 'patch_norm.': 'patch_embed.norm.',
