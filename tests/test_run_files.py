@@ -271,3 +271,35 @@ def test_evaluating_a_checkpoint_whose_config_lacks_the_datas_normalisation_is_o
     assert evaluate_main([str(copy / 'checkpoint')]) == 2
     line = one_error_line(capsys)
     assert str(copy / 'checkpoint') in line and 'mean' in line and 'config.json' in line
+
+
+@pytest.mark.parametrize('name', ['config.json', 'state.json', 'model.safetensors', 'optimizer.safetensors'])
+def test_a_fifo_in_place_of_a_run_file_is_a_checkpoint_error_naming_it_not_a_hang(copy, name):
+    import threading
+
+    folder = copy / 'checkpoint'
+    (folder / name).unlink()
+    os.mkfifo(folder / name)
+    outcome = []
+
+    def load():
+        try:
+            if name == 'state.json':
+                ckpt.load_state(folder)
+            elif name == 'optimizer.safetensors':
+                ckpt.load_training_state(folder, run_optimizer(folder)[1])
+            else:
+                ckpt.load_model(folder)
+        except ckpt.CheckpointError as error:
+            outcome.append(str(error))
+
+    reader = threading.Thread(target=load, daemon=True)
+    reader.start()
+    reader.join(timeout=10)
+    hung = reader.is_alive()
+    if hung:                                       # release the hung reader so the test fails instead of freezing
+        with open(folder / name, 'wb'):
+            pass
+        reader.join(timeout=10)
+    assert not hung, f'reading a FIFO in place of {name} waited for a writer'
+    assert outcome and name in outcome[0], outcome

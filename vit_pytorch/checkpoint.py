@@ -122,6 +122,8 @@ def _read_bytes(file, what):
     """The whole of `file`, in memory: a CheckpointError naming it when it is missing or not a readable file."""
     if not file.exists():
         raise CheckpointError(f"checkpoint file {file} is missing ({what})")
+    if not file.is_file():                    # a folder, a FIFO (reading one waits forever), a device: never opened
+        raise CheckpointError(f"cannot read {file} ({what}): it is not a regular file")
     try:
         return file.read_bytes()
     except OSError as error:                                         # a folder in its place, no permission, ...
@@ -131,10 +133,10 @@ def _read_bytes(file, what):
 def _read_tensors(file, what):
     """(tensors, header metadata) of a safetensors file, read into memory: nothing is left mapped onto the file,
     which may then be rewritten in place without pulling the pages from under the tensors (SIGBUS)."""
-    safetensors = _safetensors()
+    from_bytes = _safetensors().torch.load                          # safetensors' reader: no pickle involved
     data = _read_bytes(file, what)
     try:
-        tensors = safetensors.torch.load(data)                      # each tensor owns a copy of its bytes
+        tensors = from_bytes(data)                                  # each tensor owns a copy of its bytes
         header = json.loads(data[8:8 + int.from_bytes(data[:8], 'little')])
     except Exception as error:  # safetensors raises its own SafetensorError for bad headers and sizes
         raise CheckpointError(f"cannot read {file} ({what}): the file is corrupt, truncated or not "
