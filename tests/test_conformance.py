@@ -70,7 +70,7 @@ SEQUENCE_POOLING = 'sequence pooling is a softmax over the tokens of one linear 
 MAX_VIT_BEFORE_BATCHNORM = {'conv_stem.0.bias': BEFORE_BATCHNORM, '*.conv.net.0.bias': BEFORE_BATCHNORM}
 
 
-def twins_stages(dims=(8, 16, 24, 32), heads=(1, 2, 3, 4), depths=(2, 2, 1, 1), windows=(5, 4, 2, 2), ks=(4, 2, 1, 1)):
+def twins_stages(dims=(8, 16, 24, 32), heads=(1, 2, 3, 4), depths=(2, 2, 2, 2), windows=(5, 4, 2, 2), ks=(4, 2, 1, 1)):
     kwargs = {}
     for i in range(4):
         kwargs.update({f's{i + 1}_emb_dim': dims[i], f's{i + 1}_heads': heads[i], f's{i + 1}_mlp_mult': 2,
