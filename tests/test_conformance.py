@@ -133,7 +133,9 @@ CASES = {
     # 48x64 images: maps 3x4 then 2x2; every BatchNorm normalises over at least 4 x 4 values a channel
     'levit': Case(dict(image_size=(48, 64), num_classes=5, dim=(16, 24), depth=(1, 2), heads=(2, 3), mlp_mult=2,
                        stages=2, dim_key=4, dim_value=8, num_distill_classes=5), (4, 3, 48, 64),
-                  no_gradient={'*.norm.bias': BEFORE_BATCHNORM, 'to_patch_embedding.6.1.bias': BEFORE_BATCHNORM}),
+                  no_gradient={'*.to_out.1.norm.bias': BEFORE_BATCHNORM, 'subsamples.*.ff.3.norm.bias': BEFORE_BATCHNORM,
+                               'transformers.*.layers.*.1.3.norm.bias': BEFORE_BATCHNORM,
+                               'to_patch_embedding.6.1.bias': BEFORE_BATCHNORM}),
     # 40x56 images: maps 10x14, 5x7, 3x4; keys sub-sampled by 2 (at least 2x2); BatchNorms over 2 x 12 values or more
     'cvt': Case(dict(num_classes=5, s1_emb_dim=8, s1_depth=1, s1_mlp_mult=2, s2_emb_dim=16, s2_heads=2, s2_depth=1,
                      s2_mlp_mult=2, s3_emb_dim=24, s3_heads=3, s3_depth=2, s3_mlp_mult=2), (2, 3, 40, 56),
@@ -142,7 +144,8 @@ CASES = {
         dict(num_classes=5, s1_emb_dim=8, s1_depth=1, s1_mlp_mult=2, s2_emb_dim=16, s2_heads=2, s2_depth=1,
              s2_mlp_mult=2, s3_emb_dim=24, s3_heads=3, s3_depth=2, s3_mlp_mult=2, cls_token=True, qkv_bias=True),
         (2, 3, 40, 56),
-        no_gradient={'*.to_k_conv.1.bias': KEY_BIAS, '*.to_k.bias': KEY_BIAS,
+        # the last stage's cls key comes from to_k, not the convolution: there its bias differs between keys
+        no_gradient={'transformers.[01].*.to_k_conv.1.bias': KEY_BIAS, '*.to_k.bias': KEY_BIAS,
                      'transformers.2.layers.1.0.to_q_conv.*': "the logits read the cls token only, and the last "
                      "layer's patch queries (this convolution) reach only the patch tokens"}),
     # 32x24 images: maps 8x6 (keys reduced 2x2 to 4x3), 4x3
@@ -162,8 +165,10 @@ CASES = {
                              cross_embed_kernel_sizes=((2, 4, 8), (2, 4), (2, 4)), cross_embed_strides=(2, 2, 2),
                              mlp_mult=2), (2, 3, 32, 48),
                         no_gradient={'*.position_bias.9.bias': KEY_CONSTANT,
-                                     '*.position_bias.7.bias': 'shifts every offset alike through each channel whose '
-                                     'ReLU is on at all offsets; zero wherever no channel switches between offsets'}),
+                                     # a ReLU-MLP's last hidden bias reaches the bias table only through channels
+                                     # whose ReLU switches between offsets; in this block, at these weights, none does
+                                     'stages.0.blocks.layers.0.0.fn.position_bias.7.bias': 'shifts every offset alike '
+                                     'through each channel, whose ReLU is on (or off) at every offset here'}),
     # 64x64 images: maps 16x16, 8x8, 4x4, 2x2; windows of 2x2 (4 tokens), grouped windows of 4x4 capped at the map
     'sep_vit': Case(dict(num_classes=5, image_size=64, dim=8, depth=(1, 2, 2, 1), heads=(1, 2, 2, 4), window_size=2,
                          grouped_window_size=4, ff_mult=2), (2, 3, 64, 64)),
