@@ -137,3 +137,43 @@ def train_and_test(model, split, *, epochs, lr=3e-3, batch_size=64, weight_decay
     model.eval()
     with torch.no_grad():
         return (model(test_images).argmax(-1) == test_labels).float().mean().item()
+
+
+# A gradient that is zero by the mathematics comes out of float32 arithmetic as round-off: 0 under one CPU
+# kernel, ~1e-10 of the largest gradient under another (a softmax over one key, tests/test_conformance.py).
+# Round-off is of the order of float32's epsilon (1.2e-7) times the terms summed into it, which the largest
+# gradient bounds. Measured on the conformance table (moved off initialisation): the zero-by-design gradients
+# it names come out at most 2.1e-7 of the largest, the smallest real one at 1.5e-5 (the same to 2 digits under
+# ATEN_CPU_CAPABILITY=default, avx2 and avx512); 2e-6 is ~10 times above the one and ~7 times below the other.
+GRADIENT_FLOOR = 2e-6
+
+
+def relative_gradient_norms(model, outputs, seed=0):
+    """Backward of a fixed random projection of `outputs` (a tensor or a tuple of tensors): name -> the norm of
+    each parameter's gradient over the largest parameter's (None where it got none).
+
+    A random projection, so that no gradient cancels by symmetry (the sum of a LayerNorm's outputs would).
+    """
+    outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+    generator = torch.Generator().manual_seed(seed)
+    model.zero_grad(set_to_none=True)
+    sum((out * torch.randn(out.shape, generator=generator)).sum() for out in outputs).backward()
+    norms = {name: None if p.grad is None else p.grad.norm().item() for name, p in model.named_parameters()}
+    largest = max(norm for norm in norms.values() if norm is not None)
+    return {name: None if norm is None else norm / largest for name, norm in norms.items()}
+
+
+def parameters_without_gradient(model, outputs, *, seed=0, floor=GRADIENT_FLOOR):
+    """Names of the parameters whose gradient (see `relative_gradient_norms`) is missing or below `floor`."""
+    return [name for name, ratio in relative_gradient_norms(model, outputs, seed=seed).items()
+            if ratio is None or ratio < floor]
+
+
+def move_off_initialisation(model, seed=0, scale=0.1):
+    """Add fixed Gaussian noise to every parameter: a model that starts a branch at zero (LayerScale, a zero
+    BatchNorm weight) gives everything inside it a zero gradient at initialisation, whatever its graph."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * scale)
+    return model

@@ -28,13 +28,6 @@ def test_output_shapes():
     assert tiny_cait(num_classes=0)(img).shape == (3, 1 + 4 * 3, 32)
 
 
-def test_every_parameter_gets_a_gradient():
-    model = tiny_cait()
-    model(torch.randn(2, 3, 16, 24)).sum().backward()
-    missing = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
-    assert not missing
-
-
 # the paper's models (counts of the reference implementation, timm's cait_*_224)
 
 

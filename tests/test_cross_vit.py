@@ -33,13 +33,6 @@ def test_output_shapes():
     assert sm_tokens.shape == (3, 25, 16) and lg_tokens.shape == (3, 7, 32)
 
 
-def test_every_parameter_gets_a_gradient():
-    model = tiny_cross_vit()
-    model(torch.randn(2, 3, 16, 24)).sum().backward()
-    missing = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
-    assert not missing
-
-
 # the paper's models (counts of the reference implementation, timm's crossvit_*_240)
 
 

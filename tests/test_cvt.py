@@ -33,15 +33,6 @@ def test_output_shapes():
     assert tiny_cvt(num_classes=0).eval()(img).shape == (3, 24)
 
 
-def test_every_parameter_gets_a_gradient():
-    model = tiny_cvt(cls_token=True, qkv_bias=True)
-    # all tokens: the last layer's patch queries do not reach the cls token's logits
-    tokens = model.forward_features(torch.randn(2, 3, 40, 56))
-    ((tokens * torch.randn_like(tokens)).sum() + model.forward_head(tokens).sum()).backward()
-    missing = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
-    assert not missing
-
-
 def test_vit_pytorchs_default_arguments_build_cvt_13s_shape():
     model = CvT(num_classes=1000)
     assert model.dims == (64, 192, 384)

@@ -41,13 +41,6 @@ def test_vit_loads_a_core_vit_checkpoint_and_matches_it():
     torch.testing.assert_close(model(img), core_model(img))
 
 
-def test_every_vit_parameter_gets_a_gradient():
-    model = ViT(**tiny_vit_kwargs())
-    model(torch.randn(2, 3, 16, 24)).sum().backward()
-    for name, param in model.named_parameters():
-        assert param.grad is not None and param.grad.abs().sum() > 0, name
-
-
 def test_only_the_adapter_tensors_get_gradients():
     base, adapter = make_adapter()
     adapter.train()

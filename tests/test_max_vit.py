@@ -29,15 +29,6 @@ def test_output_shapes():
     assert tiny_max_vit(num_classes=0)(img).shape == (2, 16)         # the pooled embedding
 
 
-@pytest.mark.parametrize('registers', [0, 2])
-def test_every_parameter_gets_a_gradient(registers):
-    model = tiny_max_vit(num_register_tokens=registers)
-    out = model(torch.randn(2, 3, 32, 48))
-    (out * torch.randn_like(out)).sum().backward()
-    missing = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
-    assert not missing
-
-
 # the paper's models: counts of the reference, timm 1.0.31's maxvit_*_tf_224 (base and large measured there)
 
 

@@ -31,14 +31,6 @@ def test_output_shapes():
     assert tiny_mobile_vit(num_classes=0)(img).shape == (2, 32)     # the pooled embedding
 
 
-def test_every_parameter_gets_a_gradient():
-    model = tiny_mobile_vit()
-    out = model(torch.randn(2, 3, 40, 56))
-    (out * torch.randn_like(out)).sum().backward()
-    missing = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
-    assert not missing
-
-
 # the paper's models: counts of the reference, timm 1.0.31's mobilevit_*
 
 

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import count, digits_batch, fit_fixed_batch, load_fixture
+from helpers import move_off_initialisation, parameters_without_gradient
 from vit_pytorch.na_vit import NaViT, grid_positions, group_images_by_max_seq_len
 from vit_pytorch.pretrained import CheckpointError, load_vit_pytorch
 from vit_pytorch.recorder import Extractor, Recorder
@@ -50,10 +51,11 @@ def test_output_shapes(packing):
 
 @packings
 def test_every_parameter_gets_a_gradient_with_token_dropout(packing):
-    model = tiny_navit(packing=packing, token_dropout_prob=0.5, dropout=0.1, emb_dropout=0.1).train()
-    model(mixed_images(), group_images=True, group_max_seq_len=20).sum().backward()
-    missing = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
-    assert not missing
+    # token dropout keeps a fixed count of each image's tokens (half, at least one: the 32x48 image keeps 12), so
+    # every attention over a packed sequence has several keys whichever tokens are kept; no dropout, so nothing
+    # else is left to chance (test_conformance's rule)
+    model = move_off_initialisation(tiny_navit(packing=packing, token_dropout_prob=0.5).train())
+    assert parameters_without_gradient(model, model(mixed_images(), group_images=True, group_max_seq_len=20)) == []
 
 
 def test_readme_configuration_has_the_parameters_of_vit_pytorchs():

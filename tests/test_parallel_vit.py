@@ -24,13 +24,6 @@ def test_every_layer_has_the_requested_branches(branches):
         assert [type(fn) for fn in ffs.fns] == [vit.FeedForward] * branches
 
 
-def test_every_parameter_gets_a_gradient():
-    model = ViT(**tiny_vit_kwargs())
-    model(torch.randn(2, 3, 16, 24)).sum().backward()
-    for name, param in model.named_parameters():
-        assert param.grad is not None and param.grad.abs().sum() > 0, name
-
-
 def test_layer_adds_every_branch_to_the_same_input():
     model = ViT(**tiny_vit_kwargs(num_parallel_branches=3)).eval()
     attns, ffs = model.transformer.layers[0]

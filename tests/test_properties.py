@@ -1,7 +1,10 @@
 """Property-based tests: every model, many random configurations.
 
 For randomly drawn valid configurations a model trains (forward and backward), returns its documented
-shape, stays finite and gives every parameter a gradient. For randomly drawn invalid configurations and
+shape, stays finite and has every parameter in its backward graph (a finite gradient exists). Whether a
+gradient is non-zero depends on the draw (a 1x1 grid leaves an attention one key, whose query then gets
+exactly zero; dropout may drop a whole branch), so that is checked on fixed configurations chosen for it,
+in tests/test_conformance.py. For randomly drawn invalid configurations and
 inputs it raises ValueError or TypeError naming the offending argument, never an AssertionError, an
 einops error or a shape error from deep inside.
 
@@ -1065,8 +1068,9 @@ def test_valid_configuration_trains_with_documented_shapes(spec, data):
         assert torch.isfinite(out).all()
     # a random projection, so that no gradient cancels (a sum over a LayerNorm output would)
     sum(torch.sum(out * torch.randn_like(out)) for out in outputs).backward()
+    # in the graph for every draw; non-zero is not claimed (see the module docstring)
     for name, parameter in model.named_parameters():
-        assert parameter.grad is not None, f'{name} got no gradient'
+        assert parameter.grad is not None, f'{name} is not in the backward graph'
         assert torch.isfinite(parameter.grad).all(), f'{name} has a non-finite gradient'
 
 

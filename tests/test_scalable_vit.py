@@ -47,14 +47,6 @@ def test_output_shapes():
     assert tiny(num_classes=0, head_hidden_dim=None)(img).shape == (2, 32)
 
 
-def test_every_parameter_gets_a_gradient():
-    model = tiny()
-    out = model(torch.randn(2, 3, 64, 64))
-    (out * torch.randn_like(out)).sum().backward()
-    missing = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
-    assert not missing
-
-
 # the paper's models: counts of the official code, sum(p.numel() for p in model.parameters()) of
 # image_classification/models/scalablevit.py's scalable_vit_small/base/large() (refvenv, 8011147). Its README says
 # 32.4M / 81.9M / 104.9M: B agrees to its precision, S (32.0M) and L (109.3M) do not

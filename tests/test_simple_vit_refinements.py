@@ -35,14 +35,6 @@ def test_output_shapes(model_cls):
 
 
 @pytest.mark.parametrize('model_cls', MODELS)
-def test_every_parameter_gets_a_gradient(model_cls):
-    model = model_cls(**tiny_vit_kwargs())
-    model(torch.randn(2, 3, 16, 24)).sum().backward()
-    for name, param in model.named_parameters():
-        assert param.grad is not None and param.grad.abs().sum() > 0, name
-
-
-@pytest.mark.parametrize('model_cls', MODELS)
 @pytest.mark.slow
 def test_works_with_torch_compile(model_cls):
     model = model_cls(**tiny_vit_kwargs()).eval()

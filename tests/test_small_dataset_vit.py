@@ -23,14 +23,6 @@ def test_output_shapes():
     assert ViT(**tiny_vit_kwargs(pool='mean'))(img).shape == (2, 5)
 
 
-@pytest.mark.parametrize('pool', ['cls', 'mean'])
-def test_every_parameter_gets_a_gradient(pool):
-    model = ViT(**tiny_vit_kwargs(pool=pool))
-    model(torch.randn(2, 3, 16, 24)).sum().backward()
-    for name, param in model.named_parameters():
-        assert param.grad is not None and (param.numel() == 0 or param.grad.abs().sum() > 0), name
-
-
 # shifted patch tokenization
 
 

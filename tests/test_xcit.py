@@ -43,13 +43,6 @@ def test_output_shapes():
     assert tiny_xcit(num_classes=0)(img).shape == (3, 1 + 4 * 6, 32)
 
 
-def test_every_parameter_gets_a_gradient():
-    model = tiny_xcit()
-    model(torch.randn(2, 3, 16, 24)).sum().backward()
-    missing = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
-    assert not missing
-
-
 def test_any_image_size_divisible_by_the_patch_size_works():
     model = tiny_xcit().eval()
     assert model(torch.randn(1, 3, 32, 8)).shape == (1, 5)
