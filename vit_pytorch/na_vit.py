@@ -98,6 +98,21 @@ def group_images_by_max_seq_len(images, *, patch_size, max_seq_len, token_dropou
     return groups
 
 
+def isolate_non_finite(x, context, mask):
+    """Queries x (b, n, dim) and keys and values `context` (b, m, dim) with every token that holds a NaN or an
+    infinity set to zero, and (b, n) True for the queries that may attend to such a token (or are one).
+
+    A masked key gets the weight 0, but 0 * NaN (or 0 * inf) is NaN: without this, one broken image would make
+    every image of its packed sequence NaN. The queries that are allowed to see a broken token get NaN back
+    (`Attention.forward`), as they would have alone. The tokens come normed (LayerNorm, and a QKNorm after the
+    projection), so a finite token cannot overflow the logits: finiteness is all there is to check."""
+    broken_keys = ~torch.isfinite(context).all(dim=-1)                        # (b, m)
+    broken_queries = ~torch.isfinite(x).all(dim=-1)                            # (b, n)
+    broken = broken_queries | (mask[:, 0] & broken_keys[:, None, :]).any(dim=-1)
+    context = context.masked_fill(broken_keys[..., None], 0.)
+    return x.masked_fill(broken_queries[..., None], 0.), context, broken
+
+
 def attend_segments(attention, q, k, v, segments):
     """`attention.attend` inside segments of one sequence, never across them.
 
@@ -161,12 +176,15 @@ class Attention(nn.Module):
 
     def forward(self, x, *, context=None, mask=None, segments=None):
         x = self.norm(x)
+        context = x if context is None else context
+        if mask is not None:
+            x, context, broken = isolate_non_finite(x, context, mask)
         q = rearrange(self.to_q(x), 'b n (h d) -> b h n d', h=self.heads)
-        k, v = rearrange(self.to_kv(x if context is None else context), 'b n (kv h d) -> kv b h n d',
-                         kv=2, h=self.heads)
+        k, v = rearrange(self.to_kv(context), 'b n (kv h d) -> kv b h n d', kv=2, h=self.heads)
         q, k = self.q_norm(q), self.k_norm(k)
         out = self.attend(q, k, v, mask=mask) if segments is None else attend_segments(self, q, k, v, segments)
-        return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
+        out = self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
+        return out if mask is None else out.masked_fill(broken[..., None], float('nan'))
 
 
 def FeedForward(dim, hidden_dim, dropout=0.):
