@@ -98,21 +98,6 @@ def group_images_by_max_seq_len(images, *, patch_size, max_seq_len, token_dropou
     return groups
 
 
-def isolate_non_finite(x, context, mask):
-    """Queries x (b, n, dim) and keys and values `context` (b, m, dim) with every token that holds a NaN or an
-    infinity set to zero, and (b, n) True for the queries that may attend to such a token (or are one).
-
-    A masked key gets the weight 0, but 0 * NaN (or 0 * inf) is NaN: without this, one broken image would make
-    every image of its packed sequence NaN. The queries that are allowed to see a broken token get NaN back
-    (`Attention.forward`), as they would have alone. The tokens come normed (LayerNorm, and a QKNorm after the
-    projection), so a finite token cannot overflow the logits: finiteness is all there is to check."""
-    broken_keys = ~torch.isfinite(context).all(dim=-1)                        # (b, m)
-    broken_queries = ~torch.isfinite(x).all(dim=-1)                            # (b, n)
-    broken = broken_queries | (mask[:, 0] & broken_keys[:, None, :]).any(dim=-1)
-    context = context.masked_fill(broken_keys[..., None], 0.)
-    return x.masked_fill(broken_queries[..., None], 0.), context, broken
-
-
 def attend_segments(attention, q, k, v, segments):
     """`attention.attend` inside segments of one sequence, never across them.
 
@@ -178,13 +163,15 @@ class Attention(nn.Module):
         x = self.norm(x)
         context = x if context is None else context
         if mask is not None:
-            x, context, broken = isolate_non_finite(x, context, mask)
+            # a masked key gets the weight 0, but 0 * NaN (or inf) is NaN: one broken image would make every image
+            # of its sequence NaN. Its keys and values see zeros instead; the broken token itself stays NaN in the
+            # residual stream (its query reaches its own row only), and `NaViT.pool` gives its image NaN
+            context = torch.nan_to_num(context, nan=0., posinf=0., neginf=0.)
         q = rearrange(self.to_q(x), 'b n (h d) -> b h n d', h=self.heads)
         k, v = rearrange(self.to_kv(context), 'b n (kv h d) -> kv b h n d', kv=2, h=self.heads)
         q, k = self.q_norm(q), self.k_norm(k)
         out = self.attend(q, k, v, mask=mask) if segments is None else attend_segments(self, q, k, v, segments)
-        out = self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
-        return out if mask is None else out.masked_fill(broken[..., None], float('nan'))
+        return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
 
 
 def FeedForward(dim, hidden_dim, dropout=0.):
@@ -447,6 +434,12 @@ class NaViT(nn.Module):
         tokens, layout = features.tokens, features.layout
         queries = repeat(self.attn_pool_queries, 'd -> b q d', b=tokens.shape[0], q=layout.queries)
         pooled = self.attn_pool(queries, context=tokens, **layout.pooling) + queries
+        if 'mask' in layout.pooling:
+            # the pooling query of an image with a broken (NaN or inf) token: NaN, as the image alone gives, rather
+            # than what its other tokens made of the zeros that stood in for the broken one as a key
+            broken = ~torch.isfinite(tokens.sum(dim=-1))          # normed tokens: a finite one cannot sum to inf
+            sees_broken = (layout.pooling['mask'][:, 0] & broken[:, None, :]).any(dim=-1)       # (b, q)
+            pooled = pooled.masked_fill(sees_broken[..., None], float('nan'))
         return rearrange(pooled, 'b q d -> (b q) d')[layout.order]
 
     def forward_head(self, features, pre_logits=False):
