@@ -1,18 +1,28 @@
 """Deployment: torch.export with a dynamic batch, ONNX through the exporter torch recommends
 (`torch.onnx.export(..., dynamo=True)`), and TorchScript tracing.
 
+Every registered model (`vit_pytorch.models.MODELS`), built as the trainer builds it for small
+inputs (`train.model_config`: `models.SMALL_CONFIGS` or the trainer's ViT-style defaults), exports
+with torch.export at a batch of 2 and runs at other batches, and exports to ONNX and runs in
+onnxruntime (the registry sweep below: `pytest -m slow`; one model of each family in the default
+run). NaViT exports for a (b, c, h, w) tensor batch; a list of images (its packing) is Python-level
+control flow that no exporter follows. ViViT's and the others' optional arguments (a frame `mask`)
+are not part of the exported signature.
+
 TorchScript: `torch.jit.trace` works and is tested, for users who still ship TorchScript.
 `torch.jit.script` is not supported: torch 2.13 deprecates both (it points to torch.export and
 torch.compile), and scripting cannot compile keyword-only arguments with defaults or einops
 patterns, which every model here uses. Use torch.export (or ONNX) instead.
 """
 
+import inspect
 import warnings
 
 import pytest
 import torch
 
 from test_properties import MODELS
+from vit_pytorch import models, train
 
 EXPORTABLE = [spec for spec in MODELS if spec.name in ('vit', 'simple_vit')]
 export_table = pytest.mark.parametrize('spec', EXPORTABLE, ids=lambda spec: spec.name)
@@ -134,3 +144,76 @@ def test_torch_jit_script_is_unsupported_as_documented(spec):
         warnings.simplefilter('ignore')
         with pytest.raises(torch.jit.frontend.NotSupportedError, match='keyword-only arguments'):
             torch.jit.script(build(spec))
+
+
+# the registry sweep: every registered model, the trainer's small configuration of it
+
+# inputs of the sweep, by what a model takes (models.INPUTS): (shape after the batch, the size the trainer passes);
+# images of 32 pixels suit every SMALL_CONFIGS entry, signals of 64 samples and clips of 8 frames of 16 pixels
+# give 8 and 16 tokens
+SWEEP_INPUTS = {'images': ((3, 32, 32), 32), 'signals': ((3, 64), 64), 'clips': ((3, 8, 16, 16), 16)}
+# one of each family in the default run (ViT and SimpleViT have the tests above): multi-scale windows, a
+# convolutional tokenizer, signals, video; the rest with `pytest -m slow` (an ONNX export takes seconds)
+DEFAULT_SWEEP = ('swin', 'cct', 'vit_1d', 'vivit')
+sweep = pytest.mark.parametrize('name', [
+    name if name in DEFAULT_SWEEP else pytest.param(name, marks=pytest.mark.slow) for name in sorted(models.MODELS)])
+
+
+def sweep_input_shape(name):
+    return SWEEP_INPUTS[models.INPUTS.get(name, 'images').split()[0]]
+
+
+def sweep_model(name):
+    """The registered model `name` as `train.py` builds it for the sweep's inputs, 5 classes, in eval mode."""
+    size = sweep_input_shape(name)[1]
+    torch.manual_seed(0)
+    kwargs = train.model_config(name, {}, image_size=size, channels=3, num_classes=5)
+    return models.build_model(name, **kwargs).eval()
+
+
+def sweep_inputs(name, batch):
+    return torch.randn(batch, *sweep_input_shape(name)[0], generator=torch.Generator().manual_seed(batch))
+
+
+def input_name(model):
+    return next(iter(inspect.signature(model.forward).parameters))
+
+
+def test_the_sweep_covers_every_kind_of_input_the_registry_names():
+    assert {kind.split()[0] for kind in models.INPUTS.values()} | {'images'} == set(SWEEP_INPUTS)
+
+
+@sweep
+def test_registered_model_exports_with_a_dynamic_batch(name):
+    model = sweep_model(name)
+    batch = torch.export.Dim('batch', min=1, max=1024)
+    program = torch.export.export(model, (sweep_inputs(name, 2),), dynamic_shapes={input_name(model): {0: batch}})
+    for size in (1, 3):
+        x = sweep_inputs(name, size)
+        with torch.no_grad():
+            # the exported graph runs the eager kernels: equal up to a batch-dependent choice of kernel blocking
+            torch.testing.assert_close(program.module()(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+@sweep
+def test_registered_model_runs_in_onnxruntime_with_a_dynamic_batch(name, tmp_path):
+    pytest.importorskip('onnxscript', reason='torch.onnx.export(dynamo=True) needs onnxscript')
+    ort = pytest.importorskip('onnxruntime')
+    model = sweep_model(name)
+    argument = input_name(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        program = torch.onnx.export(model, (sweep_inputs(name, 2),), dynamo=True, verbose=False,
+                                    input_names=[argument], dynamic_shapes={argument: {0: 'batch'}})
+    program.save(str(tmp_path / f'{name}.onnx'))
+    session = ort.InferenceSession(str(tmp_path / f'{name}.onnx'), providers=['CPUExecutionProvider'])
+    for size in (1, 3):
+        x = sweep_inputs(name, size)
+        (logits,) = session.run(None, {argument: x.numpy()})
+        with torch.no_grad():
+            expected = model(x)
+        # onnxruntime computes in float32 with its own kernels (GEMM blocking, fused norms and softmax): a few
+        # ulps an op, within 1.5e-6 of the largest logit over the whole registry (measured), against 1e-4 here;
+        # a wrong operator is off by the logits' own size. LeViT's logits are ~3e-4, hence relative to them
+        bound = 1e-4 * expected.abs().max().item()
+        assert (torch.from_numpy(logits) - expected).abs().max().item() <= bound

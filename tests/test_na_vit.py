@@ -1,4 +1,5 @@
 import itertools
+import math
 import random
 
 import pytest
@@ -173,6 +174,46 @@ def test_a_sequence_with_fewer_images_than_others_stays_finite_in_training():
     logits.sum().backward()
     assert torch.isfinite(logits).all()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+# a broken image stays in its own outputs, whatever it holds
+
+BROKEN_PIXELS = pytest.mark.parametrize('value', [math.nan, -math.inf, 3e38], ids=['nan', '-inf', '3e38'])
+
+
+def with_broken_image(images, index, value, everywhere):
+    """`images` with image `index` holding `value`: in every pixel, or in one pixel of one channel."""
+    broken = [image.clone() for image in images]
+    if everywhere:
+        broken[index].fill_(value)
+    else:
+        broken[index][1, 5, 3] = value
+    return broken
+
+
+@packings
+@BROKEN_PIXELS
+@pytest.mark.parametrize('everywhere', [False, True], ids=['one_pixel', 'every_pixel'])
+def test_an_image_with_non_finite_or_huge_pixels_leaves_the_images_packed_with_it_as_they_are(packing, value,
+                                                                                             everywhere):
+    model = tiny_navit(packing=packing).eval()
+    images = mixed_images()
+    others = [i for i in range(len(images)) if i != 2]
+    broken = with_broken_image(images, 2, value, everywhere)
+    with torch.no_grad():
+        without = model([images[i] for i in others])
+        for logits in (model(broken), model(broken, group_images=True, group_max_seq_len=40),
+                       model([broken[:4], broken[4:]])):
+            assert torch.isfinite(logits[others]).all()
+            torch.testing.assert_close(logits[others], without, atol=1e-5, rtol=0)
+
+
+@packings
+def test_a_nan_image_gets_nan_logits_rather_than_a_made_up_answer(packing):
+    model = tiny_navit(packing=packing).eval()
+    broken = with_broken_image(mixed_images(), 2, math.nan, everywhere=False)
+    with torch.no_grad():
+        assert torch.isnan(model(broken)[2]).all()
 
 
 # factorised positions, token dropping, grouping

@@ -5,6 +5,8 @@ and without a frame mask, through `load_vit_pytorch`. What each variant attends 
 the recorded maps and by perturbing one frame.
 """
 
+import math
+
 import pytest
 import torch
 from helpers import as_tuples, fit_fixed_batch, load_fixture
@@ -109,6 +111,21 @@ def test_masked_frames_do_not_change_the_output(variant, pool):
         assert not torch.allclose(model(changed), model(x), **TOL)
 
 
+@pytest.mark.parametrize('variant', VARIANTS)
+@pytest.mark.parametrize('pool', ['cls', 'mean'])
+@pytest.mark.parametrize('value', [math.nan, -math.inf, 3e38], ids=['nan', '-inf', '3e38'])
+def test_masked_frames_holding_non_finite_or_huge_values_do_not_reach_the_output(variant, pool, value):
+    model = tiny(variant=variant, pool=pool).eval()
+    x, mask = video(2), torch.tensor([[True, True, False, False], [False, False, True, True]])
+    broken, zeros = x.clone(), x.clone()
+    broken[0, :, 2:], broken[1, :, :2] = value, value
+    zeros[0, :, 2:], zeros[1, :, :2] = 0., 0.
+    with torch.no_grad():
+        logits = model(broken, mask=mask)
+        assert torch.isfinite(logits).all()
+        torch.testing.assert_close(logits, model(zeros, mask=mask), **TOL)
+
+
 @pytest.mark.slow
 def test_compiles_without_graph_breaks():
     for variant in VARIANTS:
@@ -131,7 +148,12 @@ def test_vit_pytorch_checkpoint_loads_and_reproduces_its_outputs(case):
     with torch.no_grad():
         torch.testing.assert_close(model(tensors['input']), tensors['output'], **TOL)
         masked = model(tensors['input'], mask=tensors['mask'])
-    if metadata['config']['pool'] == 'cls':
+    if metadata['config']['pool'] == 'cls' and metadata['config']['variant'] == 'factorized_self_attention':
+        # both read the cls token of the first slice, masked in video 3: vit-pytorch's output there depends on the
+        # masked frames, ours sees zeros in them (vit-pytorch on the input with those frames zeroed gives ours)
+        torch.testing.assert_close(masked[:2], tensors['output_masked'][:2], **TOL)
+        assert not torch.allclose(masked[2], tensors['output_masked'][2], **TOL)
+    elif metadata['config']['pool'] == 'cls':
         torch.testing.assert_close(masked, tensors['output_masked'], **TOL)
     else:
         # vit-pytorch averages over the masked slices too; here only kept slices count (videos 2 and 3 have one)

@@ -161,9 +161,14 @@ class Attention(nn.Module):
 
     def forward(self, x, *, context=None, mask=None, segments=None):
         x = self.norm(x)
+        context = x if context is None else context
+        if mask is not None:
+            # a masked key gets the weight 0, but 0 * NaN (or inf) is NaN: one broken image would make every image
+            # of its sequence NaN. Its keys and values see zeros instead; the broken token itself stays NaN in the
+            # residual stream (its query reaches its own row only), and `NaViT.pool` gives its image NaN
+            context = torch.nan_to_num(context, nan=0., posinf=0., neginf=0.)
         q = rearrange(self.to_q(x), 'b n (h d) -> b h n d', h=self.heads)
-        k, v = rearrange(self.to_kv(x if context is None else context), 'b n (kv h d) -> kv b h n d',
-                         kv=2, h=self.heads)
+        k, v = rearrange(self.to_kv(context), 'b n (kv h d) -> kv b h n d', kv=2, h=self.heads)
         q, k = self.q_norm(q), self.k_norm(k)
         out = self.attend(q, k, v, mask=mask) if segments is None else attend_segments(self, q, k, v, segments)
         return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
@@ -429,6 +434,12 @@ class NaViT(nn.Module):
         tokens, layout = features.tokens, features.layout
         queries = repeat(self.attn_pool_queries, 'd -> b q d', b=tokens.shape[0], q=layout.queries)
         pooled = self.attn_pool(queries, context=tokens, **layout.pooling) + queries
+        if 'mask' in layout.pooling:
+            # the pooling query of an image with a broken (NaN or inf) token: NaN, as the image alone gives, rather
+            # than what its other tokens made of the zeros that stood in for the broken one as a key
+            broken = ~torch.isfinite(tokens.sum(dim=-1))          # normed tokens: a finite one cannot sum to inf
+            sees_broken = (layout.pooling['mask'][:, 0] & broken[:, None, :]).any(dim=-1)       # (b, q)
+            pooled = pooled.masked_fill(sees_broken[..., None], float('nan'))
         return rearrange(pooled, 'b q d -> (b q) d')[layout.order]
 
     def forward_head(self, features, pre_logits=False):

@@ -97,6 +97,17 @@ def attend_windows(attention, q, k, v, *, scale, mask):
                       dropout=attention.dropout if attention.training else 0., probs=attention.attention_probs)
 
 
+def merge_heads(out):
+    """(b * windows, heads, n, d) -> (b * windows, n, heads * d). While exporting, by an explicit copy: torch 2.13's
+    ONNX exporter decomposes scaled_dot_product_attention with a batched mask (a shifted window's) into a kernel
+    whose output strides differ from the traced ones, and a reshape traced as a view then fails ("Cannot view a
+    tensor with shape ...", pytorch issue 136543). In eager mode the reshape stays a view wherever it can be."""
+    if torch.compiler.is_exporting():
+        out = out.transpose(1, 2).clone(memory_format=torch.contiguous_format)
+        return rearrange(out, 'b n h d -> b n (h d)')
+    return rearrange(out, 'b h n d -> b n (h d)')
+
+
 # classes
 
 
@@ -132,7 +143,7 @@ class WindowAttention(vit.Attention):
         windows = self.windows.split(self.norm(x))                   # (b * windows, n, dim)
         mask = self.windows.attention_mask(self.position_bias(), x.shape[0], x.shape[1:3])
         out = attend_windows(self, *self.qkv(windows), scale=self.scale, mask=mask)
-        return self.windows.merge(self.to_out(rearrange(out, 'b h n d -> b n (h d)')), x.shape[1:3])
+        return self.windows.merge(self.to_out(merge_heads(out)), x.shape[1:3])
 
 
 class CosineWindowAttention(nn.Module):
@@ -181,7 +192,7 @@ class CosineWindowAttention(nn.Module):
         q, k = F.normalize(q, dim=-1) * scale, F.normalize(k, dim=-1)
         mask = self.windows.attention_mask(self.position_bias(), x.shape[0], x.shape[1:3])
         out = attend_windows(self, q, k, v, scale=1., mask=mask)
-        return self.windows.merge(self.to_out(rearrange(out, 'b h n d -> b n (h d)')), x.shape[1:3])
+        return self.windows.merge(self.to_out(merge_heads(out)), x.shape[1:3])
 
 
 class PatchMerging(nn.Module):

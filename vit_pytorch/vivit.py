@@ -31,7 +31,11 @@ embedding of its own (the per-slice tokens carry the spatio-temporal table of th
 tubelet projection sits between two LayerNorms and the attention has no qkv bias; the factorised
 self-attention reads the cls token of the first slice. Where it differs from vit-pytorch: with a
 `mask`, the mean pooling over time counts the kept slices only (vit-pytorch averages over the
-masked ones too), and a sample with no kept slice is refused. The recorder sees the spatial maps,
+masked ones too), a sample with no kept slice is refused, and the masked frames are zeros before
+the tubelet embedding, so that nothing they hold (NaN, inf) reaches the output: vit-pytorch's
+factorised self-attention with `pool='cls'` reads the first slice's cls token even when that slice
+is masked, and its output then depends on the masked frames (ours is vit-pytorch's on the video
+with those frames zeroed). The recorder sees the spatial maps,
 (b * slices, heads, prefix + h * w, same), laid on `token_grid`, then the temporal ones,
 (b * (prefix + h * w) or b, heads, slices (+ 1), same).
 """
@@ -109,10 +113,15 @@ class ViViT(nn.Module):
         """The (h, w) grid of one temporal slice's patch tokens, for frames of `image_size` (h, w)."""
         return image_size[0] // self.patch_size[0], image_size[1] // self.patch_size[1]
 
-    def embed(self, video):
-        """Tubelet tokens with positions, each slice led by the spatial cls token: (b, slices, prefix + h * w, dim)."""
+    def embed(self, video, mask=None):
+        """Tubelet tokens with positions, each slice led by the spatial cls token: (b, slices, prefix + h * w, dim).
+        The frames that `mask` (b, frames) leaves out are zeros here: attention gives their tokens the weight 0,
+        but 0 * NaN (or inf) is NaN, so without this whatever they hold could reach the output."""
         vit_3d.check_video(video, channels=self.channels, frames=self.frames, image_size=self.image_size,
                            dtype=self.pos_embedding.dtype)
+        if mask is not None:
+            check_mask(mask, batch=video.shape[0], frames=self.frames)
+            video = video.masked_fill(~mask[:, None, :, None, None], 0.)
         slices = self.pos_embedding.shape[0]
         x = rearrange(self.to_patch_embedding(video), 'b (f n) d -> b f n d', f=slices) + self.pos_embedding
         if self.spatial_cls_token is not None:
@@ -133,7 +142,7 @@ class ViViT(nn.Module):
 
     def forward_features(self, video, mask=None):
         """The video's embedding before the head: (b, dim)."""
-        x = self.embed(video)
+        x = self.embed(video, mask)
         batch, slices = x.shape[:2]
         kept = self.temporal_mask(mask, batch)                              # (b, slices) or None
         if self.variant == 'factorized_encoder':
