@@ -13,7 +13,8 @@ from torch import nn
 from helpers import as_tuples, digits_batch, load_fixture
 from vit_pytorch import ViT
 from vit_pytorch import distill
-from vit_pytorch.distill import DeiT, DistillableT2TViT, DistillableViT, DistillWrapper
+from vit_pytorch import efficient
+from vit_pytorch.distill import DeiT, DistillableEfficientViT, DistillableT2TViT, DistillableViT, DistillWrapper
 from vit_pytorch.pretrained import CheckpointError, load_timm, load_vit_pytorch
 from vit_pytorch.t2t import T2TViT
 
@@ -138,7 +139,8 @@ def test_teacher_stays_in_eval_mode():
 
 
 @pytest.mark.parametrize('kwargs, error, match', [
-    (dict(student='not a model'), TypeError, 'student must be a DistillableViT, DistillableT2TViT or DeiT'),
+    (dict(student='not a model'), TypeError, 'student must be a DistillableViT, DistillableT2TViT, '
+                                             'DistillableEfficientViT or DeiT'),
     (dict(teacher=lambda x: x), TypeError, 'teacher must be an nn.Module'),
     (dict(temperature=0), ValueError, 'temperature'),
     (dict(alpha=1.5), ValueError, 'alpha'),
@@ -389,3 +391,26 @@ def test_distillable_t2t_vit_trains_in_the_wrapper_and_turns_into_a_t2t_vit():
 def test_distill_token_of_the_wrong_shape_is_refused():
     with pytest.raises(ValueError, match=r'distill_token must be a tensor of shape \(1, 16\), got \(2, 16\)'):
         DistillableViT(**VP_TINY)(torch.randn(1, 3, 16, 16), distill_token=torch.randn(2, 16))
+
+
+def efficient_backbone():
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+
+
+def test_vit_pytorch_efficient_checkpoint_loads_into_the_distillable_efficient_vit():
+    metadata, state_dict, tensors = load_fixture('vit_pytorch_1.26.14_efficient')
+    student = DistillableEfficientViT(**metadata['config'], transformer=efficient_backbone())
+    load_vit_pytorch(student.eval(), state_dict)
+    with torch.no_grad():
+        torch.testing.assert_close(student(tensors['input']), tensors['output'], atol=1e-5, rtol=1e-5)
+        plain = student.to_vit()
+        assert type(plain) is efficient.ViT and plain.transformer is not student.transformer
+        torch.testing.assert_close(plain(tensors['input']), tensors['output'], atol=1e-5, rtol=1e-5)
+
+
+def test_distillable_efficient_vit_trains_in_the_wrapper():
+    student = DistillableEfficientViT(image_size=16, patch_size=4, num_classes=5, dim=16,
+                                      transformer=efficient_backbone())
+    wrapper = DistillWrapper(teacher=FixedTeacher(torch.randn(2, 5)), student=student, mlp_layernorm=True)
+    wrapper(torch.randn(2, 3, 16, 16), torch.tensor([1, 2])).backward()
+    assert wrapper.distillation_token.grad.abs().sum() > 0 and student.cls_token.grad.abs().sum() > 0

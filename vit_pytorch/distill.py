@@ -7,9 +7,10 @@ trained to match the teacher (soft: KL to the teacher's softened distribution; h
 cross-entropy to the teacher's argmax) while the cls head learns the true labels.
 
 Two homes for that token, the same function:
-  vit-pytorch's classes (`DistillableViT`, `DistillableT2TViT`, its calls and state_dict keys):
-    the student is a plain ViT or T2T-ViT; `DistillWrapper` holds the distillation token and its
-    head (`distillation_token`, `distill_mlp`) and passes the token into the student's Transformer
+  vit-pytorch's classes (`DistillableViT`, `DistillableT2TViT`, `DistillableEfficientViT`, its calls
+    and state_dict keys): the student is a plain ViT, T2T-ViT or efficient ViT; `DistillWrapper` holds
+    the distillation token and its head (`distillation_token`, `distill_mlp`) and passes the token
+    into the student's Transformer
     (`student(img, distill_token=...)`). `student(img)` returns the cls head's logits in any mode,
     and `student.to_vit()` gives the plain model with the same weights and outputs. vit-pytorch
     1.26.14's checkpoints of both load with `load_vit_pytorch` and give its outputs.
@@ -54,7 +55,7 @@ What differs from vit-pytorch 1.26.14, and why:
     deit = DeiT(image_size=32, patch_size=8, num_classes=10, dim=64, depth=2, heads=4, mlp_dim=128)
     loss = DistillWrapper(teacher=teacher, student=deit, temperature=3.0)(img, labels)
 
-This file needs only torch, einops, `vit_pytorch.vit` and `vit_pytorch.t2t`.
+This file needs only torch, einops, `vit_pytorch.vit`, `vit_pytorch.t2t` and `vit_pytorch.efficient`.
 """
 
 import copy
@@ -64,7 +65,7 @@ import torch.nn.functional as F
 from einops import repeat
 from torch import nn
 
-from vit_pytorch import t2t, vit
+from vit_pytorch import efficient, t2t, vit
 from vit_pytorch.vit import ViT, init_tokens, zero_linear
 
 # the DeiT configurations (Touvron et al., Table 1); the paper's ViT numerics of `vit_pytorch.pretrained`
@@ -76,7 +77,7 @@ _DEIT = {
 }
 
 __all__ = [
-    'DistillMixin', 'DistillableViT', 'DistillableT2TViT', 'DistillWrapper', 'DeiT',
+    'DistillMixin', 'DistillableViT', 'DistillableT2TViT', 'DistillableEfficientViT', 'DistillWrapper', 'DeiT',
     'deit_tiny_distilled_patch16_224', 'deit_small_distilled_patch16_224',
     'deit_base_distilled_patch16_224', 'deit_base_distilled_patch16_384',
 ]
@@ -96,7 +97,8 @@ class DistillMixin:
         tokens = self.embed_tokens_of(img)
         dim = tokens.shape[-1]
         if not isinstance(distill_token, torch.Tensor) or distill_token.shape != (1, dim):
-            shape = tuple(distill_token.shape) if isinstance(distill_token, torch.Tensor) else type(distill_token).__name__
+            shape = tuple(distill_token.shape) if isinstance(distill_token, torch.Tensor) \
+                else type(distill_token).__name__
             raise ValueError(f"distill_token must be a tensor of shape (1, {dim}), got {shape}")
         # appended after the position embeddings: it has none (a learned token needs none); the embedding
         # dropout acts elementwise, so dropping it apart from the others is the same distribution
@@ -150,7 +152,23 @@ class DistillableT2TViT(DistillMixin, t2t.T2TViT):
         return x + self.pos_embedding
 
 
-VIT_PYTORCH_STUDENTS = (DistillableViT, DistillableT2TViT)
+class DistillableEfficientViT(DistillMixin, efficient.ViT):
+    """vit-pytorch's `DistillableEfficientViT`: `vit_pytorch.efficient.ViT` (any backbone `transformer`; the
+    same arguments and state_dict) whose forward also takes `distill_token`. `to_vit()` returns the
+    `efficient.ViT`, with a copy of the backbone."""
+
+    plain_class = efficient.ViT
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.kwargs = kwargs
+        self.dim = kwargs['dim']
+
+    def embed_tokens_of(self, img):
+        return self.embed(img)
+
+
+VIT_PYTORCH_STUDENTS = (DistillableViT, DistillableT2TViT, DistillableEfficientViT)
 
 
 # the paper's student: the distillation token and its head in the model
@@ -237,8 +255,8 @@ class DistillWrapper(nn.Module):
     `forward(img, labels, temperature=None, alpha=None, **kwargs)`: a per-call temperature or alpha
     replaces the wrapper's for that call; `kwargs` go to the student.
 
-    With a vit-pytorch student (`DistillableViT`, `DistillableT2TViT`) the wrapper holds the
-    distillation token (`distillation_token`, (1, dim), a unit normal) and its head (`distill_mlp`: a
+    With a vit-pytorch student (`DistillableViT`, `DistillableT2TViT`, `DistillableEfficientViT`) the wrapper
+    holds the distillation token (`distillation_token`, (1, dim), a unit normal) and its head (`distill_mlp`: a
     LayerNorm if `mlp_layernorm`, then a Linear), as vit-pytorch does. With a `DeiT` student the token
     and head are the student's, and `mlp_layernorm` must stay False (DeiT's head is a Linear).
 
@@ -252,8 +270,8 @@ class DistillWrapper(nn.Module):
         if not isinstance(teacher, nn.Module):
             raise TypeError(f"teacher must be an nn.Module, got {type(teacher).__name__}")
         if not isinstance(student, (*VIT_PYTORCH_STUDENTS, DeiT)):
-            raise TypeError(f"student must be a DistillableViT, DistillableT2TViT or DeiT (a model that takes "
-                            f"a distillation token), got {type(student).__name__}")
+            raise TypeError(f"student must be a DistillableViT, DistillableT2TViT, DistillableEfficientViT or DeiT "
+                            f"(a model that takes a distillation token), got {type(student).__name__}")
         if student.mlp_head is None:
             raise ValueError("student has no head (num_classes=0); build it with num_classes > 0")
         if not isinstance(hard, bool):
@@ -345,7 +363,8 @@ def _with_distillation(planned, model, *, token, head):
 def _plain_plan(fmt, model, keys):
     """A vit-pytorch student's checkpoints are its plain model's."""
     from vit_pytorch import pretrained
-    module = pretrained if isinstance(model, DistillableViT) else t2t
+    module = pretrained if isinstance(model, DistillableViT) else t2t if isinstance(model, DistillableT2TViT) \
+        else efficient
     plan = getattr(module, f'{fmt}_plan', None)
     if plan is None:
         raise TypeError(f"no {pretrained.FORMATS[fmt]} checkpoints exist for {type(model).__name__}")
