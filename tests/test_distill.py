@@ -414,3 +414,19 @@ def test_distillable_efficient_vit_trains_in_the_wrapper():
     wrapper = DistillWrapper(teacher=FixedTeacher(torch.randn(2, 5)), student=student, mlp_layernorm=True)
     wrapper(torch.randn(2, 3, 16, 16), torch.tensor([1, 2])).backward()
     assert wrapper.distillation_token.grad.abs().sum() > 0 and student.cls_token.grad.abs().sum() > 0
+
+
+TINY_COMPAT = dict(image_size=(16, 24), patch_size=(4, 8), num_classes=5, dim=16, depth=2, heads=2, dim_head=8,
+                   mlp_dim=32)
+
+
+def test_a_state_dict_of_our_old_distillable_vit_is_told_to_load_into_deit():
+    # compat_distill: this package's DistillableViT (the DeiT student, before issue 25), as saved then
+    tensors = load_file(os.path.join(FIXTURES, 'compat_distill.safetensors'))
+    img, expected = tensors.pop('compat:input'), tensors.pop('compat:output')
+    with pytest.raises(ValueError, match=r'has distill_token: it is a DeiT.*load it into vit_pytorch\.distill\.DeiT'):
+        DistillableViT(**TINY_COMPAT).load_state_dict(tensors)
+    model = DeiT(**TINY_COMPAT).eval()
+    model.load_state_dict(tensors)
+    with torch.no_grad():
+        torch.testing.assert_close(model(img), expected, rtol=1e-4, atol=1e-5)

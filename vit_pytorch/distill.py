@@ -129,6 +129,12 @@ class DistillableViT(DistillMixin, ViT):
     def embed_tokens_of(self, img):
         return self.embed(img)
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        if f'{prefix}distill_token' in state_dict:
+            raise ValueError(f"the state_dict has {prefix}distill_token: it is a DeiT's (this package's DistillableViT "
+                             f"before it took vit-pytorch's meaning, issue 25); load it into vit_pytorch.distill.DeiT")
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
 
 class DistillableT2TViT(DistillMixin, t2t.T2TViT):
     """vit-pytorch's `DistillableT2TViT`: our `T2TViT` (the paper's; the same arguments) whose forward also
