@@ -345,7 +345,7 @@ def build_all(names, config, image_size, seed=0):
 
 
 class DistillationLoss:
-    """DeiT's soft-distillation loss of a `DistillableViT`, through `DistillWrapper` as in training.
+    """DeiT's soft-distillation loss of a `DeiT`, through `DistillWrapper` as in training.
 
     The teacher is a linear map of the mean colour, whose cost is negligible, so that the step
     measured is the student's: DeiT's teacher (a RegNetY) is a separate model with its own cost.

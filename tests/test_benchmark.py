@@ -124,7 +124,7 @@ def test_a_convolutions_backward_counts_twice_its_forward(throughput, groups):
 
 
 def test_distillable_vit_trains_on_the_distillation_loss(throughput):
-    # in training mode DistillableViT returns two logits; cross-entropy alone would fail on them
+    # in training mode DeiT returns two logits; cross-entropy alone would fail on them
     workload = throughput.registry_workload('distillable_vit', tiny=True)
     assert isinstance(workload['loss'], throughput.DistillationLoss)
     model = workload['model'].train()

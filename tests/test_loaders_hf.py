@@ -13,7 +13,7 @@ import torch
 from helpers import FIXTURES
 
 from vit_pytorch import ViT
-from vit_pytorch.distill import DistillableViT
+from vit_pytorch.distill import DeiT
 from vit_pytorch.pretrained import RESAMPLE, CheckpointError, load_hf, read_checkpoint
 from vit_pytorch.vit import resample_pos_embedding
 
@@ -98,7 +98,7 @@ DEIT = dict(image_size=32, patch_size=8, dim=16, depth=2, heads=2, dim_head=8, m
 
 def test_hf_deit_with_teacher_loads_into_a_distillable_vit():
     ref = reference('hf_deit_distilled')
-    model = load_hf(DistillableViT(**DEIT).eval(), FIXTURES / 'hf_deit_distilled.safetensors')
+    model = load_hf(DeiT(**DEIT).eval(), FIXTURES / 'hf_deit_distilled.safetensors')
     with torch.no_grad():
         torch.testing.assert_close(model(ref['input']), ref['logits'], **TOL)         # the mean of both heads
         logits, distill_logits = model.forward_distill(ref['input'])
@@ -108,7 +108,7 @@ def test_hf_deit_with_teacher_loads_into_a_distillable_vit():
 
 def test_hf_deit_tokens_without_the_heads():
     ref = reference('hf_deit_distilled')
-    model = load_hf(DistillableViT(**{**DEIT, 'num_classes': 0}).eval(), FIXTURES / 'hf_deit_distilled.safetensors',
+    model = load_hf(DeiT(**{**DEIT, 'num_classes': 0}).eval(), FIXTURES / 'hf_deit_distilled.safetensors',
                     load_head=False)
     with torch.no_grad():
         torch.testing.assert_close(model(ref['input']), ref['last_hidden_state'], **TOL)
@@ -116,13 +116,13 @@ def test_hf_deit_tokens_without_the_heads():
 
 def test_hf_deit_into_a_plain_vit_names_the_distillation_token():
     with pytest.raises(CheckpointError, match=r'a distilled DeiT \(it has deit\.embeddings\.distillation_token\): '
-                                              r'load it into vit_pytorch\.distill\.DistillableViT'):
+                                              r'load it into vit_pytorch\.distill\.DeiT'):
         load_hf(ViT(**DEIT), FIXTURES / 'hf_deit_distilled.safetensors')
 
 
 def test_position_table_of_deit_keeps_both_prefix_rows_when_resampled():
     table = read_checkpoint(FIXTURES / 'hf_deit_distilled.safetensors')['deit.embeddings.position_embeddings'][0]
-    model = load_hf(DistillableViT(**{**DEIT, 'image_size': 40}), FIXTURES / 'hf_deit_distilled.safetensors')
+    model = load_hf(DeiT(**{**DEIT, 'image_size': 40}), FIXTURES / 'hf_deit_distilled.safetensors')
     assert model.pos_embedding.shape == (2 + 25, 16)
     torch.testing.assert_close(model.pos_embedding[:2].detach(), table[:2], atol=0, rtol=0)
     assert math.isclose(model.pos_embedding[2:].mean().item(), table[2:].mean().item(), abs_tol=0.05)
@@ -199,7 +199,7 @@ def test_live_hf_deit_in_memory_names_of_transformers_5():
             param.add_(0.1 * torch.randn_like(param))
     state_dict = reference_model.state_dict()
     assert 'deit.layers.0.attention.q_proj.weight' in state_dict
-    model = load_hf(DistillableViT(**DEIT).eval(), state_dict)
+    model = load_hf(DeiT(**DEIT).eval(), state_dict)
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(model(x), reference_model(pixel_values=x).logits, **TOL)

@@ -10,7 +10,7 @@ from einops import rearrange
 from helpers import digits_batch, load_fixture, tiny_vit_kwargs
 from vit_pytorch import SimpleViT, ViT, vit
 from vit_pytorch.deepvit import DeepViT
-from vit_pytorch.distill import DistillableViT
+from vit_pytorch.distill import DeiT
 from vit_pytorch.mae import MAE, decoder_table, sincos_2d
 from vit_pytorch.parallel_vit import ViT as ParallelViT
 from vit_pytorch.pretrained import load_hf
@@ -24,7 +24,7 @@ ENCODERS = {
     'simple_vit': lambda: SimpleViT(**tiny_vit_kwargs()),
     'simple_vit_with_registers': lambda: RegisterViT(**tiny_vit_kwargs(num_register_tokens=2)),
     'simple_vit_with_qk_norm': lambda: QKNormViT(**tiny_vit_kwargs()),
-    'distillable_vit': lambda: DistillableViT(**tiny_vit_kwargs()),
+    'distillable_vit': lambda: DeiT(**tiny_vit_kwargs()),
     'deepvit': lambda: DeepViT(**tiny_vit_kwargs()),
     'parallel_vit': lambda: ParallelViT(**tiny_vit_kwargs()),
 }

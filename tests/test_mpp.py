@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from helpers import digits_batch, load_fixture, tiny_vit_kwargs
 from vit_pytorch import SimpleViT, ViT
-from vit_pytorch.distill import DistillableViT
+from vit_pytorch.distill import DeiT
 from vit_pytorch.mpp import MPP
 from vit_pytorch.simple_vit_with_patch_dropout import SimpleViT as PatchDropoutViT
 from vit_pytorch.simple_vit_with_register_tokens import SimpleViT as RegisterViT
@@ -17,7 +17,7 @@ ENCODERS = {
     'vit_mean': lambda: ViT(**tiny_vit_kwargs(pool='mean')),
     'simple_vit': lambda: SimpleViT(**tiny_vit_kwargs()),
     'simple_vit_with_registers': lambda: RegisterViT(**tiny_vit_kwargs(num_register_tokens=2)),
-    'distillable_vit': lambda: DistillableViT(**tiny_vit_kwargs()),
+    'distillable_vit': lambda: DeiT(**tiny_vit_kwargs()),
 }
 HEADS = ('transformer.mlp_head', 'transformer.linear_head', 'transformer.distill_head')
 

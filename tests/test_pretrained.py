@@ -405,11 +405,11 @@ TIMM_TINY = dict(img_size=32, patch_size=8, embed_dim=16, depth=2, num_heads=2, 
 
 def test_live_timm_vit_and_deit_distilled():
     timm = pytest.importorskip('timm')
-    from vit_pytorch.distill import DistillableViT
+    from vit_pytorch.distill import DeiT
 
     x = torch.randn(2, 3, 32, 32)
     for timm_cls, ours_cls in [(timm.models.vision_transformer.VisionTransformer, ViT),
-                               (timm.models.deit.VisionTransformerDistilled, DistillableViT)]:
+                               (timm.models.deit.VisionTransformerDistilled, DeiT)]:
         reference_model = perturbed(timm_cls(**TIMM_TINY))
         model = load_timm(ours_cls(**TINY).eval(), reference_model.state_dict())
         with torch.no_grad():

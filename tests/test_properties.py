@@ -958,7 +958,7 @@ MODELS = [
         bad_arguments=bad_arguments(TINY, 'channels', 'dropout', 'emb_dropout', 'pool'),
     ),
     ModelSpec(
-        name='distill', target='distill:DistillableViT', configs=extended(core_configs(pool=False)), example=TINY,
+        name='distill', target='distill:DeiT', configs=extended(core_configs(pool=False)), example=TINY,
         output_shapes=distill_output_shapes, outputs=vit_outputs,
         bad_arguments=bad_arguments(TINY, 'channels', 'dropout', 'emb_dropout'),
     ),

@@ -13,13 +13,13 @@ from einops import repeat
 
 from helpers import tiny_vit_kwargs
 from vit_pytorch import SimpleViT, ViT
-from vit_pytorch.distill import DistillableViT
+from vit_pytorch.distill import DeiT
 from vit_pytorch.simple_vit_with_register_tokens import SimpleViT as RegisterViT
 
 MODELS = {
     'vit': lambda: ViT(**tiny_vit_kwargs()),
     'vit_mean': lambda: ViT(**tiny_vit_kwargs(pool='mean')),
-    'distillable_vit': lambda: DistillableViT(**tiny_vit_kwargs()),
+    'distillable_vit': lambda: DeiT(**tiny_vit_kwargs()),
     'simple_vit': lambda: SimpleViT(**tiny_vit_kwargs()),
     'simple_vit_with_registers': lambda: RegisterViT(**tiny_vit_kwargs(num_register_tokens=3)),
 }

@@ -303,6 +303,8 @@ def test_library_code_has_no_unpickling_call(pattern, what):
 
 
 COMPAT_FIXTURES = sorted(FIXTURES.glob('compat_*.safetensors'))
+# classes renamed since their fixture was written: our DeiT student was distill.DistillableViT until issue 25
+RENAMED = {'distill:DistillableViT': 'distill:DeiT'}
 
 
 def test_every_model_in_the_table_has_a_compat_fixture():
@@ -319,7 +321,7 @@ def test_old_checkpoint_still_loads_and_gives_the_same_output(path):
         metadata = handle.metadata()
     tensors = read_checkpoint(path)
     img, expected = tensors.pop('compat:input'), tensors.pop('compat:output')
-    module, name = metadata['target'].split(':')
+    module, name = RENAMED.get(metadata['target'], metadata['target']).split(':')
     cls = getattr(__import__(f'vit_pytorch.{module}', fromlist=[name]), name)
     kwargs = {key: tuple(value) if isinstance(value, list) else value
               for key, value in json.loads(metadata['kwargs']).items()}

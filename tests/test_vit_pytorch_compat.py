@@ -127,6 +127,7 @@ LOADS = {
     'simple_vit_with_register_tokens': {},
     'parallel_vit': dict(patch_norm=False),       # vit-pytorch's parallel ViT has a bare patch projection
     'learnable_memory_vit': {},
+    'distill': {},                                # a plain ViT; its wrapper: tests/test_distill.py
 }
 
 
@@ -152,8 +153,6 @@ REFUSED = {
     'cross_vit': r"vit-pytorch's CrossViT computes another function: it normalises each branch at the end of "
                  r"every encoder",
     't2t': r"vit-pytorch's T2T-ViT computes another function: its T2T layers keep the full unfolded width",
-    'distill': r"vit-pytorch's DistillableViT is a plain ViT at inference.*Load its state_dict into "
-               r"vit_pytorch\.ViT",
     'vit_for_small_dataset': r"vit-pytorch's shifted patch tokenization moves the image by one pixel left, right, "
                              r"up and down",
     'simple_vit_with_qk_norm': r"vit-pytorch's qk-norm SimpleViT computes another function: it ends in a "
@@ -204,13 +203,9 @@ def test_load_vit_pytorch_loads_simple_vit():
 
 def test_vit_pytorch_calling_styles_that_are_not_kept_are_type_errors():
     from vit_pytorch.cct import CCT
-    from vit_pytorch.distill import DistillableViT, DistillWrapper
     from vit_pytorch.recorder import Recorder
 
     model = ViT(image_size=16, patch_size=4, num_classes=3, dim=16, depth=1, heads=2, mlp_dim=32)
-    student = DistillableViT(image_size=16, patch_size=4, num_classes=3, dim=16, depth=1, heads=2, mlp_dim=32)
-    with pytest.raises(TypeError, match='mlp_layernorm'):
-        DistillWrapper(teacher=model, student=student, mlp_layernorm=True)
     with pytest.raises(TypeError, match="'vit'"):
         Recorder(vit=model)
     with pytest.raises(TypeError, match="'device'"):

@@ -109,3 +109,11 @@ def check_arguments(*, image_size, patch_size, num_classes, dim, transformer, po
                         f"{type(transformer).__name__}")
     if pool not in ('cls', 'mean'):
         raise ValueError(f"pool must be 'cls' (cls token) or 'mean' (mean of all tokens), got {pool!r}")
+
+
+# loading checkpoints
+
+
+def vit_pytorch_plan(model, keys):
+    """vit-pytorch's efficient `ViT` has our parameter names and shapes: its state_dict loads as it is."""
+    return None
