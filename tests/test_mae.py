@@ -56,7 +56,7 @@ def mae_from_hugging_face():
     mae = MAE(encoder=encoder, decoder_dim=dd, decoder_depth=depth, decoder_heads=dh, decoder_dim_head=dd // dh,
               masking_ratio=config['mask_ratio'])
     # the paper's decoder blocks (qkv bias, HF's epsilon), as the docstring says to build them
-    mae.decoder = vit.encoder(dd, depth, dh, dd // dh, config['decoder_intermediate_size'], qkv_bias=True,
+    mae.decoder = vit.Transformer(dd, depth, dh, dd // dh, config['decoder_intermediate_size'], qkv_bias=True,
                               norm_eps=config['layer_norm_eps'])
     ours = {'enc_to_dec.weight': state_dict['decoder.decoder_embed.weight'],
             'enc_to_dec.bias': state_dict['decoder.decoder_embed.bias'],

@@ -134,7 +134,7 @@ class CaiT(nn.Module):
         attention = dict(dim=dim, heads=heads, dim_head=dim_head, dropout=dropout, qkv_bias=qkv_bias,
                          norm_eps=norm_eps)
         # the self-attention stage has no final norm: CaiT normalises once, after the class attention
-        self.patch_transformer = vit.Transformer(
+        self.patch_transformer = vit.Stack(
             [(scaled(TalkingHeadsAttention(**attention)), feedforward()) for _ in range(depth)])
         self.cls_transformer = ClassTransformer(
             [(scaled(vit.ClassAttention(**attention)), feedforward()) for _ in range(cls_depth)])

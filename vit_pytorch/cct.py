@@ -161,7 +161,7 @@ class TransformerEncoderLayer(nn.Module):
         return x + vit.drop_path(self.mlp(x), self.drop_path_rate, self.training)
 
 
-class Transformer(vit.Transformer):
+class Transformer(vit.Stack):
     """CCT's encoder layers and a final LayerNorm, run (and checkpointed) by the core's stack."""
 
     @staticmethod

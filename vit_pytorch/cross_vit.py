@@ -110,8 +110,8 @@ class MultiScaleEncoder(nn.Module):
         self.layers = nn.ModuleList([
             nn.ModuleList([
                 # each branch's encoder has no final norm: CrossViT normalises once, after the last block
-                vit.encoder(sm_dim, dropout=dropout, final_norm=False, **sm_enc_params, **blocks),
-                vit.encoder(lg_dim, dropout=dropout, final_norm=False, **lg_enc_params, **blocks),
+                vit.Transformer(sm_dim, dropout=dropout, final_norm=False, **sm_enc_params, **blocks),
+                vit.Transformer(lg_dim, dropout=dropout, final_norm=False, **lg_enc_params, **blocks),
                 CrossTransformer(sm_dim, lg_dim, cross_attn_depth, cross_attn_heads, cross_attn_dim_head, dropout,
                                  **blocks),
             ])

@@ -172,7 +172,7 @@ class CvT(nn.Module):
             dim, prefix = config['emb_dim'], self.num_prefix_tokens if i == len(self.configs) - 1 else 0
             self.embeddings.append(ConvEmbedding(dim_in, dim, config['emb_kernel'], config['emb_stride'],
                                                  embedding_padding(config)))
-            self.transformers.append(vit.Transformer([
+            self.transformers.append(vit.Stack([
                 (ConvAttention(dim, config['heads'], proj_kernel=config['proj_kernel'],
                                kv_proj_stride=config['kv_proj_stride'], dropout=dropout, qkv_bias=qkv_bias,
                                num_prefix_tokens=prefix),

@@ -250,7 +250,7 @@ class LeViT(nn.Module):
                 self.subsamples.append(Subsample(dims[i - 1], stage_dim, dim_key=dim_key, grid=grid, dropout=dropout))
                 grid = halved(grid)
             self.grids.append(grid)
-            self.transformers.append(vit.Transformer([
+            self.transformers.append(vit.Stack([
                 (Attention(stage_dim, heads=stage_head, dim_key=dim_key, dim_value=dim_value, grid=grid,
                            dropout=dropout),
                  feedforward(stage_dim, stage_dim * mlp_mult, dropout))

@@ -40,7 +40,7 @@ stay visible; vit-pytorch drops the cls token, learns the decoder's positions an
 `int(n * masking_ratio)` patches. The decoder (`mae.decoder`, a
 `vit.Transformer` of `decoder_depth` pre-norm layers with MLP width 4 x `decoder_dim`, then a
 LayerNorm) has vit-pytorch's blocks: no qkv bias, LayerNorm epsilon 1e-5; assign another
-`vit.encoder(...)` to `mae.decoder` for the paper's (qkv bias, epsilon 1e-6).
+`vit.Transformer(...)` to `mae.decoder` for the paper's (qkv bias, epsilon 1e-6).
 """
 
 import torch
@@ -70,7 +70,7 @@ class MAE(nn.Module):
         self.grid_size = encoder.token_grid(encoder.image_size)
         self.register_buffer('decoder_pos_embedding', decoder_table(encoder.num_prefix_tokens, self.grid_size,
                                                                     decoder_dim), persistent=False)
-        self.decoder = vit.encoder(decoder_dim, decoder_depth, decoder_heads, decoder_dim_head, decoder_dim * 4)
+        self.decoder = vit.Transformer(decoder_dim, decoder_depth, decoder_heads, decoder_dim_head, decoder_dim * 4)
         self.to_pixels = nn.Linear(decoder_dim, patch_dim)
 
     def decoder_positions(self, grid):

@@ -103,7 +103,7 @@ class MobileViTBlock(nn.Module):
         self.conv_local = conv_bn_act(dim_in, dim_in, kernel_size)
         self.to_tokens = nn.Conv2d(dim_in, dim, 1, bias=False)
         dim_head = dim // heads
-        self.transformer = vit.Transformer([
+        self.transformer = vit.Stack([
             (vit.Attention(dim, heads, dim_head, qkv_bias=True, norm_eps=NORM_EPS,
                            to_out=nn.Sequential(nn.Linear(heads * dim_head, dim), nn.Dropout(0.))),
              FeedForward(dim, int(dim * mlp_ratio)))

@@ -249,7 +249,7 @@ class NaViT(nn.Module):
         vit.init_tokens(self.pos_embed_height, self.pos_embed_width, self.attn_pool_queries, patch_norm=True)
         self.dropout = nn.Dropout(emb_dropout)
 
-        self.transformer = vit.Transformer([
+        self.transformer = vit.Stack([
             (Attention(dim, heads, dim_head, dropout), FeedForward(dim, mlp_dim, dropout)) for _ in range(depth)
         ], norm=nn.LayerNorm(dim, bias=False))
 

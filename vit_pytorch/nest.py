@@ -138,7 +138,7 @@ class NesT(nn.Module):
                                 rate),
                        vit.DropPath(vit.FeedForward(width, width * mlp_mult, dropout, norm_eps=NORM_EPS), rate))
                       for rate in rates[sum(depths[:i]):sum(depths[:i + 1])]]
-            levels.append(Level(Aggregate(self.dims[i - 1], width) if i > 0 else None, vit.Transformer(layers),
+            levels.append(Level(Aggregate(self.dims[i - 1], width) if i > 0 else None, vit.Stack(layers),
                                 num_blocks=4 ** (num_hierarchies - 1 - i), block_size=block_size, dim=width))
         self.levels = nn.ModuleList(levels)
         self.feature_info = [dict(num_chs=width, reduction=patch_size * 2 ** i, module=f'levels.{i}')

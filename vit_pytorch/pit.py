@@ -106,7 +106,7 @@ class PiT(nn.Module):
         self.dropout = nn.Dropout(emb_dropout)
 
         self.transformers = nn.ModuleList([
-            vit.encoder(stage_dim, stage_depth, stage_heads, dim_head, stage_mlp, dropout, qkv_bias=qkv_bias,
+            vit.Transformer(stage_dim, stage_depth, stage_heads, dim_head, stage_mlp, dropout, qkv_bias=qkv_bias,
                         norm_eps=norm_eps, final_norm=False)
             for stage_dim, stage_depth, stage_heads, stage_mlp in zip(self.dims, depth, heads, mlp_dims)
         ])

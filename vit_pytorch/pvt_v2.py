@@ -84,8 +84,8 @@ class ConvFeedForward(nn.Module):
         return self.dropout(self.fc2(x))
 
 
-class MapTransformer(vit.Transformer):
-    """`vit.Transformer` whose residual branches read the (h, w) map the tokens lie on (keyword `size`)."""
+class MapTransformer(vit.Stack):
+    """`vit.Stack` whose residual branches read the (h, w) map the tokens lie on (keyword `size`)."""
 
     @staticmethod
     def layer(branches, x, *, size):

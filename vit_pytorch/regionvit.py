@@ -163,7 +163,7 @@ class RegionToLocalBlock(nn.Module):
         return x + vit.drop_path(self.feedforward(x), self.drop_path, self.training)
 
 
-class RegionToLocalTransformer(vit.Transformer):
+class RegionToLocalTransformer(vit.Stack):
     """The blocks of a stage, each called with the stage's keyword arguments (regions, mask)."""
 
     @staticmethod

@@ -18,23 +18,24 @@ by the patch size works, not only `image_size`.
 """
 
 import torch
-from einops.layers.torch import Rearrange
+from einops.layers.torch import Rearrange  # unused here: code built on vit-pytorch's simple_vit imports it from it
 from torch import nn
 
 from vit_pytorch import vit
+from vit_pytorch.vit import pair
 
 # helpers
 
 
-def posemb_sincos_2d(height, width, dim, temperature=10000, dtype=torch.float32, device=None):
-    """Fixed 2D sin-cos position table, (height * width, dim), rows in row-major grid order.
+def posemb_sincos_2d(h, w, dim, temperature=10000, dtype=torch.float32, device=None):
+    """Fixed 2D sin-cos position table, (h * w, dim), rows in row-major grid order (vit-pytorch's arguments).
 
     A quarter of the channels each holds sin(x w), cos(x w), sin(y w), cos(y w) for
     column x and row y, with frequencies w = temperature ** -(i / (dim / 4 - 1)).
     """
     if dim % 4 or dim < 8:
         raise ValueError(f"dim must be a multiple of 4 and at least 8 for the sin-cos position table, got {dim}")
-    y, x = torch.meshgrid(torch.arange(height, device=device), torch.arange(width, device=device), indexing='ij')
+    y, x = torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing='ij')
     omega = torch.arange(dim // 4, device=device) / (dim // 4 - 1)
     omega = temperature ** -omega                                   # (dim / 4,)
     x = x.flatten()[:, None] * omega                                # (h * w, dim / 4)
@@ -68,6 +69,15 @@ class Attention(vit.Attention):
         super().__init__(dim, heads, dim_head, to_out=nn.Linear(heads * dim_head, dim, bias=False))
 
 
+class Transformer(vit.Stack):
+    """vit-pytorch's SimpleViT `Transformer`: `depth` (attention, feedforward) layers of this file's blocks, then a
+    LayerNorm; `forward(x)` returns the normed tokens. `attention` builds each layer's from (dim, heads, dim_head)."""
+
+    def __init__(self, dim, depth, heads, dim_head, mlp_dim, *, attention=Attention):
+        super().__init__([(attention(dim, heads, dim_head), FeedForward(dim, mlp_dim)) for _ in range(depth)],
+                         norm=nn.LayerNorm(dim))
+
+
 class SimpleViT(nn.Module):
     """`num_classes=0` makes `forward` return the pooled embedding (b, dim).
 
@@ -80,16 +90,14 @@ class SimpleViT(nn.Module):
                  channels=3, dim_head=64, attention=Attention):
         check_arguments(**vit.arguments(locals()))
         super().__init__()
-        self.image_size, self.patch_size = vit.pair(image_size), vit.pair(patch_size)
+        self.image_size, self.patch_size = pair(image_size), pair(patch_size)
         self.grid_size = self.token_grid(self.image_size)
         self.channels, self.num_classes, self.embed_dim = channels, num_classes, dim
 
         self.to_patch_embedding = vit.PatchEmbedding(channels=channels, patch_size=self.patch_size, dim=dim)
         # fixed, so not saved; a buffer so that it follows .to(device)
         self.register_buffer('pos_embedding', posemb_sincos_2d(*self.grid_size, dim), persistent=False)
-        self.transformer = vit.Transformer([
-            (attention(dim, heads, dim_head), FeedForward(dim, mlp_dim)) for _ in range(depth)
-        ], norm=nn.LayerNorm(dim))
+        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, attention=attention)
         self.to_latent = nn.Identity()
         self.linear_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
 

@@ -50,9 +50,7 @@ class SimpleViT(nn.Module):
         self.to_patch_embedding = vit_1d.PatchEmbedding1d(channels=channels, patch_size=patch_size, dim=dim)
         # fixed, so not saved; a buffer so that it follows .to(device)
         self.register_buffer('pos_embedding', posemb_sincos_1d(seq_len // patch_size, dim), persistent=False)
-        self.transformer = vit.Transformer([
-            (simple_vit.Attention(dim, heads, dim_head), simple_vit.FeedForward(dim, mlp_dim)) for _ in range(depth)
-        ], norm=nn.LayerNorm(dim))
+        self.transformer = simple_vit.Transformer(dim, depth, heads, dim_head, mlp_dim)
         self.linear_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
 
     def pos_embedding_for(self, num_patches):

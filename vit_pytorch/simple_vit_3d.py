@@ -66,9 +66,7 @@ class SimpleViT(nn.Module):
                                                           frame_patch_size=frame_patch_size, dim=dim)
         # fixed, so not saved; a buffer so that it follows .to(device)
         self.register_buffer('pos_embedding', posemb_sincos_3d(*self.grid_size, dim), persistent=False)
-        self.transformer = vit.Transformer([
-            (simple_vit.Attention(dim, heads, dim_head), simple_vit.FeedForward(dim, mlp_dim)) for _ in range(depth)
-        ], norm=nn.LayerNorm(dim))
+        self.transformer = simple_vit.Transformer(dim, depth, heads, dim_head, mlp_dim)
         self.linear_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
 
     def token_grid(self, size):

@@ -257,7 +257,7 @@ class Swin(nn.Module):
             blocks = [block(dim=dim, heads=heads, stage=i, window_size=window, feature_size=resolution,
                             shift_size=shift if j % 2 else (0, 0), drop_path=rates[sum(depths[:i]) + j])
                       for j in range(depth)]
-            stages.append(SwinStage(merging(dims[i - 1], dim) if i > 0 else None, vit.Transformer(blocks)))
+            stages.append(SwinStage(merging(dims[i - 1], dim) if i > 0 else None, vit.Stack(blocks)))
         self.stages = nn.ModuleList(stages)
         self.feature_info = [dict(num_chs=dim, reduction=max(self.patch_size) * 2 ** i, module=f'stages.{i}')
                              for i, dim in enumerate(dims)]

@@ -235,7 +235,7 @@ class T2TViT(nn.Module):
         self.dropout = nn.Dropout(emb_dropout)
 
         attention = vit.Attention if qk_scale is None else functools.partial(ScaledAttention, scale=qk_scale)
-        self.transformer = transformer if transformer is not None else vit.encoder(
+        self.transformer = transformer if transformer is not None else vit.Transformer(
             dim, depth, heads, dim_head, mlp_dim, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps, attention=attention)
         self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else None
 
@@ -272,7 +272,7 @@ class T2TViT(nn.Module):
             if num_classes > 0 else None
 
     def set_grad_checkpointing(self, enable=True):
-        if not isinstance(self.transformer, vit.Transformer):
+        if not isinstance(self.transformer, vit.Stack):
             raise TypeError("set_grad_checkpointing needs the built-in transformer, not a custom one")
         self.transformer.grad_checkpointing = enable
 

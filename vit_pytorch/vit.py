@@ -18,12 +18,13 @@ norm_eps=1e-6` give the paper's model exactly (see `vit_pytorch.pretrained`).
     logits = model(torch.randn(2, 3, 224, 224))   # (2, 1000)
 
 This file needs only torch and einops; copy it as is. It reads top to bottom: the
-attention primitive and the blocks, the Transformer, the ViT; then the blocks the
+attention primitive and the blocks, the Stack and the Transformer, the ViT; then the blocks the
 variants share (LayerScale, drop-path, class attention); then the argument checks and
 the compatibility with old checkpoint layouts.
 """
 
 import math
+from types import MappingProxyType
 
 import torch
 import torch.nn.functional as F
@@ -107,13 +108,30 @@ class Attention(nn.Module):
         return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
 
 
-class Transformer(nn.Module):
-    """A stack of residual layers, then a final norm (`None`: none).
+class Stack(nn.Module):
+    """A stack of residual layers, then a final norm (`None`: none); the variants compose their encoders from it.
 
     Each entry of `layers` is one layer; the default `layer` reads an entry as residual
     branches run in turn, x = x + branch(x): (attention, feedforward) is the pre-norm encoder
     layer. Keyword arguments of `forward` go to each layer. `grad_checkpointing=True`
     recomputes each layer's activations in the backward pass instead of storing them.
+
+    Layers can hand state down the stack (the first layer's values for value residuals, earlier
+    attention logits, shallow outputs for long skips): a subclass overrides `step(entry, x, state,
+    **kwargs)`, which returns the new x and a dict of entries to add to `state`. `state` starts
+    empty in each forward and reaches a layer read-only, as the entries of the layers before it; the
+    stack merges what a layer returns into a new dict, so a layer that gradient checkpointing runs
+    again in the backward pass sees the same state and adds nothing twice.
+
+        class ValueResidualStack(Stack):      # later layers attend over their values mixed with the first's
+            @staticmethod
+            def step(branches, x, state):
+                attn, ff = branches
+                q, k, v = attn.qkv(x)
+                first = state.get('values', v)
+                out = attn.attend(q, k, (v + first) / 2)
+                x = attn.to_out(rearrange(out, 'b h n d -> b n (h d)')) + x
+                return ff(x) + x, {'values': first}
     """
 
     def __init__(self, layers, *, norm=None):
@@ -131,13 +149,19 @@ class Transformer(nn.Module):
             x = branch(x) + x
         return x
 
+    def step(self, entry, x, state, **kwargs):
+        """One layer given the `state` the layers before it left: (x, entries to add); by default `layer`, adding none."""
+        return self.layer(entry, x, **kwargs), {}
+
     def forward(self, x, *, return_layers=False, **kwargs):
-        outputs = []
+        state, outputs = {}, []
         for layer in self.layers:
+            view = MappingProxyType(state)
             if self.grad_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(self.layer, layer, x, use_reentrant=False, **kwargs)
+                x, entries = checkpoint(self.step, layer, x, view, use_reentrant=False, **kwargs)
             else:
-                x = self.layer(layer, x, **kwargs)
+                x, entries = self.step(layer, x, view, **kwargs)
+            state = {**state, **entries}
             outputs.append(x)
         x = self.norm(x)
         return (x, outputs) if return_layers else x
@@ -155,18 +179,21 @@ def init_tokens(*parameters, patch_norm):
         nn.init.normal_(parameter) if patch_norm else nn.init.trunc_normal_(parameter, std=0.02)
 
 
-def encoder(dim, depth, heads, dim_head, mlp_dim, dropout=0., *, qkv_bias=False, norm_eps=1e-5,
-            gelu_approximate='none', attention=Attention, feedforward=FeedForward, final_norm=True):
-    """The ViT encoder: `depth` pre-norm (attention, feedforward) layers, then a LayerNorm.
+class Transformer(Stack):
+    """The ViT encoder, vit-pytorch's `Transformer`: `depth` pre-norm (attention, feedforward) layers, then a LayerNorm.
 
-    `attention` and `feedforward` build each layer's blocks with the arguments of `Attention`
-    and `FeedForward` (a variant passes its own); `final_norm=False` leaves the norm out.
+    `forward(x)` returns the normed tokens; vit-pytorch's weights load as they are. `attention` and
+    `feedforward` build each layer's blocks with the arguments of `Attention` and `FeedForward` (a
+    variant passes its own); `final_norm=False` leaves the norm out.
     """
-    return Transformer([
-        (attention(dim, heads, dim_head, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps),
-         feedforward(dim, mlp_dim, dropout, norm_eps=norm_eps, gelu_approximate=gelu_approximate))
-        for _ in range(depth)
-    ], norm=nn.LayerNorm(dim, eps=norm_eps) if final_norm else None)
+
+    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout=0., *, qkv_bias=False, norm_eps=1e-5,
+                 gelu_approximate='none', attention=Attention, feedforward=FeedForward, final_norm=True):
+        super().__init__([
+            (attention(dim, heads, dim_head, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps),
+             feedforward(dim, mlp_dim, dropout, norm_eps=norm_eps, gelu_approximate=gelu_approximate))
+            for _ in range(depth)
+        ], norm=nn.LayerNorm(dim, eps=norm_eps) if final_norm else None)
 
 
 class PatchEmbedding(nn.Sequential):
@@ -233,7 +260,7 @@ class ViT(nn.Module):
         init_tokens(self.pos_embedding, *([self.cls_token] if pool == 'cls' else []), patch_norm=patch_norm)
         self.dropout = nn.Dropout(emb_dropout)
 
-        self.transformer = encoder(dim, depth, heads, dim_head, mlp_dim, dropout, qkv_bias=qkv_bias,
+        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout, qkv_bias=qkv_bias,
                                    norm_eps=norm_eps, gelu_approximate=gelu_approximate,
                                    attention=attention, feedforward=feedforward)
 
@@ -586,8 +613,8 @@ class PositionEncodingGenerator(nn.Module):
         return rearrange(x, 'b d h w -> b (h w) d')
 
 
-class MapTransformer(Transformer):
-    """`Transformer` whose first residual branch in a layer (an attention, or a PEG) also reads the (h, w) map the
+class MapTransformer(Stack):
+    """`Stack` whose first residual branch in a layer (an attention, or a PEG) also reads the (h, w) map the
     tokens lie on (keyword `size`)."""
 
     @staticmethod

@@ -59,7 +59,7 @@ class ViT(nn.Module):
         self.pos_embedding = nn.Parameter(torch.zeros(1 + seq_len // patch_size, dim))
         vit.init_tokens(self.pos_embedding, self.cls_token, patch_norm=True)
         self.dropout = nn.Dropout(emb_dropout)
-        self.transformer = vit.encoder(dim, depth, heads, dim_head, mlp_dim, dropout)
+        self.transformer = vit.Transformer(dim, depth, heads, dim_head, mlp_dim, dropout)
         self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else None
 
     def embed(self, series):

@@ -90,7 +90,7 @@ class ViT(nn.Module):
         self.pos_embedding = nn.Parameter(torch.zeros(self.num_prefix_tokens + math.prod(self.grid_size), dim))
         vit.init_tokens(self.pos_embedding, *([self.cls_token] if pool == 'cls' else []), patch_norm=patch_norm)
         self.dropout = nn.Dropout(emb_dropout)
-        self.transformer = vit.encoder(dim, depth, heads, dim_head, mlp_dim, dropout, qkv_bias=qkv_bias,
+        self.transformer = vit.Transformer(dim, depth, heads, dim_head, mlp_dim, dropout, qkv_bias=qkv_bias,
                                        norm_eps=norm_eps, gelu_approximate=gelu_approximate)
         self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else None
 

@@ -49,7 +49,7 @@ from vit_pytorch import vit, vit_3d
 VARIANTS = ('factorized_encoder', 'factorized_self_attention')
 
 
-class FactorizedTransformer(vit.Transformer):
+class FactorizedTransformer(vit.Stack):
     """Layers of (spatial attention, temporal attention, feedforward) on (b, slices, tokens, dim) videos."""
 
     @staticmethod
@@ -96,8 +96,8 @@ class ViViT(nn.Module):
         self.dropout = nn.Dropout(emb_dropout)
 
         if variant == 'factorized_encoder':
-            self.spatial_transformer = vit.encoder(dim, spatial_depth, heads, dim_head, mlp_dim, dropout)
-            self.temporal_transformer = vit.encoder(dim, temporal_depth, heads, dim_head, mlp_dim, dropout)
+            self.spatial_transformer = vit.Transformer(dim, spatial_depth, heads, dim_head, mlp_dim, dropout)
+            self.temporal_transformer = vit.Transformer(dim, temporal_depth, heads, dim_head, mlp_dim, dropout)
         else:
             self.factorized_transformer = FactorizedTransformer([
                 (vit.Attention(dim, heads, dim_head, dropout), vit.Attention(dim, heads, dim_head, dropout),
@@ -177,7 +177,7 @@ class ViViT(nn.Module):
 
     def set_grad_checkpointing(self, enable=True):
         for module in self.modules():
-            if isinstance(module, vit.Transformer):
+            if isinstance(module, vit.Stack):
                 module.grad_checkpointing = enable
 
 

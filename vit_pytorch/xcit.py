@@ -123,7 +123,7 @@ class LocalPatchInteraction(nn.Module):
         return rearrange(self.net(x), 'b c h w -> b (h w) c')
 
 
-class XCATransformer(vit.Transformer):
+class XCATransformer(vit.Stack):
     """x + XCA(x), x + LPI(x), x + FF(x) per layer, each branch LayerScaled; no final norm."""
 
     @staticmethod
