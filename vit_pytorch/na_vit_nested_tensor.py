@@ -73,14 +73,14 @@ class Attention(nn.Module):
 
 
 def attention_block(qk_norm):
-    """A builder for `vit.encoder`: this module's attention."""
+    """A builder for `vit.Transformer`: this module's attention."""
     def build(dim, heads, dim_head, dropout=0., **options):
         return Attention(dim, heads, dim_head, dropout, qk_norm=qk_norm)
     return build
 
 
 def feedforward_block(dim, hidden_dim, dropout=0., **options):
-    """A builder for `vit.encoder`: NaViT's MLP (bias-free LayerNorm)."""
+    """A builder for `vit.Transformer`: NaViT's MLP (bias-free LayerNorm)."""
     return na_vit.FeedForward(dim, hidden_dim, dropout)
 
 
@@ -95,7 +95,7 @@ class PackedNaViT(nn.Module):
     def build_core(self, *, dim, depth, heads, dim_head, mlp_dim, dropout, emb_dropout, qk_norm, num_classes):
         self.num_classes, self.embed_dim = num_classes, dim
         self.dropout = nn.Dropout(emb_dropout)
-        self.transformer = vit.encoder(dim, depth, heads, dim_head, mlp_dim, dropout,
+        self.transformer = vit.Transformer(dim, depth, heads, dim_head, mlp_dim, dropout,
                                        attention=attention_block(qk_norm), feedforward=feedforward_block,
                                        final_norm=False)
         self.transformer.norm = nn.LayerNorm(dim, bias=False)     # vit-pytorch's final norm has no bias

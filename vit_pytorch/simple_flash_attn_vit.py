@@ -31,7 +31,7 @@ from vit_pytorch import simple_vit, vit
 
 
 def attention_block(use_flash):
-    """A builder for `vit.encoder`: SimpleViT's attention, fused (SDPA) or explicit."""
+    """A builder for `vit.Transformer`: SimpleViT's attention, fused (SDPA) or explicit."""
     def build(dim, heads, dim_head, dropout=0., **options):
         attention = simple_vit.Attention(dim, heads, dim_head)
         attention.fused = use_flash
@@ -40,7 +40,7 @@ def attention_block(use_flash):
 
 
 def feedforward_block(dim, hidden_dim, dropout=0., **options):
-    """A builder for `vit.encoder`: SimpleViT's MLP."""
+    """A builder for `vit.Transformer`: SimpleViT's MLP."""
     return simple_vit.FeedForward(dim, hidden_dim)
 
 
@@ -60,7 +60,7 @@ class SimpleViT(nn.Module):
         self.to_patch_embedding = vit.PatchEmbedding(channels=channels, patch_size=self.patch_size, dim=dim)
         # fixed, so not saved; a buffer so that it follows .to(device)
         self.register_buffer('pos_embedding', simple_vit.posemb_sincos_2d(*self.grid_size, dim), persistent=False)
-        self.transformer = vit.encoder(dim, depth, heads, dim_head, mlp_dim, attention=attention_block(use_flash),
+        self.transformer = vit.Transformer(dim, depth, heads, dim_head, mlp_dim, attention=attention_block(use_flash),
                                        feedforward=feedforward_block, final_norm=False)
         self.to_latent = nn.Identity()
         self.linear_head = nn.Sequential(nn.LayerNorm(dim), *([nn.Linear(dim, num_classes)] if num_classes else []))

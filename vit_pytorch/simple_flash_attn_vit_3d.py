@@ -44,7 +44,7 @@ class SimpleViT(nn.Module):
                                                           frame_patch_size=frame_patch_size, dim=dim)
         # fixed, so not saved; a buffer so that it follows .to(device)
         self.register_buffer('pos_embedding', simple_vit_3d.posemb_sincos_3d(*self.grid_size, dim), persistent=False)
-        self.transformer = vit.encoder(dim, depth, heads, dim_head, mlp_dim,
+        self.transformer = vit.Transformer(dim, depth, heads, dim_head, mlp_dim,
                                        attention=simple_flash_attn_vit.attention_block(use_flash_attn),
                                        feedforward=simple_flash_attn_vit.feedforward_block, final_norm=False)
         self.to_latent = nn.Identity()

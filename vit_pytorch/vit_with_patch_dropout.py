@@ -55,7 +55,7 @@ class ViT(nn.Module):
         self.cls_token = nn.Parameter(torch.randn(1, 1, dim))
         self.patch_dropout = PatchDropout(patch_dropout)
         self.dropout = nn.Dropout(emb_dropout)
-        self.transformer = vit.encoder(dim, depth, heads, dim_head, mlp_dim, dropout, final_norm=False)
+        self.transformer = vit.Transformer(dim, depth, heads, dim_head, mlp_dim, dropout, final_norm=False)
         self.to_latent = nn.Identity()
         self.mlp_head = nn.Sequential(nn.LayerNorm(dim), *([nn.Linear(dim, num_classes)] if num_classes > 0 else []))
 
