@@ -371,14 +371,14 @@ def pictured(tmp_path_factory):
     root = tmp_path_factory.mktemp('pictured')
     data = write_image_folder(root / 'stripes', splits=(('train', 4), ('val', 10)))
     figures, printed = {}, io.StringIO()
-    real_save = plots._save
+    real_save = plots.save_figure
 
     def keep(figure, path, dpi):
         figures[Path(path).name] = figure
         return real_save(figure, path, dpi)
 
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
-        patch.setattr(plots, '_save', keep)
+        patch.setattr(plots, 'save_figure', keep)
         assert run('--data', data, '--image-size', 8, '--patch-size', 4, '--epochs', 2, '--batch-size', 4,
                    '--out', root / 'run', '--quiet', '--warmup-epochs', 1, *TINY) == 0
     return figures, printed.getvalue()

@@ -39,7 +39,7 @@ OPTIMIZER_FILE, STATE_FILE = 'optimizer.safetensors', 'state.json'
 
 
 def _safetensors():
-    from vit_pytorch.evaluate import require
+    from vit_pytorch.training.extras import require
 
     require('safetensors', 'numpy', purpose='reading and writing checkpoints')
     import safetensors.torch
@@ -239,7 +239,7 @@ def load_weights(model, path, *, config=None):
 
 def load_model(path, *, device='cpu'):
     """(model, config): the model rebuilt from the checkpoint's configuration, weights loaded, in eval mode."""
-    from vit_pytorch.models import build_model
+    from vit_pytorch.training.registry import build_model
 
     config = load_config(path)
     try:

@@ -132,7 +132,7 @@ def clip_settings(size, frames=FRAMES):
 
 def data_source(task):
     """`--data clips:TASK` (TASK 'digit' or 'direction') for `vit_pytorch.train` and `vit_pytorch.evaluate`."""
-    from vit_pytorch.evaluate import DataSource, ImageSet
+    from vit_pytorch.training.data import DataSource, ImageSet
 
     if task not in TASKS:
         raise ValueError(f"--data clips:TASK takes a task of {TASKS} (the class is the digit or the direction of "

@@ -69,7 +69,7 @@ def load_classification():
     except ImportError as error:
         floor = '' if sys.version_info >= (3, 11) else \
             f" (aeon needs Python >= 3.11; this is {sys.version_info.major}.{sys.version_info.minor})"
-        from vit_pytorch.evaluate import install_command
+        from vit_pytorch.training.extras import install_command
 
         raise MissingAeon(
             f"the UCR/UEA data sets come with the aeon package, not installed here{floor}; install the "
@@ -124,7 +124,7 @@ def resample(series, length):
 
 def data_source(name):
     """`--data ucr:NAME`: the set `name` for `vit_pytorch.train` and `vit_pytorch.evaluate`."""
-    from vit_pytorch.evaluate import DataSource, ImageSet
+    from vit_pytorch.training.data import DataSource, ImageSet
 
     if name not in DATASETS:
         raise ValueError(f"--data ucr:NAME takes one of the sets aeon ships ({', '.join(DATASETS)}), got {name!r}")
