@@ -266,7 +266,7 @@ def fit(model, data, plan, *, seed, device, title='', decay_positions=False):
 
 def vit_config(args, model_kwargs, data, **changes):
     """The trainer's small ViT for this data (its defaults, then MODEL's, the command line's, `changes`)."""
-    return train.model_config('vit', {**MODEL, **model_kwargs, **changes}, image_size=data.image_size,
+    return registry.model_config('vit', {**MODEL, **model_kwargs, **changes}, image_size=data.image_size,
                               channels=data.channels, num_classes=data.num_classes)
 
 

@@ -67,9 +67,10 @@ from torch import nn
 
 from vit_pytorch import analysis
 from vit_pytorch.recorder import Recorder
-from vit_pytorch.train import model_config, pick_examples
+from vit_pytorch.train import pick_examples
 from vit_pytorch.train import parse_args as parse_training_args
 from vit_pytorch.training import registry, run_folder
+from vit_pytorch.training.registry import model_config
 from vit_pytorch.training.checkpoints import (CheckpointError, load_config, load_training_state, load_weights,
                                               save_checkpoint)
 from vit_pytorch.training.data import data_source, normalise

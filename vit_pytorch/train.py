@@ -71,6 +71,8 @@ from torch import nn
 from vit_pytorch import analysis, plots
 from vit_pytorch.recorder import Recorder
 from vit_pytorch.training import registry, run_folder
+# the model defaults, at the path they had when this module held them
+from vit_pytorch.training.registry import SMALL_MODEL, model_config  # noqa: F401
 from vit_pytorch.training.checkpoints import (CheckpointError, load_config, load_training_state, load_weights,
                                               save_checkpoint)
 from vit_pytorch.training.data import data_source, normalise
@@ -81,17 +83,6 @@ from vit_pytorch.training.loop import (CONTINUABLE_ARGUMENTS, RUNTIME_ARGUMENTS,
                                        parameter_groups, parse_model_kwargs, progress, random_sizes, require_extras,
                                        restore_arguments, run_command, run_name, same_setting, setup_distributed,
                                        share, translate, warn, write)
-
-# the model size used when the command line does not set it (only the keys the model accepts)
-# patch_norm=False: a LayerNorm over one small gray patch (16 pixels) removes its brightness and contrast,
-# most of what it says (digits, seeds 0-2, 50 epochs: 98.7/97.6/96.9% with it, 98.4/99.6/98.7% without)
-SMALL_MODEL = dict(patch_size=4, dim=64, depth=4, heads=4, dim_head=16, mlp_dim=128, patch_norm=False,
-                   cls_depth=2, sm_dim=64, lg_dim=128, sm_patch_size=2, lg_patch_size=4, sm_enc_heads=4, lg_enc_heads=4,
-                   sm_enc_mlp_dim=128, lg_enc_mlp_dim=256, sm_enc_dim_head=16, lg_enc_dim_head=16,
-                   lg_enc_depth=2, cross_attn_depth=1, cross_attn_heads=4, cross_attn_dim_head=16)
-# other spellings of a setting, as some models (CCT) keep their paper code's names
-ALIASES = dict(image_size=('img_size', 'seq_len'), channels=('n_input_channels', 'in_chans'), dim=('embedding_dim',),
-               depth=('num_layers',), heads=('num_heads',))
 
 # fewer patches than this and attention has next to nothing to relate (one token: none at all)
 MIN_PATCHES = 4
@@ -177,25 +168,6 @@ def parse_args(argv=None, parser=None):
     except ValueError as error:
         parser.error(str(error))
     return args, model_kwargs
-
-
-# model
-
-
-def model_config(name, kwargs, *, image_size, channels, num_classes):
-    """The keyword arguments that build `name` for this data: defaults, data-given sizes, then the user's."""
-    accepted = registry.parameters(name)
-
-    def spelling(key):
-        """The name `name` accepts for setting `key`, or None."""
-        if accepted is None:
-            return key
-        return next((candidate for candidate in (key, *ALIASES.get(key, ())) if candidate in accepted), None)
-
-    defaults = {} if registry.is_named_config(name) else dict(registry.SMALL_CONFIGS.get(name, SMALL_MODEL))
-    defaults.update(image_size=image_size, channels=channels, num_classes=num_classes)
-    config = {spelling(key): value for key, value in defaults.items() if spelling(key) is not None}
-    return {**config, **kwargs}
 
 
 # augmentation: drawn for the whole global batch, so every process (and a single process) sees the same

@@ -197,3 +197,41 @@ def build_model(name, **kwargs):
         from vit_pytorch.pretrained import vit
         return vit(name, **kwargs)
     return model_class(name)(**kwargs)
+
+
+# the trainer's settings: the model size used when the command line does not set it, and the data's sizes
+
+# the model size used when the command line does not set it (only the keys the model accepts)
+# patch_norm=False: a LayerNorm over one small gray patch (16 pixels) removes its brightness and contrast,
+# most of what it says (digits, seeds 0-2, 50 epochs: 98.7/97.6/96.9% with it, 98.4/99.6/98.7% without)
+SMALL_MODEL = dict(patch_size=4, dim=64, depth=4, heads=4, dim_head=16, mlp_dim=128, patch_norm=False,
+                   cls_depth=2, sm_dim=64, lg_dim=128, sm_patch_size=2, lg_patch_size=4, sm_enc_heads=4, lg_enc_heads=4,
+                   sm_enc_mlp_dim=128, lg_enc_mlp_dim=256, sm_enc_dim_head=16, lg_enc_dim_head=16,
+                   lg_enc_depth=2, cross_attn_depth=1, cross_attn_heads=4, cross_attn_dim_head=16)
+
+# the trainer's settings under a model's own argument names, one entry per model that keeps its reference's
+# names (CCT its paper code's, Swin and PVT v2 timm's, the 1-D ViTs `seq_len`); every other model takes
+# image_size, channels, num_classes, dim, depth and heads
+ARGUMENT_NAMES = {
+    'cct': dict(image_size='img_size', channels='n_input_channels', dim='embedding_dim', depth='num_layers',
+                heads='num_heads'),
+    'cct_3d': dict(image_size='img_size', channels='n_input_channels'),
+    'swin': dict(image_size='img_size', channels='in_chans'),
+    'swinv2': dict(image_size='img_size', channels='in_chans'),
+    'pvt_v2': dict(channels='in_chans'),
+    'vit_1d': dict(image_size='seq_len'),
+    'simple_vit_1d': dict(image_size='seq_len'),
+}
+
+
+def model_config(name, kwargs, *, image_size, channels, num_classes):
+    """The keyword arguments that build `name` for this data: defaults, data-given sizes, then the user's.
+    A setting `name` does not accept (under its own name, ARGUMENT_NAMES) is left out."""
+    accepted = parameters(name)
+    spelling = ARGUMENT_NAMES.get(name, {})
+    defaults = {} if is_named_config(name) else dict(SMALL_CONFIGS.get(name, SMALL_MODEL))
+    defaults.update(image_size=image_size, channels=channels, num_classes=num_classes)
+    config = {spelling.get(key, key): value for key, value in defaults.items()}
+    if accepted is not None:
+        config = {key: value for key, value in config.items() if key in accepted}
+    return {**config, **kwargs}
