@@ -85,10 +85,12 @@ def test_a_missing_extra_is_named_with_a_pip_command_that_installs_this_checkout
 
 
 def test_without_a_checkout_the_hint_installs_the_missing_packages_themselves(monkeypatch):
-    monkeypatch.setattr(evaluate, 'checkout', lambda: None)          # a wheel install: no setup.py beside it
+    from vit_pytorch.training import extras as optional
+
+    monkeypatch.setattr(optional, 'checkout', lambda: None)        # a wheel install: no setup.py beside it
     monkeypatch.setitem(sys.modules, 'safetensors', None)
-    with pytest.raises(evaluate.MissingExtra) as caught:
-        evaluate.require('safetensors', 'torch', purpose='reading a checkpoint')
+    with pytest.raises(optional.MissingExtra) as caught:
+        optional.require('safetensors', 'torch', purpose='reading a checkpoint')
     assert pip_command(str(caught.value)) == ['pip', 'install', 'safetensors']
     assert 'vit-pytorch-clean' not in str(caught.value)             # not on the package index
 
@@ -140,13 +142,13 @@ def test_attention_maps_of_one_patch_are_refused_by_the_pictures(tmp_path):
 @pytest.fixture
 def figures(monkeypatch):
     """The figures the pictures save, by file name."""
-    kept, real_save = {}, plots._save
+    kept, real_save = {}, plots.save_figure
 
     def keep(figure, path, dpi):
         kept[Path(path).name] = figure
         return real_save(figure, path, dpi)
 
-    monkeypatch.setattr(plots, '_save', keep)
+    monkeypatch.setattr(plots, 'save_figure', keep)
     return kept
 
 

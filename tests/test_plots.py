@@ -52,8 +52,8 @@ def test_position_embedding_similarity_is_written(tmp_path):
 
 def test_position_similarity_of_a_large_grid_shows_spread_tiles_big_enough_to_read(tmp_path, monkeypatch):
     figures = []
-    real_save = plots._save
-    monkeypatch.setattr(plots, '_save', lambda figure, path, dpi: figures.append(figure) or real_save(figure, path, dpi))
+    real_save = plots.save_figure
+    monkeypatch.setattr(plots, 'save_figure', lambda figure, path, dpi: figures.append(figure) or real_save(figure, path, dpi))
     similarity = analysis.position_embedding_similarity(posemb_sincos_2d(12, 12, 32), grid=(12, 12))
     assert_png(plots.save_position_embedding_similarity(similarity, tmp_path / 'similarity.png', max_tiles=4))
     figure = figures[0]

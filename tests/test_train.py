@@ -371,14 +371,14 @@ def pictured(tmp_path_factory):
     root = tmp_path_factory.mktemp('pictured')
     data = write_image_folder(root / 'stripes', splits=(('train', 4), ('val', 10)))
     figures, printed = {}, io.StringIO()
-    real_save = plots._save
+    real_save = plots.save_figure
 
     def keep(figure, path, dpi):
         figures[Path(path).name] = figure
         return real_save(figure, path, dpi)
 
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
-        patch.setattr(plots, '_save', keep)
+        patch.setattr(plots, 'save_figure', keep)
         assert run('--data', data, '--image-size', 8, '--patch-size', 4, '--epochs', 2, '--batch-size', 4,
                    '--out', root / 'run', '--quiet', '--warmup-epochs', 1, *TINY) == 0
     return figures, printed.getvalue()
@@ -551,7 +551,7 @@ def test_evaluate_reloads_the_model_without_the_trainer(saved, capsys):
     tree = ast.parse(Path(vit_pytorch.evaluate.__file__).read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)} | \
         {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    assert 'vit_pytorch.train' not in imported and 'vit_pytorch.checkpoint' in imported
+    assert 'vit_pytorch.train' not in imported and 'vit_pytorch.training.checkpoints' in imported
     model, config = ckpt.load_model(saved)
     assert config['model'] == 'vit' and not model.training
     capsys.readouterr()
@@ -580,3 +580,18 @@ def test_every_registered_model_builds_from_the_trainer_defaults_and_takes_a_ste
     before = [p.detach().clone() for p in model.parameters()]
     optimizer.step()
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+
+
+def test_each_models_own_argument_names_are_ones_it_takes():
+    """ARGUMENT_NAMES renames the trainer's settings for a model only onto arguments that model accepts, and
+    every model then takes the data's channels and classes (the image size too, unless it takes any size)."""
+    from vit_pytorch.training import registry
+
+    for name, names in registry.ARGUMENT_NAMES.items():
+        assert set(names.values()) <= registry.parameters(name), name
+    for name in registry.MODELS:
+        names = registry.ARGUMENT_NAMES.get(name, {})
+        config = registry.model_config(name, {}, image_size=17, channels=3, num_classes=11)
+        assert config.get(names.get('channels', 'channels')) == 3, (name, config)
+        assert config.get(names.get('num_classes', 'num_classes')) == 11, (name, config)
+        assert config.get(names.get('image_size', 'image_size'), 17) == 17, (name, config)

@@ -39,12 +39,15 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from vit_pytorch import analysis, models, plots, run_folder, train
-from vit_pytorch.checkpoint import CheckpointError, load_model, save_checkpoint
-from vit_pytorch.evaluate import ImageSet, MissingExtra, data_source, evaluate, normalise, require
+from vit_pytorch import analysis, plots, train
 from vit_pytorch.flops import training_flops
 from vit_pytorch.position_embeddings import KINDS
 from vit_pytorch.position_embeddings import ViT as PositionViT
+from vit_pytorch.training import loop, registry, run_folder
+from vit_pytorch.training.checkpoints import CheckpointError, load_model, save_checkpoint
+from vit_pytorch.training.data import ImageSet, data_source, normalise
+from vit_pytorch.training.extras import MissingExtra, require
+from vit_pytorch.training.loop import evaluate
 
 # the training command's recipe options, taken over with their defaults
 RECIPE = ('batch_size', 'lr', 'weight_decay', 'warmup_epochs', 'label_smoothing', 'clip_grad', 'translate',
@@ -73,7 +76,7 @@ def build_parser():
     defaults = vars(trainer.parse_known_args([])[0])
     parser = argparse.ArgumentParser(prog='python -m vit_pytorch.experiments', description=__doc__.split('\n\n')[0],
                                      epilog='Any other --name value is a keyword argument of the model.',
-                                     formatter_class=train._HelpFormatter)
+                                     formatter_class=loop.HelpFormatter)
     parser.add_argument('experiment', choices=sorted(EXPERIMENTS))
     parser.add_argument('--data', default='digits', help="'digits' or a folder with train/<class>/ and val/<class>/")
     parser.add_argument('--image-size', type=int, default=None,
@@ -124,7 +127,7 @@ def parse_args(argv=None):
         if getattr(args, name, None) is None:
             setattr(args, name, value)
     try:
-        model_kwargs = train.parse_model_kwargs(rest)
+        model_kwargs = loop.parse_model_kwargs(rest)
         check_args(args)
     except ValueError as error:
         parser.error(str(error))
@@ -218,7 +221,7 @@ def fit(model, data, plan, *, seed, device, title='', decay_positions=False):
     position table under weight decay as well.
     """
     model.to(device)
-    groups = train.parameter_groups(model, plan.weight_decay)
+    groups = loop.parameter_groups(model, plan.weight_decay)
     if decay_positions:
         table = model.pos_embedding
         groups[1]['params'] = [parameter for parameter in groups[1]['params'] if parameter is not table]
@@ -229,19 +232,19 @@ def fit(model, data, plan, *, seed, device, title='', decay_positions=False):
     total_steps, warmup_steps = steps_per_epoch * plan.epochs, round(plan.warmup_epochs * steps_per_epoch)
     started = time.perf_counter()
     for epoch in range(plan.epochs):
-        seed_of_epoch = train.epoch_seed(seed, epoch)
+        seed_of_epoch = loop.epoch_seed(seed, epoch)
         torch.manual_seed(seed_of_epoch)
         generator, rng = torch.Generator().manual_seed(seed_of_epoch), random.Random(seed_of_epoch)
         order = torch.randperm(len(data.train), generator=generator)
         model.train()
-        bar = train._progress(steps_per_epoch, epoch, plan, True)
+        bar = loop.progress(steps_per_epoch, epoch, plan, True)
         if bar is not None:
             bar.set_description_str(f'{title} epoch {epoch + 1}/{plan.epochs}')
-        for step, index in enumerate(train.epoch_batches(order, batch_size)):
-            images, targets = train.augment(data.train.floats(index), data.train.labels[index], plan, generator, rng,
+        for step, index in enumerate(loop.epoch_batches(order, batch_size)):
+            images, targets = loop.augment(data.train.floats(index), data.train.labels[index], plan, generator, rng,
                                             data.num_classes)
             images, targets = normalise(images.to(device), data.mean, data.std), targets.to(device)
-            lr = train.learning_rate(epoch * steps_per_epoch + step, peak=plan.lr, warmup_steps=warmup_steps,
+            lr = loop.learning_rate(epoch * steps_per_epoch + step, peak=plan.lr, warmup_steps=warmup_steps,
                                      total_steps=total_steps)
             for group in optimizer.param_groups:
                 group['lr'] = lr
@@ -263,14 +266,14 @@ def fit(model, data, plan, *, seed, device, title='', decay_positions=False):
 
 def vit_config(args, model_kwargs, data, **changes):
     """The trainer's small ViT for this data (its defaults, then MODEL's, the command line's, `changes`)."""
-    return train.model_config('vit', {**MODEL, **model_kwargs, **changes}, image_size=data.image_size,
+    return registry.model_config('vit', {**MODEL, **model_kwargs, **changes}, image_size=data.image_size,
                               channels=data.channels, num_classes=data.num_classes)
 
 
 def build(config, seed, *, position=None):
     torch.manual_seed(seed)
     if position is None:
-        return models.build_model('vit', **config)
+        return registry.build_model('vit', **config)
     return PositionViT(position=position, **config)
 
 
@@ -301,7 +304,7 @@ class Results:
             self.runs.append(record)
             self.save()
             if not quiet:
-                train._write(f"{label}: test accuracy {100 * record['test_accuracy']:.2f}% "
+                loop.write(f"{label}: test accuracy {100 * record['test_accuracy']:.2f}% "
                              f"({record['train_seconds']:.0f} s)")
         return record
 
@@ -335,7 +338,7 @@ def pooling(args, model_kwargs, data, results, device):
                                             if run['pool'] == pool and run['lr'] == lr)) for lr in args.lrs]
                for pool in ('cls', 'mean')}
     summary['best_lr'] = {pool: max(summary[pool], key=lambda point: point['mean'])['lr'] for pool in ('cls', 'mean')}
-    figure = plots._figure(4.6, 3.3)
+    figure = plots.new_figure(4.6, 3.3)
     axis = figure.add_subplot()
     for pool, label in (('cls', 'class token'), ('mean', 'global average pooling')):
         points = summary[pool]
@@ -350,7 +353,7 @@ def pooling(args, model_kwargs, data, results, device):
     axis.set_title(f'cls token vs GAP ({args.seeds} seed{"s" * (args.seeds > 1)}, {args.epochs} epochs)', fontsize=9)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
-    return summary, plots._save(figure, Path(args.out) / 'pooling.png', 100)
+    return summary, plots.save_figure(figure, Path(args.out) / 'pooling.png', 100)
 
 
 def positions(args, model_kwargs, data, results, device):
@@ -365,7 +368,7 @@ def positions(args, model_kwargs, data, results, device):
     summary = {kind: dict(spread(run['test_accuracy'] for run in results.runs if run['position'] == kind),
                           seeds=[run['test_accuracy'] for run in results.runs if run['position'] == kind])
                for kind in args.kinds}
-    figure = plots._figure(4.8, 3.2)
+    figure = plots.new_figure(4.8, 3.2)
     axis = figure.add_subplot()
     for place, kind in enumerate(args.kinds):
         axis.bar(place, 100 * summary[kind]['mean'], yerr=100 * summary[kind]['std'], color='C0', alpha=0.6,
@@ -378,7 +381,7 @@ def positions(args, model_kwargs, data, results, device):
     axis.set_ylabel(f'{split_name(args)} accuracy (%)')
     axis.set_title(f'Position embeddings (mean and sd of {args.seeds} seeds, dots: each seed)', fontsize=9)
     axis.grid(alpha=0.3, axis='y')
-    return summary, plots._save(figure, Path(args.out) / 'positions.png', 100)
+    return summary, plots.save_figure(figure, Path(args.out) / 'positions.png', 100)
 
 
 KIND_NAMES = {'none': 'none', 'learned': 'learned 1-D', '2d': 'learned 2-D', 'relative': 'relative',
@@ -421,19 +424,19 @@ def similarity(args, model_kwargs, data, results, device):
     summary = [dict(patch_size=patch_size, weight_decay=weight_decay, **{
         name: value for name, value in results.find(patch_size=patch_size, weight_decay=weight_decay).items()
         if name in ('test_accuracy', 'grid', 'structure')}) for patch_size, weight_decay in maps]
-    figure = plots._figure(2.6 * len(args.weight_decays) + 0.6, 2.7 * len(args.patch_sizes))
+    figure = plots.new_figure(2.6 * len(args.weight_decays) + 0.6, 2.7 * len(args.patch_sizes))
     axes = figure.subplots(len(args.patch_sizes), len(args.weight_decays), squeeze=False)
     for (patch_size, weight_decay), values in maps.items():
         axis = axes[args.patch_sizes.index(patch_size), args.weight_decays.index(weight_decay)]
         shown = axis.imshow(mosaic(values).numpy(), cmap='viridis', vmin=-1, vmax=1, interpolation='nearest')
-        plots._off(axis)
+        plots.axis_off(axis)
         height, width = values.shape[:2]
         score = results.find(patch_size=patch_size, weight_decay=weight_decay)['structure']
         axis.set_title(f'patch {patch_size} ({height}x{width}), decay {weight_decay:g}\nrow/column excess '
                        f'{score:.2f}', fontsize=8)
     figure.colorbar(shown, ax=axes, shrink=0.6, label='cosine similarity')
     figure.suptitle('Learned 1-D position embeddings: tile (i, j) is patch (i, j) against all', fontsize=9)
-    return summary, plots._save(figure, Path(args.out) / 'similarity.png', 100)
+    return summary, plots.save_figure(figure, Path(args.out) / 'similarity.png', 100)
 
 
 def mosaic(values):
@@ -483,7 +486,7 @@ def transfer(args, model_kwargs, data, results, device):
             run['test_accuracy'] for run in results.runs if run.get('arm') == arm and run['shots'] == shots),
             seeds=[run['test_accuracy'] for run in results.runs if run.get('arm') == arm and run['shots'] == shots])
             for arm in ARMS}
-    figure = plots._figure(2.4 * len(args.shots) + 1.2, 3.3)
+    figure = plots.new_figure(2.4 * len(args.shots) + 1.2, 3.3)
     axes = figure.subplots(1, len(args.shots), squeeze=False)[0]
     for axis, shots in zip(axes, args.shots):
         arms = summary[f'{shots}_shots']
@@ -498,7 +501,7 @@ def transfer(args, model_kwargs, data, results, device):
         axis.grid(alpha=0.3, axis='y')
     axes[0].set_ylabel(f'{split_name(args)} accuracy on the new classes (%)', fontsize=8)
     figure.suptitle(f'Transfer to new classes (mean and sd of {args.seeds} seeds)', fontsize=9)
-    return summary, plots._save(figure, Path(args.out) / 'transfer.png', 100)
+    return summary, plots.save_figure(figure, Path(args.out) / 'transfer.png', 100)
 
 
 def replace_head(model, arm, num_classes):
@@ -555,7 +558,7 @@ def scaling(args, model_kwargs, data, results, device):
                                     parameters=runs[0]['parameters'], forward_flops=runs[0]['forward_flops'],
                                     train_flops=runs[0]['train_flops'],
                                     **spread(run['test_accuracy'] for run in runs)))
-    figure = plots._figure(3.4 * len(args.fractions) + 0.4, 3.3)
+    figure = plots.new_figure(3.4 * len(args.fractions) + 0.4, 3.3)
     axes = figure.subplots(1, len(args.fractions), squeeze=False, sharey=True)[0]
     for axis, fraction in zip(axes, args.fractions):
         for place, patch_size in enumerate(args.patch_sizes):
@@ -573,7 +576,7 @@ def scaling(args, model_kwargs, data, results, device):
         axis.legend(fontsize=7)
     axes[0].set_ylabel(f'{split_name(args)} accuracy (%)')
     figure.suptitle('Model width (labels) and patch size, the same steps in both panels', fontsize=9)
-    return summary, plots._save(figure, Path(args.out) / 'scaling.png', 100)
+    return summary, plots.save_figure(figure, Path(args.out) / 'scaling.png', 100)
 
 
 def split_name(args):

@@ -29,7 +29,7 @@ __all__ = ['save_attention_overlay', 'save_attention_heads', 'save_position_embe
            'save_mean_attention_distance', 'save_patch_embedding_components', 'save_training_curves']
 
 
-def _figure(width, height):
+def new_figure(width, height):
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -40,7 +40,7 @@ def _figure(width, height):
     return figure
 
 
-def _save(figure, path, dpi):
+def save_figure(figure, path, dpi):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=dpi, format='png')
@@ -73,7 +73,7 @@ def _check_grid(grid):
                          f"a single patch has nothing to show")
 
 
-def _off(axis):
+def axis_off(axis):
     axis.set_xticks([])
     axis.set_yticks([])
 
@@ -96,7 +96,7 @@ def save_attention_overlay(images, maps, path, *, titles=None, cmap='inferno', a
         raise ValueError(f"titles must have one entry per image ({count}), got {len(titles)}")
     height, width = images.shape[-2:]
     panel_width, panel_height = 1.4 * width / max(height, width), 1.4 * height / max(height, width)
-    figure = _figure(panel_width * count + 0.4, panel_height * 3 + (0.4 if titles is not None else 0.2))
+    figure = new_figure(panel_width * count + 0.4, panel_height * 3 + (0.4 if titles is not None else 0.2))
     axes = figure.subplots(3, count, squeeze=False)
     for column in range(count):
         image, image_cmap = _as_image(images[column])
@@ -110,13 +110,13 @@ def save_attention_overlay(images, maps, path, *, titles=None, cmap='inferno', a
         if titles is not None:
             axes[0, column].set_title(titles[column], fontsize=8)
         for row in range(3):
-            _off(axes[row, column])
+            axis_off(axes[row, column])
     for row, label in enumerate(('input', 'attention', 'input x attention')):
         axes[row, 0].set_ylabel(label, fontsize=8)
     bar = figure.colorbar(shown, ax=axes[1, :], fraction=0.02, pad=0.01, ticks=[0, 1])
     bar.ax.set_yticklabels(['least', 'most'], fontsize=7)
     bar.solids.set_alpha(1)
-    return _save(figure, path, dpi)
+    return save_figure(figure, path, dpi)
 
 
 def save_attention_heads(image, maps, path, *, title=None, cmap='inferno', alpha=0.6, dpi=100):
@@ -127,7 +127,7 @@ def save_attention_heads(image, maps, path, *, title=None, cmap='inferno', alpha
     height, width = image.shape[-2:]
     heads = maps.shape[0]
     aspect = width / height
-    figure = _figure(1.8 * aspect * (heads + 1) + 0.3, 1.8 + 0.5)
+    figure = new_figure(1.8 * aspect * (heads + 1) + 0.3, 1.8 + 0.5)
     axes = figure.subplots(1, heads + 1, squeeze=False)[0]
     picture, image_cmap = _as_image(image)
     axes[0].imshow(picture, cmap=image_cmap, vmin=0, vmax=1)
@@ -138,10 +138,10 @@ def save_attention_heads(image, maps, path, *, title=None, cmap='inferno', alpha
                               vmin=0, vmax=1)
         axes[head + 1].set_title(f'head {head + 1}', fontsize=8)
     for axis in axes:
-        _off(axis)
+        axis_off(axis)
     if title is not None:
         figure.suptitle(title, fontsize=9)
-    return _save(figure, path, dpi)
+    return save_figure(figure, path, dpi)
 
 
 def _spread(count, most):
@@ -165,7 +165,7 @@ def save_position_embedding_similarity(similarity, path, *, max_tiles=8, dpi=100
     height, width = similarity.shape[:2]
     rows, columns = _spread(height, max_tiles), _spread(width, max_tiles)
     tile = max(0.55, 0.045 * max(height, width) * 100 / dpi)      # inches: 4.5 pixels per patch at least
-    figure = _figure(tile * len(columns) + 1.4, tile * len(rows) + 0.9)
+    figure = new_figure(tile * len(columns) + 1.4, tile * len(rows) + 0.9)
     axes = figure.subplots(len(rows), len(columns), squeeze=False, gridspec_kw=dict(wspace=0.02, hspace=0.02))
     figure.get_layout_engine().set(w_pad=0.005, h_pad=0.005, wspace=0.01, hspace=0.01)
     values = similarity.detach().float().cpu()
@@ -173,7 +173,7 @@ def save_position_embedding_similarity(similarity, path, *, max_tiles=8, dpi=100
         for spot, column in enumerate(columns):
             shown = axes[place, spot].imshow(values[row, column].numpy(), cmap='viridis',
                                              vmin=values.min().item(), vmax=values.max().item())
-            _off(axes[place, spot])
+            axis_off(axes[place, spot])
             for spine in axes[place, spot].spines.values():
                 spine.set_visible(False)
         axes[place, 0].set_ylabel(str(row + 1), fontsize=7, rotation=0, labelpad=8, va='center')
@@ -185,7 +185,7 @@ def save_position_embedding_similarity(similarity, path, *, max_tiles=8, dpi=100
         f' ({len(rows)} of {height} rows, {len(columns)} of {width} columns)'
     figure.suptitle(f'Position embedding similarity{shown_part}', fontsize=10)
     figure.colorbar(shown, ax=axes, shrink=0.8, label='Cosine similarity')
-    return _save(figure, path, dpi)
+    return save_figure(figure, path, dpi)
 
 
 def save_mean_attention_distance(distance, path, *, unit='pixels', uniform=None, title='Mean attention distance',
@@ -201,7 +201,7 @@ def save_mean_attention_distance(distance, path, *, unit='pixels', uniform=None,
         raise ValueError(f"distance must have shape (layers, heads) or (b, layers, heads), got {tuple(distance.shape)}")
     values = distance.detach().float().cpu()
     layers, heads = values.shape
-    figure = _figure(4.0, 3.2)
+    figure = new_figure(4.0, 3.2)
     axis = figure.add_subplot()
     depth = torch.arange(1, layers + 1).float()
     for head in range(heads):
@@ -218,7 +218,7 @@ def save_mean_attention_distance(distance, path, *, unit='pixels', uniform=None,
     axis.grid(alpha=0.3)
     if heads <= 16:
         axis.legend(fontsize=8, ncols=2 if heads > 8 else 1, loc='lower left')
-    return _save(figure, path, dpi)
+    return save_figure(figure, path, dpi)
 
 
 def save_patch_embedding_components(components, path, *, explained=None, columns=7, dpi=100):
@@ -232,11 +232,11 @@ def save_patch_embedding_components(components, path, *, explained=None, columns
     count = components.shape[0]
     columns = min(columns, count)
     rows = -(-count // columns)
-    figure = _figure(0.9 * columns + 0.2, 0.95 * rows + 0.45)
+    figure = new_figure(0.9 * columns + 0.2, 0.95 * rows + 0.45)
     axes = figure.subplots(rows, columns, squeeze=False)
     values = components.detach().float().cpu()
     for index, axis in enumerate(axes.flat):
-        _off(axis)
+        axis_off(axis)
         if index >= count:
             axis.set_axis_off()
             continue
@@ -248,7 +248,7 @@ def save_patch_embedding_components(components, path, *, explained=None, columns
             axis.set_xlabel(f'{100 * float(explained[index]):.1f}%', fontsize=6)
     kind = 'RGB embedding filters' if values.shape[1] == 3 else 'Embedding filters'
     figure.suptitle(f'{kind} (first {count} principal components)', fontsize=9)
-    return _save(figure, path, dpi)
+    return save_figure(figure, path, dpi)
 
 
 def save_training_curves(history, path, *, split='test', train_loss_floor=None, note=None, dpi=100):
@@ -262,7 +262,7 @@ def save_training_curves(history, path, *, split='test', train_loss_floor=None, 
     if not history:
         raise ValueError("history must hold at least one epoch's record, got none")
     epochs = [record['epoch'] for record in history]
-    figure = _figure(9, 3.5 if note is None else 3.9)
+    figure = new_figure(9, 3.5 if note is None else 3.9)
     loss_axis, accuracy_axis = figure.subplots(1, 2)
     for name, label in (('train', 'train'), ('test', split)):
         loss_axis.plot(epochs, [record[f'{name}_loss'] for record in history], label=label)
@@ -283,4 +283,4 @@ def save_training_curves(history, path, *, split='test', train_loss_floor=None, 
         axis.xaxis.get_major_locator().set_params(integer=True)
     if note is not None:
         figure.supxlabel(note, fontsize=7, color='dimgrey')
-    return _save(figure, path, dpi)
+    return save_figure(figure, path, dpi)

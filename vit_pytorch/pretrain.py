@@ -65,15 +65,19 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vit_pytorch import analysis, models, run_folder
-from vit_pytorch.checkpoint import CheckpointError, load_config, load_training_state, load_weights, save_checkpoint
-from vit_pytorch.evaluate import autocast, data_source, normalise
+from vit_pytorch import analysis
 from vit_pytorch.recorder import Recorder
-from vit_pytorch.train import (_HelpFormatter, _progress, _restore_arguments, _run_name, _write, check_batches,
-                               check_step, check_weights, epoch_batches, epoch_seed, learning_rate, least_batch,
-                               model_config, parameter_groups, pick_examples, require_extras, run_command,
-                               setup_distributed, share, translate)
+from vit_pytorch.train import pick_examples
 from vit_pytorch.train import parse_args as parse_training_args
+from vit_pytorch.training import registry, run_folder
+from vit_pytorch.training.registry import model_config
+from vit_pytorch.training.checkpoints import (CheckpointError, load_config, load_training_state, load_weights,
+                                              save_checkpoint)
+from vit_pytorch.training.data import data_source, normalise
+from vit_pytorch.training.loop import (HelpFormatter, autocast, check_batches, check_step, check_weights,
+                                       epoch_batches, epoch_seed, learning_rate, least_batch, parameter_groups,
+                                       progress, require_extras, restore_arguments, run_command, run_name,
+                                       setup_distributed, share, translate, write)
 
 METHODS = ('mae', 'simmim', 'mpp', 'dino')
 # the methods that predict hidden patches and see shifted (and flipped) images; DINO makes its own crops
@@ -86,7 +90,7 @@ RUN_FILES = ('checkpoint', 'checkpoint.old', 'pretrainer', 'pretrainer.old', 'lo
 def build_parser():
     parser = argparse.ArgumentParser(prog='python -m vit_pytorch.pretrain', description=__doc__.split('\n\n')[0],
                                      epilog='Any other --name value is a keyword argument of the model.',
-                                     formatter_class=_HelpFormatter)
+                                     formatter_class=HelpFormatter)
     parser.add_argument('--method', choices=METHODS, default=None,
                         help='the self-supervised objective (required, except with --resume)')
     data = parser.add_argument_group('data')
@@ -97,7 +101,7 @@ def build_parser():
     data.add_argument('--channels', type=int, default=None,
                       help="1 gray or 3 RGB (default: the data's, 1 for the digits, 3 for a folder)")
     model = parser.add_argument_group('model')
-    model.add_argument('--model', default='vit', help=f"one of {', '.join(models.known_names())}")
+    model.add_argument('--model', default='vit', help=f"one of {', '.join(registry.known_names())}")
     recipe = parser.add_argument_group('recipe')
     recipe.add_argument('--epochs', type=int, default=100,
                         help='passes over the images; with --resume, more than before extends the run')
@@ -226,16 +230,16 @@ def _pretrain(args, model_kwargs, rank, world_size, device, run):
             if args.out is None:
                 if args.method is None:
                     raise ValueError("--resume without a folder needs --out (or --method, for the default --out)")
-                args.out = str(Path('runs') / f'{_run_name(args)}-{args.method}')
+                args.out = str(Path('runs') / f'{run_name(args)}-{args.method}')
             resumed = Path(args.out) / 'pretrainer'
         else:
             resumed = Path(args.resume)
             args.out = args.out or str(resumed.parent)
         load_config(resumed)                                       # a clear error before anything else
-        args, model_kwargs = _restore_arguments(args, model_kwargs, resumed)
+        args, model_kwargs = restore_arguments(args, model_kwargs, resumed, parser=build_parser())
     source = data_source(args.data)
     require_extras('python -m vit_pytorch.pretrain', args, source)
-    out = Path(args.out or Path('runs') / f'{_run_name(args)}-{args.method}')
+    out = Path(args.out or Path('runs') / f'{run_name(args)}-{args.method}')
     args.out = str(out)
     run.enter_context(run_folder.claimed(
         out, command='python -m vit_pytorch.pretrain', names=RUN_FILES, checkpoints=('checkpoint', 'pretrainer'),
@@ -265,7 +269,7 @@ def _pretrain(args, model_kwargs, rank, world_size, device, run):
                           num_classes=len(train_set.classes))
     torch.manual_seed(args.seed)
     try:
-        encoder = models.build_model(args.model, **kwargs)
+        encoder = registry.build_model(args.model, **kwargs)
     except TypeError as error:
         if resumed is not None:                                    # the kwargs came from the checkpoint's config
             raise CheckpointError(f"cannot build model {args.model!r} from the configuration in {resumed} "
@@ -324,7 +328,7 @@ def _pretrain(args, model_kwargs, rank, world_size, device, run):
         totals = torch.zeros(2, dtype=torch.float64)                 # loss sum, count (this process)
         entropies = torch.zeros(2, dtype=torch.float64)              # DINO: the teacher's, summed over images
         network.train()
-        bar = _progress(steps_per_epoch, epoch, args, main_process)
+        bar = progress(steps_per_epoch, epoch, args, main_process)
         for step, index in enumerate(epoch_batches(order, batch_size, least)):
             images = train_set.floats(index)
             if args.method in MASKED:                                # drawn for the whole batch, as the trainer
@@ -393,7 +397,7 @@ def _pretrain(args, model_kwargs, rank, world_size, device, run):
                 collapse = (f", teacher entropy {record['teacher_entropy']:.2f} (of its mean "
                             f"{record['teacher_mean_entropy']:.2f}; uniform: {record['uniform_entropy']:.2f})"
                             if args.method == 'dino' else '')
-                _write(f"epoch {epoch + 1}/{args.epochs}: {args.method} loss {record['loss']:.4f}{collapse}, "
+                write(f"epoch {epoch + 1}/{args.epochs}: {args.method} loss {record['loss']:.4f}{collapse}, "
                        f"{record['images_per_second']:.0f} img/s, {seconds:.1f} s")
 
     pictures = []

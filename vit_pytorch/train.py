@@ -56,44 +56,34 @@ see `vit_pytorch.run_folder`); a new run where --out holds another run's files i
 """
 
 import argparse
-import ast
 import contextlib
-import importlib
 import json
 import math
-import os
 import random
-import re
 import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from einops import pack, rearrange, unpack
 from torch import nn
 
-from vit_pytorch import analysis, models, plots, run_folder
-from vit_pytorch.checkpoint import (CheckpointError, load_config, load_state, load_training_state, load_weights,
-                                    save_checkpoint)
-from vit_pytorch.evaluate import MissingExtra, autocast, data_source, evaluate, normalise, require
+from vit_pytorch import analysis, plots
 from vit_pytorch.recorder import Recorder
+from vit_pytorch.training import registry, run_folder
+# the model defaults, at the path they had when this module held them
+from vit_pytorch.training.registry import SMALL_MODEL, model_config  # noqa: F401
+from vit_pytorch.training.checkpoints import (CheckpointError, load_config, load_training_state, load_weights,
+                                              save_checkpoint)
+from vit_pytorch.training.data import data_source, normalise
+from vit_pytorch.training.loop import (CONTINUABLE_ARGUMENTS, RUNTIME_ARGUMENTS, HelpFormatter,  # noqa: F401
+                                       TrainingDiverged, augment, autocast, check_batches, check_random_size,
+                                       check_step, check_weights, epoch_batches, epoch_seed, epoch_time, evaluate,
+                                       format_seconds, label_subset, learning_rate, least_batch, option_flag,
+                                       parameter_groups, parse_model_kwargs, progress, random_sizes, require_extras,
+                                       restore_arguments, run_command, run_name, same_setting, setup_distributed,
+                                       share, translate, warn, write)
 
-# the model size used when the command line does not set it (only the keys the model accepts)
-# patch_norm=False: a LayerNorm over one small gray patch (16 pixels) removes its brightness and contrast,
-# most of what it says (digits, seeds 0-2, 50 epochs: 98.7/97.6/96.9% with it, 98.4/99.6/98.7% without)
-SMALL_MODEL = dict(patch_size=4, dim=64, depth=4, heads=4, dim_head=16, mlp_dim=128, patch_norm=False,
-                   cls_depth=2, sm_dim=64, lg_dim=128, sm_patch_size=2, lg_patch_size=4, sm_enc_heads=4, lg_enc_heads=4,
-                   sm_enc_mlp_dim=128, lg_enc_mlp_dim=256, sm_enc_dim_head=16, lg_enc_dim_head=16,
-                   lg_enc_depth=2, cross_attn_depth=1, cross_attn_heads=4, cross_attn_dim_head=16)
-# other spellings of a setting, as some models (CCT) keep their paper code's names
-ALIASES = dict(image_size=('img_size', 'seq_len'), channels=('n_input_channels', 'in_chans'), dim=('embedding_dim',),
-               depth=('num_layers',), heads=('num_heads',))
-
-# arguments that may differ in a resumed run without changing what it computes
-RUNTIME_ARGUMENTS = ('resume', 'overwrite', 'out', 'quiet', 'device', 'plots', 'eval_batch_size', 'threads')
-# arguments a resumed run takes from the command line: more epochs extend it, a new peak lr sets the remaining steps
-CONTINUABLE_ARGUMENTS = ('epochs', 'lr')
 # fewer patches than this and attention has next to nothing to relate (one token: none at all)
 MIN_PATCHES = 4
 # what a run writes to --out (see run_folder): a new run over any of them is refused unless --overwrite
@@ -101,20 +91,10 @@ RUN_FILES = ('checkpoint', 'checkpoint.old', 'log.jsonl', 'curves.png', 'attenti
              'position_similarity.png')
 
 
-class _HelpFormatter(argparse.HelpFormatter):
-    """Every option's help ends with its default, once: the value, or the help's own '(default: ...)'."""
-
-    def _get_help_string(self, action):
-        text = action.help or ''
-        if '(default' in text or action.nargs == 0 or action.default in (None, argparse.SUPPRESS):
-            return text
-        return f'{text} (default: %(default)s)'.lstrip()
-
-
 def build_parser():
     parser = argparse.ArgumentParser(prog='python -m vit_pytorch.train', description=__doc__.split('\n\n')[0],
                                      epilog='Any other --name value is a keyword argument of the model.',
-                                     formatter_class=_HelpFormatter)
+                                     formatter_class=HelpFormatter)
     data = parser.add_argument_group('data')
     data.add_argument('--data', default='digits', help="'digits' or a folder with train/<class>/ and val/<class>/")
     data.add_argument('--image-size', type=int, default=None,
@@ -122,7 +102,7 @@ def build_parser():
     data.add_argument('--channels', type=int, default=None,
                       help='1 gray or 3 RGB (default: 1 for the digits, 3 for a folder)')
     model = parser.add_argument_group('model')
-    model.add_argument('--model', default='vit', help=f"one of {', '.join(models.known_names())}")
+    model.add_argument('--model', default='vit', help=f"one of {', '.join(registry.known_names())}")
     recipe = parser.add_argument_group('recipe')
     recipe.add_argument('--epochs', type=int, default=50,
                         help='passes over the training images; with --resume, more than before extends the run')
@@ -190,339 +170,13 @@ def parse_args(argv=None, parser=None):
     return args, model_kwargs
 
 
-def _value(text):
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-
-
-def parse_model_kwargs(tokens):
-    """['--dim', '192', '--pool', 'mean', '--qkv-bias'] -> dict(dim=192, pool='mean', qkv_bias=True)."""
-    kwargs, index = {}, 0
-    while index < len(tokens):
-        token = tokens[index]
-        match = re.fullmatch(r'--([A-Za-z_][\w-]*)(?:=(.*))?', token)
-        if match is None:
-            raise ValueError(f"unrecognised argument {token!r}: model arguments look like --name value")
-        name = match[1].replace('-', '_')
-        if match[2] is not None:
-            kwargs[name], index = _value(match[2]), index + 1
-        elif index + 1 < len(tokens) and not tokens[index + 1].startswith('--'):
-            kwargs[name], index = _value(tokens[index + 1]), index + 2
-        else:
-            kwargs[name], index = True, index + 1
-    return kwargs
-
-
-# model
-
-
-def model_config(name, kwargs, *, image_size, channels, num_classes):
-    """The keyword arguments that build `name` for this data: defaults, data-given sizes, then the user's."""
-    accepted = models.parameters(name)
-
-    def spelling(key):
-        """The name `name` accepts for setting `key`, or None."""
-        if accepted is None:
-            return key
-        return next((candidate for candidate in (key, *ALIASES.get(key, ())) if candidate in accepted), None)
-
-    defaults = {} if models.is_named_config(name) else dict(models.SMALL_CONFIGS.get(name, SMALL_MODEL))
-    defaults.update(image_size=image_size, channels=channels, num_classes=num_classes)
-    config = {spelling(key): value for key, value in defaults.items() if spelling(key) is not None}
-    return {**config, **kwargs}
-
-
-def parameter_groups(model, weight_decay):
-    """AdamW groups: decay on weight matrices and kernels only; none on norms, biases, embeddings and tokens."""
-    decay, no_decay = [], []
-    for name, parameter in model.named_parameters():
-        if not parameter.requires_grad:
-            continue
-        # position tables and tokens are parameters themselves ('pos_embedding', 'cls_token'), not a Linear's weight
-        is_embedding = re.search(r'token|embed|pos', name.rsplit('.', 1)[-1]) is not None
-        (decay if parameter.ndim >= 2 and not is_embedding else no_decay).append(parameter)
-    return [dict(params=decay, weight_decay=weight_decay), dict(params=no_decay, weight_decay=0.0)]
-
-
-def learning_rate(step, *, peak, warmup_steps, total_steps):
-    """Linear warm-up from peak / warmup_steps to peak, then cosine decay to zero at total_steps."""
-    if step < warmup_steps:
-        return peak * (step + 1) / warmup_steps
-    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-    return peak * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
 # augmentation: drawn for the whole global batch, so every process (and a single process) sees the same
-
-
-def translate(images, shifts, pad):
-    """Shift each image by its own (dy, dx) in [-pad, pad] pixels, filling the uncovered border with 0."""
-    if pad == 0:
-        return images
-    batch, _, height, width = images.shape
-    padded = F.pad(images, (pad, pad, pad, pad))
-    rows = torch.arange(height)[None, :] + pad - shifts[:, :1]       # (b, h)
-    cols = torch.arange(width)[None, :] + pad - shifts[:, 1:]        # (b, w)
-    batch_index = torch.arange(batch)[:, None, None]
-    padded = rearrange(padded, 'b c h w -> b h w c')
-    return rearrange(padded[batch_index, rows[:, :, None], cols[:, None, :]], 'b h w c -> b c h w')
-
-
-def augment(images, labels, args, generator, rng, num_classes):
-    """Augmented inputs and soft targets: random shifts and optional flips of images (a clip's frames move
-    alike; a signal is shifted along its length, not flipped), optional mixup."""
-    batch = len(images)
-    if images.ndim >= 4:
-        frames, packing = pack([images], 'b * h w')                     # (b, c [frames], h, w) -> (b, n, h, w)
-        shifts = torch.randint(-args.translate, args.translate + 1, (batch, 2), generator=generator)
-        frames = translate(frames, shifts, args.translate)
-        if args.hflip:
-            flip = torch.rand(batch, generator=generator) < 0.5
-            frames = torch.where(flip[:, None, None, None], frames.flip(-1), frames)
-        images, = unpack(frames, packing, 'b * h w')
-    elif images.ndim == 3 and args.translate:                        # signals (b, c, length): shifted in time
-        shifts = torch.randint(-args.translate, args.translate + 1, (batch, 1), generator=generator)
-        images = translate(images[:, :, None], F.pad(shifts, (1, 0)), args.translate)[:, :, 0]
-    targets = F.one_hot(labels, num_classes).float()
-    if args.mixup > 0:
-        # mix each image with a partner from the batch, weight ~ Beta(a, a) (arXiv 1710.09412)
-        lam = rng.betavariate(args.mixup, args.mixup)
-        partner = torch.randperm(batch, generator=generator)
-        images = lam * images + (1 - lam) * images[partner]
-        targets = lam * targets + (1 - lam) * targets[partner]
-    return images, targets
-
-
-def random_sizes(images, size_range, *, multiple, generator):
-    """Each image of `images` (b, c, h, w) resized (bilinear, antialiased) to its own random height and width,
-    each a multiple of `multiple` (h, w) within `size_range` (MIN, MAX): a list of b images (c, h', w')."""
-    low, high = size_range
-    choices = [torch.arange(-(-low // step), high // step + 1) * step for step in multiple]   # sides allowed
-    resized = []
-    for image in images:
-        side = [int(sides[torch.randint(len(sides), (1,), generator=generator)]) for sides in choices]
-        resized.append(F.interpolate(image[None], size=side, mode='bilinear', antialias=True)[0])
-    return resized
-
-
-def check_random_size(size_range, multiple, inputs):
-    """A ValueError unless --random-size MIN MAX holds a multiple of the patch (h, w) and the inputs are images."""
-    low, high = size_range
-    if not 1 <= low <= high:
-        raise ValueError(f"--random-size MIN MAX needs 1 <= MIN <= MAX, got {low} {high}")
-    if any(-(-low // step) * step > high for step in multiple):
-        raise ValueError(f"--random-size {low} {high} holds no multiple of the model's patch size {tuple(multiple)}")
-    if inputs.ndim != 4:
-        raise ValueError(f"--random-size resizes images (b, c, h, w); this data's inputs are {tuple(inputs.shape)}")
-
-
-def epoch_batches(order, batch_size, least=1):
-    """The epoch's global batches: `order` cut into runs of `batch_size`, the last holding what is left; a last
-    batch of fewer than `least` images joins the one before it."""
-    batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
-    if len(batches) > 1 and len(batches[-1]) < least:
-        batches[-2:] = [torch.cat(batches[-2:])]
-    return batches
-
-
-def least_batch(model, world_size):
-    """The fewest images a global training batch of `model` may hold: 2 per process where it has BatchNorm
-    (in training it normalises each channel by the batch's own statistics: one value per channel has no
-    variance, and PyTorch refuses it), else 1."""
-    norms = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
-    return 2 * world_size if any(isinstance(module, norms) for module in model.modules()) else 1
-
-
-def check_batches(least, batch_size, *, images, world_size, name):
-    """A ValueError when a batch of `batch_size` from `images` training images is too small for `least`
-    (see least_batch); the note to show when the epoch's last batch joins the one before, else None."""
-    if batch_size < least:
-        fix = (f"there are only {images} training image(s): train on more" if images < least
-               else f"use --batch-size {least} or more")
-        raise ValueError(f"{name} has BatchNorm layers, which in training need at least 2 images per process in "
-                         f"every batch, and a batch here holds {batch_size // world_size} per process of "
-                         f"{world_size}; {fix}")
-    left = images % batch_size
-    if 0 < left < least:
-        why = (f"{name}'s BatchNorm layers need at least 2 images per process in training" if least > world_size
-               else f"each of the {world_size} processes needs at least one image")
-        return f"the last batch of each epoch ({left} image(s)) joins the one before: {why}"
-    return None
-
-
-def share(count, rank, world_size):
-    """This process's contiguous part of a global batch of `count` images; the parts' sizes differ by at most one."""
-    return slice(rank * count // world_size, (rank + 1) * count // world_size)
 
 
 # processes
 
 
-def setup_distributed(device):
-    """(rank, world_size, device): one process, or one of torchrun's, with its process group started."""
-    world_size = int(os.environ.get('WORLD_SIZE', '1'))
-    rank, local_rank = int(os.environ.get('RANK', '0')), int(os.environ.get('LOCAL_RANK', '0'))
-    if device is None:
-        device = f'cuda:{local_rank}' if torch.cuda.is_available() and world_size > 1 else \
-            'cuda' if torch.cuda.is_available() else 'cpu'
-    if world_size > 1:
-        backend = 'nccl' if torch.device(device).type == 'cuda' else 'gloo'
-        if torch.device(device).type == 'cuda':
-            torch.cuda.set_device(torch.device(device))
-        # DDP's constructor imports torch._dynamo, which imports torch.distributed.nn.functional, whose functions
-        # take `group=group.WORLD` as a default argument. Imported after init_process_group, those defaults hold
-        # the process group for good: destroy_process_group cannot free it, and its gloo threads live on into
-        # interpreter shutdown, where freeing it can abort the process ('terminate called without an active
-        # exception'). Imported before, the defaults are None.
-        importlib.import_module('torch._dynamo')
-        torch.distributed.init_process_group(backend)
-    return rank, world_size, device
-
-
-def epoch_seed(seed, epoch):
-    return seed * 1_000_003 + epoch
-
-
-def _run_name(args):
-    source = data_source(args.data)
-    data = Path(source.name).name if source.name == str(Path(args.data).expanduser().resolve()) else source.run_name
-    return f"{data}-{re.sub(r'[^A-Za-z0-9_.-]+', '-', args.model)}"
-
-
-def _given(args):
-    """The options the command line set: `args.given` from parse_args, else those unlike the defaults."""
-    if hasattr(args, 'given'):
-        return set(args.given)
-    defaults = vars(build_parser().parse_known_args([])[0])
-    return {name for name, value in defaults.items() if getattr(args, name, value) != value}
-
-
-def _flag(name):
-    return '--' + name.replace('_', '-')
-
-
-def _same_setting(name, mine, theirs):
-    if name == 'data':
-        return data_source(mine).name == data_source(theirs).name
-    return json.loads(json.dumps(mine)) == json.loads(json.dumps(theirs))   # tuples were saved as lists
-
-
-def _restore_arguments(args, model_kwargs, checkpoint):
-    """The run's arguments and model kwargs from the checkpoint, with the command line's run options,
-    --epochs and --lr; a ValueError names every other option given with a value unlike the run's."""
-    saved = load_state(checkpoint)['args']
-    config = load_config(checkpoint)
-    _check_saved_arguments(args, saved, config, checkpoint)
-    given, conflicts = _given(args), []
-    for name, value in saved.items():
-        if name in RUNTIME_ARGUMENTS or (name in given and name in CONTINUABLE_ARGUMENTS):
-            continue                                                # the command line's value holds
-        if name in given:
-            # a size left to its default was saved as None; the checkpoint's data says what it was
-            used = config.get('data', {}).get(name) if value is None and name in ('image_size', 'channels') else value
-            if not _same_setting(name, getattr(args, name), used):
-                conflicts.append(f"{_flag(name)} {getattr(args, name)} (the run has {used})")
-        setattr(args, name, value)
-    saved_kwargs = config['model_kwargs']
-    for name, value in model_kwargs.items():
-        if name not in saved_kwargs:
-            conflicts.append(f"{_flag(name)} {value} (the run's {args.model} was built without it)")
-        elif not _same_setting(name, value, saved_kwargs[name]):
-            conflicts.append(f"{_flag(name)} {value} (the run has {saved_kwargs[name]})")
-    if conflicts:
-        raise ValueError(
-            f"cannot resume the run in {checkpoint} with {'; '.join(conflicts)}: a resumed run keeps its data, "
-            f"model and recipe, and only --epochs (to extend it), --lr (for the remaining steps) and the run "
-            f"options may change; leave these out, or start a new run with another --out")
-    return args, saved_kwargs
-
-
-def _check_saved_arguments(args, saved, config, checkpoint):
-    """A CheckpointError naming state.json when a saved argument is not of the kind its option takes (a flag, a
-    number, a string), or when the checkpoint's weights were saved for another model than the run's."""
-    state_file = Path(checkpoint) / 'state.json'
-    for name, value in saved.items():
-        default = getattr(args, name, None)
-        if default is not None and value is not None and _json_kind(value) != _json_kind(default):
-            raise CheckpointError(f"{state_file}: the run's argument {name!r} is {value!r}, expected a "
-                                  f"{_json_kind(default)} like {default!r} (corrupt, or edited by hand?)")
-    if 'model' in saved and config['model'] != saved['model']:
-        raise CheckpointError(
-            f"the weights in {checkpoint} were saved for model {config['model']!r}, and its state.json is of a "
-            f"run of {saved['model']!r}: the files' keys do not fit the model being built; were files from two "
-            f"runs mixed?")
-
-
-def _json_kind(value):
-    """'flag', 'number', 'string' or 'list': an option that takes floats may have an integer default."""
-    if isinstance(value, bool):
-        return 'flag'
-    if isinstance(value, (int, float)):
-        return 'number'
-    return 'string' if isinstance(value, str) else 'list' if isinstance(value, (list, tuple)) else 'object'
-
-
-def require_extras(command, args, source):
-    """Stop before anything else when a package the command needs for `args` is missing, naming all of them
-    at once where they come from one extra (the data source's own extra, if another, is named after)."""
-    needs = ['safetensors', 'numpy', *(['matplotlib'] if args.plots else [])]
-    pictures = ' (matplotlib draws the pictures; --no-plots skips them)' if args.plots else ''
-    if source.extra == 'train':
-        require(*needs, *source.requires, purpose=f'{command} --data {args.data}{pictures}')
-    else:
-        require(*needs, purpose=f'{command}{pictures}')
-        require(*source.requires, purpose=f'{command} --data {args.data}', extra=source.extra)
-
-
-def _format_seconds(seconds):
-    seconds = int(round(seconds))
-    return f'{seconds // 60}:{seconds % 60:02d}'
-
-
-def _warn(line):
-    print(f"warning: {line}", file=sys.stderr, flush=True)
-
-
 # divergence: a NaN or infinite loss stops the run before it can be saved over the last good checkpoint
-
-
-class TrainingDiverged(ValueError):
-    """The loss, the gradients or the weights became NaN or infinite: the run stops, nothing more is saved."""
-
-
-def check_step(loss, grad_norm, *, epoch, step, steps, lr, args, kept, world_size, device, what='training loss'):
-    """Raise TrainingDiverged, before the optimizer steps, when this step's loss or gradient norm is not finite
-    on any process. `kept`: the checkpoint folder the run saved last (its previous epoch's)."""
-    bad = not (math.isfinite(loss) and math.isfinite(grad_norm))
-    if world_size > 1:                          # every process stops at the same step, or the others wait forever
-        flag = torch.tensor([float(bad)], device=device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        bad = flag.item() > 0
-    if bad:
-        raise TrainingDiverged(
-            f"the {what} became {loss:g} (gradient norm {grad_norm:g}) at epoch {epoch + 1}, step {step + 1}/"
-            f"{steps}, learning rate {lr:.3g}: {_divergence_advice(args, epoch, kept)}")
-
-
-def check_weights(model, *, epoch, args, kept, test_loss=None):
-    """Raise TrainingDiverged when, after an epoch, a weight (or the test loss) is NaN or infinite."""
-    broken = [name for name, tensor in model.state_dict().items()
-              if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
-    if broken:
-        shown = ', '.join(broken[:3]) + (f' and {len(broken) - 3} more' if len(broken) > 3 else '')
-        raise TrainingDiverged(f"after epoch {epoch + 1} the weights hold NaN or infinite values ({shown}): "
-                               f"{_divergence_advice(args, epoch, kept)}")
-    if test_loss is not None and not math.isfinite(test_loss):
-        raise TrainingDiverged(f"after epoch {epoch + 1} the test loss is {test_loss:g}: "
-                               f"{_divergence_advice(args, epoch, kept)}")
-
-
-def _divergence_advice(args, epoch, kept):
-    saved = f"the checkpoint of epoch {epoch} in {kept} is kept" if epoch else "no checkpoint was written"
-    return (f"the run diverged, most likely because the learning rate is too high (--lr {args.lr:g}); "
-            f"nothing of epoch {epoch + 1} was saved and {saved}; try a lower --lr")
 
 
 # the run
@@ -553,16 +207,16 @@ def _train(args, model_kwargs, rank, world_size, device, run):
     if args.resume is not None:
         if args.resume == 'auto':
             if args.out is None:
-                args.out = str(Path('runs') / _run_name(args))
+                args.out = str(Path('runs') / run_name(args))
             checkpoint = Path(args.out) / 'checkpoint'
         else:
             checkpoint = Path(args.resume)
             args.out = args.out or str(checkpoint.parent)
         load_config(checkpoint)                                   # a clear error before anything else
-        args, model_kwargs = _restore_arguments(args, model_kwargs, checkpoint)
+        args, model_kwargs = restore_arguments(args, model_kwargs, checkpoint, parser=build_parser())
     source = data_source(args.data)
     require_extras('python -m vit_pytorch.train', args, source)
-    out = Path(args.out or Path('runs') / _run_name(args))
+    out = Path(args.out or Path('runs') / run_name(args))
     args.out = str(out)
     run.enter_context(run_folder.claimed(
         out, command='python -m vit_pytorch.train', names=RUN_FILES, checkpoints=('checkpoint',),
@@ -602,7 +256,7 @@ def _train(args, model_kwargs, rank, world_size, device, run):
                           num_classes=num_classes)
     torch.manual_seed(args.seed)
     try:
-        model = models.build_model(args.model, **kwargs).to(device)
+        model = registry.build_model(args.model, **kwargs).to(device)
     except TypeError as error:
         if checkpoint is not None:                                # the kwargs came from the checkpoint's config
             raise CheckpointError(f"cannot build model {args.model!r} from the configuration in {checkpoint} "
@@ -669,7 +323,7 @@ def _train(args, model_kwargs, rank, world_size, device, run):
         order = torch.randperm(len(train_set), generator=generator)
         totals = torch.zeros(3, dtype=torch.float64)                # loss sum, correct, count (this process)
         network.train(not args.linear_probe)                        # a probed network stays in eval mode
-        bar = _progress(steps_per_epoch, epoch, args, main_process)
+        bar = progress(steps_per_epoch, epoch, args, main_process)
         for step, index in enumerate(epoch_batches(order, batch_size, least)):
             images, targets = augment(train_set.floats(index), train_set.labels[index], args, generator, rng,
                                       num_classes)
@@ -707,9 +361,9 @@ def _train(args, model_kwargs, rank, world_size, device, run):
                 done = time.perf_counter() - started
                 rate = (step * batch_size + len(index)) / done
                 left = (steps_per_epoch - step - 1) * done / (step + 1) + \
-                    (args.epochs - epoch - 1) * _epoch_time(history, done * steps_per_epoch / (step + 1))
+                    (args.epochs - epoch - 1) * epoch_time(history, done * steps_per_epoch / (step + 1))
                 bar.set_postfix_str(f"loss {totals[0] / totals[2]:.3f} acc {totals[1] / totals[2]:.3f} "
-                                    f"{rate:.0f} img/s, {_format_seconds(left)} left", refresh=False)
+                                    f"{rate:.0f} img/s, {format_seconds(left)} left", refresh=False)
                 bar.update()
         if bar is not None:
             bar.close()
@@ -732,7 +386,7 @@ def _train(args, model_kwargs, rank, world_size, device, run):
                             state=dict(epoch=epoch + 1, elapsed=elapsed, history=history,
                                        args={k: v for k, v in vars(args).items() if k != 'given'}))
             if not args.quiet:
-                _write(f"epoch {epoch + 1}/{args.epochs}: train loss {record['train_loss']:.4f} "
+                write(f"epoch {epoch + 1}/{args.epochs}: train loss {record['train_loss']:.4f} "
                        f"acc {record['train_accuracy']:.4f}, {test_split} loss {record['test_loss']:.4f} "
                        f"acc {record['test_accuracy']:.4f}, {record['images_per_second']:.0f} img/s, "
                        f"{seconds:.1f} s")
@@ -748,30 +402,14 @@ def _train(args, model_kwargs, rank, world_size, device, run):
                 pictures=[str(path) for path in pictures])
 
 
-def label_subset(labels, fraction, *, seed):
-    """Sorted indices of a stratified random share of `labels`: round(fraction * n) of each class of n images,
-    at least one, drawn with `seed`; every index for fraction 1."""
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
-        raise ValueError(f"--label-fraction must be in (0, 1], got {fraction!r}")
-    if fraction == 1:
-        return torch.arange(len(labels))
-    generator = torch.Generator().manual_seed(seed)
-    chosen = []
-    for label in sorted(set(labels.tolist())):
-        members = torch.nonzero(labels == label).flatten()
-        keep = max(1, round(fraction * len(members)))
-        chosen.append(members[torch.randperm(len(members), generator=generator)[:keep]])
-    return torch.cat(chosen).sort().values
-
-
 def _check_init(config, args, *, image_size, channels):
     """A ValueError when the --init checkpoint's network was made for images of another size or channels."""
     data = config.get('data', {})
     for name, mine in (('image_size', image_size), ('channels', channels)):
         theirs = data.get(name)
-        if theirs is not None and mine is not None and not _same_setting(name, mine, theirs):
-            raise ValueError(f"--init {args.init} holds a network for {_flag(name)} {theirs}, this data gives "
-                             f"{mine}; pass {_flag(name)} {theirs}")
+        if theirs is not None and mine is not None and not same_setting(name, mine, theirs):
+            raise ValueError(f"--init {args.init} holds a network for {option_flag(name)} {theirs}, this data gives "
+                             f"{mine}; pass {option_flag(name)} {theirs}")
 
 
 def new_head(model, num_classes, *, name):
@@ -800,34 +438,9 @@ def _warn_few_patches(model, name, *, sample):
     rows, columns = recorder.grid
     height, width = sample.shape[-2:]
     if rows * columns < MIN_PATCHES:
-        _warn(f"a {height}x{width} image is only {rows * columns} patch(es) ({rows}x{columns}) for "
+        warn(f"a {height}x{width} image is only {rows * columns} patch(es) ({rows}x{columns}) for "
               f"{name}, so attention has next to nothing to relate (fewer than {MIN_PATCHES} patches); "
               f"use a larger --image-size or a smaller --patch-size")
-
-
-def _epoch_time(history, current):
-    """Seconds an epoch takes: the mean of the logged ones, or this one's estimate."""
-    recent = [record['epoch_seconds'] for record in history[-5:]]
-    return sum(recent) / len(recent) if recent else current
-
-
-def _progress(steps, epoch, args, main_process):
-    if not main_process or args.quiet:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:                                              # progress bars are optional
-        return None
-    return tqdm(total=steps, desc=f'epoch {epoch + 1}/{args.epochs}', leave=False, dynamic_ncols=True,
-                mininterval=0.5)
-
-
-def _write(line):
-    try:
-        from tqdm import tqdm
-        tqdm.write(line)
-    except ImportError:
-        print(line, flush=True)
 
 
 # pictures
@@ -890,7 +503,7 @@ def draw_inside(model, data, *, mean, std, device, out, count=8):
         return []
     if grid[0] * grid[1] == 1:
         # every map would be one flat value: a black 'input x attention' row and a distance of 0 in every layer
-        _warn(f"no attention pictures: a {pictures.shape[-2]}x{pictures.shape[-1]} image is one patch for this "
+        warn(f"no attention pictures: a {pictures.shape[-2]}x{pictures.shape[-1]} image is one patch for this "
               f"model, and attention over a single patch has nothing to show")
         return []
     attns = attns.float().cpu()
@@ -919,24 +532,6 @@ def main(argv=None):
     return run_command(train, args, model_kwargs, command='vit_pytorch.train', summary=lambda result: (
         f"{result['test_split']} accuracy {100 * result['test_accuracy']:.2f}% after {result['epoch']} epochs "
         f"({result['elapsed_seconds']:.1f} s of training); checkpoint: {result['checkpoint']}"))
-
-
-def run_command(run, args, model_kwargs, *, command, summary):
-    """A command's run (training or pre-training): an interruption or a known error becomes an exit code
-    with one line on stderr; on rank 0 the last line is `summary(result)` and the pictures written."""
-    try:
-        result = run(args, model_kwargs)
-    except KeyboardInterrupt:
-        if args.out:
-            print(f"\ninterrupted; continue with: python -m {command} --out {args.out} --resume", file=sys.stderr)
-        return 130
-    except (CheckpointError, FileNotFoundError, NotADirectoryError, ValueError, MissingExtra) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    if int(os.environ.get('RANK', '0')) == 0:
-        pictures = ', '.join(Path(path).name for path in result['pictures'])
-        print(summary(result) + (f"; pictures in {result['out']}: {pictures}" if pictures else ''), flush=True)
-    return 0
 
 
 if __name__ == '__main__':
