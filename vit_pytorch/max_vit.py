@@ -158,9 +158,7 @@ class WindowAttention(vit.Attention):
 
     def forward(self, x):
         q, k, v = self.qkv(x)
-        # an empty batch takes the explicit path, where the position bias gets its zero gradient
-        # (scaled_dot_product_attention leaves it without one)
-        out = vit.attend(q, k, v, scale=self.scale, mask=self.bias().to(q.dtype), fused=self.fused and q.shape[0] > 0,
+        out = vit.attend(q, k, v, scale=self.scale, mask=self.bias().to(q.dtype), fused=self.fused,
                          dropout=self.dropout if self.training else 0., probs=self.attention_probs)
         return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
 

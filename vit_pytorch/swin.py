@@ -86,10 +86,8 @@ def log_spaced_coordinates(window, pretrained_window):
 
 
 def attend_windows(attention, q, k, v, *, scale, mask):
-    """`vit.attend` with the module's switches. An empty batch takes the explicit path: there the position
-    bias (part of the mask) gets its zero gradient, which scaled_dot_product_attention leaves out of the
-    graph, and DDP needs every gradient on a process that got no images."""
-    return vit.attend(q, k, v, scale=scale, mask=mask, fused=attention.fused and q.shape[0] > 0,
+    """`vit.attend` with the module's switches (the position bias is part of the mask)."""
+    return vit.attend(q, k, v, scale=scale, mask=mask, fused=attention.fused,
                       dropout=attention.dropout if attention.training else 0., probs=attention.attention_probs)
 
 

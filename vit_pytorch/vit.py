@@ -617,6 +617,37 @@ def check_images(img, *, channels, patch_size, image_size=None, dtype=None):
     return size[0] // patch_size[0], size[1] // patch_size[1]
 
 
+def check_video(video, *, channels, frames=None, image_size=None, patch_size=None, frame_patch_size=None,
+                dtype=None):
+    """Validate a (b, c, frames, h, w) batch: `frames` / `image_size` when the model needs that size, else
+    sizes divisible by `frame_patch_size` / `patch_size`; `dtype` is required outside autocast."""
+    if not isinstance(video, torch.Tensor):
+        hint = "; convert a numpy array with torch.from_numpy(array).float()" \
+            if type(video).__module__ == 'numpy' else ''
+        raise TypeError(f"video must be a torch.Tensor of shape (b, c, frames, h, w), got "
+                        f"{type(video).__name__}{hint}")
+    if not video.is_floating_point():
+        raise TypeError(f"video must be a floating point tensor, got dtype {video.dtype}; convert with video.float()")
+    if dtype is not None and video.dtype != dtype and not torch.is_autocast_enabled(video.device.type):
+        raise TypeError(f"video has dtype {video.dtype} but the model's parameters are {dtype}; convert with "
+                        f"video.to({dtype}) or run the model under torch.autocast")
+    if video.ndim != 5:
+        hint = " (a single video? add a batch dimension with video.unsqueeze(0))" if video.ndim == 4 else ""
+        raise ValueError(f"video must have shape (b, c, frames, h, w), got a {video.ndim}-d tensor of shape "
+                         f"{tuple(video.shape)}{hint}")
+    if video.shape[1] != channels:
+        raise ValueError(f"video must have {channels} channels (dim 1), got shape {tuple(video.shape)}")
+    size = tuple(video.shape[2:])
+    if frames is not None and image_size is not None and size != (frames, *image_size):
+        raise ValueError(f"video must be {frames} frames of {image_size[0]}x{image_size[1]} (frames, h, w: the "
+                         f"model's frames and image_size), got {size[0]} frames of {size[1]}x{size[2]}")
+    if patch_size is not None:
+        steps = (frame_patch_size, *patch_size)
+        if any(side < step or side % step for side, step in zip(size, steps)):
+            raise ValueError(f"video frames, height and width {size} must be positive multiples of the tubelet "
+                             f"size (frame_patch_size, image_patch_size) = {steps}")
+
+
 # ---------------------------------------------------------------------------------------------
 # Old checkpoint layouts
 
