@@ -19,12 +19,12 @@ from vit_pytorch import models, train
 PACKAGE = Path(__file__).resolve().parent.parent / 'vit_pytorch'
 
 
-def run_isolated(folder, code):
+def run_isolated(folder, code, timeout=120):
     # -I: isolated mode, so neither the current directory of the test run nor PYTHONPATH leak in;
     # the script's own folder is put on the path explicitly
     script = folder / 'check.py'
     script.write_text(f"import sys\nsys.path.insert(0, {str(folder)!r})\n" + textwrap.dedent(code))
-    return subprocess.run([sys.executable, '-I', str(script)], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, '-I', str(script)], capture_output=True, text=True, timeout=timeout)
 
 
 def test_vit_py_runs_copied_alone_into_an_empty_folder(tmp_path):
@@ -125,6 +125,7 @@ def example_input(name):
     return (2, 3, 32, 32)
 
 
+@pytest.mark.slow  # every registered model built in a fresh interpreter: a minute or more on 2 cores
 def test_every_registered_model_builds_and_runs_from_a_folder_holding_only_its_copy_set(tmp_path):
     cases = []
     for name, target in models.MODELS.items():
@@ -157,7 +158,7 @@ def test_every_registered_model_builds_and_runs_from_a_folder_holding_only_its_c
                 out = model(torch.randn(shape))
             print(module, tuple(out.shape))
             sys.path.remove(folder)
-    ''')
+    ''', timeout=900)
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == len(models.MODELS)
     assert all(line.endswith('(2, 10)') for line in result.stdout.splitlines()), result.stdout
