@@ -10,7 +10,7 @@ from helpers import as_tuples, count, digits_batch, fit_fixed_batch, load_fixtur
 from vit_pytorch import pvt_v2
 from vit_pytorch.pretrained import CheckpointError, load_timm, load_vit_pytorch
 from vit_pytorch.pvt_v2 import ConvFeedForward, PyramidVisionTransformerV2
-from vit_pytorch.vit import SpatialReductionAttention
+from vit_pytorch.multiscale import SpatialReductionAttention
 from vit_pytorch.recorder import Recorder
 
 

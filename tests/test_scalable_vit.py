@@ -15,7 +15,7 @@ from vit_pytorch import scalable_vit
 from vit_pytorch.pretrained import CheckpointError, load_official, load_vit_pytorch
 from vit_pytorch.recorder import Recorder
 from vit_pytorch.scalable_vit import InteractiveWindowAttention, ScalableSelfAttention, ScalableViT
-from vit_pytorch.vit import PositionEncodingGenerator
+from vit_pytorch.multiscale import PositionEncodingGenerator
 
 
 def tiny(**overrides):

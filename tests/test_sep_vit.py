@@ -18,7 +18,7 @@ from vit_pytorch import sep_vit
 from vit_pytorch.pretrained import CheckpointError, load_official, load_vit_pytorch
 from vit_pytorch.recorder import Recorder
 from vit_pytorch.sep_vit import SeparableAttention, SepViT
-from vit_pytorch.vit import PositionEncodingGenerator
+from vit_pytorch.multiscale import PositionEncodingGenerator
 
 
 def tiny(**overrides):

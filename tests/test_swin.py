@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers import as_tuples, count, digits_batch, fit_fixed_batch, load_fixture
-from vit_pytorch import swin, vit
+from vit_pytorch import multiscale, swin
 from vit_pytorch.pretrained import CheckpointError, load_timm, load_vit_pytorch
 from vit_pytorch.recorder import Recorder
 from vit_pytorch.swin import (CosineWindowAttention, PatchMerging, SwinTransformer, SwinTransformerV2,
@@ -99,7 +99,7 @@ def test_shifted_windows_reach_across_the_unshifted_boundaries_and_the_mask_keep
 
 def test_shifted_window_mask_separates_the_regions_the_shift_brought_together():
     window, shift, size = (2, 3), (1, 1), (4, 6)
-    mask = vit.shifted_window_mask(size, window, shift)
+    mask = multiscale.shifted_window_mask(size, window, shift)
     # regions of the rolled map, written out: rows [0, 2), [2, 3), [3, 4); columns [0, 3), [3, 5), [5, 6)
     row_region, col_region = [0, 0, 1, 2], [0, 0, 0, 1, 1, 2]
     windows = [(r, c) for r in range(0, 4, 2) for c in range(0, 6, 3)]

@@ -9,7 +9,7 @@ from torch import nn
 from helpers import count, digits_batch, fit_fixed_batch, load_fixture
 from vit_pytorch import twins_svt
 from vit_pytorch.pretrained import CheckpointError, load_timm, load_vit_pytorch
-from vit_pytorch.vit import PositionEncodingGenerator, SpatialReductionAttention
+from vit_pytorch.multiscale import PositionEncodingGenerator, SpatialReductionAttention
 from vit_pytorch.recorder import Recorder
 from vit_pytorch.twins_svt import LocallyGroupedAttention, TwinsSVT
 

@@ -229,11 +229,7 @@ class CCT(nn.Module):
         ], norm=nn.LayerNorm(embedding_dim))
         self.pool = SequencePool(embedding_dim)
         self.fc = nn.Linear(embedding_dim, num_classes) if num_classes > 0 else None
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.trunc_normal_(module.weight, std=0.02)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
+        self.apply(vit.init_linear_weights)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         key = prefix + 'positional_emb'

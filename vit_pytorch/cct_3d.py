@@ -29,7 +29,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from vit_pytorch import cct, vit, vit_3d
+from vit_pytorch import cct, vit
 
 # helpers
 
@@ -129,11 +129,7 @@ class CCT(nn.Module):
         ], norm=nn.LayerNorm(embedding_dim))
         self.pool = cct.SequencePool(embedding_dim)
         self.fc = nn.Linear(embedding_dim, num_classes) if num_classes > 0 else None
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.trunc_normal_(module.weight, std=0.02)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
+        self.apply(vit.init_linear_weights)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         key = prefix + 'positional_emb'
@@ -151,7 +147,7 @@ class CCT(nn.Module):
 
     def forward_features(self, video):
         """Tokens after the final norm: (b, f' h' w', dim)."""
-        vit_3d.check_video(video, channels=self.channels, dtype=self.transformer.norm.weight.dtype)
+        vit.check_video(video, channels=self.channels, dtype=self.transformer.norm.weight.dtype)
         size = tuple(video.shape[2:])
         if min(self.token_grid(size)) < 1:
             raise ValueError(f"video of {size[0]} frames of {size[1]}x{size[2]} is too small for the tokenizer: "

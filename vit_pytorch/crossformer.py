@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import nn
 
-from vit_pytorch import vit
+from vit_pytorch import multiscale, vit
 
 PADDING_MASK = -1e6        # the official code's additive mask on padding keys
 STAGE_ARGUMENTS = ('dim', 'depth', 'heads', 'local_window_size', 'interval', 'cross_embed_kernel_sizes',
@@ -160,7 +160,7 @@ class CrossScaleAttention(vit.Attention):
         return self.to_out(rearrange(out[:, :size[0], :size[1]], 'b h w d -> b (h w) d'))
 
 
-class CrossFormer(vit.StagedModel):
+class CrossFormer(multiscale.StagedModel):
     """CrossFormer. Each per-stage argument is one value for every stage or a tuple with one per stage (the
     tuples' common length is the number of stages, 4 when all are single values).
 
@@ -197,7 +197,7 @@ class CrossFormer(vit.StagedModel):
         self.num_features = stages[-1]['dim']
 
         depths = [stage['depth'] for stage in stages]
-        rates = torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist()
+        rates = multiscale.drop_path_rates(drop_path_rate, sum(depths))
         modules, in_dim = [], channels
         for i, stage in enumerate(stages):
             width = stage['dim']
@@ -207,10 +207,10 @@ class CrossFormer(vit.StagedModel):
                                                 group_size=stage['local_window_size'],
                                                 interval=1 if j % 2 == 0 else stage['interval'])
                 feedforward = vit.FeedForward(width, width * stage['mlp_mult'], ff_dropout)
-                layers.append((vit.DropPath(attention, rate), vit.DropPath(feedforward, rate)))
+                layers.append((multiscale.DropPath(attention, rate), multiscale.DropPath(feedforward, rate)))
             embed = CrossScaleEmbedding(in_dim, width, kernels=stage['cross_embed_kernel_sizes'],
                                         stride=stage['cross_embed_strides'], norm_input=i > 0)
-            modules.append(vit.MapStage(embed, vit.MapTransformer(layers)))
+            modules.append(multiscale.MapStage(embed, multiscale.MapTransformer(layers)))
             in_dim = width
         self.stages = nn.ModuleList(modules)
         strides = torch.tensor([stage['cross_embed_strides'] for stage in stages], device='cpu').cumprod(0).tolist()
@@ -219,7 +219,7 @@ class CrossFormer(vit.StagedModel):
 
         self.norm = nn.LayerNorm(self.num_features)
         self.mlp_head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else None
-        self.apply(init_linear_weights)
+        self.apply(vit.init_linear_weights)
 
     def check_image(self, img):
         """Refuse what is not an image batch, or sides that the product of the strides does not divide."""
@@ -231,15 +231,6 @@ class CrossFormer(vit.StagedModel):
                              f"of cross_embed_strides (every stage halves an even map, as in the official code), "
                              f"e.g. {max(reduction, height - height % reduction)}x"
                              f"{max(reduction, width - width % reduction)}")
-
-
-def init_linear_weights(module):
-    """The official initialisation: truncated normal (std 0.02) Linear weights, zero biases (convolutions keep
-    PyTorch's default)."""
-    if isinstance(module, nn.Linear):
-        nn.init.trunc_normal_(module.weight, std=0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
 
 
 def default_heads(width):

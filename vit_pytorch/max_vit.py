@@ -39,7 +39,7 @@ from einops import rearrange, reduce, repeat
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from vit_pytorch import vit
+from vit_pytorch import multiscale, vit
 
 BATCH_NORM_EPS = 1e-3       # the TensorFlow models' BatchNorm epsilon
 LAYER_NORM_EPS = 1e-5
@@ -142,11 +142,7 @@ class WindowAttention(vit.Attention):
         self.relative_position_bias = nn.Parameter(torch.zeros(heads, 2 * window_height - 1, 2 * window_width - 1))
         nn.init.trunc_normal_(self.relative_position_bias, std=0.02)
 
-        rows, cols = (t.flatten() for t in torch.meshgrid(torch.arange(window_height), torch.arange(window_width),
-                                                          indexing='ij'))
-        dy = rows[None, :] - rows[:, None] + window_height - 1          # key row minus query row, shifted to >= 0
-        dx = cols[None, :] - cols[:, None] + window_width - 1
-        index = dy * (2 * window_width - 1) + dx                        # (n, n) into the flattened table
+        index = multiscale.built_on_cpu(multiscale.relative_position_index(window_size))  # (n, n) into the table
         if num_register_tokens:
             self.register_bias = nn.Parameter(torch.zeros(heads))
             registers = (2 * window_height - 1) * (2 * window_width - 1)   # the entry after the table
@@ -162,9 +158,7 @@ class WindowAttention(vit.Attention):
 
     def forward(self, x):
         q, k, v = self.qkv(x)
-        # an empty batch takes the explicit path, where the position bias gets its zero gradient
-        # (scaled_dot_product_attention leaves it without one)
-        out = vit.attend(q, k, v, scale=self.scale, mask=self.bias().to(q.dtype), fused=self.fused and q.shape[0] > 0,
+        out = vit.attend(q, k, v, scale=self.scale, mask=self.bias().to(q.dtype), fused=self.fused,
                          dropout=self.dropout if self.training else 0., probs=self.attention_probs)
         return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
 

@@ -40,7 +40,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from vit_pytorch import vit
+from vit_pytorch import multiscale, vit
 
 NORM_EPS = 1e-6       # every LayerNorm of the model (the JAX code's, and timm's)
 
@@ -128,15 +128,15 @@ class NesT(nn.Module):
         block_size = image_size // patch_size // 2 ** (num_hierarchies - 1)
 
         self.to_patch_embedding = nn.Conv2d(channels, dim, patch_size, stride=patch_size)
-        rates = torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist()
+        rates = multiscale.drop_path_rates(drop_path_rate, sum(depths))
         levels = []
         for i, (width, depth) in enumerate(zip(self.dims, depths)):
             level_heads = heads * 2 ** i
-            layers = [(vit.DropPath(vit.Attention(width, level_heads, width // level_heads, dropout, qkv_bias=True,
+            layers = [(multiscale.DropPath(vit.Attention(width, level_heads, width // level_heads, dropout, qkv_bias=True,
                                               norm_eps=NORM_EPS,
                                               to_out=nn.Sequential(nn.Linear(width, width), nn.Dropout(dropout))),
                                 rate),
-                       vit.DropPath(vit.FeedForward(width, width * mlp_mult, dropout, norm_eps=NORM_EPS), rate))
+                       multiscale.DropPath(vit.FeedForward(width, width * mlp_mult, dropout, norm_eps=NORM_EPS), rate))
                       for rate in rates[sum(depths[:i]):sum(depths[:i + 1])]]
             levels.append(Level(Aggregate(self.dims[i - 1], width) if i > 0 else None, vit.Stack(layers),
                                 num_blocks=4 ** (num_hierarchies - 1 - i), block_size=block_size, dim=width))

@@ -32,7 +32,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from vit_pytorch import vit
+from vit_pytorch import multiscale, vit
 
 BLOCK_EPS = 1e-6          # the blocks' and stages' LayerNorms (the patch embeddings' and reductions': 1e-5)
 
@@ -145,15 +145,15 @@ class PyramidVisionTransformerV2(nn.Module):
         self.sr_ratios, self.linear = sr_ratios, linear
         self.num_features = embed_dims[-1]
 
-        rates = torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist()
+        rates = multiscale.drop_path_rates(drop_path_rate, sum(depths))
         stages = []
         for i, (depth, dim, heads, sr_ratio, mlp_ratio) in enumerate(
                 zip(depths, embed_dims, num_heads, sr_ratios, mlp_ratios)):
             downsample = OverlapPatchEmbedding(in_chans, dim, patch_size=7, stride=4) if i == 0 else \
                 OverlapPatchEmbedding(embed_dims[i - 1], dim, patch_size=3, stride=2)
-            blocks = [(vit.DropPath(vit.SpatialReductionAttention(dim, heads, attn_drop_rate, sr_ratio=sr_ratio, linear=linear,
+            blocks = [(multiscale.DropPath(multiscale.SpatialReductionAttention(dim, heads, attn_drop_rate, sr_ratio=sr_ratio, linear=linear,
                                                           qkv_bias=qkv_bias, proj_dropout=proj_drop_rate), rate),
-                       vit.DropPath(ConvFeedForward(dim, int(dim * mlp_ratio), proj_drop_rate, extra_relu=linear), rate))
+                       multiscale.DropPath(ConvFeedForward(dim, int(dim * mlp_ratio), proj_drop_rate, extra_relu=linear), rate))
                       for rate in rates[sum(depths[:i]):sum(depths[:i + 1])]]
             stages.append(Stage(downsample, MapTransformer(blocks, norm=nn.LayerNorm(dim, eps=BLOCK_EPS))))
         self.stages = nn.ModuleList(stages)
@@ -162,7 +162,7 @@ class PyramidVisionTransformerV2(nn.Module):
 
         self.dropout = nn.Dropout(drop_rate)
         self.mlp_head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else None
-        self.apply(vit.init_conv_weights)
+        self.apply(multiscale.init_conv_weights)
 
     def check_image(self, img):
         """Refuse what is not an image batch, or an image that leaves a stage a map smaller than its reduction."""

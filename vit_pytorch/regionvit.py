@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import nn
 
-from vit_pytorch import vit
+from vit_pytorch import multiscale, vit
 
 NORM_EPS = 1e-6           # the blocks' and the final LayerNorm (the stem's and downsampling's: 1e-5)
 
@@ -58,15 +58,6 @@ NORM_EPS = 1e-6           # the blocks' and the final LayerNorm (the stem's and 
 
 def per_stage(value, stages):
     return tuple(value) if isinstance(value, (tuple, list)) else (value,) * stages
-
-
-def relative_position_index(window):
-    """(n, n), n = window ** 2: for each query and key of a window (row-major), the index of their offset
-    (key - query, rows then columns) in a flattened (2 window - 1, 2 window - 1) table."""
-    rows, cols = torch.meshgrid(torch.arange(window, device='cpu'), torch.arange(window, device='cpu'), indexing='ij')
-    coords = rearrange(torch.stack((rows, cols)), 'c h w -> c (h w)')
-    offsets = coords[:, None, :] - coords[:, :, None] + window - 1          # (2, query, key)
-    return offsets[0] * (2 * window - 1) + offsets[1]
 
 
 # classes
@@ -124,7 +115,7 @@ class RegionToLocalAttention(vit.Attention):
         self.region_norm = nn.LayerNorm(dim, eps=NORM_EPS)
         self.relative_position_bias = nn.Parameter(torch.zeros(heads, 2 * window_size - 1, 2 * window_size - 1))
         nn.init.trunc_normal_(self.relative_position_bias, std=0.02)
-        index = vit.built_on_cpu(relative_position_index(window_size))
+        index = multiscale.built_on_cpu(multiscale.relative_position_index((window_size, window_size)))
         self.register_buffer('relative_position_index', index, persistent=False)
 
     def among_regions(self, regions):
@@ -249,7 +240,7 @@ class RegionViT(nn.Module):
                                            three_convs=tokenize_local_3_conv)
         region_patch = local_patch_size * window_size
         self.region_encoder = RegionEncoder(channels, self.dims[0], region_patch, stride=region_patch)
-        rates = torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist()
+        rates = multiscale.drop_path_rates(drop_path_rate, sum(depths))
         self.stages = nn.ModuleList()
         for i, (width, blocks) in enumerate(zip(self.dims, depths)):
             downsample = None if i == 0 else nn.Sequential(
@@ -265,7 +256,7 @@ class RegionViT(nn.Module):
 
         self.norm = nn.LayerNorm(self.num_features, eps=NORM_EPS)
         self.mlp_head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else None
-        self.apply(init_weights)
+        self.apply(vit.init_linear_weights)
 
     def embed(self, img):
         """The checked image's (regional, local) token maps: (b, dim[0], rh, rw), (b, dim[0], h / p, w / p)."""
@@ -308,15 +299,6 @@ class RegionViT(nn.Module):
     def set_grad_checkpointing(self, enable=True):
         for stage in self.stages:
             stage.transformer.grad_checkpointing = enable
-
-
-def init_weights(module):
-    """The official initialisation: Linear weights truncated normal (std 0.02), zero biases; convolutions
-    keep PyTorch's default."""
-    if isinstance(module, nn.Linear):
-        nn.init.trunc_normal_(module.weight, std=0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
 
 
 # the paper's models (Table 1, as the official code's `_model_cfg` builds them): name -> (dim, depth, 3conv stem);

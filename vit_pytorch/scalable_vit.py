@@ -55,7 +55,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from vit_pytorch import vit
+from vit_pytorch import multiscale, vit
 
 BLOCK_EPS = 1e-6      # every LayerNorm's epsilon but the SSA reduction's (PyTorch's default 1e-5)
 STAGE_ARGUMENTS = ('heads', 'reduction_factor', 'window_size', 'ssa_dim_key', 'ssa_dim_value', 'iwsa_dim_key',
@@ -156,7 +156,7 @@ class ScalableSelfAttention(nn.Module):
         return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
 
 
-class ScalableViT(vit.StagedModel):
+class ScalableViT(multiscale.StagedModel):
     """ScalableViT with vit-pytorch's keyword arguments (the defaults build ScalableViT-S).
 
     dim                 the first stage's width; every later stage doubles it.
@@ -195,7 +195,7 @@ class ScalableViT(vit.StagedModel):
         self.depths = tuple(depth)
         widths = [dim * 2 ** i for i in range(len(depth))]
 
-        rates = torch.linspace(0, drop_path_rate, sum(depth), device='cpu').tolist()
+        rates = multiscale.drop_path_rates(drop_path_rate, sum(depth))
         modules, in_dim = [], channels
         for i, (stage, width) in enumerate(zip(stages, widths)):
             layers = []
@@ -208,12 +208,12 @@ class ScalableViT(vit.StagedModel):
                     attention = ScalableSelfAttention(width, stage['heads'], dropout,
                                                       reduction=stage['reduction_factor'], key_dim=key_dim)
                 feedforward = vit.FeedForward(width, width * ff_expansion_factor, dropout, norm_eps=BLOCK_EPS)
-                layers.append((vit.DropPath(attention, rate), vit.DropPath(feedforward, rate)))
+                layers.append((multiscale.DropPath(attention, rate), multiscale.DropPath(feedforward, rate)))
                 if j == 0:
-                    layers.append((vit.PositionEncodingGenerator(width),))
+                    layers.append((multiscale.PositionEncodingGenerator(width),))
             embed = ConvPatchEmbedding(in_dim, width, kernel_size=7, stride=4) if i == 0 else \
                 ConvPatchEmbedding(in_dim, width, kernel_size=3, stride=2)
-            modules.append(vit.MapStage(embed, vit.MapTransformer(layers)))
+            modules.append(multiscale.MapStage(embed, multiscale.MapTransformer(layers)))
             in_dim = width
         self.stages = nn.ModuleList(modules)
         self.feature_info = [dict(num_chs=width, reduction=4 * 2 ** i, module=f'stages.{i}')
@@ -224,7 +224,7 @@ class ScalableViT(vit.StagedModel):
             nn.Linear(widths[-1], head_hidden_dim), nn.LayerNorm(head_hidden_dim, eps=BLOCK_EPS), nn.GELU())
         self.num_features = widths[-1] if head_hidden_dim is None else head_hidden_dim
         self.mlp_head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else None
-        self.apply(vit.init_conv_weights)
+        self.apply(multiscale.init_conv_weights)
 
     def stage_sizes(self, image_size):
         """(h, w) token map of each stage for images of `image_size`."""
@@ -373,7 +373,7 @@ def official_plan(model, keys):
         block = 0
         for index, layer in enumerate(stage.blocks.layers):
             ours = f'stages.{i}.blocks.layers.{index}.'
-            if isinstance(layer[0], vit.PositionEncodingGenerator):
+            if isinstance(layer[0], multiscale.PositionEncodingGenerator):
                 names[ours + '0.proj.'] = (f'pos_block.{i}.proj.0.', None)
                 continue
             theirs = f'stages.{i}.{block}.'

@@ -49,7 +49,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from vit_pytorch import vit
+from vit_pytorch import multiscale, vit
 
 BLOCK_EPS = 1e-6      # the blocks' and the final LayerNorm (the patch embeddings' and the window tokens': 1e-5)
 NUM_STAGES = 4
@@ -149,7 +149,7 @@ class SeparableAttention(nn.Module):
         return self.to_out(x)
 
 
-class SepViT(vit.StagedModel):
+class SepViT(multiscale.StagedModel):
     """SepViT with vit-pytorch's keyword arguments (see the module docstring).
 
     num_classes          classes of the head; 0 makes `forward` return the pooled embedding (b, 8 * dim).
@@ -187,7 +187,7 @@ class SepViT(vit.StagedModel):
         self.windows = block_windows(self.image_size, depth, per_stage(window_size), per_stage(grouped_window_size))
         heads, ff_mult = per_stage(heads), per_stage(ff_mult)
 
-        rates = torch.linspace(0, drop_path_rate, sum(depth), device='cpu').tolist()
+        rates = multiscale.drop_path_rates(drop_path_rate, sum(depth))
         modules, in_dim = [], channels
         for i, size in enumerate(stage_sizes(self.image_size)):
             width, stride = dim * 2 ** i, 4 if i == 0 else 2
@@ -197,10 +197,10 @@ class SepViT(vit.StagedModel):
                 attention = SeparableAttention(width, heads[i], dropout, window_size=side,
                                                windows=(size[0] // side) * (size[1] // side))
                 feedforward = vit.FeedForward(width, width * ff_mult[i], dropout, norm_eps=BLOCK_EPS)
-                layers.append((vit.DropPath(attention, rate), vit.DropPath(feedforward, rate)))
+                layers.append((multiscale.DropPath(attention, rate), multiscale.DropPath(feedforward, rate)))
                 if j == 0:
-                    layers.append((vit.PositionEncodingGenerator(width),))
-            modules.append(vit.MapStage(PatchEmbedding(in_dim, width, stride), vit.MapTransformer(layers)))
+                    layers.append((multiscale.PositionEncodingGenerator(width),))
+            modules.append(multiscale.MapStage(PatchEmbedding(in_dim, width, stride), multiscale.MapTransformer(layers)))
             in_dim = width
         self.stages = nn.ModuleList(modules)
         self.feature_info = [dict(num_chs=dim * 2 ** i, reduction=4 * 2 ** i, module=f'stages.{i}')
@@ -208,7 +208,7 @@ class SepViT(vit.StagedModel):
 
         self.norm = nn.LayerNorm(self.num_features, eps=BLOCK_EPS)
         self.mlp_head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else None
-        self.apply(vit.init_conv_weights)
+        self.apply(multiscale.init_conv_weights)
 
     def check_image(self, img):
         """Refuse what is not an image batch of the model's image_size."""
@@ -332,7 +332,7 @@ def official_plan(model, keys):
         block = 0
         for index, layer in enumerate(stage.blocks.layers):
             ours = f'stages.{i}.blocks.layers.{index}.'
-            if isinstance(layer[0], vit.PositionEncodingGenerator):
+            if isinstance(layer[0], multiscale.PositionEncodingGenerator):
                 names[ours + '0.proj.'] = f'pos_block.{i}.proj.0.'
                 continue
             theirs = f'blocks.{i}.{block}.'

@@ -56,7 +56,7 @@ class SimpleViT(nn.Module):
 
     def embed(self, video):
         """Tubelet tokens with their sin-cos positions: (b, f * h * w, dim); any size divisible by the tubelet."""
-        vit_3d.check_video(video, channels=self.channels, patch_size=self.patch_size,
+        vit.check_video(video, channels=self.channels, patch_size=self.patch_size,
                            frame_patch_size=self.frame_patch_size, dtype=self.pos_embedding.dtype)
         grid = tuple(self.token_grid(video.shape[2:]))
         positions = self.pos_embedding if grid == tuple(self.grid_size) else \

@@ -81,7 +81,7 @@ class SimpleViT(nn.Module):
 
     def embed(self, video):
         """Tubelet tokens with their positions: (b, f * h * w, dim); any size divisible by the tubelet."""
-        vit_3d.check_video(video, channels=self.channels, patch_size=self.patch_size,
+        vit.check_video(video, channels=self.channels, patch_size=self.patch_size,
                            frame_patch_size=self.frame_patch_size, dtype=self.pos_embedding.dtype)
         x = self.to_patch_embedding(video)
         return x + self.pos_embedding_for(self.token_grid(video.shape[2:])).to(x.dtype)

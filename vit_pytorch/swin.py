@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import nn
 
-from vit_pytorch import vit
+from vit_pytorch import multiscale, vit
 
 CPB_HIDDEN = 512     # width of V2's continuous position bias MLP (the paper's code)
 MAX_LOGIT_SCALE = math.log(100.)   # V2's cap on the cosine-attention scale (section 3.2)
@@ -68,14 +68,10 @@ def window_and_shift(resolution, window_size):
     return window, shift
 
 
-def relative_position_index(window):
-    """(n, n) index of query i and key j's relative position (dy, dx) in a ((2 wh - 1) (2 ww - 1)) table."""
-    height, width = window
-    coords = torch.stack(torch.meshgrid(torch.arange(height, device='cpu'), torch.arange(width, device='cpu'),
-                                        indexing='ij'))
-    coords = rearrange(coords, 'two h w -> two (h w)')
-    delta = coords[:, :, None] - coords[:, None, :]                 # (2, n, n): query minus key
-    return (delta[0] + height - 1) * (2 * width - 1) + delta[1] + width - 1
+def query_minus_key_index(window):
+    """(n, n) index of query i and key j's relative position (dy, dx) = query minus key, the layout of the
+    reference's tables: the transpose of the shared key-minus-query index."""
+    return multiscale.relative_position_index(window).t().contiguous()
 
 
 def log_spaced_coordinates(window, pretrained_window):
@@ -90,10 +86,8 @@ def log_spaced_coordinates(window, pretrained_window):
 
 
 def attend_windows(attention, q, k, v, *, scale, mask):
-    """`vit.attend` with the module's switches. An empty batch takes the explicit path: there the position
-    bias (part of the mask) gets its zero gradient, which scaled_dot_product_attention leaves out of the
-    graph, and DDP needs every gradient on a process that got no images."""
-    return vit.attend(q, k, v, scale=scale, mask=mask, fused=attention.fused and q.shape[0] > 0,
+    """`vit.attend` with the module's switches (the position bias is part of the mask)."""
+    return vit.attend(q, k, v, scale=scale, mask=mask, fused=attention.fused,
                       dropout=attention.dropout if attention.training else 0., probs=attention.attention_probs)
 
 
@@ -115,7 +109,7 @@ class WindowAttention(vit.Attention):
     """Swin's (shifted) window attention with a learned relative position bias, pre-norm: (b, h, w, dim) ->
     (b, h, w, dim).
 
-    The normed map is cut into windows (`vit.ShiftedWindows`); each window attends within itself,
+    The normed map is cut into windows (`multiscale.ShiftedWindows`); each window attends within itself,
     softmax(q k^T / sqrt(d) + B + mask) v, with B[i, j] read from a learned ((2 wh - 1) (2 ww - 1),
     heads) table at the relative position of query i and key j (Swin, section 3.2). The recorded
     map is (b * windows, heads, wh * ww, wh * ww).
@@ -125,11 +119,11 @@ class WindowAttention(vit.Attention):
                  proj_dropout=0.):
         super().__init__(dim, heads, dim_head, dropout, qkv_bias=qkv_bias,
                          to_out=nn.Sequential(nn.Linear(heads * dim_head, dim), nn.Dropout(proj_dropout)))
-        self.windows = vit.ShiftedWindows(window_size, shift_size, feature_size)
+        self.windows = multiscale.ShiftedWindows(window_size, shift_size, feature_size)
         height, width = self.windows.window_size
         self.relative_position_bias_table = nn.Parameter(torch.empty((2 * height - 1) * (2 * width - 1), heads))
         nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
-        self.register_buffer('relative_position_index', vit.built_on_cpu(relative_position_index((height, width))),
+        self.register_buffer('relative_position_index', multiscale.built_on_cpu(query_minus_key_index((height, width))),
                              persistent=False)
 
     def qkv(self, windows):
@@ -162,7 +156,7 @@ class CosineWindowAttention(nn.Module):
         self.heads = heads
         self.dropout = dropout
         self.fused = True
-        self.windows = vit.ShiftedWindows(window_size, shift_size, feature_size)
+        self.windows = multiscale.ShiftedWindows(window_size, shift_size, feature_size)
 
         self.to_qkv = nn.Linear(dim, dim * 3, bias=False)
         self.q_bias = nn.Parameter(torch.zeros(dim)) if qkv_bias else None
@@ -170,8 +164,8 @@ class CosineWindowAttention(nn.Module):
         self.logit_scale = nn.Parameter(torch.full((heads, 1, 1), math.log(10.)))
         self.cpb_mlp = nn.Sequential(nn.Linear(2, CPB_HIDDEN), nn.ReLU(), nn.Linear(CPB_HIDDEN, heads, bias=False))
         coordinates = log_spaced_coordinates(self.windows.window_size, pretrained_window_size)
-        self.register_buffer('relative_coordinates', vit.built_on_cpu(coordinates), persistent=False)
-        self.register_buffer('relative_position_index', vit.built_on_cpu(relative_position_index(self.windows.window_size)),
+        self.register_buffer('relative_coordinates', multiscale.built_on_cpu(coordinates), persistent=False)
+        self.register_buffer('relative_position_index', multiscale.built_on_cpu(query_minus_key_index(self.windows.window_size)),
                              persistent=False)
         self.attention_probs = nn.Identity()
         self.to_out = nn.Sequential(nn.Linear(dim, dim), nn.Dropout(proj_dropout))
@@ -249,7 +243,7 @@ class Swin(nn.Module):
         self.patch_norm = nn.LayerNorm(embed_dim)
 
         # stochastic depth grows linearly over all blocks, from 0 to drop_path_rate (the official code)
-        rates = torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist()
+        rates = multiscale.drop_path_rates(drop_path_rate, sum(depths))
         resolutions = stage_resolutions(vit.patch_grid(self.img_size, self.patch_size), num_stages)
         stages = []
         for i, (depth, dim, heads, resolution) in enumerate(zip(depths, dims, num_heads, resolutions)):
@@ -265,7 +259,7 @@ class Swin(nn.Module):
         self.norm = nn.LayerNorm(self.num_features)
         self.dropout = nn.Dropout(drop_rate)
         self.mlp_head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else None
-        self.apply(init_weights)
+        self.apply(vit.init_linear_weights)
 
     def embed(self, img):
         """The checked image's normed patch embeddings on their grid: (b, h, w, embed_dim)."""
@@ -380,7 +374,7 @@ class SwinTransformer(Swin):
                                         shift_size=shift_size, feature_size=feature_size, qkv_bias=qkv_bias,
                                         proj_dropout=proj_drop_rate)
             feedforward = vit.FeedForward(dim, int(dim * mlp_ratio), proj_drop_rate)
-            return vit.DropPath(attention, drop_path), vit.DropPath(feedforward, drop_path)
+            return multiscale.DropPath(attention, drop_path), multiscale.DropPath(feedforward, drop_path)
 
         super().__init__(img_size=img_size, patch_size=patch_size, in_chans=in_chans, num_classes=num_classes,
                          embed_dim=embed_dim, depths=depths, num_heads=num_heads, window_size=window_size,
@@ -414,8 +408,8 @@ class SwinTransformerV2(Swin):
             hidden = int(dim * mlp_ratio)
             feedforward = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(proj_drop_rate),
                                         nn.Linear(hidden, dim), nn.Dropout(proj_drop_rate))
-            return (vit.DropPath(nn.Sequential(attention, zero_layer_norm(dim)), drop_path),
-                    vit.DropPath(nn.Sequential(feedforward, zero_layer_norm(dim)), drop_path))
+            return (multiscale.DropPath(nn.Sequential(attention, zero_layer_norm(dim)), drop_path),
+                    multiscale.DropPath(nn.Sequential(feedforward, zero_layer_norm(dim)), drop_path))
 
         def merging(dim, out_dim):
             return PatchMerging(dim, out_dim, post_norm=True)
@@ -424,14 +418,6 @@ class SwinTransformerV2(Swin):
                          embed_dim=embed_dim, depths=depths, num_heads=num_heads, window_size=window_size,
                          drop_rate=drop_rate, drop_path_rate=drop_path_rate, dynamic_img_size=dynamic_img_size,
                          block=block, merging=merging)
-
-
-def init_weights(module):
-    """The reference's initialisation: truncated normal (std 0.02) Linear weights, zero biases."""
-    if isinstance(module, nn.Linear):
-        nn.init.trunc_normal_(module.weight, std=0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
 
 
 def zero_layer_norm(dim):

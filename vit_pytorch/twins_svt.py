@@ -42,7 +42,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from vit_pytorch import vit
+from vit_pytorch import multiscale, vit
 
 BLOCK_EPS = 1e-6      # the blocks' and the final LayerNorm (the patch embeddings' and reductions': 1e-5)
 STAGE_ARGUMENTS = ('emb_dim', 'patch_size', 'local_patch_size', 'global_k', 'depth', 'heads', 'mlp_mult')
@@ -73,7 +73,7 @@ class LocallyGroupedAttention(vit.Attention):
         super().__init__(dim, heads, dim // heads, dropout, qkv_bias=True, norm_eps=BLOCK_EPS,
                          to_out=nn.Sequential(nn.Linear(dim, dim), nn.Dropout(proj_dropout)))
         window = (window_size, window_size)
-        self.windows = vit.ShiftedWindows(window, (0, 0), window)
+        self.windows = multiscale.ShiftedWindows(window, (0, 0), window)
 
     def forward(self, x, size):
         windows = self.windows.split(rearrange(self.norm(x), 'b (h w) d -> b h w d', h=size[0], w=size[1]))
@@ -82,7 +82,7 @@ class LocallyGroupedAttention(vit.Attention):
         return self.to_out(rearrange(out, 'b h w d -> b (h w) d'))
 
 
-class TwinsSVT(vit.StagedModel):
+class TwinsSVT(multiscale.StagedModel):
     """Twins-SVT (and, without local windows, Twins-PCPVT) with vit-pytorch's keyword arguments.
 
     For each stage N in 1..4:
@@ -125,7 +125,7 @@ class TwinsSVT(vit.StagedModel):
         self.num_features = s4_emb_dim
 
         depths = [stage['depth'] for stage in stages]
-        rates = torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist()
+        rates = multiscale.drop_path_rates(drop_path_rate, sum(depths))
         modules, in_dim = [], channels
         for i, stage in enumerate(stages):
             dim, heads = stage['emb_dim'], stage['heads']
@@ -135,13 +135,13 @@ class TwinsSVT(vit.StagedModel):
                     attention = LocallyGroupedAttention(dim, heads, dropout, window_size=stage['local_patch_size'],
                                                         proj_dropout=dropout)
                 else:
-                    attention = vit.SpatialReductionAttention(dim, heads, dropout, sr_ratio=stage['global_k'],
+                    attention = multiscale.SpatialReductionAttention(dim, heads, dropout, sr_ratio=stage['global_k'],
                                                           proj_dropout=dropout)
                 feedforward = vit.FeedForward(dim, dim * stage['mlp_mult'], dropout, norm_eps=BLOCK_EPS)
-                layers.append((vit.DropPath(attention, rate), vit.DropPath(feedforward, rate)))
+                layers.append((multiscale.DropPath(attention, rate), multiscale.DropPath(feedforward, rate)))
                 if j == 0:
-                    layers.append((vit.PositionEncodingGenerator(dim, peg_kernel_size),))
-            modules.append(vit.MapStage(PatchEmbedding(in_dim, dim, stage['patch_size']), vit.MapTransformer(layers)))
+                    layers.append((multiscale.PositionEncodingGenerator(dim, peg_kernel_size),))
+            modules.append(multiscale.MapStage(PatchEmbedding(in_dim, dim, stage['patch_size']), multiscale.MapTransformer(layers)))
             in_dim = dim
         self.stages = nn.ModuleList(modules)
         strides = torch.tensor([stage['patch_size'] for stage in stages], device='cpu').cumprod(0).tolist()
@@ -150,7 +150,7 @@ class TwinsSVT(vit.StagedModel):
 
         self.norm = nn.LayerNorm(s4_emb_dim, eps=BLOCK_EPS)
         self.mlp_head = nn.Linear(s4_emb_dim, num_classes) if num_classes > 0 else None
-        self.apply(vit.init_conv_weights)
+        self.apply(multiscale.init_conv_weights)
 
     def check_image(self, img):
         """Refuse what is not an image batch, or an image that leaves a stage a map smaller than its sub-sampling."""
@@ -264,7 +264,7 @@ def timm_plan(model, keys):
         block = 0
         for index, layer in enumerate(stage.blocks.layers):
             ours = f'stages.{i}.blocks.layers.{index}.'
-            if isinstance(layer[0], vit.PositionEncodingGenerator):
+            if isinstance(layer[0], multiscale.PositionEncodingGenerator):
                 names[ours + '0.proj.'] = f'pos_block.{i}.proj.0.'
                 continue
             local = isinstance(layer[0].fn, LocallyGroupedAttention)

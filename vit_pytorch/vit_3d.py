@@ -101,7 +101,7 @@ class ViT(nn.Module):
 
     def patch_tokens(self, video):
         """The checked video's tubelet tokens, before positions: (b, f * h * w, dim)."""
-        check_video(video, channels=self.channels, frames=self.frames, image_size=self.image_size,
+        vit.check_video(video, channels=self.channels, frames=self.frames, image_size=self.image_size,
                     dtype=self.pos_embedding.dtype)
         return self.to_patch_embedding(video)
 
@@ -188,37 +188,6 @@ def check_geometry(*, image_size, image_patch_size, frames, frame_patch_size):
     vit.positive_int('frame_patch_size', frame_patch_size)
     if frames % frame_patch_size:
         raise ValueError(f"frames ({frames}) must be divisible by frame_patch_size ({frame_patch_size})")
-
-
-def check_video(video, *, channels, frames=None, image_size=None, patch_size=None, frame_patch_size=None,
-                dtype=None):
-    """Validate a (b, c, frames, h, w) batch: `frames` / `image_size` when the model needs that size, else
-    sizes divisible by `frame_patch_size` / `patch_size`; `dtype` is required outside autocast."""
-    if not isinstance(video, torch.Tensor):
-        hint = "; convert a numpy array with torch.from_numpy(array).float()" \
-            if type(video).__module__ == 'numpy' else ''
-        raise TypeError(f"video must be a torch.Tensor of shape (b, c, frames, h, w), got "
-                        f"{type(video).__name__}{hint}")
-    if not video.is_floating_point():
-        raise TypeError(f"video must be a floating point tensor, got dtype {video.dtype}; convert with video.float()")
-    if dtype is not None and video.dtype != dtype and not torch.is_autocast_enabled(video.device.type):
-        raise TypeError(f"video has dtype {video.dtype} but the model's parameters are {dtype}; convert with "
-                        f"video.to({dtype}) or run the model under torch.autocast")
-    if video.ndim != 5:
-        hint = " (a single video? add a batch dimension with video.unsqueeze(0))" if video.ndim == 4 else ""
-        raise ValueError(f"video must have shape (b, c, frames, h, w), got a {video.ndim}-d tensor of shape "
-                         f"{tuple(video.shape)}{hint}")
-    if video.shape[1] != channels:
-        raise ValueError(f"video must have {channels} channels (dim 1), got shape {tuple(video.shape)}")
-    size = tuple(video.shape[2:])
-    if frames is not None and image_size is not None and size != (frames, *image_size):
-        raise ValueError(f"video must be {frames} frames of {image_size[0]}x{image_size[1]} (frames, h, w: the "
-                         f"model's frames and image_size), got {size[0]} frames of {size[1]}x{size[2]}")
-    if patch_size is not None:
-        steps = (frame_patch_size, *patch_size)
-        if any(side < step or side % step for side, step in zip(size, steps)):
-            raise ValueError(f"video frames, height and width {size} must be positive multiples of the tubelet "
-                             f"size (frame_patch_size, image_patch_size) = {steps}")
 
 
 # loading checkpoints

@@ -117,7 +117,7 @@ class ViViT(nn.Module):
         """Tubelet tokens with positions, each slice led by the spatial cls token: (b, slices, prefix + h * w, dim).
         The frames that `mask` (b, frames) leaves out are zeros here: attention gives their tokens the weight 0,
         but 0 * NaN (or inf) is NaN, so without this whatever they hold could reach the output."""
-        vit_3d.check_video(video, channels=self.channels, frames=self.frames, image_size=self.image_size,
+        vit.check_video(video, channels=self.channels, frames=self.frames, image_size=self.image_size,
                            dtype=self.pos_embedding.dtype)
         if mask is not None:
             check_mask(mask, batch=video.shape[0], frames=self.frames)
