@@ -88,7 +88,7 @@ class ClassTransformer(nn.Module):
         return cls_tokens
 
 
-class CaiT(nn.Module):
+class CaiT(vit.TokenFace, nn.Module):
     """CaiT with vit-pytorch's keyword arguments.
 
     `depth` self-attention layers over the patch tokens, then `cls_depth` class-attention
@@ -103,6 +103,8 @@ class CaiT(nn.Module):
       qkv_bias          bias on the query/key/value projections (True: the paper).
       norm_eps          epsilon of every LayerNorm (1e-6 in the paper's code).
     """
+
+    intermediates_from = 'patch_transformer'
 
     num_prefix_tokens = 1
 
@@ -140,6 +142,7 @@ class CaiT(nn.Module):
             [(scaled(vit.ClassAttention(**attention)), feedforward()) for _ in range(cls_depth)])
 
         self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.num_features = dim
         self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else None
 
     def token_grid(self, image_size):

@@ -185,7 +185,7 @@ class SequencePool(nn.Module):
         return einsum(weights, x, 'b n, b n d -> b d')
 
 
-class CCT(nn.Module):
+class CCT(vit.TokenFace, nn.Module):
     """Compact Convolutional Transformer; `num_classes=0` makes `forward` return the pooled embedding (b, dim).
 
     `positional_embedding`: 'learnable' (a trained table, the paper's CIFAR models), 'sine' (a fixed
@@ -228,6 +228,7 @@ class CCT(nn.Module):
             for rate in rates
         ], norm=nn.LayerNorm(embedding_dim))
         self.pool = SequencePool(embedding_dim)
+        self.num_features = embedding_dim
         self.fc = nn.Linear(embedding_dim, num_classes) if num_classes > 0 else None
         for module in self.modules():
             if isinstance(module, nn.Linear):

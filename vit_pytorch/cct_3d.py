@@ -77,7 +77,7 @@ class Tokenizer(nn.Module):
         return rearrange(self.conv_layers(video), 'b d f h w -> b (f h w) d')
 
 
-class CCT(nn.Module):
+class CCT(vit.TokenFace, nn.Module):
     """CCT with a 3D tokenizer; `num_classes=0` makes `forward` return the pooled embedding (b, dim).
 
     `positional_embedding`: 'learnable', 'sine' (a fixed 1D table over the token sequence, not saved)
@@ -128,6 +128,7 @@ class CCT(nn.Module):
             for rate in rates
         ], norm=nn.LayerNorm(embedding_dim))
         self.pool = cct.SequencePool(embedding_dim)
+        self.num_features = embedding_dim
         self.fc = nn.Linear(embedding_dim, num_classes) if num_classes > 0 else None
         for module in self.modules():
             if isinstance(module, nn.Linear):

@@ -187,6 +187,7 @@ class CvT(nn.Module):
             self.cls_token = None
 
         self.norm = nn.LayerNorm(self.dims[-1])
+        self.num_features = self.dims[-1]
         self.mlp_head = nn.Linear(self.dims[-1], num_classes) if num_classes > 0 else None
 
     @property

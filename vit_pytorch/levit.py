@@ -258,6 +258,7 @@ class LeViT(nn.Module):
             ]))
 
         self.head_dropout, self.distillation = dropout, num_distill_classes is not None
+        self.num_features = dims[-1]
         self.mlp_head = norm_linear(dims[-1], num_classes, dropout) if num_classes > 0 else None
         self.distill_head = norm_linear(dims[-1], num_classes, dropout) if self.distillation and num_classes > 0 \
             else None

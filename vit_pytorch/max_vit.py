@@ -286,6 +286,7 @@ class MaxViT(nn.Module):
 
         self.norm = nn.LayerNorm(dims[-1], eps=LAYER_NORM_EPS)
         self.to_latent = nn.Sequential(nn.Linear(dims[-1], dims[-1]), nn.Tanh()) if pre_logits else nn.Identity()
+        self.num_features = dims[-1]
         self.mlp_head = nn.Linear(dims[-1], num_classes) if num_classes > 0 else None
         self.grad_checkpointing = False
 

@@ -171,6 +171,7 @@ class MobileViT(nn.Module):
             *(transformer_stage(i) for i in range(3)),
         ])
         self.final_conv = conv_bn_act(c[9], c[10])
+        self.num_features = c[10]
         self.mlp_head = nn.Linear(c[10], num_classes) if num_classes > 0 else None
         self.feature_info = [dict(num_chs=width, reduction=2 ** (i + 1), module=f'stages.{i}')
                              for i, width in enumerate((c[1], c[3], c[5], c[7]))]

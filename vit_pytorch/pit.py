@@ -113,6 +113,7 @@ class PiT(nn.Module):
         self.pools = nn.ModuleList([Pool(dim_in, dim_out) for dim_in, dim_out in zip(self.dims, self.dims[1:])])
 
         self.norm = nn.LayerNorm(self.dims[-1], eps=norm_eps)
+        self.num_features = self.dims[-1]
         self.mlp_head = nn.Linear(self.dims[-1], num_classes) if num_classes > 0 else None
 
     @property

@@ -26,7 +26,7 @@ from torch import nn
 from vit_pytorch import simple_flash_attn_vit, simple_vit_3d, vit, vit_3d
 
 
-class SimpleViT(nn.Module):
+class SimpleViT(vit.TokenFace, nn.Module):
     """3D SimpleViT whose attention is fused (`use_flash_attn=True`) or explicit; see the module's docstring."""
 
     num_prefix_tokens = 0
@@ -48,6 +48,7 @@ class SimpleViT(nn.Module):
                                        attention=simple_flash_attn_vit.attention_block(use_flash_attn),
                                        feedforward=simple_flash_attn_vit.feedforward_block, final_norm=False)
         self.to_latent = nn.Identity()
+        self.num_features = dim
         self.linear_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
 
     def token_grid(self, size):

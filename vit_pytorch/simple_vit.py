@@ -78,7 +78,7 @@ class Transformer(vit.Stack):
                          norm=nn.LayerNorm(dim))
 
 
-class SimpleViT(nn.Module):
+class SimpleViT(vit.TokenFace, nn.Module):
     """`num_classes=0` makes `forward` return the pooled embedding (b, dim).
 
     For variants: `attention` builds each layer's attention from (dim, heads, dim_head).
@@ -99,6 +99,7 @@ class SimpleViT(nn.Module):
         self.register_buffer('pos_embedding', posemb_sincos_2d(*self.grid_size, dim), persistent=False)
         self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, attention=attention)
         self.to_latent = nn.Identity()
+        self.num_features = dim
         self.linear_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
 
     def token_grid(self, image_size):

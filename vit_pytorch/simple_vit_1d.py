@@ -38,7 +38,7 @@ def posemb_sincos_1d(length, dim, temperature=10000, dtype=torch.float32, device
 # classes
 
 
-class SimpleViT(nn.Module):
+class SimpleViT(vit.TokenFace, nn.Module):
     """SimpleViT over patches of a signal; `num_classes=0` makes `forward` return the pooled embedding."""
 
     num_prefix_tokens = 0
@@ -51,6 +51,7 @@ class SimpleViT(nn.Module):
         # fixed, so not saved; a buffer so that it follows .to(device)
         self.register_buffer('pos_embedding', posemb_sincos_1d(seq_len // patch_size, dim), persistent=False)
         self.transformer = simple_vit.Transformer(dim, depth, heads, dim_head, mlp_dim)
+        self.num_features = dim
         self.linear_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
 
     def pos_embedding_for(self, num_patches):

@@ -48,7 +48,7 @@ def posemb_sincos_3d(frames, height, width, dim, temperature=10000, dtype=torch.
 # classes
 
 
-class SimpleViT(nn.Module):
+class SimpleViT(vit.TokenFace, nn.Module):
     """SimpleViT on tubelets; `num_classes=0` makes `forward` return the pooled embedding (b, dim)."""
 
     num_prefix_tokens = 0
@@ -67,6 +67,7 @@ class SimpleViT(nn.Module):
         # fixed, so not saved; a buffer so that it follows .to(device)
         self.register_buffer('pos_embedding', posemb_sincos_3d(*self.grid_size, dim), persistent=False)
         self.transformer = simple_vit.Transformer(dim, depth, heads, dim_head, mlp_dim)
+        self.num_features = dim
         self.linear_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
 
     def token_grid(self, size):

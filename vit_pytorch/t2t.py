@@ -192,7 +192,7 @@ class ScaledAttention(vit.Attention):
         self.scale = scale
 
 
-class T2TViT(nn.Module):
+class T2TViT(vit.TokenFace, nn.Module):
     """T2T-ViT with vit-pytorch's keyword arguments.
 
     `transformer` replaces the backbone with any module mapping (b, n, dim) to (b, n, dim);
@@ -237,6 +237,7 @@ class T2TViT(nn.Module):
         attention = vit.Attention if qk_scale is None else functools.partial(ScaledAttention, scale=qk_scale)
         self.transformer = transformer if transformer is not None else vit.Transformer(
             dim, depth, heads, dim_head, mlp_dim, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps, attention=attention)
+        self.num_features = dim
         self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else None
 
     def forward_features(self, img):

@@ -211,7 +211,41 @@ class PatchEmbedding(nn.Sequential):
         )
 
 
-class ViT(nn.Module):
+class TokenFace:
+    """The face the token models share, over the blocks of one transformer.
+
+    `feature_info` has one entry per block of the submodule named `intermediates_from`: the width of its
+    output `num_chs` (`embed_dim`, else `num_features`), `reduction` the pixels a token covers (the model's
+    `patch_size`; None where it has none, as behind CCT's and T2T's convolutional tokenizers) and the block's
+    `module` name. `forward_intermediates` returns those blocks' outputs; `reset_head` puts a new head in.
+    """
+
+    intermediates_from = 'transformer'
+
+    @property
+    def feature_info(self):
+        blocks = self.get_submodule(self.intermediates_from).layers
+        width = getattr(self, 'embed_dim', None) or self.num_features
+        return [dict(num_chs=width, reduction=getattr(self, 'patch_size', None),
+                     module=f'{self.intermediates_from}.layers.{i}') for i in range(len(blocks))]
+
+    def forward_intermediates(self, x, indices=None, *, output='tokens'):
+        """The chosen blocks' outputs, one run of the model: indices None for every block, an int n for the last
+        n, or a list of block numbers (negative from the end). output 'tokens' gives each as the block returns it,
+        before the final norm ((b, n, num_chs) for most; NaViT's packed (1, n, num_chs)); 'maps' lays the patch
+        tokens on their grid, (b, num_chs, h, w)."""
+        from vit_pytorch.recorder import block_outputs     # recorder builds on this module: imported on use
+        return block_outputs(self, x, indices, output=output, transformer=self.get_submodule(self.intermediates_from))
+
+    def reset_head(self, num_classes, in_features, *, like, name='mlp_head'):
+        """`self.<name>` becomes a zero-initialised Linear(in_features, num_classes) on `like`'s device and dtype,
+        as the paper transfers, or None for 0; `num_classes` is set."""
+        non_negative_int('num_classes', num_classes)
+        self.num_classes = num_classes
+        setattr(self, name, zero_linear(in_features, num_classes, like=like) if num_classes > 0 else None)
+
+
+class ViT(TokenFace, nn.Module):
     """Vision Transformer with a cls token or mean pooling.
 
     `num_classes=0` makes `forward` return all tokens after the final norm,
@@ -245,6 +279,7 @@ class ViT(nn.Module):
         self.image_size, self.patch_size = pair(image_size), pair(patch_size)
         self.grid_size = self.token_grid(self.image_size)
         self.pool, self.channels, self.num_classes, self.embed_dim = pool, channels, num_classes, dim
+        self.num_features = pre_logits_dim or dim
         self.dynamic_image_size = dynamic_image_size
         self.num_prefix_tokens = (1 if pool == 'cls' else 0) + self.extra_tokens
 
@@ -318,11 +353,7 @@ class ViT(nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0 removes it), as the paper does for transfer."""
-        non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        in_features = self.pos_embedding.shape[-1] if isinstance(self.to_latent, nn.Identity) \
-            else self.to_latent[0].out_features
-        self.mlp_head = zero_linear(in_features, num_classes, like=self.pos_embedding) if num_classes > 0 else None
+        self.reset_head(num_classes, self.num_features, like=self.pos_embedding)
 
     def set_grad_checkpointing(self, enable=True):
         self.transformer.grad_checkpointing = enable

@@ -43,7 +43,7 @@ class PatchEmbedding1d(nn.Sequential):
         )
 
 
-class ViT(nn.Module):
+class ViT(vit.TokenFace, nn.Module):
     """ViT over patches of a signal, read from a cls token; `num_classes=0` makes `forward` return all
     tokens after the final norm, (b, 1 + seq_len / patch_size, dim)."""
 
@@ -60,6 +60,7 @@ class ViT(nn.Module):
         vit.init_tokens(self.pos_embedding, self.cls_token, patch_norm=True)
         self.dropout = nn.Dropout(emb_dropout)
         self.transformer = vit.Transformer(dim, depth, heads, dim_head, mlp_dim, dropout)
+        self.num_features = dim
         self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else None
 
     def embed(self, series):

@@ -62,7 +62,7 @@ class TubeletEmbedding(nn.Sequential):
         )
 
 
-class ViT(nn.Module):
+class ViT(vit.TokenFace, nn.Module):
     """ViT over tubelets; `num_classes=0` makes `forward` return all tokens after the final norm.
 
     Options beyond vit-pytorch's API (defaults keep its model), as for the core `vit.ViT`:
@@ -92,6 +92,7 @@ class ViT(nn.Module):
         self.dropout = nn.Dropout(emb_dropout)
         self.transformer = vit.Transformer(dim, depth, heads, dim_head, mlp_dim, dropout, qkv_bias=qkv_bias,
                                        norm_eps=norm_eps, gelu_approximate=gelu_approximate)
+        self.num_features = dim
         self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else None
 
     def token_grid(self, size):

@@ -64,7 +64,7 @@ class FactorizedTransformer(vit.Stack):
         return rearrange(x, '(b n) f d -> b f n d', b=batch, n=tokens)
 
 
-class ViViT(nn.Module):
+class ViViT(vit.TokenFace, nn.Module):
     """ViViT's factorised encoder or factorised self-attention; `num_classes=0` makes `forward` return
     the pooled embedding (b, dim).
 
@@ -107,7 +107,14 @@ class ViViT(nn.Module):
         for module in self.modules():
             if isinstance(module, vit.Attention):
                 module.fused = use_flash_attn
+        self.num_features = dim
         self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
+
+    @property
+    def intermediates_from(self):
+        """The factorised encoder's temporal transformer ((b, prefix + slices, dim) tokens), or the factorised
+        self-attention stack ((b, slices, prefix + h * w, dim))."""
+        return 'temporal_transformer' if self.variant == 'factorized_encoder' else 'factorized_transformer'
 
     def token_grid(self, image_size):
         """The (h, w) grid of one temporal slice's patch tokens, for frames of `image_size` (h, w)."""

@@ -173,7 +173,7 @@ class ClassAttentionBlock(nn.Module):
         return x + vit.drop_path(update, self.layer_dropout, self.training)
 
 
-class XCiT(nn.Module):
+class XCiT(vit.TokenFace, nn.Module):
     """XCiT with vit-pytorch's keyword arguments.
 
     `patch_size` must be a power of two (the convolutional stem halves the image that many
@@ -188,6 +188,8 @@ class XCiT(nn.Module):
       qkv_bias          bias on the query/key/value projections (True: the paper).
       norm_eps          epsilon of every LayerNorm (1e-6 in the paper's code).
     """
+
+    intermediates_from = 'xcit_transformer'
 
     num_prefix_tokens = 1
 
@@ -228,6 +230,7 @@ class XCiT(nn.Module):
         ])
 
         self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.num_features = dim
         self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else None
 
     def token_grid(self, image_size):
