@@ -102,6 +102,8 @@ class CaiT(vit.TokenFace, nn.Module):
       patch_norm        LayerNorms around the patch projection (False: the paper).
       qkv_bias          bias on the query/key/value projections (True: the paper).
       norm_eps          epsilon of every LayerNorm (1e-6 in the paper's code).
+
+    `forward_features` returns [cls, patch tokens] after both stages and the final norm, (b, 1 + h * w, dim).
     """
 
     intermediates_from = 'patch_transformer'

@@ -190,6 +190,8 @@ class CCT(vit.TokenFace, nn.Module):
 
     `positional_embedding`: 'learnable' (a trained table, the paper's CIFAR models), 'sine' (a fixed
     1D sin-cos table, a buffer that is not saved) or 'none' (then any input size works).
+
+    `forward_features` returns the tokens after the final norm, (b, h' * w', dim) on the tokenizer's grid.
     """
 
     num_prefix_tokens = 0

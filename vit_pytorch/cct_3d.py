@@ -83,6 +83,8 @@ class CCT(vit.TokenFace, nn.Module):
     `positional_embedding`: 'learnable', 'sine' (a fixed 1D table over the token sequence, not saved)
     or 'none' (then any video size the tokenizer leaves tokens of works). `frame_padding` and
     `frame_pooling_padding` default to half their kernels.
+
+    `forward_features` returns the tokens after the final norm, (b, f' * h' * w', dim) on the tokenizer's grid.
     """
 
     num_prefix_tokens = 0

@@ -151,6 +151,9 @@ class CvT(nn.Module):
     Recorded attention (`vit_pytorch.recorder.Recorder`): one (b, heads, p + h * w, p + h' * w')
     map per layer, in stage order, where (h, w) is the stage's grid, (h', w') the grid of its
     strided keys and p = 1 in the last stage with a cls token (first), else 0.
+
+    `forward_features` returns the last stage's tokens after the final norm, (b, prefix + h * w, s3_emb_dim) (prefix
+    1 with cls_token=True, else 0).
     """
 
     def __init__(self, *, num_classes, s1_emb_dim=64, s1_emb_kernel=7, s1_emb_stride=4, s1_proj_kernel=3,

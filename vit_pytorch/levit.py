@@ -223,6 +223,8 @@ class LeViT(nn.Module):
     Recorded attention (`vit_pytorch.recorder.Recorder`): one (b, heads, n_query, n_key) map
     per attention, in order: stage 0's layers, then for each later stage its shrinking
     attention ((b, dim[i-1] / dim_key, n_i, n_(i-1)), queries on the halved grid) and its layers.
+
+    `forward_features` returns the last stage's tokens, (b, h * w, dim[-1]).
     """
 
     num_prefix_tokens = 0

@@ -250,6 +250,9 @@ class MaxViT(nn.Module):
     and columns the register tokens (`num_prefix_tokens`). Block windows are the tiles of the
     map in raster order, their tokens in raster order; grid windows are numbered by their
     offset (y, x) in raster order, their tokens in raster order of the tiles (see MaxViTBlock).
+
+    `forward_features` returns the last stage's map, (b, dim * 2^(stages - 1), h / 2^(stages + 1), w / 2^(stages +
+    1)).
     """
 
     def __init__(self, *, num_classes, dim, depth, dim_head=32, dim_conv_stem=None, window_size=7,

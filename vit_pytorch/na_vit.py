@@ -223,6 +223,9 @@ class NaViT(vit.TokenFace, nn.Module):
     Options beyond vit-pytorch's API:
       packing   'varlen' (default) or 'mask': how images are kept apart in attention (see the
                 module's docstring); the same function.
+
+    `forward_features` returns all tokens after the final norm as `PackedTokens` (tokens (sequences, n, dim) and
+    their layout).
     """
 
     num_prefix_tokens = 0

@@ -175,7 +175,12 @@ class PackedNaViT(vit.TokenFace, nn.Module):
 
 
 class NaViT(PackedNaViT):
-    """NaViT on a list of (c, h, w) images of any sizes up to `image_size` (divisible by `patch_size`)."""
+    """NaViT on a list of (c, h, w) images of any sizes up to `image_size` (divisible by `patch_size`).
+
+    `forward_features` returns the packed tokens after the final norm (1, n, dim), the pooling segments and each
+    image's slot.
+    `num_classes=0` makes `forward` return the pooled embedding (images, dim).
+    """
 
     input_name = 'images'
     num_registers = 0

@@ -80,6 +80,8 @@ class PiT(nn.Module):
     Recorded attention (`vit_pytorch.recorder.Recorder`): one (b, heads[i], 1 + n_i, 1 + n_i)
     map per layer, in stage order, where n_i is stage i's number of patches (the cls token
     first).
+
+    `forward_features` returns the last stage's tokens [cls, patches] after the final norm, (b, 1 + h * w, width).
     """
 
     num_prefix_tokens = 1

@@ -45,7 +45,11 @@ def feedforward_block(dim, hidden_dim, dropout=0., **options):
 
 
 class SimpleViT(vit.TokenFace, nn.Module):
-    """SimpleViT whose attention is fused (`use_flash=True`) or explicit; see the module's docstring."""
+    """SimpleViT whose attention is fused (`use_flash=True`) or explicit; see the module's docstring.
+
+    `forward_features` returns the encoder's tokens (not normed), (b, h * w, dim).
+    `num_classes=0` makes `forward` return the pooled embedding after the head's norm, (b, dim).
+    """
 
     num_prefix_tokens = 0
 

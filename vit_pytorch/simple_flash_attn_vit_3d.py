@@ -27,7 +27,11 @@ from vit_pytorch import simple_flash_attn_vit, simple_vit_3d, vit, vit_3d
 
 
 class SimpleViT(vit.TokenFace, nn.Module):
-    """3D SimpleViT whose attention is fused (`use_flash_attn=True`) or explicit; see the module's docstring."""
+    """3D SimpleViT whose attention is fused (`use_flash_attn=True`) or explicit; see the module's docstring.
+
+    `forward_features` returns the encoder's tokens (not normed), (b, f * h * w, dim).
+    `num_classes=0` makes `forward` return the pooled embedding (b, dim).
+    """
 
     num_prefix_tokens = 0
 

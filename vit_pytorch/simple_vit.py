@@ -79,9 +79,12 @@ class Transformer(vit.Stack):
 
 
 class SimpleViT(vit.TokenFace, nn.Module):
-    """`num_classes=0` makes `forward` return the pooled embedding (b, dim).
+    """`num_classes=0` makes `forward` return the pooled embedding (b, dim) (vit-pytorch 1.26.14's returns an empty
+    (b, 0) tensor: a Linear with no outputs).
 
     For variants: `attention` builds each layer's attention from (dim, heads, dim_head).
+
+    `forward_features` returns all tokens after the final norm, (b, prefix + h * w, dim).
     """
 
     num_prefix_tokens = 0

@@ -39,7 +39,10 @@ def posemb_sincos_1d(length, dim, temperature=10000, dtype=torch.float32, device
 
 
 class SimpleViT(vit.TokenFace, nn.Module):
-    """SimpleViT over patches of a signal; `num_classes=0` makes `forward` return the pooled embedding."""
+    """SimpleViT over patches of a signal; `num_classes=0` makes `forward` return the pooled embedding.
+
+    `forward_features` returns all tokens after the final norm, (b, n, dim).
+    """
 
     num_prefix_tokens = 0
 

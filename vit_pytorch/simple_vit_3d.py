@@ -49,7 +49,10 @@ def posemb_sincos_3d(frames, height, width, dim, temperature=10000, dtype=torch.
 
 
 class SimpleViT(vit.TokenFace, nn.Module):
-    """SimpleViT on tubelets; `num_classes=0` makes `forward` return the pooled embedding (b, dim)."""
+    """SimpleViT on tubelets; `num_classes=0` makes `forward` return the pooled embedding (b, dim).
+
+    `forward_features` returns all tokens after the final norm, (b, f * h * w, dim).
+    """
 
     num_prefix_tokens = 0
 

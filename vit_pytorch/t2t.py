@@ -207,6 +207,8 @@ class T2TViT(vit.TokenFace, nn.Module):
       t2t_layer  'transformer' (softmax attention, the official "_t" models) or 'performer'
                  (`TokenPerformer`, the official T2T-ViT models).
       qk_scale   the backbone attention's logit scale; None: dim_head ** -0.5.
+
+    `forward_features` returns [cls, tokens] after the backbone, (b, 1 + n, dim).
     """
 
     num_prefix_tokens = 1

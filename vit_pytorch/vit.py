@@ -265,6 +265,8 @@ class ViT(TokenFace, nn.Module):
     the Dual PatchNorm (vit-pytorch), std 0.02 without it (the paper, timm); see `init_tokens`.
     For variants: `attention`, `feedforward` and `patch_embedding` build the blocks, called
     with the arguments of `Attention`, `FeedForward` and `PatchEmbedding`.
+
+    `forward_features` returns all tokens after the final norm, (b, prefix + h * w, dim).
     """
 
     extra_tokens = 0    # learned tokens after the cls token that a variant adds (DeiT's distillation token)

@@ -45,7 +45,10 @@ class PatchEmbedding1d(nn.Sequential):
 
 class ViT(vit.TokenFace, nn.Module):
     """ViT over patches of a signal, read from a cls token; `num_classes=0` makes `forward` return all
-    tokens after the final norm, (b, 1 + seq_len / patch_size, dim)."""
+    tokens after the final norm, (b, 1 + seq_len / patch_size, dim).
+
+    `forward_features` returns all tokens after the final norm, (b, 1 + n, dim).
+    """
 
     num_prefix_tokens = 1
 

@@ -70,6 +70,8 @@ class ViT(vit.TokenFace, nn.Module):
       qkv_bias          bias on the query/key/value projection (True: the paper, Hugging Face).
       norm_eps          epsilon of every LayerNorm (1e-6: the paper, Hugging Face).
       gelu_approximate  'none' (exact GELU) or 'tanh' (Hugging Face's `gelu_fast`, the JAX code).
+
+    `forward_features` returns all tokens after the final norm, (b, prefix + f * h * w, dim).
     """
 
     def __init__(self, *, image_size, image_patch_size, frames, frame_patch_size, num_classes, dim, depth, heads,

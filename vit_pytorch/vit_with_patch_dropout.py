@@ -34,7 +34,12 @@ from vit_pytorch.simple_vit_with_patch_dropout import PatchDropout
 
 
 class ViT(vit.TokenFace, nn.Module):
-    """ViT with patch dropout in training; see the module's docstring for its layout."""
+    """ViT with patch dropout in training; see the module's docstring for its layout.
+
+    `forward_features` returns the encoder's tokens (not normed), (b, prefix + kept, dim), every patch kept in eval
+    mode.
+    `num_classes=0` makes `forward` return the pooled embedding after the head's norm, (b, dim).
+    """
 
     num_prefix_tokens = 1
 

@@ -72,6 +72,8 @@ class ViViT(vit.TokenFace, nn.Module):
     default, and the recorder switches paths by itself. `mask` (b, frames), True where a frame is
     real, keeps the temporal attention off padded frames; a temporal token is kept when all its
     `frame_patch_size` frames are.
+
+    `forward_features` returns the video's pooled embedding, (b, dim).
     """
 
     def __init__(self, *, image_size, image_patch_size, frames, frame_patch_size, num_classes, dim,

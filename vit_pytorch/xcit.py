@@ -187,6 +187,8 @@ class XCiT(vit.TokenFace, nn.Module):
       tokens_norm       the class-attention MLP step normalises all tokens, not only cls.
       qkv_bias          bias on the query/key/value projections (True: the paper).
       norm_eps          epsilon of every LayerNorm (1e-6 in the paper's code).
+
+    `forward_features` returns [cls, patch tokens] after both stages and the final norm, (b, 1 + h * w, dim).
     """
 
     intermediates_from = 'xcit_transformer'
