@@ -173,10 +173,7 @@ class CaiT(vit.TokenFace, nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0 removes it)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.mlp_head = vit.zero_linear(self.norm.normalized_shape[0], num_classes, like=self.cls_token) \
-            if num_classes > 0 else None
+        vit.reset_head(self, num_classes, self.num_features, like=self.cls_token)
 
     def set_grad_checkpointing(self, enable=True):
         self.patch_transformer.grad_checkpointing = enable

@@ -178,10 +178,7 @@ class CCT(vit.TokenFace, nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.fc = vit.zero_linear(self.transformer.norm.normalized_shape[0], num_classes,
-                                  like=self.transformer.norm.weight) if num_classes > 0 else None
+        vit.reset_head(self, num_classes, self.num_features, like=self.transformer.norm.weight, name='fc')
 
     def set_grad_checkpointing(self, enable=True):
         self.transformer.grad_checkpointing = enable

@@ -215,10 +215,7 @@ class MobileViT(nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0 removes it)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        weight = self.final_conv[0].weight
-        self.mlp_head = vit.zero_linear(weight.shape[0], num_classes, like=weight) if num_classes > 0 else None
+        vit.reset_head(self, num_classes, self.num_features, like=self.final_conv[0].weight)
 
 
 class RegisteredMobileViT(MobileViT):

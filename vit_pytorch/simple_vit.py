@@ -144,10 +144,8 @@ class SimpleViT(vit.TokenFace, nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.linear_head = vit.zero_linear(self.pos_embedding.shape[-1], num_classes, like=self.pos_embedding) \
-            if num_classes > 0 else nn.Identity()
+        vit.reset_head(self, num_classes, self.num_features, like=self.pos_embedding,
+                       name='linear_head', removed=nn.Identity())
 
     def set_grad_checkpointing(self, enable=True):
         self.transformer.grad_checkpointing = enable

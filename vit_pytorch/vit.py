@@ -211,13 +211,22 @@ class PatchEmbedding(nn.Sequential):
         )
 
 
+def reset_head(model, num_classes, in_features, *, like, name='mlp_head', removed=None):
+    """Every model's `reset_classifier`: `model.<name>` becomes a zero-initialised Linear(in_features, num_classes)
+    on `like`'s device and dtype, as the paper transfers, or `removed` (what the model holds without classes: None,
+    or vit-pytorch's nn.Identity) for 0; sets `model.num_classes`."""
+    non_negative_int('num_classes', num_classes)
+    model.num_classes = num_classes
+    setattr(model, name, zero_linear(in_features, num_classes, like=like) if num_classes > 0 else removed)
+
+
 class TokenFace:
     """The face the token models share, over the blocks of one transformer.
 
     `feature_info` has one entry per block of the submodule named `intermediates_from`: the width of its
     output `num_chs` (`embed_dim`, else `num_features`), `reduction` the pixels a token covers (the model's
     `patch_size`; None where it has none, as behind CCT's and T2T's convolutional tokenizers) and the block's
-    `module` name. `forward_intermediates` returns those blocks' outputs; `reset_head` puts a new head in.
+    `module` name. `forward_intermediates` returns those blocks' outputs.
     """
 
     intermediates_from = 'transformer'
@@ -236,13 +245,6 @@ class TokenFace:
         tokens on their grid, (b, num_chs, h, w)."""
         from vit_pytorch.recorder import block_outputs     # recorder builds on this module: imported on use
         return block_outputs(self, x, indices, output=output, transformer=self.get_submodule(self.intermediates_from))
-
-    def reset_head(self, num_classes, in_features, *, like, name='mlp_head'):
-        """`self.<name>` becomes a zero-initialised Linear(in_features, num_classes) on `like`'s device and dtype,
-        as the paper transfers, or None for 0; `num_classes` is set."""
-        non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        setattr(self, name, zero_linear(in_features, num_classes, like=like) if num_classes > 0 else None)
 
 
 class ViT(TokenFace, nn.Module):
@@ -355,7 +357,7 @@ class ViT(TokenFace, nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0 removes it), as the paper does for transfer."""
-        self.reset_head(num_classes, self.num_features, like=self.pos_embedding)
+        reset_head(self, num_classes, self.num_features, like=self.pos_embedding)
 
     def set_grad_checkpointing(self, enable=True):
         self.transformer.grad_checkpointing = enable

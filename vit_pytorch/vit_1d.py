@@ -87,10 +87,7 @@ class ViT(vit.TokenFace, nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0 removes it)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.mlp_head = vit.zero_linear(self.pos_embedding.shape[-1], num_classes, like=self.pos_embedding) \
-            if num_classes > 0 else None
+        vit.reset_head(self, num_classes, self.num_features, like=self.pos_embedding)
 
     def set_grad_checkpointing(self, enable=True):
         self.transformer.grad_checkpointing = enable
