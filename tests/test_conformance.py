@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from helpers import move_off_initialisation, parameters_without_gradient
+from vit_pytorch import recorder
 from vit_pytorch.models import MODELS, build_model
 
 
@@ -379,3 +380,10 @@ def test_the_class_docstring_states_the_layout_and_num_classes_0(name):
     module_name, class_name = MODELS[name].split(':')
     doc = getattr(importlib.import_module(module_name), class_name).__doc__ or ''
     assert 'forward_features' in doc and 'num_classes=0' in doc
+
+
+@pytest.mark.parametrize('case_id', sorted(FACE_CASES))
+def test_the_recorders_forward_intermediates_is_the_models_method(case_id):
+    model, x = build_face(case_id)
+    for ours, its in zip(run(recorder.forward_intermediates, model, x), run(model.forward_intermediates, x), strict=True):
+        torch.testing.assert_close(ours, its, rtol=0, atol=0)
