@@ -283,7 +283,6 @@ class ViT(TokenFace, nn.Module):
         self.image_size, self.patch_size = pair(image_size), pair(patch_size)
         self.grid_size = self.token_grid(self.image_size)
         self.pool, self.channels, self.num_classes, self.embed_dim = pool, channels, num_classes, dim
-        self.num_features = pre_logits_dim or dim
         self.dynamic_image_size = dynamic_image_size
         self.num_prefix_tokens = (1 if pool == 'cls' else 0) + self.extra_tokens
 
@@ -306,6 +305,12 @@ class ViT(TokenFace, nn.Module):
         self.to_latent = nn.Identity() if pre_logits_dim is None else nn.Sequential(
             nn.Linear(dim, pre_logits_dim), nn.Tanh())
         self.mlp_head = nn.Linear(pre_logits_dim or dim, num_classes) if num_classes > 0 else None
+
+    @property
+    def num_features(self):
+        """The pre-logits width: `dim`, or the representation layer's (read from `to_latent`, which transfer
+        experiments replace)."""
+        return self.embed_dim if isinstance(self.to_latent, nn.Identity) else self.to_latent[0].out_features
 
     def token_grid(self, image_size):
         """The (h, w) grid of patch tokens for images of `image_size` (h, w)."""
