@@ -18,12 +18,14 @@ rounding of one CPU kernel:
 """
 
 import fnmatch
+import importlib
 from dataclasses import dataclass, field
 
 import pytest
 import torch
 
 from helpers import move_off_initialisation, parameters_without_gradient
+from vit_pytorch import recorder
 from vit_pytorch.models import MODELS, build_model
 
 
@@ -255,3 +257,133 @@ def test_every_parameter_gets_a_gradient(case_id):
     assert [pattern for pattern in case.no_gradient if not fnmatch.filter(names, pattern)] == []
     missing = parameters_without_gradient(model, model(x, **case.forward))
     assert [name for name in missing if not any(fnmatch.fnmatch(name, p) for p in case.no_gradient)] == []
+
+
+# ---------------------------------------------------------------------------------------------
+# the face contract
+#
+# Every registered model has one face, whatever its forward_features layout (which follows each reference:
+# timm's Swin is (b, h, w, c), vit-pytorch's ViT (b, 1 + n, dim)):
+#   - `forward_head(forward_features(x), pre_logits=True)` is (b, num_features), and
+#     `forward_head(forward_features(x))` is `model(x)`;
+#   - `reset_classifier(n)` gives a zero-initialised head of n outputs, `reset_classifier(0)` the model that
+#     `num_classes=0` builds (the same parameters, the same output);
+#   - `forward_intermediates(x)` is a method, one output per `feature_info` entry, with its channels (and, for maps of
+#     images, its stride);
+#   - the class docstring says what forward_features returns and what num_classes=0 makes forward return.
+
+FACE_ROWS = {
+    # the vit-pytorch infrastructure modules, when the table above has no row for them
+    'vit_with_patch_dropout': Case(dict(VIT, patch_dropout=0.5), IMAGES),
+    'simple_flash_attn_vit': Case(VIT, IMAGES),
+    'simple_flash_attn_vit_3d': Case(dict(VIDEO, num_classes=5, dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32),
+                                     CLIPS),
+    'na_vit_nested_tensor': Case(dict(VIT, image_size=16, patch_size=4), [(3, 16, 8), (3, 8, 8), (3, 16, 16)]),
+    'na_vit_nested_tensor_3d': Case(dict(image_size=16, max_frames=4, patch_size=4, frame_patch_size=2, num_classes=5,
+                                         dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32),
+                                    [(3, 4, 16, 8), (3, 2, 8, 8)]),
+    'max_vit_with_registers': Case(dict(num_classes=5, dim=8, depth=(1, 2), dim_head=4, dim_conv_stem=8,
+                                        window_size=(2, 3), dropout=0.0, num_register_tokens=2), (2, 3, 32, 48)),
+}
+FACE_CASES = {**{name: case for name, case in FACE_ROWS.items() if name not in CASES}, **CASES}
+
+
+def build_face(case_id, **changes):
+    """The model of a row in eval mode (seeded; `changes` to its arguments) and the row's input."""
+    case = FACE_CASES[case_id]
+    torch.manual_seed(0)
+    model = build_model(registry_name(case_id), **{**case.kwargs, **changes}).eval()
+    return model, case.make_input(torch.Generator().manual_seed(1))
+
+
+def batch_size(x):
+    return len(x) if isinstance(x, list) else x.shape[0]
+
+
+def run(fn, *args, **kwargs):
+    torch.manual_seed(3)                      # the same token dropping (patch dropout in eval is off; NaViT's too)
+    with torch.no_grad():
+        return fn(*args, **kwargs)
+
+
+def test_the_face_table_covers_every_registered_model():
+    assert {registry_name(case_id) for case_id in FACE_CASES} == set(MODELS)
+
+
+@pytest.mark.parametrize('case_id', sorted(FACE_CASES))
+def test_pre_logits_are_num_features_wide(case_id):
+    model, x = build_face(case_id)
+    pooled = run(lambda: model.forward_head(model.forward_features(x, **FACE_CASES[case_id].forward), pre_logits=True))
+    assert pooled.shape == (batch_size(x), model.num_features)
+
+
+@pytest.mark.parametrize('case_id', sorted(FACE_CASES))
+def test_forward_is_forward_head_of_forward_features(case_id):
+    model, x = build_face(case_id)
+    forward = FACE_CASES[case_id].forward
+    torch.testing.assert_close(run(lambda: model.forward_head(model.forward_features(x, **forward))),
+                               run(model, x, **forward), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize('case_id', sorted(FACE_CASES))
+def test_reset_classifier_gives_a_zero_head_of_the_new_size(case_id):
+    model, x = build_face(case_id)
+    model.reset_classifier(7)
+    out = run(model, x, **FACE_CASES[case_id].forward)
+    assert model.num_classes == 7
+    assert out.shape == (batch_size(x), 7)
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+@pytest.mark.parametrize('case_id', sorted(FACE_CASES))
+def test_reset_classifier_to_0_is_the_model_built_with_num_classes_0(case_id):
+    model, x = build_face(case_id)
+    model.reset_classifier(0)
+    # LeViT's distillation head classifies into num_classes too: without classes it has none
+    distilling = {'num_distill_classes': None} if 'num_distill_classes' in FACE_CASES[case_id].kwargs else {}
+    headless, _ = build_face(case_id, num_classes=0, **distilling)
+    headless.load_state_dict(model.state_dict())      # strict: the same parameters and buffers
+    assert model.num_classes == 0
+    forward = FACE_CASES[case_id].forward
+    torch.testing.assert_close(run(model, x, **forward), run(headless, x, **forward), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize('case_id', sorted(FACE_CASES))
+def test_forward_intermediates_match_feature_info(case_id):
+    model, x = build_face(case_id)
+    assert 'forward_intermediates' in dir(type(model))
+    info = model.feature_info
+    outputs = run(model.forward_intermediates, x)
+    assert len(outputs) == len(info)
+    for output, entry in zip(outputs, info):
+        model.get_submodule(entry['module'])
+        if output.ndim == 4 and not isinstance(x, list) and x.ndim == 4:    # a map of an image batch
+            assert output.shape[1] == entry['num_chs']
+            # a stride: within one cell of the image's size / reduction (PiT's unpadded patch convolution loses one)
+            for side, size in zip(output.shape[-2:], x.shape[-2:]):
+                assert abs(side - size / entry['reduction']) <= 1
+        else:
+            assert output.shape[-1] == entry['num_chs']
+
+
+@pytest.mark.parametrize('case_id', sorted(FACE_CASES))
+def test_forward_intermediates_take_indices(case_id):
+    model, x = build_face(case_id)
+    every = run(model.forward_intermediates, x)
+    last = run(model.forward_intermediates, x, indices=1)
+    assert len(last) == 1
+    torch.testing.assert_close(last[0], every[-1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize('name', sorted(MODELS))
+def test_the_class_docstring_states_the_layout_and_num_classes_0(name):
+    module_name, class_name = MODELS[name].split(':')
+    doc = getattr(importlib.import_module(module_name), class_name).__doc__ or ''
+    assert 'forward_features' in doc and 'num_classes=0' in doc
+
+
+@pytest.mark.parametrize('case_id', sorted(FACE_CASES))
+def test_the_recorders_forward_intermediates_is_the_models_method(case_id):
+    model, x = build_face(case_id)
+    for ours, its in zip(run(recorder.forward_intermediates, model, x), run(model.forward_intermediates, x), strict=True):
+        torch.testing.assert_close(ours, its, rtol=0, atol=0)

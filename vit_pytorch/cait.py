@@ -88,7 +88,7 @@ class ClassTransformer(nn.Module):
         return cls_tokens
 
 
-class CaiT(nn.Module):
+class CaiT(vit.TokenFace, nn.Module):
     """CaiT with vit-pytorch's keyword arguments.
 
     `depth` self-attention layers over the patch tokens, then `cls_depth` class-attention
@@ -102,7 +102,11 @@ class CaiT(nn.Module):
       patch_norm        LayerNorms around the patch projection (False: the paper).
       qkv_bias          bias on the query/key/value projections (True: the paper).
       norm_eps          epsilon of every LayerNorm (1e-6 in the paper's code).
+
+    `forward_features` returns [cls, patch tokens] after both stages and the final norm, (b, 1 + h * w, dim).
     """
+
+    intermediates_from = 'patch_transformer'
 
     num_prefix_tokens = 1
 
@@ -140,6 +144,7 @@ class CaiT(nn.Module):
             [(scaled(vit.ClassAttention(**attention)), feedforward()) for _ in range(cls_depth)])
 
         self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.num_features = dim
         self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else None
 
     def token_grid(self, image_size):
@@ -168,10 +173,7 @@ class CaiT(nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0 removes it)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.mlp_head = vit.zero_linear(self.norm.normalized_shape[0], num_classes, like=self.cls_token) \
-            if num_classes > 0 else None
+        vit.reset_head(self, num_classes, self.num_features, like=self.cls_token)
 
     def set_grad_checkpointing(self, enable=True):
         self.patch_transformer.grad_checkpointing = enable

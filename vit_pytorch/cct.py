@@ -185,11 +185,13 @@ class SequencePool(nn.Module):
         return einsum(weights, x, 'b n, b n d -> b d')
 
 
-class CCT(nn.Module):
+class CCT(vit.TokenFace, nn.Module):
     """Compact Convolutional Transformer; `num_classes=0` makes `forward` return the pooled embedding (b, dim).
 
     `positional_embedding`: 'learnable' (a trained table, the paper's CIFAR models), 'sine' (a fixed
     1D sin-cos table, a buffer that is not saved) or 'none' (then any input size works).
+
+    `forward_features` returns the tokens after the final norm, (b, h' * w', dim) on the tokenizer's grid.
     """
 
     num_prefix_tokens = 0
@@ -228,6 +230,7 @@ class CCT(nn.Module):
             for rate in rates
         ], norm=nn.LayerNorm(embedding_dim))
         self.pool = SequencePool(embedding_dim)
+        self.num_features = embedding_dim
         self.fc = nn.Linear(embedding_dim, num_classes) if num_classes > 0 else None
         self.apply(vit.init_linear_weights)
 
@@ -274,10 +277,7 @@ class CCT(nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.fc = vit.zero_linear(self.transformer.norm.normalized_shape[0], num_classes,
-                                  like=self.transformer.norm.weight) if num_classes > 0 else None
+        vit.reset_head(self, num_classes, self.num_features, like=self.transformer.norm.weight, name='fc')
 
     def set_grad_checkpointing(self, enable=True):
         self.transformer.grad_checkpointing = enable

@@ -77,12 +77,14 @@ class Tokenizer(nn.Module):
         return rearrange(self.conv_layers(video), 'b d f h w -> b (f h w) d')
 
 
-class CCT(nn.Module):
+class CCT(vit.TokenFace, nn.Module):
     """CCT with a 3D tokenizer; `num_classes=0` makes `forward` return the pooled embedding (b, dim).
 
     `positional_embedding`: 'learnable', 'sine' (a fixed 1D table over the token sequence, not saved)
     or 'none' (then any video size the tokenizer leaves tokens of works). `frame_padding` and
     `frame_pooling_padding` default to half their kernels.
+
+    `forward_features` returns the tokens after the final norm, (b, f' * h' * w', dim) on the tokenizer's grid.
     """
 
     num_prefix_tokens = 0
@@ -128,6 +130,7 @@ class CCT(nn.Module):
             for rate in rates
         ], norm=nn.LayerNorm(embedding_dim))
         self.pool = cct.SequencePool(embedding_dim)
+        self.num_features = embedding_dim
         self.fc = nn.Linear(embedding_dim, num_classes) if num_classes > 0 else None
         self.apply(vit.init_linear_weights)
 
@@ -171,10 +174,7 @@ class CCT(nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.fc = vit.zero_linear(self.transformer.norm.normalized_shape[0], num_classes,
-                                  like=self.transformer.norm.weight) if num_classes > 0 else None
+        vit.reset_head(self, num_classes, self.num_features, like=self.transformer.norm.weight, name='fc')
 
     def set_grad_checkpointing(self, enable=True):
         self.transformer.grad_checkpointing = enable

@@ -125,7 +125,7 @@ class MultiScaleEncoder(nn.Module):
         return sm_tokens, lg_tokens
 
 
-class CrossViT(nn.Module):
+class CrossViT(vit.TokenFace, nn.Module):
     """CrossViT with vit-pytorch's keyword arguments.
 
     `forward_features` returns both branches' normed tokens, (sm_tokens, lg_tokens), each
@@ -173,6 +173,7 @@ class CrossViT(nn.Module):
         )
         self.sm_norm = nn.LayerNorm(sm_dim, eps=norm_eps)
         self.lg_norm = nn.LayerNorm(lg_dim, eps=norm_eps)
+        self.num_features = sm_dim + lg_dim
         self.sm_mlp_head = nn.Linear(sm_dim, num_classes) if num_classes > 0 else None
         self.lg_mlp_head = nn.Linear(lg_dim, num_classes) if num_classes > 0 else None
 
@@ -193,6 +194,24 @@ class CrossViT(nn.Module):
     def forward(self, img):
         tokens = self.forward_features(img)
         return tokens if self.sm_mlp_head is None else self.forward_head(tokens)
+
+    @property
+    def feature_info(self):
+        """One entry a round of the multi-scale encoder: the small branch's tokens after the round's cls exchange."""
+        return [dict(num_chs=self.sm_norm.normalized_shape[0], reduction=self.patch_size,
+                     module=f'multi_scale_encoder.layers.{i}.2') for i in range(len(self.multi_scale_encoder.layers))]
+
+    def forward_intermediates(self, img, indices=None):
+        """Each chosen round's small-branch tokens (b, 1 + n_sm, sm_dim), before the final norm: indices None for
+        every round, an int n for the last n, or a list of round numbers."""
+        chosen = vit.take_indices(indices, len(self.multi_scale_encoder.layers), what='block')
+        vit.check_images(img, channels=self.channels, patch_size=self.patch_size, image_size=self.image_size,
+                         dtype=self.sm_norm.weight.dtype)
+        sm_tokens, lg_tokens, rounds = self.sm_image_embedder(img), self.lg_image_embedder(img), []
+        for sm_enc, lg_enc, cross_attend in self.multi_scale_encoder.layers[:max(chosen) + 1]:
+            sm_tokens, lg_tokens = cross_attend(sm_enc(sm_tokens), lg_enc(lg_tokens))
+            rounds.append(sm_tokens)
+        return [rounds[i] for i in chosen]
 
     def token_grid(self, image_size):
         """The small branch's (h, w) grid of patch tokens for images of `image_size` (the model's own size)."""

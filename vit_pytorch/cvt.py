@@ -151,6 +151,9 @@ class CvT(nn.Module):
     Recorded attention (`vit_pytorch.recorder.Recorder`): one (b, heads, p + h * w, p + h' * w')
     map per layer, in stage order, where (h, w) is the stage's grid, (h', w') the grid of its
     strided keys and p = 1 in the last stage with a cls token (first), else 0.
+
+    `forward_features` returns the last stage's tokens after the final norm, (b, prefix + h * w, s3_emb_dim) (prefix
+    1 with cls_token=True, else 0).
     """
 
     def __init__(self, *, num_classes, s1_emb_dim=64, s1_emb_kernel=7, s1_emb_stride=4, s1_proj_kernel=3,
@@ -187,6 +190,7 @@ class CvT(nn.Module):
             self.cls_token = None
 
         self.norm = nn.LayerNorm(self.dims[-1])
+        self.num_features = self.dims[-1]
         self.mlp_head = nn.Linear(self.dims[-1], num_classes) if num_classes > 0 else None
 
     @property
@@ -254,9 +258,7 @@ class CvT(nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0 removes it)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.mlp_head = vit.zero_linear(self.dims[-1], num_classes, like=self.norm.weight) if num_classes > 0 else None
+        vit.reset_head(self, num_classes, self.num_features, like=self.norm.weight)
 
     def set_grad_checkpointing(self, enable=True):
         for transformer in self.transformers:

@@ -76,6 +76,8 @@ class DeepViT(vit.ViT):
 
     `patch_norm`, `qkv_bias` and `norm_eps` are the core's (defaults: vit-pytorch's model;
     `patch_norm=False, qkv_bias=True, norm_eps=1e-6`: the paper's).
+
+    `forward_features` returns all tokens after the final norm, (b, prefix + h * w, dim), as `vit.ViT`.
     """
 
     def __init__(self, **kwargs):

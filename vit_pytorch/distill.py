@@ -191,6 +191,8 @@ class DeiT(ViT):
     In training mode `forward` returns `(logits, distill_logits)`, the cls head and the
     distillation head separately; in eval mode their average. `forward_distill` returns
     the pair in either mode. `num_classes=0` returns the tokens, like `ViT`.
+
+    `forward_features` returns [cls, distill, patches] after the final norm, (b, 2 + h * w, dim).
     """
 
     extra_tokens = 1

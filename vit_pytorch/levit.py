@@ -221,6 +221,8 @@ class LeViT(nn.Module):
     Recorded attention (`vit_pytorch.recorder.Recorder`): one (b, heads, n_query, n_key) map
     per attention, in order: stage 0's layers, then for each later stage its shrinking
     attention ((b, dim[i-1] / dim_key, n_i, n_(i-1)), queries on the halved grid) and its layers.
+
+    `forward_features` returns the last stage's tokens, (b, h * w, dim[-1]).
     """
 
     num_prefix_tokens = 0
@@ -256,6 +258,7 @@ class LeViT(nn.Module):
             ]))
 
         self.head_dropout, self.distillation = dropout, num_distill_classes is not None
+        self.num_features = dims[-1]
         self.mlp_head = norm_linear(dims[-1], num_classes, dropout) if num_classes > 0 else None
         self.distill_head = norm_linear(dims[-1], num_classes, dropout) if self.distillation and num_classes > 0 \
             else None

@@ -244,6 +244,9 @@ class MaxViT(nn.Module):
     and columns the register tokens (`num_prefix_tokens`). Block windows are the tiles of the
     map in raster order, their tokens in raster order; grid windows are numbered by their
     offset (y, x) in raster order, their tokens in raster order of the tiles (see MaxViTBlock).
+
+    `forward_features` returns the last stage's map, (b, dim * 2^(stages - 1), h / 2^(stages + 1), w / 2^(stages +
+    1)).
     """
 
     def __init__(self, *, num_classes, dim, depth, dim_head=32, dim_conv_stem=None, window_size=7,
@@ -280,6 +283,7 @@ class MaxViT(nn.Module):
 
         self.norm = nn.LayerNorm(dims[-1], eps=LAYER_NORM_EPS)
         self.to_latent = nn.Sequential(nn.Linear(dims[-1], dims[-1]), nn.Tanh()) if pre_logits else nn.Identity()
+        self.num_features = dims[-1]
         self.mlp_head = nn.Linear(dims[-1], num_classes) if num_classes > 0 else None
         self.grad_checkpointing = False
 
@@ -338,10 +342,7 @@ class MaxViT(nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0 removes it)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.mlp_head = vit.zero_linear(self.norm.normalized_shape[0], num_classes, like=self.norm.weight) \
-            if num_classes > 0 else None
+        vit.reset_head(self, num_classes, self.num_features, like=self.norm.weight)
 
     def set_grad_checkpointing(self, enable=True):
         self.grad_checkpointing = enable

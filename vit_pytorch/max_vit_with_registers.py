@@ -24,7 +24,11 @@ from vit_pytorch import max_vit
 
 
 class MaxViT(max_vit.MaxViT):
-    """`vit_pytorch.max_vit.MaxViT` with 4 register tokens per block by default."""
+    """`vit_pytorch.max_vit.MaxViT` with 4 register tokens per block by default.
+
+    `forward_features` returns the last stage's map (b, c, h, w), as `max_vit.MaxViT`.
+    `num_classes=0` makes `forward` return the pooled embedding (b, num_features).
+    """
 
     def __init__(self, *, num_classes, dim, depth, dim_head=32, dim_conv_stem=None, window_size=7,
                  mbconv_expansion_rate=4, mbconv_shrinkage_rate=0.25, dropout=0.1, channels=3, num_register_tokens=4,

@@ -171,6 +171,7 @@ class MobileViT(nn.Module):
             *(transformer_stage(i) for i in range(3)),
         ])
         self.final_conv = conv_bn_act(c[9], c[10])
+        self.num_features = c[10]
         self.mlp_head = nn.Linear(c[10], num_classes) if num_classes > 0 else None
         self.feature_info = [dict(num_chs=width, reduction=2 ** (i + 1), module=f'stages.{i}')
                              for i, width in enumerate((c[1], c[3], c[5], c[7]))]
@@ -214,10 +215,7 @@ class MobileViT(nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0 removes it)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        weight = self.final_conv[0].weight
-        self.mlp_head = vit.zero_linear(weight.shape[0], num_classes, like=weight) if num_classes > 0 else None
+        vit.reset_head(self, num_classes, self.num_features, like=self.final_conv[0].weight)
 
 
 class RegisteredMobileViT(MobileViT):
@@ -228,6 +226,9 @@ class RegisteredMobileViT(MobileViT):
 
         model = RegisteredMobileViT(image_size=16, dims=(8, 8, 8), widths=(8,) * 10 + (16,), num_classes=10,
                                     channels=1)
+
+    `forward_features` returns the final 1x1 convolution's map, (b, channels[-1], h / 32, w / 32) (rounded up).
+    `num_classes=0` makes `forward` return the pooled embedding (b, num_features).
     """
 
     def __init__(self, *, image_size, dims, widths, num_classes, channels=3, expansion=4, kernel_size=3,

@@ -211,7 +211,7 @@ class PackedTokens:
         return PackedTokens(self.tokens.detach(), self.layout)
 
 
-class NaViT(nn.Module):
+class NaViT(vit.TokenFace, nn.Module):
     """NaViT with vit-pytorch's keyword arguments.
 
     `image_size` is the largest image (it sizes the row and column position tables); any image
@@ -223,6 +223,9 @@ class NaViT(nn.Module):
     Options beyond vit-pytorch's API:
       packing   'varlen' (default) or 'mask': how images are kept apart in attention (see the
                 module's docstring); the same function.
+
+    `forward_features` returns all tokens after the final norm as `PackedTokens` (tokens (sequences, n, dim) and
+    their layout).
     """
 
     num_prefix_tokens = 0
@@ -254,6 +257,7 @@ class NaViT(nn.Module):
         ], norm=nn.LayerNorm(dim, bias=False))
 
         self.attn_pool = Attention(dim, heads, dim_head)
+        self.num_features = dim
         self.mlp_head = nn.Sequential(nn.LayerNorm(dim, bias=False), *self.classifier(dim, num_classes))
 
     @staticmethod

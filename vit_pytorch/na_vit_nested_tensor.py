@@ -84,7 +84,7 @@ def feedforward_block(dim, hidden_dim, dropout=0., **options):
     return na_vit.FeedForward(dim, hidden_dim, dropout)
 
 
-class PackedNaViT(nn.Module):
+class PackedNaViT(vit.TokenFace, nn.Module):
     """What the 2D and 3D NaViT share: the encoder, the pooling, the head, and the packing of items
     (images or volumes) of different sizes into one sequence. A subclass sets `self.to_patch_embedding`,
     its position tables, `self.num_registers` (and `self.register_tokens` when positive), and defines
@@ -102,6 +102,7 @@ class PackedNaViT(nn.Module):
         self.attn_pool_queries = nn.Parameter(torch.randn(dim))
         self.attn_pool = Attention(dim, heads, dim_head)
         self.to_latent = nn.Identity()
+        self.num_features = dim
         self.mlp_head = nn.Sequential(nn.LayerNorm(dim, bias=False),
                                       *([nn.Linear(dim, num_classes, bias=False)] if num_classes > 0 else []))
 
@@ -174,7 +175,12 @@ class PackedNaViT(nn.Module):
 
 
 class NaViT(PackedNaViT):
-    """NaViT on a list of (c, h, w) images of any sizes up to `image_size` (divisible by `patch_size`)."""
+    """NaViT on a list of (c, h, w) images of any sizes up to `image_size` (divisible by `patch_size`).
+
+    `forward_features` returns the packed tokens after the final norm (1, n, dim), the pooling segments and each
+    image's slot.
+    `num_classes=0` makes `forward` return the pooled embedding (images, dim).
+    """
 
     input_name = 'images'
     num_registers = 0

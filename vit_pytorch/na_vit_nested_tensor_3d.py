@@ -29,7 +29,12 @@ from vit_pytorch import na_vit_nested_tensor, vit
 
 
 class NaViT(na_vit_nested_tensor.PackedNaViT):
-    """NaViT on a list of (c, f, h, w) volumes up to `max_frames` x `image_size`, sides divisible by the tubelet."""
+    """NaViT on a list of (c, f, h, w) volumes up to `max_frames` x `image_size`, sides divisible by the tubelet.
+
+    `forward_features` returns the packed tokens after the final norm (1, n, dim), the pooling segments and each
+    video's slot.
+    `num_classes=0` makes `forward` return the pooled embedding (videos, dim).
+    """
 
     input_name = 'volumes'
 

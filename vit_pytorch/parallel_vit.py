@@ -72,6 +72,8 @@ class ViT(vit.ViT):
     `patch_norm`, `qkv_bias` and `norm_eps` are the core's (defaults: vit-pytorch's model;
     `patch_norm=False, qkv_bias=True, norm_eps=1e-6`: the paper's). `layer_scale_init`: None (no
     LayerScale, vit-pytorch's model) or the initial value of a LayerScale on every branch.
+
+    `forward_features` returns all tokens after the final norm, (b, prefix + h * w, dim), as `vit.ViT`.
     """
 
     def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, pool='cls',

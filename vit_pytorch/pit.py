@@ -80,6 +80,8 @@ class PiT(nn.Module):
     Recorded attention (`vit_pytorch.recorder.Recorder`): one (b, heads[i], 1 + n_i, 1 + n_i)
     map per layer, in stage order, where n_i is stage i's number of patches (the cls token
     first).
+
+    `forward_features` returns the last stage's tokens [cls, patches] after the final norm, (b, 1 + h * w, width).
     """
 
     num_prefix_tokens = 1
@@ -113,6 +115,7 @@ class PiT(nn.Module):
         self.pools = nn.ModuleList([Pool(dim_in, dim_out) for dim_in, dim_out in zip(self.dims, self.dims[1:])])
 
         self.norm = nn.LayerNorm(self.dims[-1], eps=norm_eps)
+        self.num_features = self.dims[-1]
         self.mlp_head = nn.Linear(self.dims[-1], num_classes) if num_classes > 0 else None
 
     @property
@@ -163,9 +166,7 @@ class PiT(nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0 removes it)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.mlp_head = vit.zero_linear(self.dims[-1], num_classes, like=self.cls_token) if num_classes > 0 else None
+        vit.reset_head(self, num_classes, self.num_features, like=self.cls_token)
 
     def set_grad_checkpointing(self, enable=True):
         for transformer in self.transformers:

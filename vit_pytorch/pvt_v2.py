@@ -130,6 +130,8 @@ class PyramidVisionTransformerV2(nn.Module):
     shape (b, heads, h_i * w_i, m_i) where (h_i, w_i) is stage i's map and m_i its reduced keys:
     (h_i // sr) * (w_i // sr), or 49 with `linear`; with different shapes per stage the
     Recorder returns a list.
+
+    `num_classes=0` makes `forward` return the pooled embedding (b, num_features).
     """
 
     num_prefix_tokens = 0

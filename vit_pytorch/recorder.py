@@ -31,7 +31,7 @@ from torch import nn
 
 from vit_pytorch import vit
 
-__all__ = ['Recorder', 'Extractor', 'forward_intermediates', 'attention_modules', 'token_layout']
+__all__ = ['Recorder', 'Extractor', 'forward_intermediates', 'block_outputs', 'attention_modules', 'token_layout']
 
 
 def attention_modules(model):
@@ -336,12 +336,25 @@ def _find_transformer(model, transformer):
 
 
 def forward_intermediates(model, img, indices=None, *, output='tokens', transformer=None):
+    """`model.forward_intermediates(img, indices)`, for every model of the package: the token models' blocks
+    (`output` 'tokens' or 'maps', as in `vit.TokenFace.forward_intermediates`), a multi-scale model's stages as
+    (b, c, h, w) maps. A model without the method, or a `transformer=` given, is read by `block_outputs`.
+    """
+    method = getattr(model, 'forward_intermediates', None)
+    if transformer is None and callable(method):
+        if 'output' in inspect.signature(method).parameters:
+            return method(img, indices=indices, output=output)
+        if output not in ('tokens', 'maps'):
+            raise ValueError(f"output must be 'tokens' or 'maps', got {output!r}")
+        return method(img, indices=indices)      # a multi-scale model's stages are maps already
+    return block_outputs(model, img, indices, output=output, transformer=transformer)
+
+
+def block_outputs(model, img, indices=None, *, output='tokens', transformer=None):
     """Outputs of chosen blocks of the model's transformer, for probing or as a dense-prediction backbone.
 
-    A model with its own `forward_intermediates` (the multi-scale models) answers for itself:
-    one (b, c, h, w) map per chosen stage. Otherwise the transformer is `model.transformer`,
-    else the one child whose forward takes `return_layers` (CaiT's patch stage, XCiT's), else
-    pass it as `transformer=`. The model runs once (its `forward_features` when it has one).
+    The transformer is `transformer=`, else `model.transformer`, else the one child whose forward takes
+    `return_layers` (CaiT's patch stage, XCiT's). The model runs once (its `forward_features` when it has one).
 
     indices: None for every block, an int n for the last n, or a list of block numbers
              (negative counts from the end).
@@ -351,9 +364,6 @@ def forward_intermediates(model, img, indices=None, *, output='tokens', transfor
     """
     if output not in ('tokens', 'maps'):
         raise ValueError(f"output must be 'tokens' or 'maps', got {output!r}")
-    if callable(getattr(model, 'forward_intermediates', None)):
-        # a multi-scale model hands back its stages' (b, c, h, w) maps itself
-        return model.forward_intermediates(img, indices=indices)
     transformer = _find_transformer(model, transformer)
     blocks = _run_collecting_blocks(model, img, transformer)
     chosen = [blocks[i] for i in vit.take_indices(indices, len(blocks), what='block')]

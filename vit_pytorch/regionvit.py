@@ -291,10 +291,7 @@ class RegionViT(nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0 removes it)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.mlp_head = vit.zero_linear(self.num_features, num_classes, like=self.norm.weight) \
-            if num_classes > 0 else None
+        vit.reset_head(self, num_classes, self.num_features, like=self.norm.weight)
 
     def set_grad_checkpointing(self, enable=True):
         for stage in self.stages:

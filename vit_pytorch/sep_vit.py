@@ -172,6 +172,8 @@ class SepViT(multiscale.StagedModel):
     first, windows row-major over the map, batch outermost, n = window side squared) and then, where the block
     has several windows, the PSA map (b, heads, windows, windows); a single-window block records (b, heads, h * w,
     h * w) only.
+
+    `num_classes=0` makes `forward` return the pooled embedding (b, num_features).
     """
 
     num_prefix_tokens = 0

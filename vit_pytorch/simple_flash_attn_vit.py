@@ -44,8 +44,12 @@ def feedforward_block(dim, hidden_dim, dropout=0., **options):
     return simple_vit.FeedForward(dim, hidden_dim)
 
 
-class SimpleViT(nn.Module):
-    """SimpleViT whose attention is fused (`use_flash=True`) or explicit; see the module's docstring."""
+class SimpleViT(vit.TokenFace, nn.Module):
+    """SimpleViT whose attention is fused (`use_flash=True`) or explicit; see the module's docstring.
+
+    `forward_features` returns the encoder's tokens (not normed), (b, h * w, dim).
+    `num_classes=0` makes `forward` return the pooled embedding after the head's norm, (b, dim).
+    """
 
     num_prefix_tokens = 0
 
@@ -63,6 +67,7 @@ class SimpleViT(nn.Module):
         self.transformer = vit.Transformer(dim, depth, heads, dim_head, mlp_dim, attention=attention_block(use_flash),
                                        feedforward=feedforward_block, final_norm=False)
         self.to_latent = nn.Identity()
+        self.num_features = dim
         self.linear_head = nn.Sequential(nn.LayerNorm(dim), *([nn.Linear(dim, num_classes)] if num_classes else []))
 
     def token_grid(self, image_size):

@@ -26,8 +26,12 @@ from torch import nn
 from vit_pytorch import simple_flash_attn_vit, simple_vit_3d, vit, vit_3d
 
 
-class SimpleViT(nn.Module):
-    """3D SimpleViT whose attention is fused (`use_flash_attn=True`) or explicit; see the module's docstring."""
+class SimpleViT(vit.TokenFace, nn.Module):
+    """3D SimpleViT whose attention is fused (`use_flash_attn=True`) or explicit; see the module's docstring.
+
+    `forward_features` returns the encoder's tokens (not normed), (b, f * h * w, dim).
+    `num_classes=0` makes `forward` return the pooled embedding (b, dim).
+    """
 
     num_prefix_tokens = 0
 
@@ -48,6 +52,7 @@ class SimpleViT(nn.Module):
                                        attention=simple_flash_attn_vit.attention_block(use_flash_attn),
                                        feedforward=simple_flash_attn_vit.feedforward_block, final_norm=False)
         self.to_latent = nn.Identity()
+        self.num_features = dim
         self.linear_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
 
     def token_grid(self, size):
@@ -77,10 +82,8 @@ class SimpleViT(nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.linear_head = vit.zero_linear(self.embed_dim, num_classes, like=self.pos_embedding) \
-            if num_classes > 0 else nn.Identity()
+        vit.reset_head(self, num_classes, self.num_features, like=self.pos_embedding,
+                       name='linear_head', removed=nn.Identity())
 
     def set_grad_checkpointing(self, enable=True):
         self.transformer.grad_checkpointing = enable

@@ -78,10 +78,13 @@ class Transformer(vit.Stack):
                          norm=nn.LayerNorm(dim))
 
 
-class SimpleViT(nn.Module):
-    """`num_classes=0` makes `forward` return the pooled embedding (b, dim).
+class SimpleViT(vit.TokenFace, nn.Module):
+    """`num_classes=0` makes `forward` return the pooled embedding (b, dim) (vit-pytorch 1.26.14's returns an empty
+    (b, 0) tensor: a Linear with no outputs).
 
     For variants: `attention` builds each layer's attention from (dim, heads, dim_head).
+
+    `forward_features` returns all tokens after the final norm, (b, prefix + h * w, dim).
     """
 
     num_prefix_tokens = 0
@@ -99,6 +102,7 @@ class SimpleViT(nn.Module):
         self.register_buffer('pos_embedding', posemb_sincos_2d(*self.grid_size, dim), persistent=False)
         self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, attention=attention)
         self.to_latent = nn.Identity()
+        self.num_features = dim
         self.linear_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
 
     def token_grid(self, image_size):
@@ -140,10 +144,8 @@ class SimpleViT(nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.linear_head = vit.zero_linear(self.pos_embedding.shape[-1], num_classes, like=self.pos_embedding) \
-            if num_classes > 0 else nn.Identity()
+        vit.reset_head(self, num_classes, self.num_features, like=self.pos_embedding,
+                       name='linear_head', removed=nn.Identity())
 
     def set_grad_checkpointing(self, enable=True):
         self.transformer.grad_checkpointing = enable

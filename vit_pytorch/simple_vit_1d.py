@@ -38,8 +38,11 @@ def posemb_sincos_1d(length, dim, temperature=10000, dtype=torch.float32, device
 # classes
 
 
-class SimpleViT(nn.Module):
-    """SimpleViT over patches of a signal; `num_classes=0` makes `forward` return the pooled embedding."""
+class SimpleViT(vit.TokenFace, nn.Module):
+    """SimpleViT over patches of a signal; `num_classes=0` makes `forward` return the pooled embedding.
+
+    `forward_features` returns all tokens after the final norm, (b, n, dim).
+    """
 
     num_prefix_tokens = 0
 
@@ -51,6 +54,7 @@ class SimpleViT(nn.Module):
         # fixed, so not saved; a buffer so that it follows .to(device)
         self.register_buffer('pos_embedding', posemb_sincos_1d(seq_len // patch_size, dim), persistent=False)
         self.transformer = simple_vit.Transformer(dim, depth, heads, dim_head, mlp_dim)
+        self.num_features = dim
         self.linear_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
 
     def pos_embedding_for(self, num_patches):
@@ -79,10 +83,8 @@ class SimpleViT(nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.linear_head = vit.zero_linear(self.pos_embedding.shape[-1], num_classes, like=self.pos_embedding) \
-            if num_classes > 0 else nn.Identity()
+        vit.reset_head(self, num_classes, self.num_features, like=self.pos_embedding,
+                       name='linear_head', removed=nn.Identity())
 
     def set_grad_checkpointing(self, enable=True):
         self.transformer.grad_checkpointing = enable

@@ -48,8 +48,11 @@ def posemb_sincos_3d(frames, height, width, dim, temperature=10000, dtype=torch.
 # classes
 
 
-class SimpleViT(nn.Module):
-    """SimpleViT on tubelets; `num_classes=0` makes `forward` return the pooled embedding (b, dim)."""
+class SimpleViT(vit.TokenFace, nn.Module):
+    """SimpleViT on tubelets; `num_classes=0` makes `forward` return the pooled embedding (b, dim).
+
+    `forward_features` returns all tokens after the final norm, (b, f * h * w, dim).
+    """
 
     num_prefix_tokens = 0
 
@@ -67,6 +70,7 @@ class SimpleViT(nn.Module):
         # fixed, so not saved; a buffer so that it follows .to(device)
         self.register_buffer('pos_embedding', posemb_sincos_3d(*self.grid_size, dim), persistent=False)
         self.transformer = simple_vit.Transformer(dim, depth, heads, dim_head, mlp_dim)
+        self.num_features = dim
         self.linear_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
 
     def token_grid(self, size):
@@ -100,10 +104,8 @@ class SimpleViT(nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.linear_head = vit.zero_linear(self.pos_embedding.shape[-1], num_classes, like=self.pos_embedding) \
-            if num_classes > 0 else nn.Identity()
+        vit.reset_head(self, num_classes, self.num_features, like=self.pos_embedding,
+                       name='linear_head', removed=nn.Identity())
 
     def set_grad_checkpointing(self, enable=True):
         self.transformer.grad_checkpointing = enable

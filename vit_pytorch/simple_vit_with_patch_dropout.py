@@ -38,7 +38,12 @@ class PatchDropout(nn.Module):
 
 
 class SimpleViT(simple_vit.SimpleViT):
-    """`vit_pytorch.simple_vit.SimpleViT` (same arguments and methods) with patch dropout in training."""
+    """`vit_pytorch.simple_vit.SimpleViT` (same arguments and methods) with patch dropout in training.
+
+    `forward_features` returns all tokens after the final norm: (b, h * w, dim) in eval mode, the kept patches' in
+    training.
+    `num_classes=0` makes `forward` return the pooled embedding (b, dim).
+    """
 
     def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, channels=3,
                  dim_head=64, patch_dropout=0.5):

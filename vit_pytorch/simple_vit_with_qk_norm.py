@@ -36,7 +36,11 @@ class Attention(simple_vit.Attention):
 
 
 class SimpleViT(simple_vit.SimpleViT):
-    """`vit_pytorch.simple_vit.SimpleViT` (same arguments and methods) with QK-normalised attention."""
+    """`vit_pytorch.simple_vit.SimpleViT` (same arguments and methods) with QK-normalised attention.
+
+    `forward_features` returns all tokens after the final norm, (b, h * w, dim).
+    `num_classes=0` makes `forward` return the pooled embedding (b, dim).
+    """
 
     def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, channels=3, dim_head=64):
         super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim,

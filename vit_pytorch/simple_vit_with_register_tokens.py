@@ -28,7 +28,10 @@ from vit_pytorch import simple_vit, vit
 
 
 class SimpleViT(simple_vit.SimpleViT):
-    """SimpleViT with `num_register_tokens` registers; `num_classes=0` returns the pooled embedding."""
+    """SimpleViT with `num_register_tokens` registers; `num_classes=0` returns the pooled embedding.
+
+    `forward_features` returns all tokens after the final norm, (b, registers + h * w, dim).
+    """
 
     def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim,
                  num_register_tokens=4, channels=3, dim_head=64):

@@ -325,10 +325,7 @@ class Swin(nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0 removes it)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.mlp_head = vit.zero_linear(self.num_features, num_classes, like=self.norm.weight) \
-            if num_classes > 0 else None
+        vit.reset_head(self, num_classes, self.num_features, like=self.norm.weight)
 
     def no_weight_decay(self):
         """Names of the parameters timm trains without weight decay (its optimizer factory asks for them):
@@ -362,6 +359,9 @@ class SwinTransformer(Swin):
     wh * ww, wh * ww) where the windows of a block tile its (cyclically shifted, padded) map in
     row-major order, batch outermost, and (wh, ww) is the stage's window (the map itself where it
     is smaller than `window_size`); with different shapes per stage the Recorder returns a list.
+
+    `forward_features` returns the last stage's map after the final norm, (b, h, w, num_features), as timm's.
+    `num_classes=0` makes `forward` return the pooled embedding (b, num_features).
     """
 
     def __init__(self, *, img_size=224, patch_size=4, in_chans=3, num_classes=1000, embed_dim=96,
@@ -392,6 +392,9 @@ class SwinTransformerV2(Swin):
     Each block is x + norm(attention(x)), x + norm(feedforward(x)) (residual post-norm); the norms
     start at zero, so every block starts as the identity (the reference's initialisation). The
     recorder layout is `SwinTransformer`'s.
+
+    `forward_features` returns the last stage's map after the final norm, (b, h, w, num_features), as timm's.
+    `num_classes=0` makes `forward` return the pooled embedding (b, num_features).
     """
 
     def __init__(self, *, img_size=256, patch_size=4, in_chans=3, num_classes=1000, embed_dim=96,

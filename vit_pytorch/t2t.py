@@ -192,7 +192,7 @@ class ScaledAttention(vit.Attention):
         self.scale = scale
 
 
-class T2TViT(nn.Module):
+class T2TViT(vit.TokenFace, nn.Module):
     """T2T-ViT with vit-pytorch's keyword arguments.
 
     `transformer` replaces the backbone with any module mapping (b, n, dim) to (b, n, dim);
@@ -207,6 +207,8 @@ class T2TViT(nn.Module):
       t2t_layer  'transformer' (softmax attention, the official "_t" models) or 'performer'
                  (`TokenPerformer`, the official T2T-ViT models).
       qk_scale   the backbone attention's logit scale; None: dim_head ** -0.5.
+
+    `forward_features` returns [cls, tokens] after the backbone, (b, 1 + n, dim).
     """
 
     num_prefix_tokens = 1
@@ -237,6 +239,7 @@ class T2TViT(nn.Module):
         attention = vit.Attention if qk_scale is None else functools.partial(ScaledAttention, scale=qk_scale)
         self.transformer = transformer if transformer is not None else vit.Transformer(
             dim, depth, heads, dim_head, mlp_dim, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps, attention=attention)
+        self.num_features = dim
         self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else None
 
     def forward_features(self, img):
@@ -266,10 +269,7 @@ class T2TViT(nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0 removes it)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.mlp_head = vit.zero_linear(self.cls_token.shape[-1], num_classes, like=self.cls_token) \
-            if num_classes > 0 else None
+        vit.reset_head(self, num_classes, self.num_features, like=self.cls_token)
 
     def set_grad_checkpointing(self, enable=True):
         if not isinstance(self.transformer, vit.Stack):

@@ -215,7 +215,43 @@ class PatchEmbedding(nn.Sequential):
         )
 
 
-class ViT(nn.Module):
+def reset_head(model, num_classes, in_features, *, like, name='mlp_head', removed=None):
+    """Every model's `reset_classifier`: `model.<name>` becomes a zero-initialised Linear(in_features, num_classes)
+    on `like`'s device and dtype, as the paper transfers, or `removed` (what the model holds without classes: None,
+    or vit-pytorch's nn.Identity) for 0; sets `model.num_classes`."""
+    non_negative_int('num_classes', num_classes)
+    model.num_classes = num_classes
+    setattr(model, name, zero_linear(in_features, num_classes, like=like) if num_classes > 0 else removed)
+
+
+class TokenFace:
+    """The face the token models share, over the blocks of one transformer.
+
+    `feature_info` has one entry per block of the submodule named `intermediates_from`: the width of its
+    output `num_chs` (`embed_dim`, else `num_features`), `reduction` the pixels a token covers (the model's
+    `patch_size`; None where it has none, as behind CCT's and T2T's convolutional tokenizers) and the block's
+    `module` name. `forward_intermediates` returns those blocks' outputs.
+    """
+
+    intermediates_from = 'transformer'
+
+    @property
+    def feature_info(self):
+        blocks = self.get_submodule(self.intermediates_from).layers
+        width = getattr(self, 'embed_dim', None) or self.num_features
+        return [dict(num_chs=width, reduction=getattr(self, 'patch_size', None),
+                     module=f'{self.intermediates_from}.layers.{i}') for i in range(len(blocks))]
+
+    def forward_intermediates(self, x, indices=None, *, output='tokens'):
+        """The chosen blocks' outputs, one run of the model: indices None for every block, an int n for the last
+        n, or a list of block numbers (negative from the end). output 'tokens' gives each as the block returns it,
+        before the final norm ((b, n, num_chs) for most; NaViT's packed (1, n, num_chs)); 'maps' lays the patch
+        tokens on their grid, (b, num_chs, h, w)."""
+        from vit_pytorch.recorder import block_outputs     # recorder builds on this module: imported on use
+        return block_outputs(self, x, indices, output=output, transformer=self.get_submodule(self.intermediates_from))
+
+
+class ViT(TokenFace, nn.Module):
     """Vision Transformer with a cls token or mean pooling.
 
     `num_classes=0` makes `forward` return all tokens after the final norm,
@@ -235,6 +271,8 @@ class ViT(nn.Module):
     the Dual PatchNorm (vit-pytorch), std 0.02 without it (the paper, timm); see `init_tokens`.
     For variants: `attention`, `feedforward` and `patch_embedding` build the blocks, called
     with the arguments of `Attention`, `FeedForward` and `PatchEmbedding`.
+
+    `forward_features` returns all tokens after the final norm, (b, prefix + h * w, dim).
     """
 
     extra_tokens = 0    # learned tokens after the cls token that a variant adds (DeiT's distillation token)
@@ -271,6 +309,12 @@ class ViT(nn.Module):
         self.to_latent = nn.Identity() if pre_logits_dim is None else nn.Sequential(
             nn.Linear(dim, pre_logits_dim), nn.Tanh())
         self.mlp_head = nn.Linear(pre_logits_dim or dim, num_classes) if num_classes > 0 else None
+
+    @property
+    def num_features(self):
+        """The pre-logits width: `dim`, or the representation layer's (read from `to_latent`, which transfer
+        experiments replace)."""
+        return self.embed_dim if isinstance(self.to_latent, nn.Identity) else self.to_latent[0].out_features
 
     def token_grid(self, image_size):
         """The (h, w) grid of patch tokens for images of `image_size` (h, w)."""
@@ -322,11 +366,7 @@ class ViT(nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0 removes it), as the paper does for transfer."""
-        non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        in_features = self.pos_embedding.shape[-1] if isinstance(self.to_latent, nn.Identity) \
-            else self.to_latent[0].out_features
-        self.mlp_head = zero_linear(in_features, num_classes, like=self.pos_embedding) if num_classes > 0 else None
+        reset_head(self, num_classes, self.num_features, like=self.pos_embedding)
 
     def set_grad_checkpointing(self, enable=True):
         self.transformer.grad_checkpointing = enable

@@ -43,9 +43,12 @@ class PatchEmbedding1d(nn.Sequential):
         )
 
 
-class ViT(nn.Module):
+class ViT(vit.TokenFace, nn.Module):
     """ViT over patches of a signal, read from a cls token; `num_classes=0` makes `forward` return all
-    tokens after the final norm, (b, 1 + seq_len / patch_size, dim)."""
+    tokens after the final norm, (b, 1 + seq_len / patch_size, dim).
+
+    `forward_features` returns all tokens after the final norm, (b, 1 + n, dim).
+    """
 
     num_prefix_tokens = 1
 
@@ -60,6 +63,7 @@ class ViT(nn.Module):
         vit.init_tokens(self.pos_embedding, self.cls_token, patch_norm=True)
         self.dropout = nn.Dropout(emb_dropout)
         self.transformer = vit.Transformer(dim, depth, heads, dim_head, mlp_dim, dropout)
+        self.num_features = dim
         self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else None
 
     def embed(self, series):
@@ -83,10 +87,7 @@ class ViT(nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0 removes it)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.mlp_head = vit.zero_linear(self.pos_embedding.shape[-1], num_classes, like=self.pos_embedding) \
-            if num_classes > 0 else None
+        vit.reset_head(self, num_classes, self.num_features, like=self.pos_embedding)
 
     def set_grad_checkpointing(self, enable=True):
         self.transformer.grad_checkpointing = enable

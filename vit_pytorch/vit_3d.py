@@ -62,7 +62,7 @@ class TubeletEmbedding(nn.Sequential):
         )
 
 
-class ViT(nn.Module):
+class ViT(vit.TokenFace, nn.Module):
     """ViT over tubelets; `num_classes=0` makes `forward` return all tokens after the final norm.
 
     Options beyond vit-pytorch's API (defaults keep its model), as for the core `vit.ViT`:
@@ -70,6 +70,8 @@ class ViT(nn.Module):
       qkv_bias          bias on the query/key/value projection (True: the paper, Hugging Face).
       norm_eps          epsilon of every LayerNorm (1e-6: the paper, Hugging Face).
       gelu_approximate  'none' (exact GELU) or 'tanh' (Hugging Face's `gelu_fast`, the JAX code).
+
+    `forward_features` returns all tokens after the final norm, (b, prefix + f * h * w, dim).
     """
 
     def __init__(self, *, image_size, image_patch_size, frames, frame_patch_size, num_classes, dim, depth, heads,
@@ -92,6 +94,7 @@ class ViT(nn.Module):
         self.dropout = nn.Dropout(emb_dropout)
         self.transformer = vit.Transformer(dim, depth, heads, dim_head, mlp_dim, dropout, qkv_bias=qkv_bias,
                                        norm_eps=norm_eps, gelu_approximate=gelu_approximate)
+        self.num_features = dim
         self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else None
 
     def token_grid(self, size):
@@ -127,10 +130,7 @@ class ViT(nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0 removes it)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.mlp_head = vit.zero_linear(self.pos_embedding.shape[-1], num_classes, like=self.pos_embedding) \
-            if num_classes > 0 else None
+        vit.reset_head(self, num_classes, self.num_features, like=self.pos_embedding)
 
     def set_grad_checkpointing(self, enable=True):
         self.transformer.grad_checkpointing = enable

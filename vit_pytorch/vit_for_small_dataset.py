@@ -95,7 +95,10 @@ class LSA(vit.Attention):
 
 
 class ViT(vit.ViT):
-    """The core ViT (same arguments, methods and `num_classes=0` behaviour) with SPT and LSA."""
+    """The core ViT (same arguments, methods and `num_classes=0` behaviour) with SPT and LSA.
+
+    `forward_features` returns all tokens after the final norm, (b, prefix + h * w, dim), as `vit.ViT`.
+    """
 
     def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim,
                  pool='cls', channels=3, dim_head=64, dropout=0., emb_dropout=0.):

@@ -33,8 +33,13 @@ from vit_pytorch import vit
 from vit_pytorch.simple_vit_with_patch_dropout import PatchDropout
 
 
-class ViT(nn.Module):
-    """ViT with patch dropout in training; see the module's docstring for its layout."""
+class ViT(vit.TokenFace, nn.Module):
+    """ViT with patch dropout in training; see the module's docstring for its layout.
+
+    `forward_features` returns the encoder's tokens (not normed), (b, prefix + kept, dim), every patch kept in eval
+    mode.
+    `num_classes=0` makes `forward` return the pooled embedding after the head's norm, (b, dim).
+    """
 
     num_prefix_tokens = 1
 
@@ -57,6 +62,7 @@ class ViT(nn.Module):
         self.dropout = nn.Dropout(emb_dropout)
         self.transformer = vit.Transformer(dim, depth, heads, dim_head, mlp_dim, dropout, final_norm=False)
         self.to_latent = nn.Identity()
+        self.num_features = dim
         self.mlp_head = nn.Sequential(nn.LayerNorm(dim), *([nn.Linear(dim, num_classes)] if num_classes > 0 else []))
 
     def token_grid(self, image_size):

@@ -64,7 +64,7 @@ class FactorizedTransformer(vit.Stack):
         return rearrange(x, '(b n) f d -> b f n d', b=batch, n=tokens)
 
 
-class ViViT(nn.Module):
+class ViViT(vit.TokenFace, nn.Module):
     """ViViT's factorised encoder or factorised self-attention; `num_classes=0` makes `forward` return
     the pooled embedding (b, dim).
 
@@ -72,6 +72,8 @@ class ViViT(nn.Module):
     default, and the recorder switches paths by itself. `mask` (b, frames), True where a frame is
     real, keeps the temporal attention off padded frames; a temporal token is kept when all its
     `frame_patch_size` frames are.
+
+    `forward_features` returns the video's pooled embedding, (b, dim).
     """
 
     def __init__(self, *, image_size, image_patch_size, frames, frame_patch_size, num_classes, dim,
@@ -107,7 +109,14 @@ class ViViT(nn.Module):
         for module in self.modules():
             if isinstance(module, vit.Attention):
                 module.fused = use_flash_attn
+        self.num_features = dim
         self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
+
+    @property
+    def intermediates_from(self):
+        """The factorised encoder's temporal transformer ((b, prefix + slices, dim) tokens), or the factorised
+        self-attention stack ((b, slices, prefix + h * w, dim))."""
+        return 'temporal_transformer' if self.variant == 'factorized_encoder' else 'factorized_transformer'
 
     def token_grid(self, image_size):
         """The (h, w) grid of one temporal slice's patch tokens, for frames of `image_size` (h, w)."""
@@ -170,10 +179,7 @@ class ViViT(nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.mlp_head = vit.zero_linear(self.pos_embedding.shape[-1], num_classes, like=self.pos_embedding) \
-            if num_classes > 0 else nn.Identity()
+        vit.reset_head(self, num_classes, self.num_features, like=self.pos_embedding, removed=nn.Identity())
 
     def set_grad_checkpointing(self, enable=True):
         for module in self.modules():

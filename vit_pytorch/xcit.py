@@ -173,7 +173,7 @@ class ClassAttentionBlock(nn.Module):
         return x + vit.drop_path(update, self.layer_dropout, self.training)
 
 
-class XCiT(nn.Module):
+class XCiT(vit.TokenFace, nn.Module):
     """XCiT with vit-pytorch's keyword arguments.
 
     `patch_size` must be a power of two (the convolutional stem halves the image that many
@@ -187,7 +187,11 @@ class XCiT(nn.Module):
       tokens_norm       the class-attention MLP step normalises all tokens, not only cls.
       qkv_bias          bias on the query/key/value projections (True: the paper).
       norm_eps          epsilon of every LayerNorm (1e-6 in the paper's code).
+
+    `forward_features` returns [cls, patch tokens] after both stages and the final norm, (b, 1 + h * w, dim).
     """
+
+    intermediates_from = 'xcit_transformer'
 
     num_prefix_tokens = 1
 
@@ -228,6 +232,7 @@ class XCiT(nn.Module):
         ])
 
         self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.num_features = dim
         self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else None
 
     def token_grid(self, image_size):
@@ -258,10 +263,7 @@ class XCiT(nn.Module):
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0 removes it)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        self.mlp_head = vit.zero_linear(self.norm.normalized_shape[0], num_classes, like=self.cls_token) \
-            if num_classes > 0 else None
+        vit.reset_head(self, num_classes, self.num_features, like=self.cls_token)
 
     def set_grad_checkpointing(self, enable=True):
         self.xcit_transformer.grad_checkpointing = enable
