@@ -18,6 +18,7 @@ rounding of one CPU kernel:
 """
 
 import fnmatch
+import io
 from dataclasses import dataclass, field
 
 import pytest
@@ -37,16 +38,26 @@ class Case:
     forward          keyword arguments of the forward call
     no_gradient      parameter name (a glob pattern) -> why the model's own design gives it no gradient through
                      the output; each pattern must match a parameter
+    training_output  the number of tensors the forward returns in training mode, each (b, num_classes), for a
+                     model that returns a tuple there (a distillation head's logits too); in eval mode every
+                     model returns one (b, num_classes) tensor
     """
     kwargs: dict
     input: tuple
     forward: dict = field(default_factory=dict)
     no_gradient: dict = field(default_factory=dict)
+    training_output: int = 1
 
-    def make_input(self, generator):
+    def make_input(self, generator, batch=None):
+        """The row's input; `batch` images (signals, clips) of the row's shape instead of its own count."""
         if isinstance(self.input, list):
-            return [torch.randn(shape, generator=generator) for shape in self.input]
-        return torch.randn(self.input, generator=generator)
+            shapes = self.input if batch is None else (self.input * batch)[:batch]
+            return [torch.randn(shape, generator=generator) for shape in shapes]
+        return torch.randn(self.input if batch is None else (batch, *self.input[1:]), generator=generator)
+
+    @property
+    def batch(self):
+        return len(self.input) if isinstance(self.input, list) else self.input[0]
 
 
 def registry_name(case_id):
@@ -110,7 +121,7 @@ CASES = {
     'parallel_vit': Case(VIT, IMAGES),
     'learnable_memory_vit': Case(VIT, IMAGES),
     # in training the forward returns (logits, distillation logits): both heads get a gradient
-    'distillable_vit': Case(VIT, IMAGES),
+    'distillable_vit': Case(VIT, IMAGES, training_output=2),
     'simple_vit_with_register_tokens': Case(dict(VIT, num_register_tokens=2), IMAGES),
     'simple_vit_with_qk_norm': Case(VIT, IMAGES),
     # the default patch_dropout=0.5 keeps 6 of the 12 patches in training (a fixed count, at random places)
@@ -132,7 +143,7 @@ CASES = {
                      mlp_dim=16), IMAGES),
     # 48x64 images: maps 3x4 then 2x2; every BatchNorm normalises over at least 4 x 4 values a channel
     'levit': Case(dict(image_size=(48, 64), num_classes=5, dim=(16, 24), depth=(1, 2), heads=(2, 3), mlp_mult=2,
-                       stages=2, dim_key=4, dim_value=8, num_distill_classes=5), (4, 3, 48, 64),
+                       stages=2, dim_key=4, dim_value=8, num_distill_classes=5), (4, 3, 48, 64), training_output=2,
                   no_gradient={'*.to_out.1.norm.bias': BEFORE_BATCHNORM, 'subsamples.*.ff.3.norm.bias': BEFORE_BATCHNORM,
                                'transformers.*.layers.*.1.3.norm.bias': BEFORE_BATCHNORM,
                                'to_patch_embedding.6.1.bias': BEFORE_BATCHNORM}),
@@ -255,3 +266,129 @@ def test_every_parameter_gets_a_gradient(case_id):
     assert [pattern for pattern in case.no_gradient if not fnmatch.filter(names, pattern)] == []
     missing = parameters_without_gradient(model, model(x, **case.forward))
     assert [name for name in missing if not any(fnmatch.fnmatch(name, p) for p in case.no_gradient)] == []
+
+
+def as_tuple(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+def case_table(exempt=None, slow=False):
+    """`parametrize` over every row; `exempt` maps a row (or a registry name: all its rows) to why the test does
+    not apply to it, and those rows are skipped with that reason."""
+    exempt = exempt or {}
+    marks = [pytest.mark.slow] if slow else []
+    params = []
+    for case_id in sorted(CASES):
+        reason = exempt.get(case_id, exempt.get(registry_name(case_id)))
+        params.append(pytest.param(case_id, marks=marks + ([pytest.mark.skip(reason=reason)] if reason else []),
+                                   id=case_id))
+    return pytest.mark.parametrize('case_id', params)
+
+
+def test_every_registered_name_has_a_row_of_its_own():
+    """The export sweep and the docstring examples take the row named like the model: every name has one."""
+    assert set(MODELS) <= set(CASES)
+
+
+# output shapes
+
+
+@case_table()
+def test_output_has_one_row_per_input_and_one_column_per_class(case_id):
+    model, x = build(case_id)
+    case = CASES[case_id]
+    expected = (case.batch, case.kwargs['num_classes'])
+    training = as_tuple(model(x, **case.forward))
+    assert [tuple(out.shape) for out in training] == [expected] * case.training_output
+    with torch.no_grad():
+        assert model.eval()(x, **case.forward).shape == expected
+
+
+# gradient checkpointing
+
+NO_CHECKPOINTING = {'mobile_vit': 'MobileViT has no set_grad_checkpointing: its stages interleave convolutions '
+                                  'with transformer blocks, and no Stack carries the switch'}
+
+
+def forward_backward(model, x, case, seed=3):
+    torch.manual_seed(seed)                    # the same token dropping both times
+    outputs = as_tuple(model(x, **case.forward))
+    sum((out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum() for out in outputs).backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return [out.detach() for out in outputs], grads
+
+
+def forward_calls_during_backward(model, x, case):
+    """How many module forwards run inside the backward pass: recomputation is what checkpointing is."""
+    calls, in_backward = [0], [False]
+    hooks = [module.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + in_backward[0]))
+             for module in model.modules()]
+    try:
+        outputs = as_tuple(model(x, **case.forward))
+        in_backward[0] = True
+        sum(out.sum() for out in outputs).backward()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    model.zero_grad(set_to_none=True)
+    return calls[0]
+
+
+@case_table(exempt=NO_CHECKPOINTING)
+def test_gradient_checkpointing_recomputes_and_gives_the_same_outputs_and_gradients(case_id):
+    model, x = build(case_id)
+    move_off_initialisation(model)
+    case = CASES[case_id]
+    plain_outputs, plain_grads = forward_backward(model, x, case)
+    assert forward_calls_during_backward(model, x, case) == 0
+    model.set_grad_checkpointing(True)
+    assert forward_calls_during_backward(model, x, case) > 0
+    outputs, grads = forward_backward(model, x, case)
+    # the recomputation runs the same kernels on the same values: equal up to the order of the gradient sums
+    for out, plain in zip(outputs, plain_outputs):
+        torch.testing.assert_close(out, plain, rtol=0, atol=0)
+    assert grads.keys() == plain_grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], plain_grads[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+# state_dict round trip and the empty batch
+
+
+@case_table()
+def test_strict_state_dict_round_trip_into_a_fresh_model_gives_identical_outputs(case_id):
+    source, x = build(case_id)
+    move_off_initialisation(source)
+    torch.manual_seed(1)
+    fresh = build_model(registry_name(case_id), **CASES[case_id].kwargs)
+    forward = CASES[case_id].forward
+    with torch.no_grad():
+        expected = source.eval()(x, **forward)
+        assert not torch.equal(fresh.eval()(x, **forward), expected)     # the load is what makes them equal
+    buffer = io.BytesIO()
+    torch.save(source.state_dict(), buffer)
+    buffer.seek(0)
+    fresh.load_state_dict(torch.load(buffer, weights_only=True), strict=True)
+    with torch.no_grad():
+        assert torch.equal(fresh(x, **forward), expected)
+
+
+EMPTY_BATCH = {'na_vit[list]': 'an empty list of images has no size to pack; NaViT refuses it',
+               # a bug, reported (issue 23): rearrange(..., b=0) divides by zero inside einops
+               'vivit[variant=factorized_self_attention,pool=cls]': 'factorised self-attention fails on b=0 (bug)',
+               'vivit[variant=factorized_self_attention,pool=mean]': 'factorised self-attention fails on b=0 (bug)'}
+
+
+@case_table(exempt=EMPTY_BATCH)
+def test_empty_batch_gives_an_empty_output_and_zero_gradients(case_id):
+    model, _ = build(case_id)
+    case = CASES[case_id]
+    x = case.make_input(torch.Generator().manual_seed(1), batch=0)
+    outputs = as_tuple(model(x, **case.forward))
+    assert [tuple(out.shape) for out in outputs] == [(0, case.kwargs['num_classes'])] * case.training_output
+    sum(out.sum() for out in outputs).backward()
+    for name, parameter in model.named_parameters():
+        assert parameter.grad is None or not parameter.grad.any(), name
+    with torch.no_grad():
+        assert model.eval()(x, **case.forward).shape == (0, case.kwargs['num_classes'])
