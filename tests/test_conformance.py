@@ -18,14 +18,17 @@ rounding of one CPU kernel:
 """
 
 import fnmatch
+import importlib
 import io
+import textwrap
 from dataclasses import dataclass, field
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from helpers import move_off_initialisation, parameters_without_gradient
-from vit_pytorch.models import MODELS, build_model
+from helpers import digits_batch, fit_fixed_batch, move_off_initialisation, parameters_without_gradient
+from vit_pytorch.models import INPUTS, MODELS, build_model
 
 
 @dataclass(frozen=True)
@@ -392,3 +395,85 @@ def test_empty_batch_gives_an_empty_output_and_zero_gradients(case_id):
         assert parameter.grad is None or not parameter.grad.any(), name
     with torch.no_grad():
         assert model.eval()(x, **case.forward).shape == (0, case.kwargs['num_classes'])
+
+
+# the module docstring's example
+
+
+def docstring_example(module):
+    """The indented code blocks of a module docstring that start with an import, joined (later blocks use earlier
+    names)."""
+    blocks, block = [], []
+    for line in (module.__doc__ or '').splitlines() + ['']:
+        if line.startswith('    ') or (block and not line.strip()):
+            block.append(line)
+        elif block:
+            blocks.append(textwrap.dedent('\n'.join(block)).strip())
+            block = []
+    return '\n\n'.join(b for b in blocks if b.startswith(('import ', 'from ')))
+
+
+def model_module(name):
+    return importlib.import_module(MODELS[name].split(':')[0])
+
+
+# the module docstrings that show no example yet (issue 23 reports them): their module docstring describes the
+# paper; the user reaches the model through the README and `build_model`
+NO_EXAMPLE = {'cct', 'deepvit', 'simple_vit', 'simple_vit_1d', 'simple_vit_3d', 'simple_vit_with_patch_dropout',
+              'simple_vit_with_qk_norm', 'simple_vit_with_register_tokens'}
+
+
+def test_the_models_without_a_docstring_example_are_the_declared_ones():
+    assert {name for name in MODELS if not docstring_example(model_module(name))} == NO_EXAMPLE
+
+
+@pytest.mark.slow                 # the examples build the papers' sizes: 4-90 s each on 2 cores
+@pytest.mark.parametrize('name', sorted(set(MODELS) - NO_EXAMPLE))
+def test_the_module_docstring_example_runs(name):
+    exec(compile(docstring_example(model_module(name)), f'{MODELS[name]} docstring', 'exec'), {})
+
+
+# torch.compile
+
+
+@case_table(slow=True)
+def test_compiles_as_one_graph_and_matches_eager(case_id):
+    model, x = build(case_id)
+    model.eval()
+    compiled = torch.compile(model, fullgraph=True, backend='eager')
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x, **CASES[case_id].forward), model(x, **CASES[case_id].forward))
+
+
+# learning: a tiny model fits a fixed batch of real digits
+
+# the digits are images: the signal and clip models fit their own data in tests/test_train_kinds.py
+NOT_IMAGES = {case_id: 'takes ' + INPUTS[registry_name(case_id)] for case_id in CASES if registry_name(case_id) in INPUTS}
+
+
+@case_table(exempt=dict(NOT_IMAGES, **{'na_vit[list]': "NaViT fits the same batch as one tensor (row 'na_vit')"}),
+            slow=True)
+def test_a_tiny_model_fits_a_fixed_batch_of_real_digits(case_id):
+    """32 real handwritten digits, resized to the row's image size: every label predicted after at most 300
+    steps of AdamW. A model whose gradient or head is wrong stays near 10% (the share of one digit)."""
+    case = CASES[case_id]
+    x = case.make_input(torch.Generator().manual_seed(1))
+    ten_classes = {key: 10 for key in ('num_classes', 'num_distill_classes') if key in case.kwargs}
+    torch.manual_seed(0)
+    model = build_model(registry_name(case_id), **dict(case.kwargs, **ten_classes)).train()
+    digits, labels = digits_batch(32)
+    images = F.interpolate(digits, size=x.shape[-2:], mode='nearest').expand(-1, x.shape[1], -1, -1).contiguous()
+    classify = (lambda img: as_tuple(model(img, **case.forward))[0])
+    accuracy, steps = fit_fixed_batch(Classifier(classify, model), images, labels)
+    assert accuracy == 1.0, f'{accuracy:.2f} after {steps} steps'
+
+
+class Classifier(torch.nn.Module):
+    """The first output of a model that returns a tuple in training (its class logits), for the training loop."""
+
+    def __init__(self, classify, model):
+        super().__init__()
+        self.model, self.classify = model, classify
+
+    def forward(self, img):
+        return self.classify(img)
