@@ -437,12 +437,16 @@ def test_the_module_docstring_example_runs(name):
 
 
 @case_table(slow=True)
-def test_compiles_as_one_graph_and_matches_eager(case_id):
+def test_compiles_as_one_graph_forward_and_backward_and_matches_eager(case_id):
     model, x = build(case_id)
-    model.eval()
+    model.eval()                                   # no token dropping: the same output both ways
+    forward = CASES[case_id].forward
     compiled = torch.compile(model, fullgraph=True, backend='eager')
+    out = compiled(x, **forward)
+    out.sum().backward()
+    assert [name for name, p in model.named_parameters() if p.grad is None] == []
     with torch.no_grad():
-        torch.testing.assert_close(compiled(x, **CASES[case_id].forward), model(x, **CASES[case_id].forward))
+        torch.testing.assert_close(out.detach(), model(x, **forward))
 
 
 # learning: a tiny model fits a fixed batch of real digits
