@@ -19,14 +19,17 @@ rounding of one CPU kernel:
 
 import fnmatch
 import importlib
+import io
+import textwrap
 from dataclasses import dataclass, field
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from helpers import move_off_initialisation, parameters_without_gradient
+from helpers import digits_batch, fit_fixed_batch, move_off_initialisation, parameters_without_gradient
 from vit_pytorch import recorder
-from vit_pytorch.models import MODELS, build_model
+from vit_pytorch.models import INPUTS, MODELS, build_model
 
 
 @dataclass(frozen=True)
@@ -39,16 +42,26 @@ class Case:
     forward          keyword arguments of the forward call
     no_gradient      parameter name (a glob pattern) -> why the model's own design gives it no gradient through
                      the output; each pattern must match a parameter
+    training_output  the number of tensors the forward returns in training mode, each (b, num_classes), for a
+                     model that returns a tuple there (a distillation head's logits too); in eval mode every
+                     model returns one (b, num_classes) tensor
     """
     kwargs: dict
     input: tuple
     forward: dict = field(default_factory=dict)
     no_gradient: dict = field(default_factory=dict)
+    training_output: int = 1
 
-    def make_input(self, generator):
+    def make_input(self, generator, batch=None):
+        """The row's input; `batch` images (signals, clips) of the row's shape instead of its own count."""
         if isinstance(self.input, list):
-            return [torch.randn(shape, generator=generator) for shape in self.input]
-        return torch.randn(self.input, generator=generator)
+            shapes = self.input if batch is None else (self.input * batch)[:batch]
+            return [torch.randn(shape, generator=generator) for shape in shapes]
+        return torch.randn(self.input if batch is None else (batch, *self.input[1:]), generator=generator)
+
+    @property
+    def batch(self):
+        return len(self.input) if isinstance(self.input, list) else self.input[0]
 
 
 def registry_name(case_id):
@@ -112,7 +125,7 @@ CASES = {
     'parallel_vit': Case(VIT, IMAGES),
     'learnable_memory_vit': Case(VIT, IMAGES),
     # in training the forward returns (logits, distillation logits): both heads get a gradient
-    'distillable_vit': Case(VIT, IMAGES),
+    'distillable_vit': Case(VIT, IMAGES, training_output=2),
     'simple_vit_with_register_tokens': Case(dict(VIT, num_register_tokens=2), IMAGES),
     'simple_vit_with_qk_norm': Case(VIT, IMAGES),
     # the default patch_dropout=0.5 keeps 6 of the 12 patches in training (a fixed count, at random places)
@@ -134,7 +147,7 @@ CASES = {
                      mlp_dim=16), IMAGES),
     # 48x64 images: maps 3x4 then 2x2; every BatchNorm normalises over at least 4 x 4 values a channel
     'levit': Case(dict(image_size=(48, 64), num_classes=5, dim=(16, 24), depth=(1, 2), heads=(2, 3), mlp_mult=2,
-                       stages=2, dim_key=4, dim_value=8, num_distill_classes=5), (4, 3, 48, 64),
+                       stages=2, dim_key=4, dim_value=8, num_distill_classes=5), (4, 3, 48, 64), training_output=2,
                   no_gradient={'*.to_out.1.norm.bias': BEFORE_BATCHNORM, 'subsamples.*.ff.3.norm.bias': BEFORE_BATCHNORM,
                                'transformers.*.layers.*.1.3.norm.bias': BEFORE_BATCHNORM,
                                'to_patch_embedding.6.1.bias': BEFORE_BATCHNORM}),
@@ -257,6 +270,306 @@ def test_every_parameter_gets_a_gradient(case_id):
     assert [pattern for pattern in case.no_gradient if not fnmatch.filter(names, pattern)] == []
     missing = parameters_without_gradient(model, model(x, **case.forward))
     assert [name for name in missing if not any(fnmatch.fnmatch(name, p) for p in case.no_gradient)] == []
+
+
+def as_tuple(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+def case_table(exempt=None, slow=False):
+    """`parametrize` over every row; `exempt` maps a row (or a registry name: all its rows) to why the test does
+    not apply to it, and those rows are skipped with that reason."""
+    exempt = exempt or {}
+    marks = [pytest.mark.slow] if slow else []
+    params = []
+    for case_id in sorted(CASES):
+        reason = exempt.get(case_id, exempt.get(registry_name(case_id)))
+        params.append(pytest.param(case_id, marks=marks + ([pytest.mark.skip(reason=reason)] if reason else []),
+                                   id=case_id))
+    return pytest.mark.parametrize('case_id', params)
+
+
+def test_every_registered_name_has_a_row_of_its_own():
+    """The export sweep and the docstring examples take the row named like the model: every name has one."""
+    assert set(MODELS) <= set(CASES)
+
+
+# output shapes
+
+
+@case_table()
+def test_output_has_one_row_per_input_and_one_column_per_class(case_id):
+    model, x = build(case_id)
+    case = CASES[case_id]
+    expected = (case.batch, case.kwargs['num_classes'])
+    training = as_tuple(model(x, **case.forward))
+    assert [tuple(out.shape) for out in training] == [expected] * case.training_output
+    with torch.no_grad():
+        assert model.eval()(x, **case.forward).shape == expected
+
+
+# gradient checkpointing
+
+NO_CHECKPOINTING = {'mobile_vit': 'MobileViT has no set_grad_checkpointing: its stages interleave convolutions '
+                                  'with transformer blocks, and no Stack carries the switch'}
+
+
+def forward_backward(model, x, case, seed=3):
+    torch.manual_seed(seed)                    # the same token dropping both times
+    outputs = as_tuple(model(x, **case.forward))
+    sum((out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum() for out in outputs).backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return [out.detach() for out in outputs], grads
+
+
+def forward_calls_during_backward(model, x, case):
+    """How many module forwards run inside the backward pass: recomputation is what checkpointing is."""
+    calls, in_backward = [0], [False]
+    hooks = [module.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + in_backward[0]))
+             for module in model.modules()]
+    try:
+        outputs = as_tuple(model(x, **case.forward))
+        in_backward[0] = True
+        sum(out.sum() for out in outputs).backward()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    model.zero_grad(set_to_none=True)
+    return calls[0]
+
+
+@case_table(exempt=NO_CHECKPOINTING)
+def test_gradient_checkpointing_recomputes_and_gives_the_same_outputs_and_gradients(case_id):
+    model, x = build(case_id)
+    move_off_initialisation(model)
+    case = CASES[case_id]
+    plain_outputs, plain_grads = forward_backward(model, x, case)
+    assert forward_calls_during_backward(model, x, case) == 0
+    model.set_grad_checkpointing(True)
+    assert forward_calls_during_backward(model, x, case) > 0
+    outputs, grads = forward_backward(model, x, case)
+    # the recomputation runs the same kernels on the same values: equal up to the order of the gradient sums
+    for out, plain in zip(outputs, plain_outputs):
+        torch.testing.assert_close(out, plain, rtol=0, atol=0)
+    assert grads.keys() == plain_grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], plain_grads[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+# state_dict round trip and the empty batch
+
+
+@case_table()
+def test_strict_state_dict_round_trip_into_a_fresh_model_gives_identical_outputs(case_id):
+    source, x = build(case_id)
+    move_off_initialisation(source)
+    torch.manual_seed(1)
+    fresh = build_model(registry_name(case_id), **CASES[case_id].kwargs)
+    forward = CASES[case_id].forward
+    with torch.no_grad():
+        expected = source.eval()(x, **forward)
+        assert not torch.equal(fresh.eval()(x, **forward), expected)     # the load is what makes them equal
+    buffer = io.BytesIO()
+    torch.save(source.state_dict(), buffer)
+    buffer.seek(0)
+    fresh.load_state_dict(torch.load(buffer, weights_only=True), strict=True)
+    with torch.no_grad():
+        assert torch.equal(fresh(x, **forward), expected)
+
+
+EMPTY_BATCH = {'na_vit[list]': 'an empty list of images has no size to pack; NaViT refuses it',
+               # a bug, reported (issue 23): rearrange(..., b=0) divides by zero inside einops
+               'vivit[variant=factorized_self_attention,pool=cls]': 'factorised self-attention fails on b=0 (bug)',
+               'vivit[variant=factorized_self_attention,pool=mean]': 'factorised self-attention fails on b=0 (bug)'}
+
+
+@case_table(exempt=EMPTY_BATCH)
+def test_empty_batch_gives_an_empty_output_and_zero_gradients(case_id):
+    model, _ = build(case_id)
+    case = CASES[case_id]
+    x = case.make_input(torch.Generator().manual_seed(1), batch=0)
+    outputs = as_tuple(model(x, **case.forward))
+    assert [tuple(out.shape) for out in outputs] == [(0, case.kwargs['num_classes'])] * case.training_output
+    sum(out.sum() for out in outputs).backward()
+    for name, parameter in model.named_parameters():
+        assert parameter.grad is None or not parameter.grad.any(), name
+    with torch.no_grad():
+        assert model.eval()(x, **case.forward).shape == (0, case.kwargs['num_classes'])
+
+
+# the module docstring's example
+
+
+def docstring_example(module):
+    """The indented code blocks of a module docstring that start with an import, joined (later blocks use earlier
+    names)."""
+    blocks, block = [], []
+    for line in (module.__doc__ or '').splitlines() + ['']:
+        if line.startswith('    ') or (block and not line.strip()):
+            block.append(line)
+        elif block:
+            blocks.append(textwrap.dedent('\n'.join(block)).strip())
+            block = []
+    return '\n\n'.join(b for b in blocks if b.startswith(('import ', 'from ')))
+
+
+def model_module(name):
+    return importlib.import_module(MODELS[name].split(':')[0])
+
+
+# the module docstrings that show no example yet (issue 23 reports them): their module docstring describes the
+# paper; the user reaches the model through the README and `build_model`
+NO_EXAMPLE = {'cct', 'deepvit', 'simple_vit', 'simple_vit_1d', 'simple_vit_3d', 'simple_vit_with_patch_dropout',
+              'simple_vit_with_qk_norm', 'simple_vit_with_register_tokens'}
+
+
+def test_the_models_without_a_docstring_example_are_the_declared_ones():
+    assert {name for name in MODELS if not docstring_example(model_module(name))} == NO_EXAMPLE
+
+
+@pytest.mark.slow                 # the examples build the papers' sizes: 4-90 s each on 2 cores
+@pytest.mark.parametrize('name', sorted(set(MODELS) - NO_EXAMPLE))
+def test_the_module_docstring_example_runs(name):
+    exec(compile(docstring_example(model_module(name)), f'{MODELS[name]} docstring', 'exec'), {})
+
+
+# torch.compile
+
+
+@case_table(slow=True)
+def test_compiles_as_one_graph_forward_and_backward_and_matches_eager(case_id):
+    model, x = build(case_id)
+    model.eval()                                   # no token dropping: the same output both ways
+    forward = CASES[case_id].forward
+    compiled = torch.compile(model, fullgraph=True, backend='eager')
+    out = compiled(x, **forward)
+    out.sum().backward()
+    assert [name for name, p in model.named_parameters() if p.grad is None] == []
+    with torch.no_grad():
+        torch.testing.assert_close(out.detach(), model(x, **forward))
+
+
+# learning: a tiny model fits a fixed batch of real digits
+
+# the digits are images: the signal and clip models fit their own data in tests/test_train_kinds.py
+NOT_IMAGES = {case_id: 'takes ' + INPUTS[registry_name(case_id)] for case_id in CASES if registry_name(case_id) in INPUTS}
+
+
+@case_table(exempt=dict(NOT_IMAGES, **{'na_vit[list]': "NaViT fits the same batch as one tensor (row 'na_vit')"}),
+            slow=True)
+def test_a_tiny_model_fits_a_fixed_batch_of_real_digits(case_id):
+    """32 real handwritten digits, resized to the row's image size: every label predicted after at most 300
+    steps of AdamW. A model whose gradient or head is wrong stays near 10% (the share of one digit)."""
+    case = CASES[case_id]
+    x = case.make_input(torch.Generator().manual_seed(1))
+    ten_classes = {key: 10 for key in ('num_classes', 'num_distill_classes') if key in case.kwargs}
+    torch.manual_seed(0)
+    model = build_model(registry_name(case_id), **dict(case.kwargs, **ten_classes)).train()
+    digits, labels = digits_batch(32)
+    images = F.interpolate(digits, size=x.shape[-2:], mode='nearest').expand(-1, x.shape[1], -1, -1).contiguous()
+    classify = (lambda img: as_tuple(model(img, **case.forward))[0])
+    accuracy, steps = fit_fixed_batch(Classifier(classify, model), images, labels)
+    assert accuracy == 1.0, f'{accuracy:.2f} after {steps} steps'
+
+
+class Classifier(torch.nn.Module):
+    """The first output of a model that returns a tuple in training (its class logits), for the training loop."""
+
+    def __init__(self, classify, model):
+        super().__init__()
+        self.model, self.classify = model, classify
+
+    def forward(self, img):
+        return self.classify(img)
+
+
+# the wrappers: self-supervised learners, distillation, video, the recorder and the extractor, each around a
+# tiny ViT. A new wrapper joins by its row: how to build it, and one training step's loss.
+
+
+def tiny_vit():
+    from vit_pytorch import ViT
+    return ViT(**VIT)
+
+
+def wrapped_images(batch=2):
+    return torch.randn(batch, *IMAGES[1:], generator=torch.Generator().manual_seed(1))
+
+
+def weighted(out):
+    """A loss that reads every element of `out` (a tensor or a tuple of them) with its own weight."""
+    return sum((t * torch.linspace(-1, 1, t.numel()).reshape(t.shape)).sum() for t in as_tuple(out)
+               if t.is_floating_point())
+
+
+def build_wrapper(name):
+    from vit_pytorch.accept_video_wrapper import AcceptVideoWrapper
+    from vit_pytorch.dino import Dino
+    from vit_pytorch.distill import DeiT, DistillWrapper
+    from vit_pytorch.mae import MAE
+    from vit_pytorch.mpp import MPP
+    from vit_pytorch.recorder import Extractor, Recorder
+    from vit_pytorch.simmim import SimMIM
+
+    torch.manual_seed(0)
+    return {
+        'mae': lambda: MAE(encoder=tiny_vit(), decoder_dim=16, decoder_depth=1, decoder_heads=2, decoder_dim_head=8),
+        'simmim': lambda: SimMIM(encoder=tiny_vit()),
+        'mpp': lambda: MPP(transformer=tiny_vit()),
+        'dino': lambda: Dino(tiny_vit(), image_size=(16, 24), projection_hidden_size=32, num_classes_K=64,
+                             bottleneck_dim=16),
+        'distill_wrapper': lambda: DistillWrapper(teacher=tiny_vit(), student=DeiT(**VIT)),
+        'accept_video_wrapper': lambda: AcceptVideoWrapper(tiny_vit()),
+        'extractor': lambda: Extractor(tiny_vit()),
+        'recorder': lambda: Recorder(tiny_vit()),
+    }[name]()
+
+
+WRAPPER_STEPS = {
+    'mae': lambda wrapper: wrapper(wrapped_images()),
+    'simmim': lambda wrapper: wrapper(wrapped_images()),
+    'mpp': lambda wrapper: wrapper(wrapped_images()),
+    'dino': lambda wrapper: wrapper(wrapped_images()),
+    'distill_wrapper': lambda wrapper: wrapper(wrapped_images(), torch.tensor([1, 3])),
+    'accept_video_wrapper': lambda wrapper: weighted(wrapper(torch.randn(2, 3, 4, 16, 24))),
+    'extractor': lambda wrapper: weighted(wrapper(wrapped_images())),
+    'recorder': lambda wrapper: weighted(wrapper(wrapped_images())),
+}
+
+# parameter (glob) -> why the wrapper's own design gives it no gradient from its loss
+PRETRAINING = "the pretraining loss reads the encoder's tokens; the classification head comes after them"
+WRAPPER_NO_GRADIENT = {
+    'distill_wrapper': {'teacher.*': 'the teacher is frozen: it only gives the soft targets'},
+    'mae': {'encoder.mlp_head.*': PRETRAINING},
+    'simmim': {'encoder.mlp_head.*': PRETRAINING},
+    'mpp': {'transformer.mlp_head.*': PRETRAINING},
+    'dino': {'student.net.mlp_head.*': "the projection reads the student's latent (hidden_layer='to_latent'), "
+                                       'before its classification head'},
+}
+
+
+@pytest.mark.parametrize('name', sorted(WRAPPER_STEPS))
+def test_one_wrapper_step_gives_a_finite_loss_and_every_trainable_parameter_a_gradient(name):
+    wrapper = build_wrapper(name).train()
+    move_off_initialisation(wrapper)
+    loss = WRAPPER_STEPS[name](wrapper)
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    loss.backward()
+    exempt = WRAPPER_NO_GRADIENT.get(name, {})
+    missing = [n for n, p in wrapper.named_parameters() if p.requires_grad and (p.grad is None or not p.grad.any())]
+    assert [n for n in missing if not any(fnmatch.fnmatch(n, pattern) for pattern in exempt)] == []
+
+
+@pytest.mark.parametrize('name', sorted(WRAPPER_STEPS))
+def test_wrapper_state_dict_round_trip_is_strict_and_exact(name):
+    source = move_off_initialisation(build_wrapper(name))
+    torch.manual_seed(1)
+    fresh = build_wrapper(name)
+    fresh.load_state_dict(source.state_dict(), strict=True)
+    assert source.state_dict().keys() == fresh.state_dict().keys()
+    for key, value in source.state_dict().items():
+        assert torch.equal(fresh.state_dict()[key], value), key
 
 
 # ---------------------------------------------------------------------------------------------

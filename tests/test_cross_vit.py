@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import digits_batch, fit_fixed_batch
+
 from vit_pytorch.cross_vit import CrossFusion, CrossViT, crossvit_small_240, crossvit_tiny_240
 from vit_pytorch.pretrained import load_timm, read_checkpoint
 from vit_pytorch.vit import ClassAttention
@@ -147,28 +147,6 @@ def test_fused_and_explicit_paths_agree_and_maps_are_visible():
         explicit = model(img)
     assert torch.allclose(fused, explicit, atol=1e-5)
     assert maps == [(2, 2, 1, 1 + 6), (2, 2, 1, 1 + 24)] * 2           # sm cls over large patches, and back
-
-
-@pytest.mark.slow
-def test_compiles_without_graph_breaks():
-    model = tiny_cross_vit().eval()
-    img = torch.randn(2, 3, 16, 24)
-    compiled = torch.compile(model, fullgraph=True, backend='eager')
-    with torch.no_grad():
-        assert torch.allclose(compiled(img), model(img), atol=1e-5)
-
-
-# learning
-
-
-def test_tiny_model_overfits_32_real_digits():
-    images, labels = digits_batch(32)
-    model = CrossViT(image_size=8, num_classes=10, sm_dim=32, lg_dim=32, sm_patch_size=2, sm_enc_depth=1,
-                     sm_enc_heads=2, sm_enc_mlp_dim=64, sm_enc_dim_head=16, lg_patch_size=4, lg_enc_depth=1,
-                     lg_enc_heads=2, lg_enc_mlp_dim=64, lg_enc_dim_head=16, cross_attn_depth=1, cross_attn_heads=2,
-                     depth=1, dropout=0., emb_dropout=0., channels=1)
-    accuracy, steps = fit_fixed_batch(model, images, labels)
-    assert accuracy == 1.0, f'training accuracy {accuracy} after {steps} steps'
 
 
 # errors

@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers import count, digits_batch, fit_fixed_batch, reference_case, tiny_vit_kwargs
+from helpers import count, reference_case, tiny_vit_kwargs
 from vit_pytorch.deepvit import DeepViT, ReAttention, deepvit, deepvit_16, deepvit_24, deepvit_32
 from vit_pytorch.vit import Attention
 
@@ -75,22 +75,6 @@ def test_re_attention_is_always_explicit():
     assert len(record_attention(attn, torch.randn(1, 4, 32))) == 1
 
 
-@pytest.mark.slow
-def test_works_with_torch_compile():
-    model = DeepViT(**tiny_vit_kwargs()).eval()
-    img = torch.randn(2, 3, 16, 24)
-    compiled = torch.compile(model, backend='eager', fullgraph=True)
-    torch.testing.assert_close(compiled(img), model(img))
-
-
-def test_tiny_model_overfits_32_real_digits():
-    images, labels = digits_batch(32)
-    model = DeepViT(image_size=8, patch_size=2, num_classes=10, dim=64, depth=2, heads=4, dim_head=16,
-                    mlp_dim=128, channels=1)
-    accuracy, steps = fit_fixed_batch(model, images, labels)
-    assert accuracy == 1.0, f'training accuracy {accuracy} after {steps} steps'
-
-
 @pytest.mark.parametrize('override, error, message', [
     (dict(heads=0), ValueError, r'heads must be a positive int, got 0'),
     (dict(image_size=(16, 25)), ValueError, r'image_size \(16, 25\).*patch_size'),
@@ -149,7 +133,6 @@ def paper_formula_count(depth, dim=384, heads=12, mlp_dim=1152, patch=16, image=
     re_attention = heads * heads + 2 * heads
     head = 2 * dim + dim * num_classes + num_classes
     return patch_embed + dim + tokens * dim + depth * (attention + mlp + re_attention) + head
-
 
 
 @pytest.mark.parametrize('build, depth', [(deepvit_16, 16), (deepvit_24, 24), (deepvit_32, 32)])

@@ -1,8 +1,8 @@
 """Deployment: torch.export with a dynamic batch, ONNX through the exporter torch recommends
 (`torch.onnx.export(..., dynamo=True)`), and TorchScript tracing.
 
-Every registered model (`vit_pytorch.models.MODELS`), built as the trainer builds it for small
-inputs (`train.model_config`: `models.SMALL_CONFIGS` or the trainer's ViT-style defaults), exports
+Every registered model (`vit_pytorch.models.MODELS`), built from its row of the conformance table
+(tests/test_conformance.py, the row named like the model), exports
 with torch.export at a batch of 2 and runs at other batches, and exports to ONNX and runs in
 onnxruntime (the registry sweep below: `pytest -m slow`; one model of each family in the default
 run). NaViT exports for a (b, c, h, w) tensor batch; a list of images (its packing) is Python-level
@@ -21,8 +21,9 @@ import warnings
 import pytest
 import torch
 
+import test_conformance as conformance
 from test_properties import MODELS
-from vit_pytorch import models, train
+from vit_pytorch import models
 
 EXPORTABLE = [spec for spec in MODELS if spec.name in ('vit', 'simple_vit')]
 export_table = pytest.mark.parametrize('spec', EXPORTABLE, ids=lambda spec: spec.name)
@@ -148,39 +149,25 @@ def test_torch_jit_script_is_unsupported_as_documented(spec):
 
 # the registry sweep: every registered model, the trainer's small configuration of it
 
-# inputs of the sweep, by what a model takes (models.INPUTS): (shape after the batch, the size the trainer passes);
-# images of 32 pixels suit every SMALL_CONFIGS entry, signals of 64 samples and clips of 8 frames of 16 pixels
-# give 8 and 16 tokens
-SWEEP_INPUTS = {'images': ((3, 32, 32), 32), 'signals': ((3, 64), 64), 'clips': ((3, 8, 16, 16), 16)}
-# one of each family in the default run (ViT and SimpleViT have the tests above): multi-scale windows, a
-# convolutional tokenizer, signals, video; the rest with `pytest -m slow` (an ONNX export takes seconds)
+# the sweep takes every registered model at its row of the conformance table (tests/test_conformance.py: the row
+# named like the model), in eval mode. One of each family in the default run (ViT and SimpleViT have the tests
+# above): multi-scale windows, a convolutional tokenizer, signals, video; the rest with `pytest -m slow` (an ONNX
+# export takes seconds)
 DEFAULT_SWEEP = ('swin', 'cct', 'vit_1d', 'vivit')
 sweep = pytest.mark.parametrize('name', [
     name if name in DEFAULT_SWEEP else pytest.param(name, marks=pytest.mark.slow) for name in sorted(models.MODELS)])
 
 
-def sweep_input_shape(name):
-    return SWEEP_INPUTS[models.INPUTS.get(name, 'images').split()[0]]
-
-
 def sweep_model(name):
-    """The registered model `name` as `train.py` builds it for the sweep's inputs, 5 classes, in eval mode."""
-    size = sweep_input_shape(name)[1]
-    torch.manual_seed(0)
-    kwargs = train.model_config(name, {}, image_size=size, channels=3, num_classes=5)
-    return models.build_model(name, **kwargs).eval()
+    return conformance.build(name)[0].eval()
 
 
 def sweep_inputs(name, batch):
-    return torch.randn(batch, *sweep_input_shape(name)[0], generator=torch.Generator().manual_seed(batch))
+    return conformance.CASES[name].make_input(torch.Generator().manual_seed(batch), batch=batch)
 
 
 def input_name(model):
     return next(iter(inspect.signature(model.forward).parameters))
-
-
-def test_the_sweep_covers_every_kind_of_input_the_registry_names():
-    assert {kind.split()[0] for kind in models.INPUTS.values()} | {'images'} == set(SWEEP_INPUTS)
 
 
 @sweep

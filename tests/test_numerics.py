@@ -131,7 +131,7 @@ def test_same_seed_with_dropout_is_bit_identical_and_another_seed_is_not():
     assert not torch.equal(run(5), run(6))
 
 
-# batch sizes 1 and 0
+# a batch of one (the empty batch: tests/test_conformance.py, for every registered model)
 
 
 @model_table
@@ -143,14 +143,3 @@ def test_batch_of_one_matches_the_same_image_in_a_batch(spec):
         single = torch.cat([model(img[i:i + 1]) for i in range(4)])
     assert single.shape == batched.shape
     torch.testing.assert_close(single, batched, rtol=1e-5, atol=1e-6)
-
-
-@model_table
-def test_empty_batch_gives_an_empty_result_of_the_right_shape(spec):
-    model = build(spec).train()
-    with torch.no_grad():
-        one = joined(model(images(spec, 1)))
-    out = forward_backward(model, images(spec, 0))
-    assert out.shape == (0, *one.shape[1:])
-    for name, parameter in model.named_parameters():
-        assert parameter.grad is not None and not parameter.grad.any(), name

@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import count, digits_batch, fit_fixed_batch, tiny_vit_kwargs
+from helpers import count, tiny_vit_kwargs
 from vit_pytorch.vit import Attention
 from vit_pytorch.vit_for_small_dataset import LSA, SPT, ViT, sl_vit, sl_vit_cifar, sl_vit_tiny_imagenet
 
@@ -119,22 +119,6 @@ def test_a_single_token_is_still_defined():
     assert torch.isfinite(lsa(torch.randn(2, 1, 16))).all()
 
 
-@pytest.mark.slow
-def test_works_with_torch_compile():
-    model = ViT(**tiny_vit_kwargs()).eval()
-    img = torch.randn(2, 3, 16, 24)
-    compiled = torch.compile(model, backend='eager', fullgraph=True)
-    torch.testing.assert_close(compiled(img), model(img))
-
-
-def test_tiny_model_overfits_32_real_digits():
-    images, labels = digits_batch(32)
-    model = ViT(image_size=8, patch_size=2, num_classes=10, dim=64, depth=2, heads=4, dim_head=16,
-                mlp_dim=128, channels=1)
-    accuracy, steps = fit_fixed_batch(model, images, labels)
-    assert accuracy == 1.0, f'training accuracy {accuracy} after {steps} steps'
-
-
 @pytest.mark.parametrize('override, error, message', [
     (dict(patch_size=(1, 8), image_size=(16, 24)), ValueError, r'patch_size must be at least 2.*\(1, 8\)'),
     (dict(patch_size=0), ValueError, r'patch_size must be a positive int, got 0'),
@@ -174,7 +158,6 @@ def official_sl_vit_count(image, patch, num_classes, dim=192, depth=9, heads=12,
     mlp = 2 * dim + (dim * mlp_dim + mlp_dim) + (mlp_dim * dim + dim)
     head = 2 * dim + dim * num_classes + num_classes
     return spt + dim + tokens * dim + depth * (attention + mlp) + head
-
 
 
 @pytest.mark.parametrize('build, image, patch, num_classes', [

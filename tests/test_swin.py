@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers import as_tuples, count, digits_batch, fit_fixed_batch, load_fixture
+from helpers import as_tuples, count, load_fixture
 from vit_pytorch import multiscale, swin
 from vit_pytorch.pretrained import CheckpointError, load_timm, load_vit_pytorch
 from vit_pytorch.recorder import Recorder
@@ -362,33 +362,6 @@ def test_v2_recorded_maps_sum_to_one_and_both_paths_agree():
 # training, compile, options
 
 
-@pytest.mark.slow
-def test_compiles_without_graph_breaks_forward_and_backward():
-    # shifted and plain windows, padding, the mask of a dynamic size, patch merging (one model: tracing is slow)
-    model = perturb(tiny(img_size=(20, 24), depths=(2, 1), num_heads=2, dynamic_img_size=True))
-    img = torch.randn(2, 3, 20, 24)
-    compiled = torch.compile(model, fullgraph=True, backend='eager')
-    compiled(img).sum().backward()
-    grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    model(img).sum().backward()
-    for compiled_grad, p in zip(grads, model.parameters()):
-        torch.testing.assert_close(compiled_grad, p.grad, atol=1e-5, rtol=1e-4)
-
-
-@both
-def test_gradient_checkpointing_gives_the_same_gradients(cls):
-    model = perturb(tiny(cls))
-    img = torch.randn(2, 3, 40, 48)
-    model(img).sum().backward()
-    expected = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    model.set_grad_checkpointing()
-    model(img).sum().backward()
-    for grad, p in zip(expected, model.parameters()):
-        torch.testing.assert_close(p.grad, grad)
-
-
 def test_no_weight_decay_names_what_timm_exempts():
     assert tiny().no_weight_decay() == {f'stages.{i}.blocks.layers.{j}.0.fn.relative_position_bias_table'
                                         for i in range(3) for j in range(2)}
@@ -402,15 +375,6 @@ def test_reset_classifier_starts_from_zero():
     assert torch.equal(model(torch.randn(2, 3, 40, 48)), torch.zeros(2, 3))
     model.reset_classifier(0)
     assert model(torch.randn(2, 3, 40, 48)).shape == (2, 32)
-
-
-@both
-def test_tiny_model_overfits_32_real_digits(cls):
-    images, labels = digits_batch(32)
-    model = cls(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=16, depths=(2, 1), num_heads=2,
-                window_size=2, drop_path_rate=0.)
-    accuracy, steps = fit_fixed_batch(model, images, labels)
-    assert accuracy == 1.0, f'training accuracy {accuracy} after {steps} steps'
 
 
 # errors

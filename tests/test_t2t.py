@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers import digits_batch, fit_fixed_batch
+
 from vit_pytorch.t2t import SoftSplit, T2TViT, TokenAttention, sinusoid_table, t2t_vit, t2t_vit_14
 
 
@@ -132,26 +132,6 @@ def test_fused_and_explicit_paths_agree():
         explicit = model(img)
     assert torch.allclose(fused, explicit, atol=1e-5)
     assert maps == [(2, 1, 96, 96), (2, 2, 25, 25), (2, 2, 25, 25)]
-
-
-@pytest.mark.slow
-def test_compiles_without_graph_breaks():
-    model = tiny_t2t().eval()
-    img = torch.randn(2, 3, 32, 48)
-    compiled = torch.compile(model, fullgraph=True, backend='eager')
-    with torch.no_grad():
-        assert torch.allclose(compiled(img), model(img), atol=1e-5)
-
-
-# learning
-
-
-def test_tiny_model_overfits_32_real_digits():
-    images, labels = digits_batch(32)
-    model = T2TViT(image_size=8, num_classes=10, dim=32, depth=1, heads=2, dim_head=16, mlp_dim=64, channels=1,
-                   t2t_layers=((3, 2), (3, 2)), token_dim=16)
-    accuracy, steps = fit_fixed_batch(model, images, labels)
-    assert accuracy == 1.0, f'training accuracy {accuracy} after {steps} steps'
 
 
 # errors

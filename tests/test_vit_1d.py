@@ -77,16 +77,6 @@ def test_recorded_attention_covers_the_cls_token_and_every_patch():
     torch.testing.assert_close(attns.sum(-1), torch.ones(3, 2, 2, 7))
 
 
-@pytest.mark.parametrize('cls', [ViT, SimpleViT])
-@pytest.mark.slow
-def test_compiles_without_graph_breaks(cls):
-    model = cls(**TINY).eval()
-    x = series()
-    compiled = torch.compile(model, fullgraph=True, backend='eager')
-    with torch.no_grad():
-        torch.testing.assert_close(compiled(x), model(x), **TOL)
-
-
 # vit-pytorch's checkpoints
 
 

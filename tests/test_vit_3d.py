@@ -92,20 +92,6 @@ def test_fused_and_explicit_attention_agree():
     torch.testing.assert_close(fused, explicit, **TOL)
 
 
-@pytest.mark.parametrize('build', [
-    lambda: ViT(**TINY), lambda: SimpleViT(**TINY),
-    lambda: CCT(img_size=(16, 24), num_frames=4, embedding_dim=16, n_conv_layers=1, kernel_size=3, stride=1,
-                padding=1, num_layers=1, num_heads=2, mlp_ratio=2., num_classes=5),
-], ids=['vit_3d', 'simple_vit_3d', 'cct_3d'])
-@pytest.mark.slow
-def test_compiles_without_graph_breaks(build):
-    model = build().eval()
-    x = video()
-    compiled = torch.compile(model, fullgraph=True, backend='eager')
-    with torch.no_grad():
-        torch.testing.assert_close(compiled(x), model(x), **TOL)
-
-
 # Hugging Face's ViViT (Model 1)
 
 

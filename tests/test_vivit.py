@@ -126,16 +126,6 @@ def test_masked_frames_holding_non_finite_or_huge_values_do_not_reach_the_output
         torch.testing.assert_close(logits, model(zeros, mask=mask), **TOL)
 
 
-@pytest.mark.slow
-def test_compiles_without_graph_breaks():
-    for variant in VARIANTS:
-        model = tiny(variant=variant).eval()
-        x = video()
-        compiled = torch.compile(model, fullgraph=True, backend='eager')
-        with torch.no_grad():
-            torch.testing.assert_close(compiled(x), model(x), **TOL)
-
-
 # vit-pytorch's checkpoints
 
 

@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from helpers import digits_batch, fit_fixed_batch
+
 from vit_pytorch.pretrained import load_timm, read_checkpoint
 from vit_pytorch.vit import ClassAttention
 from vit_pytorch.xcit import (FourierPositionEncoding, LocalPatchInteraction, XCAttention, XCiT,
@@ -168,26 +168,6 @@ def test_fused_and_explicit_paths_agree():
     explicit, maps = attention_maps(model, img)
     assert torch.allclose(fused, explicit, atol=1e-5)
     assert [tuple(m.shape) for m in maps] == [(2, 2, 16, 16)] * 2 + [(2, 2, 1, 25)] * 2
-
-
-@pytest.mark.slow
-def test_compiles_without_graph_breaks():
-    model = tiny_xcit().eval()
-    img = torch.randn(2, 3, 16, 24)
-    compiled = torch.compile(model, fullgraph=True, backend='eager')
-    with torch.no_grad():
-        assert torch.allclose(compiled(img), model(img), atol=1e-5)
-
-
-# learning
-
-
-def test_tiny_model_overfits_32_real_digits():
-    images, labels = digits_batch(32)
-    model = XCiT(image_size=8, patch_size=4, num_classes=10, dim=32, depth=1, cls_depth=1, heads=2,
-                 dim_head=16, mlp_dim=64, channels=1)
-    accuracy, steps = fit_fixed_batch(model, images, labels)
-    assert accuracy == 1.0, f'training accuracy {accuracy} after {steps} steps'
 
 
 # errors
