@@ -70,9 +70,9 @@ from vit_pytorch.checkpoint import CheckpointError, load_config, load_training_s
 from vit_pytorch.evaluate import autocast, data_source, normalise
 from vit_pytorch.recorder import Recorder
 from vit_pytorch.train import (_HelpFormatter, _progress, _restore_arguments, _run_name, _write, check_batches,
-                               check_step, check_weights, epoch_batches, epoch_seed, learning_rate, least_batch,
-                               model_config, parameter_groups, pick_examples, require_extras, run_command,
-                               setup_distributed, share, translate)
+                               check_step, check_weights, command_line_fits, epoch_batches, epoch_count, epoch_seed,
+                               learning_rate, least_batch, model_config, parameter_groups, pick_examples,
+                               require_extras, run_command, setup_distributed, share, translate)
 from vit_pytorch.train import parse_args as parse_training_args
 
 METHODS = ('mae', 'simmim', 'mpp', 'dino')
@@ -528,8 +528,10 @@ def _figure(width, height):
 
 def main(argv=None):
     args, model_kwargs = parse_args(argv)
+    if not command_line_fits(args, model_kwargs, build_parser()):
+        return 2
     return run_command(pretrain, args, model_kwargs, command='vit_pytorch.pretrain', summary=lambda result: (
-        f"{args.method} loss {result['loss']:.4f} after {result['epoch']} epochs "
+        f"{args.method} loss {result['loss']:.4f} after {epoch_count(result['epoch'])} "
         f"({result['elapsed_seconds']:.1f} s); pre-trained network: {result['checkpoint']}"))
 
 
