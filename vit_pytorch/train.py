@@ -230,19 +230,27 @@ def check_command_line(args, model_kwargs, parser):
     if getattr(args, 'random_size', None) and args.model not in MIXED_SIZES:
         raise ValueError(f"--random-size passes each batch as a list of images of mixed sizes, which --model "
                          f"{args.model} does not take; the models that do: {', '.join(MIXED_SIZES)}")
-    accepted = models.parameters(args.model)
-    options = [flag for action in parser._actions for flag in action.option_strings if flag.startswith('--')]
+    check_model_options(model_kwargs, args.model, parser)
+    return notes
+
+
+def check_model_options(model_kwargs, model, parser):
+    """A ValueError for the first of `model_kwargs` that `model` does not take (an option that is neither the
+    command's, which `parser` holds, nor the model's), with the closest spellings of both."""
+    accepted = models.parameters(model)
+    if accepted is None:
+        return
+    flags = [flag for action in parser._actions for flag in action.option_strings if flag.startswith('--')]
+    flags += ['--' + key.replace('_', '-') for key in sorted(accepted)]
     for name in model_kwargs:
-        if accepted is None or name in accepted:
+        if name in accepted:
             continue
         flag = '--' + name.replace('_', '-')
-        close = difflib.get_close_matches(flag, options + ['--' + key.replace('_', '-') for key in sorted(accepted)])
+        close = difflib.get_close_matches(flag, flags)
         hint = (f"did you mean {' or '.join(close) if len(close) < 3 else ', '.join(close[:-1]) + ' or ' + close[-1]}?"
-                if close else
-                f"{args.model} takes {', '.join('--' + key.replace('_', '-') for key in sorted(accepted))}")
+                if close else f"{model} takes {', '.join('--' + key.replace('_', '-') for key in sorted(accepted))}")
         raise ValueError(f"unrecognised option {flag}: neither an option of {parser.prog} nor an argument of "
-                         f"{args.model}; {hint}")
-    return notes
+                         f"{model}; {hint}")
 
 
 def _value(text):
