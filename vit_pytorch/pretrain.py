@@ -513,6 +513,7 @@ def save_loss_curve(history, path, *, method, dpi=100):
     axis.plot([record['epoch'] for record in history], [record['loss'] for record in history])
     axis.set(xlabel='epoch', ylabel='loss', title=f'{method} pre-training loss')
     axis.grid(alpha=0.3)
+    axis.xaxis.get_major_locator().set_params(integer=True)       # whole epochs: a record is one
     figure.savefig(path, dpi=dpi)
     return Path(path)
 

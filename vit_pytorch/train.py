@@ -907,14 +907,16 @@ def smoothed_loss_floor(label_smoothing, num_classes):
 
 def _curves_note(args, split):
     """Why the two loss curves differ, for the foot of curves.png (None when they are computed alike)."""
-    augmentation = [name for name, used in (('shifts', args.translate > 0), ('flips', args.hflip),
+    kind = DATA_INPUTS.get(str(args.data).partition(':')[0], 'images')
+    shifts = 'shifts in time' if kind == 'signals' else 'shifts'
+    augmentation = [name for name, used in ((shifts, args.translate > 0), ('flips', args.hflip),
                                             ('mixup', args.mixup > 0)) if used]
-    train = ([f'{", ".join(augmentation)} on the images'] if augmentation else []) + \
+    train = ([f'{", ".join(augmentation)} on the {kind}'] if augmentation else []) + \
         ([f'label smoothing {args.label_smoothing:g} on the targets'] if args.label_smoothing > 0 else [])
     if not train:
         return None
     return (f"train loss: {' and '.join(train)}, so it cannot fall below the dotted line and may stay above the "
-            f"{split} loss;\n{split} loss: plain cross-entropy on the {split} images as they are")
+            f"{split} loss;\n{split} loss: plain cross-entropy on the {split} {kind} as they are")
 
 
 def pick_examples(labels, count):
