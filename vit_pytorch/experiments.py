@@ -125,7 +125,6 @@ def parse_args(argv=None):
             setattr(args, name, value)
     try:
         model_kwargs = train.parse_model_kwargs(rest)
-        train.check_model_options(model_kwargs, 'vit', parser)
         check_args(args)
     except ValueError as error:
         parser.error(str(error))
@@ -649,6 +648,7 @@ def summary_lines(summary, label=()):
 def main(argv=None):
     args, model_kwargs = parse_args(argv)
     try:
+        train.check_model_options(model_kwargs, 'vit', build_parser())     # one line, before any run
         summary, picture, path = run_experiment(args, model_kwargs)
     except KeyboardInterrupt:
         print(f"\ninterrupted; the finished runs are in {args.out}/results.json; the same command continues",
