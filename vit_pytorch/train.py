@@ -207,15 +207,20 @@ def inputs_of(name):
     return models.INPUTS.get(name, 'images').split()[0]
 
 
+def data_inputs(data):
+    """What `--data` gives: 'images', 'signals' or 'clips'."""
+    return DATA_INPUTS.get(str(data).partition(':')[0], 'images')
+
+
 def check_command_line(args, model_kwargs, parser):
     """Checks of the command line that need no data and no model, so that a misfit is one line before anything
     is built: the model fits the data's kind (the kind's own model when --model is not given), --random-size has a
     model that takes mixed sizes, and every model option is one the model takes. Returns the notes to print (the
-    model chosen); a ValueError otherwise. A resumed run, or one started from --init without --model, takes its
-    model from a checkpoint, so it is left to the checks that read it."""
-    if args.resume is not None or (getattr(args, 'init', None) is not None and 'model' not in args.given):
+    model chosen); a ValueError otherwise. A resumed run, or one started from --init, takes its model from a
+    checkpoint, so it is left to the checks that read it."""
+    if args.resume is not None or getattr(args, 'init', None) is not None:
         return []
-    kind = DATA_INPUTS.get(str(args.data).partition(':')[0], 'images')
+    kind = data_inputs(args.data)
     notes = []
     if 'model' not in args.given:
         args.model, what = DEFAULT_MODELS[kind]
@@ -907,7 +912,7 @@ def smoothed_loss_floor(label_smoothing, num_classes):
 
 def _curves_note(args, split):
     """Why the two loss curves differ, for the foot of curves.png (None when they are computed alike)."""
-    kind = DATA_INPUTS.get(str(args.data).partition(':')[0], 'images')
+    kind = data_inputs(args.data)
     shifts = 'shifts in time' if kind == 'signals' else 'shifts'
     augmentation = [name for name, used in ((shifts, args.translate > 0), ('flips', args.hflip),
                                             ('mixup', args.mixup > 0)) if used]
