@@ -133,8 +133,8 @@ def build_parser():
     data.add_argument('--channels', type=int, default=None,
                       help='1 gray or 3 RGB (default: 1 for the digits, 3 for a folder)')
     model = parser.add_argument_group('model')
-    model.add_argument('--model', default='vit', help=f"one of {', '.join(models.known_names())} (default: the "
-                       "one for the data's kind: vit for images, vit_1d for signals, vit_3d for clips)")
+    model.add_argument('--model', default='vit', help=f"one of {', '.join(models.known_names())} (default: vit; "
+                       "vit_1d for signals, vit_3d for clips)")
     recipe = parser.add_argument_group('recipe')
     recipe.add_argument('--epochs', type=int, default=50,
                         help='passes over the training images; with --resume, more than before extends the run')
