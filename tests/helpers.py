@@ -177,3 +177,27 @@ def move_off_initialisation(model, seed=0, scale=0.1):
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=generator) * scale)
     return model
+
+
+def install_fake_aeon(monkeypatch):
+    """aeon.datasets.load_classification replaced (through `monkeypatch`) by two tiny 'GunPoint' splits of 150
+    samples: class 1 rises, class 2 falls; returns the splits, name -> (values (n, 1, 150), labels)."""
+    import sys
+    import types
+
+    import numpy as np
+
+    ramp = np.linspace(-1, 1, 150)
+    rng = np.random.default_rng(0)
+
+    def split(count):
+        labels = np.array(['1', '2'] * (count // 2))
+        values = np.stack([ramp if label == '1' else -ramp for label in labels])[:, None]
+        return values + 0.1 * rng.standard_normal(values.shape), labels
+
+    splits = dict(train=split(16), test=split(10))
+    datasets = types.ModuleType('aeon.datasets')
+    datasets.load_classification = lambda name, split: splits[split]
+    monkeypatch.setitem(sys.modules, 'aeon', types.ModuleType('aeon'))
+    monkeypatch.setitem(sys.modules, 'aeon.datasets', datasets)
+    return splits

@@ -317,8 +317,9 @@ def test_help_shows_every_options_real_default_once(capsys, monkeypatch):
     for option, entry in entries.items():
         assert entry.count('default') == 1, entry
     for option, default in (('--epochs', '50'), ('--seed', '0'), ('--weight-decay', '0.05'), ('--lr', '0.003'),
-                            ('--batch-size', '64'), ('--model', 'vit'), ('--data', 'digits')):
+                            ('--batch-size', '64'), ('--data', 'digits')):
         assert f'(default: {default})' in entries[option], entries[option]
+    assert '(default: vit; vit_1d for signals, vit_3d for clips)' in entries['--model']   # the data's kind's ViT
     assert 'True' not in entries['--no-plots'] and 'False' not in entries['--hflip']
     assert '16 for the digits' in entries['--image-size'] and 'None' not in entries['--image-size']
 

@@ -616,9 +616,42 @@ def run_experiment(args, model_kwargs):
     return summary, picture, results.path
 
 
+# a setting's spread over seeds (see `spread`), and the figures of a run that are not settings
+STATISTICS = ('mean', 'std', 'min', 'max', 'n', 'seeds')
+FIGURES = ('test_accuracy', 'structure', 'grid', 'parameters', 'forward_flops', 'train_flops')
+
+
+def _shown(value):
+    return f'{value:g}' if isinstance(value, float) else str(value)
+
+
+def summary_lines(summary, label=()):
+    """The summary for the terminal, one line per setting: its accuracy (mean +- std over n seeds), or its
+    other figures; results.json keeps everything."""
+    name = ' '.join(label)
+    if isinstance(summary, dict) and {'mean', 'std', 'n'} <= set(summary):   # a spread, not pooling's 'mean' pool
+        return [f"{name}: {100 * summary['mean']:.2f}% +- {100 * summary['std']:.2f} (n={summary['n']})"]
+    if isinstance(summary, dict):
+        return [line for key, value in summary.items() for line in summary_lines(value, (*label, str(key)))]
+    if isinstance(summary, list) and summary and all(isinstance(point, dict) for point in summary):
+        lines = []
+        for point in summary:
+            setting = (*label, *(f'{key} {_shown(value)}' for key, value in point.items()
+                                 if key not in STATISTICS + FIGURES))
+            if {'mean', 'std', 'n'} <= set(point):
+                lines += summary_lines(point, setting)
+            else:
+                figures = [f"{key} {100 * value:.2f}%" if key.endswith('accuracy') else f"{key} {_shown(value)}"
+                           for key, value in point.items() if key in FIGURES]
+                lines.append(f"{' '.join(setting)}: {', '.join(figures)}")
+        return lines
+    return [f"{name}: {_shown(summary)}"]
+
+
 def main(argv=None):
     args, model_kwargs = parse_args(argv)
     try:
+        train.check_model_options(model_kwargs, 'vit', build_parser())     # one line, before any run
         summary, picture, path = run_experiment(args, model_kwargs)
     except KeyboardInterrupt:
         print(f"\ninterrupted; the finished runs are in {args.out}/results.json; the same command continues",
@@ -627,8 +660,8 @@ def main(argv=None):
     except (CheckpointError, FileNotFoundError, NotADirectoryError, ValueError, MissingExtra) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(json.dumps(summary, indent=1 if not args.quiet else None))
-    print(f"results: {path}; picture: {picture}", flush=True)
+    print('\n'.join(summary_lines(summary)))
+    print(f"all figures in {path}; picture: {picture}", flush=True)
     return 0
 
 

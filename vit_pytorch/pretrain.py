@@ -67,7 +67,7 @@ from torch import nn
 
 from vit_pytorch import analysis
 from vit_pytorch.recorder import Recorder
-from vit_pytorch.train import pick_examples
+from vit_pytorch.train import command_line_fits, epoch_count, pick_examples
 from vit_pytorch.train import parse_args as parse_training_args
 from vit_pytorch.training import registry, run_folder
 from vit_pytorch.training.registry import model_config
@@ -517,6 +517,7 @@ def save_loss_curve(history, path, *, method, dpi=100):
     axis.plot([record['epoch'] for record in history], [record['loss'] for record in history])
     axis.set(xlabel='epoch', ylabel='loss', title=f'{method} pre-training loss')
     axis.grid(alpha=0.3)
+    axis.xaxis.get_major_locator().set_params(integer=True)       # whole epochs: a record is one
     figure.savefig(path, dpi=dpi)
     return Path(path)
 
@@ -532,8 +533,10 @@ def _figure(width, height):
 
 def main(argv=None):
     args, model_kwargs = parse_args(argv)
+    if not command_line_fits(args, model_kwargs, build_parser()):
+        return 2
     return run_command(pretrain, args, model_kwargs, command='vit_pytorch.pretrain', summary=lambda result: (
-        f"{args.method} loss {result['loss']:.4f} after {result['epoch']} epochs "
+        f"{args.method} loss {result['loss']:.4f} after {epoch_count(result['epoch'])} "
         f"({result['elapsed_seconds']:.1f} s); pre-trained network: {result['checkpoint']}"))
 
 

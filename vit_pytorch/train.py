@@ -57,8 +57,10 @@ see `vit_pytorch.run_folder`); a new run where --out holds another run's files i
 
 import argparse
 import contextlib
+import difflib
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -89,6 +91,13 @@ MIN_PATCHES = 4
 # what a run writes to --out (see run_folder): a new run over any of them is refused unless --overwrite
 RUN_FILES = ('checkpoint', 'checkpoint.old', 'log.jsonl', 'curves.png', 'attention.png', 'attention_distance.png',
              'position_similarity.png')
+# what `--data NAME:ARG` gives (evaluate.SOURCES): signals (n, c, length) or clips (n, c, frames, h, w); else images
+DATA_INPUTS = dict(ucr='signals', clips='clips')
+# the model trained on each kind of input when --model is not given
+DEFAULT_MODELS = dict(images=('vit', 'the ViT for images'), signals=('vit_1d', 'the ViT for signals'),
+                      clips=('vit_3d', 'the ViT for clips'))
+# the models that take a batch as a list of images of their own sizes, as --random-size passes it
+MIXED_SIZES = ('na_vit', 'na_vit_nested_tensor')
 
 
 def build_parser():
@@ -96,13 +105,17 @@ def build_parser():
                                      epilog='Any other --name value is a keyword argument of the model.',
                                      formatter_class=HelpFormatter)
     data = parser.add_argument_group('data')
-    data.add_argument('--data', default='digits', help="'digits' or a folder with train/<class>/ and val/<class>/")
+    data.add_argument('--data', default='digits',
+                      help="'digits', a folder with train/<class>/ and val/<class>/, ucr:NAME (a UCR set of signals, "
+                           "e.g. ucr:GunPoint) or clips:TASK (moving digits, clips:digit or clips:direction)")
     data.add_argument('--image-size', type=int, default=None,
-                      help='side in pixels (default: 16 for the digits, 32 for a folder)')
+                      help="side in pixels, a signal's length or a clip frame's side (default: the data's, 16 for "
+                           "the digits, 32 for a folder)")
     data.add_argument('--channels', type=int, default=None,
                       help='1 gray or 3 RGB (default: 1 for the digits, 3 for a folder)')
     model = parser.add_argument_group('model')
-    model.add_argument('--model', default='vit', help=f"one of {', '.join(registry.known_names())}")
+    model.add_argument('--model', default='vit', help=f"one of {', '.join(registry.known_names())} (default: vit; "
+                       "vit_1d for signals, vit_3d for clips)")
     recipe = parser.add_argument_group('recipe')
     recipe.add_argument('--epochs', type=int, default=50,
                         help='passes over the training images; with --resume, more than before extends the run')
@@ -121,7 +134,7 @@ def build_parser():
     recipe.add_argument('--random-size', type=int, nargs=2, metavar=('MIN', 'MAX'), default=None,
                         help="resize each training image to its own random height and width in [MIN, MAX], "
                              "multiples of the model's patch size, and pass the batch as a list of images: a model "
-                             "that takes images of mixed sizes (na_vit) (default: off)")
+                             f"that takes images of mixed sizes ({', '.join(MIXED_SIZES)}) (default: off)")
     recipe.add_argument('--amp', action='store_true', help='bf16 autocast, mixed precision (default: off)')
     recipe.add_argument('--seed', type=int, default=0,
                         help="seeds the initialisation and each epoch's order and augmentation")
@@ -168,6 +181,62 @@ def parse_args(argv=None, parser=None):
     except ValueError as error:
         parser.error(str(error))
     return args, model_kwargs
+
+
+def inputs_of(name):
+    """What model `name` takes: 'images', 'signals' or 'clips'."""
+    return registry.INPUTS.get(name, 'images').split()[0]
+
+
+def data_inputs(data):
+    """What `--data` gives: 'images', 'signals' or 'clips'."""
+    return DATA_INPUTS.get(str(data).partition(':')[0], 'images')
+
+
+def check_command_line(args, model_kwargs, parser):
+    """Checks of the command line that need no data and no model, so that a misfit is one line before anything
+    is built: the model fits the data's kind (the kind's own model when --model is not given), --random-size has a
+    model that takes mixed sizes, and every model option is one the model takes. Returns the notes to print (the
+    model chosen); a ValueError otherwise. A resumed run, or one started from --init, takes its model from a
+    checkpoint, so it is left to the checks that read it."""
+    if args.resume is not None or getattr(args, 'init', None) is not None:
+        return []
+    kind = data_inputs(args.data)
+    notes = []
+    if 'model' not in args.given:
+        args.model, what = DEFAULT_MODELS[kind]
+        if kind != 'images':
+            notes.append(f"no --model given: using {args.model}, {what}")
+    if args.model not in registry.MODELS and not registry.is_named_config(args.model):
+        return notes                                               # the unknown name is refused when it is built
+    if inputs_of(args.model) != kind:
+        fitting = ', '.join(name for name in registry.MODELS if inputs_of(name) == kind)
+        raise ValueError(f"--model {args.model} takes {inputs_of(args.model)}, but --data {args.data} gives {kind}: "
+                         f"use a model for {kind} ({fitting})")
+    if getattr(args, 'random_size', None) and args.model not in MIXED_SIZES:
+        raise ValueError(f"--random-size passes each batch as a list of images of mixed sizes, which --model "
+                         f"{args.model} does not take; the models that do: {', '.join(MIXED_SIZES)}")
+    check_model_options(model_kwargs, args.model, parser)
+    return notes
+
+
+def check_model_options(model_kwargs, model, parser):
+    """A ValueError for the first of `model_kwargs` that `model` does not take (an option that is neither the
+    command's, which `parser` holds, nor the model's), with the closest spellings of both."""
+    accepted = registry.parameters(model)
+    if accepted is None:
+        return
+    flags = [flag for action in parser._actions for flag in action.option_strings if flag.startswith('--')]
+    flags += ['--' + key.replace('_', '-') for key in sorted(accepted)]
+    for name in model_kwargs:
+        if name in accepted:
+            continue
+        flag = '--' + name.replace('_', '-')
+        close = difflib.get_close_matches(flag, flags)
+        hint = (f"did you mean {' or '.join(close) if len(close) < 3 else ', '.join(close[:-1]) + ' or ' + close[-1]}?"
+                if close else f"{model} takes {', '.join('--' + key.replace('_', '-') for key in sorted(accepted))}")
+        raise ValueError(f"unrecognised option {flag}: neither an option of {parser.prog} nor an argument of "
+                         f"{model}; {hint}")
 
 
 # augmentation: drawn for the whole global batch, so every process (and a single process) sees the same
@@ -457,14 +526,16 @@ def smoothed_loss_floor(label_smoothing, num_classes):
 
 def _curves_note(args, split):
     """Why the two loss curves differ, for the foot of curves.png (None when they are computed alike)."""
-    augmentation = [name for name, used in (('shifts', args.translate > 0), ('flips', args.hflip),
+    kind = data_inputs(args.data)
+    shifts = 'shifts in time' if kind == 'signals' else 'shifts'
+    augmentation = [name for name, used in ((shifts, args.translate > 0), ('flips', args.hflip),
                                             ('mixup', args.mixup > 0)) if used]
-    train = ([f'{", ".join(augmentation)} on the images'] if augmentation else []) + \
+    train = ([f'{", ".join(augmentation)} on the {kind}'] if augmentation else []) + \
         ([f'label smoothing {args.label_smoothing:g} on the targets'] if args.label_smoothing > 0 else [])
     if not train:
         return None
     return (f"train loss: {' and '.join(train)}, so it cannot fall below the dotted line and may stay above the "
-            f"{split} loss;\n{split} loss: plain cross-entropy on the {split} images as they are")
+            f"{split} loss;\n{split} loss: plain cross-entropy on the {split} {kind} as they are")
 
 
 def pick_examples(labels, count):
@@ -527,10 +598,32 @@ def draw_inside(model, data, *, mean, std, device, out, count=8):
     return written
 
 
+def command_line_fits(args, model_kwargs, parser):
+    """`check_command_line` for a command's `main`: prints its notes (rank 0, unless --quiet) and returns True, or
+    prints its one error line and returns False."""
+    try:
+        notes = check_command_line(args, model_kwargs, parser)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return False
+    if int(os.environ.get('RANK', '0')) == 0 and not args.quiet:
+        for note in notes:
+            print(note, flush=True)
+    return True
+
+
+def epoch_count(count):
+    """'1 epoch', '2 epochs'."""
+    return f"{count} epoch" + ('' if count == 1 else 's')
+
+
 def main(argv=None):
-    args, model_kwargs = parse_args(argv)
+    parser = build_parser()
+    args, model_kwargs = parse_args(argv, parser)
+    if not command_line_fits(args, model_kwargs, parser):
+        return 2
     return run_command(train, args, model_kwargs, command='vit_pytorch.train', summary=lambda result: (
-        f"{result['test_split']} accuracy {100 * result['test_accuracy']:.2f}% after {result['epoch']} epochs "
+        f"{result['test_split']} accuracy {100 * result['test_accuracy']:.2f}% after {epoch_count(result['epoch'])} "
         f"({result['elapsed_seconds']:.1f} s of training); checkpoint: {result['checkpoint']}"))
 
 
