@@ -259,6 +259,14 @@ def batch_center(teacher_logits):
     return center
 
 
+def get_module_device(module):
+    """The device of `module`'s first parameter (vit-pytorch's helper of this name)."""
+    parameter = next(module.parameters(), None)
+    if parameter is None:
+        raise ValueError(f"{type(module).__name__} has no parameters, so no device to read")
+    return parameter.device
+
+
 def embedding_width(net, image_size):
     """The width of `net`'s pre-logits embedding, from one image (in eval mode, without gradients)."""
     parameter = next(net.parameters(), None)
