@@ -78,9 +78,10 @@ def test_named_configuration_counts_equal_the_official_code(variant, expected, p
     assert round(count(model) / 1e6, 1) == paper
 
 
-def test_the_defaults_build_regionvit_ti():
+def test_the_defaults_build_regionvit_ti_with_vit_pytorchs_single_convolution_stem():
     with torch.device('meta'):
-        assert count(RegionViT()) == 13_842_676
+        assert count(RegionViT()) == count(regionvit.regionvit_tiny(tokenize_local_3_conv=False))
+        assert count(regionvit.regionvit_tiny()) == 13_842_676
 
 
 def test_unknown_variant_is_refused():

@@ -131,3 +131,107 @@ def test_get_module_device_is_the_device_of_the_parameters():
     assert get_module_device(torch.nn.Linear(2, 2, device='meta')) == torch.device('meta')
     with pytest.raises(ValueError, match='no parameters'):
         get_module_device(torch.nn.ReLU())
+
+
+# item B: a default vit-pytorch has is the default at its class; the papers' values are named constructors
+
+
+def test_mpp_defaults_are_vit_pytorchs_and_mpp_paper_has_the_papers():
+    from vit_pytorch.mpp import MPP
+
+    assert parameters(MPP) == [
+        ('transformer', REQUIRED), ('patch_size', None), ('dim', None), ('output_channel_bits', 3),
+        ('channels', None), ('max_pixel_val', 1.0), ('mask_prob', 0.15), ('replace_prob', 0.5),
+        ('random_patch_prob', 0.5), ('mean', None), ('std', None)]
+    paper = MPP.paper(ViT(**tiny_vit_kwargs()))
+    assert (paper.mask_prob, paper.replace_prob, paper.random_patch_prob) == (0.5, 0.8, 0.1)   # appendix B.1.2
+
+
+def test_dino_takes_vit_pytorchs_arguments_in_its_order_with_its_defaults():
+    from vit_pytorch.dino import Dino
+
+    vit_pytorchs = [
+        ('net', REQUIRED), ('image_size', REQUIRED), ('hidden_layer', -2), ('projection_hidden_size', 256),
+        ('num_classes_K', 65336), ('projection_layers', 4), ('student_temp', 0.9), ('teacher_temp', 0.04),
+        ('local_upper_crop_scale', 0.4), ('global_lower_crop_scale', 0.5), ('moving_average_decay', 0.9),
+        ('center_moving_average_decay', 0.9), ('augment_fn', None), ('augment_fn2', None)]
+    signature = inspect.signature(Dino).parameters.values()
+    assert parameters(Dino)[:len(vit_pytorchs)] == vit_pytorchs
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in list(signature)[len(vit_pytorchs):])
+
+
+def test_dino_projection_layers_counts_every_linear_layer_of_the_head_as_vit_pytorch_does():
+    from vit_pytorch.dino import Dino
+
+    # vit-pytorch's MLP(num_layers=4): three Linear + GELU, L2 norm, then a Linear to K
+    learner = Dino(ViT(**tiny_vit_kwargs()), (16, 24), -2, 32, 64, 4, bottleneck_dim=16)
+    assert sum(isinstance(m, torch.nn.Linear) for m in learner.student.head.modules()) == 4
+    with pytest.raises(ValueError, match='projection_layers must be at least 2'):
+        Dino(ViT(**tiny_vit_kwargs()), (16, 24), projection_layers=1)
+
+
+def test_dino_paper_has_the_papers_configuration():
+    from vit_pytorch.dino import Dino
+
+    learner = Dino.paper(ViT(**tiny_vit_kwargs()), (16, 24), num_local_crops=0)
+    head = learner.student.head
+    assert [m.out_features for m in head.modules() if isinstance(m, torch.nn.Linear)] == [2048, 2048, 256, 65536]
+    assert (learner.student_temp, learner.teacher_temp, learner.moving_average_decay) == (0.1, 0.04, 0.996)
+    assert learner.crops.global_scale == (0.4, 1.)
+
+
+def test_the_pretrain_command_keeps_the_papers_mpp_and_dino():
+    from vit_pytorch import pretrain
+
+    encoder = ViT(**tiny_vit_kwargs())
+    args, _ = pretrain.parse_args(['--method', 'mpp'])
+    mpp = pretrain.build_learner(args, encoder, image_size=(16, 24), mean=None, std=None)
+    assert (mpp.mask_prob, mpp.replace_prob, mpp.random_patch_prob) == (0.5, 0.8, 0.1)
+    args, _ = pretrain.parse_args(['--method', 'dino', '--num-classes-k', '64', '--projection-hidden-size', '32',
+                                   '--bottleneck-dim', '16'])
+    dino = pretrain.build_learner(args, encoder, image_size=(16, 24), mean=None, std=None)
+    assert (dino.student_temp, dino.moving_average_decay, dino.crops.global_scale) == (0.1, 0.996, (0.4, 1.))
+    assert sum(isinstance(m, torch.nn.Linear) for m in dino.student.head.mlp) == 3    # the paper's 3-layer MLP
+
+
+def test_regionvit_default_stem_is_vit_pytorchs_single_convolution():
+    from vit_pytorch.regionvit import RegionViT
+
+    assert inspect.signature(RegionViT).parameters['tokenize_local_3_conv'].default is False
+
+
+def test_mobilevit_takes_vit_pytorchs_positional_arguments():
+    from vit_pytorch.mobile_vit import MobileViT
+
+    # vit-pytorch's README MobileViT-XS, positionally, at 64 pixels
+    model = MobileViT((64, 64), [96, 120, 144], [16, 32, 48, 48, 64, 64, 80, 80, 96, 96, 384], 10).eval()
+    assert model(torch.randn(1, 3, 64, 64)).shape == (1, 10)
+
+
+def test_spt_defaults_to_three_channels_as_vit_pytorch():
+    from vit_pytorch.vit_for_small_dataset import SPT
+
+    tokens = SPT(dim=8, patch_size=4)(torch.randn(2, 3, 8, 8))
+    assert tokens.shape == (2, 4, 8)
+
+
+def test_scalable_vit_defaults_are_vit_pytorchs_and_the_named_model_the_papers():
+    from vit_pytorch.scalable_vit import ScalableViT, scalable_vit_small
+
+    defaults = dict(parameters(ScalableViT))
+    assert (defaults['window_size'], defaults['ssa_dim_key']) == (None, 32)
+    with torch.device('meta'):
+        assert sum(p.numel() for p in scalable_vit_small().parameters()) == 32_000_472   # the official code's S
+
+
+@pytest.mark.parametrize('module, name, width', [('nest', 'NesT', 64), ('sep_vit', 'SepViT', 32)])
+def test_an_unused_dim_head_is_refused_not_dropped(module, name, width):
+    import importlib
+
+    cls = getattr(importlib.import_module(f'vit_pytorch.{module}'), name)
+    assert inspect.signature(cls).parameters['dim_head'].default is None
+    config = (dict(image_size=32, patch_size=4, num_classes=10, dim=48, heads=3, num_hierarchies=2, block_repeats=1)
+              if name == 'NesT' else dict(num_classes=10, dim=48, heads=(1, 2, 4, 8), depth=(1, 1, 1, 1)))
+    with pytest.raises(ValueError, match='dim_head'):
+        cls(**config, dim_head=width)           # vit-pytorch's default: the heads here are 48 / heads wide
+

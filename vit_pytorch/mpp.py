@@ -11,7 +11,7 @@ classes for RGB) by cross-entropy.
     from vit_pytorch.mpp import MPP
 
     model = ViT(image_size=32, patch_size=4, num_classes=10, dim=64, depth=4, heads=4, mlp_dim=128)
-    mpp_trainer = MPP(transformer=model, patch_size=4, dim=64)   # the paper's 50 % / 80-10-10 % / 3 bits
+    mpp_trainer = MPP.paper(model)                  # the paper's 50 % / 80-10-10 % / 3 bits
     images = torch.rand(8, 3, 32, 32)                               # pixel values in [0, max_pixel_val]
     loss = mpp_trainer(images)
     loss.backward()
@@ -26,8 +26,9 @@ must agree with the model, which knows them, so they may be left out), `output_c
 `max_pixel_val`, `mask_prob` (the fraction corrupted: exactly ceil(mask_prob * n) patches of
 each image), `replace_prob` (of those, the fraction given the mask token), `random_patch_prob`
 (the fraction given another patch), and `mean`/`std` (undo a normalisation of the images
-before the targets are computed). Differences: the defaults are the paper's (vit-pytorch's are
-15 %, 50 % and 50 %); the corruption replaces patch embeddings, as the paper says, not raw
+before the targets are computed), in vit-pytorch's positional order and with its defaults (15 %
+corrupted, 50 % of them by the mask token, 50 % by another patch, none left unchanged);
+`MPP.paper(transformer, ...)` has the paper's (`MPP_PAPER`: 50 %, 80 %, 10 %). Differences: the corruption replaces patch embeddings, as the paper says, not raw
 pixels; a random patch comes from any image of the batch; and the proportions are exact
 in expectation (vit-pytorch's mask token overwrites some of its random patches).
 """
@@ -40,6 +41,10 @@ from einops import reduce
 from torch import nn
 
 from vit_pytorch import vit
+
+
+# the paper's corruption (appendix B.1.2): half of the patches, 80 % of them masked, 10 % another patch
+MPP_PAPER = dict(mask_prob=0.5, replace_prob=0.8, random_patch_prob=0.1)
 
 
 class MPPLoss(nn.Module):
@@ -86,7 +91,7 @@ class MPP(nn.Module):
     """`forward(img)` returns the cross-entropy of the mean-colour classes at the corrupted patches."""
 
     def __init__(self, transformer, patch_size=None, dim=None, output_channel_bits=3, channels=None,
-                 max_pixel_val=1.0, mask_prob=0.5, replace_prob=0.8, random_patch_prob=0.1, mean=None, std=None):
+                 max_pixel_val=1.0, mask_prob=0.15, replace_prob=0.5, random_patch_prob=0.5, mean=None, std=None):
         check_arguments(**vit.arguments(locals()))
         super().__init__()
         self.transformer = transformer
@@ -114,6 +119,11 @@ class MPP(nn.Module):
         random_patches = pool[torch.randint(len(pool), (batch_size, num_patches), device=patches.device)]
         corrupted = torch.where(randomised[..., None], random_patches, patches)
         return torch.where(masked[..., None], self.mask_token.to(patches.dtype), corrupted), chosen
+
+    @classmethod
+    def paper(cls, transformer, **overrides):
+        """MPP with the paper's proportions (`MPP_PAPER`); other arguments as for `MPP`."""
+        return cls(transformer, **{**MPP_PAPER, **overrides})
 
     def target(self, img):
         """Each patch's class (b, n): its mean colour per channel in 2**bits bins, channel 0 the lowest digit."""
