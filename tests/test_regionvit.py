@@ -24,7 +24,8 @@ from vit_pytorch.regionvit import RegionToLocalBlock, RegionViT
 def tiny(**overrides):
     """Two stages (widths 16, 32; depths 1, 2; 2 and 4 heads), windows of 2x2 local tokens: on 32x32 images the
     local maps are 8x8 and 4x4, the regional ones 4x4 and 2x2."""
-    kwargs = dict(dim=(16, 32), depth=(1, 2), window_size=2, num_classes=5, dim_head=8, mlp_mult=2)
+    kwargs = dict(dim=(16, 32), depth=(1, 2), window_size=2, num_classes=5, dim_head=8, mlp_mult=2,
+                  tokenize_local_3_conv=True)
     kwargs.update(overrides)
     return RegionViT(**kwargs)
 
