@@ -3,11 +3,12 @@ order, defaults and the small public helpers its users import; where we follow t
 is named."""
 
 import inspect
+import json
 
 import pytest
 import torch
 
-from helpers import load_fixture, tiny_vit_kwargs
+from helpers import FIXTURES, load_fixture, tiny_vit_kwargs
 from vit_pytorch import ViT
 
 # vit-pytorch 1.26.14's signatures, written out from its source (name, default; REQUIRED where it has none)
@@ -235,3 +236,95 @@ def test_an_unused_dim_head_is_refused_not_dropped(module, name, width):
     with pytest.raises(ValueError, match='dim_head'):
         cls(**config, dim_head=width)           # vit-pytorch's default: the heads here are 48 / heads wide
 
+
+# item C: the default build at vit-pytorch's path has vit-pytorch's state_dict, unless it computes another function
+
+KEYS = json.loads((FIXTURES / 'vit_pytorch_1.26.14_default_keys.json').read_text())   # make_vit_pytorch_default_keys.py
+
+# vit-pytorch's model computes another function than the paper's, which ours follows: its checkpoints are refused
+# naming the difference (the whole reason is each module's docstring and its vit_pytorch_plan)
+ANOTHER_FUNCTION = {
+    'cait': 'class-attention layers mix the heads',
+    'cross_vit': 'normalises each branch at the end of every encoder',
+    'crossformer': "vit-pytorch's CrossFormer computes another function",
+    'cvt': 'one depthwise convolution feeds both keys and values',
+    'levit': 'its stem is four convolutions with biases',
+    'max_vit': 'its stem has no BatchNorm or GELU',
+    'max_vit_with_registers': 'its stem has no BatchNorm or GELU',
+    'mobile_vit': 'its attention has 4 heads of 8 channels whatever the width',
+    'nest': 'its position embedding is one learned scalar per token position',
+    'pit': 'adds a position embedding to the cls token as well',
+    'regionvit': "vit-pytorch's RegionViT",
+    'scalable_vit': r'each unit of its depth is an \(SSA, feedforward, IWSA, feedforward\) pair',
+    'sep_vit': 'it has no grouped self-attention',
+    'simple_vit_with_qk_norm': 'normalises queries and keys by their root mean square',
+    't2t': 'its T2T layers keep the full unfolded width',
+    'twins_svt': r'its sN_depth counts \(local, global\) attention pairs',
+    'vit_for_small_dataset': 'moves the image by one pixel',
+    'xcit': 'embeds patches with a Linear between LayerNorms',
+}
+# vit-pytorch's arguments that ours does not take, as they mean another function here
+NOT_TAKEN = {
+    'crossformer': 'global_window_size',   # there the side of an LDA group; here `interval`, the paper's distance
+}
+
+
+def as_tuples(value):
+    return tuple(as_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def ours_at(module):
+    import importlib
+
+    entry = KEYS['models'][module]
+    config = {name: value if module == 'mobile_vit' else as_tuples(value) for name, value in entry['config'].items()
+              if name != NOT_TAKEN.get(module)}
+    torch.manual_seed(0)
+    return getattr(importlib.import_module(f'vit_pytorch.{module}'), entry['class'])(**config), entry
+
+
+def test_every_module_at_vit_pytorchs_path_is_checked():
+    assert len(KEYS['models']) == 38 and KEYS['vit_pytorch'] == '1.26.14'
+    assert set(ANOTHER_FUNCTION) < set(KEYS['models']) and set(NOT_TAKEN) <= set(ANOTHER_FUNCTION)
+
+
+@pytest.mark.parametrize('module', sorted(set(KEYS['models']) - set(ANOTHER_FUNCTION)))
+def test_the_default_build_takes_vit_pytorchs_state_dict(module):
+    from vit_pytorch.pretrained import load_vit_pytorch
+
+    model, entry = ours_at(module)
+    load_vit_pytorch(model, {key: torch.zeros(shape) for key, shape in entry['keys'].items()})
+    untouched = [name for name, p in model.named_parameters() if p.abs().sum() > 0]
+    assert untouched == []                           # every parameter of ours came from vit-pytorch's
+
+
+@pytest.mark.parametrize('module', sorted(ANOTHER_FUNCTION))
+def test_a_model_of_another_function_refuses_vit_pytorchs_state_dict_naming_the_difference(module):
+    from vit_pytorch.pretrained import CheckpointError, load_vit_pytorch
+
+    model, entry = ours_at(module)
+    with pytest.raises(CheckpointError, match=ANOTHER_FUNCTION[module]):
+        load_vit_pytorch(model, {key: torch.zeros(shape) for key, shape in entry['keys'].items()})
+
+
+@pytest.mark.parametrize('module', sorted(NOT_TAKEN))
+def test_an_argument_that_means_another_function_is_refused_by_name(module):
+    entry = KEYS['models'][module]
+    import importlib
+
+    cls = getattr(importlib.import_module(f'vit_pytorch.{module}'), entry['class'])
+    with pytest.raises(TypeError, match=NOT_TAKEN[module]):
+        cls(**{name: as_tuples(value) for name, value in entry['config'].items()})
+
+
+# item D: LeViT's head is the paper's (BatchNorm, Linear): one image in training mode is refused, and says why
+
+
+def test_levit_readme_call_on_one_image_in_training_mode_says_to_call_eval():
+    from vit_pytorch.levit import LeViT
+
+    model = LeViT(image_size=64, num_classes=10, stages=3, dim=(32, 64, 96), depth=1, heads=(2, 4, 6), mlp_mult=2)
+    img = torch.randn(1, 3, 64, 64)
+    with pytest.raises(ValueError, match=r'batch of at least 2 images, got 1.*model\.eval\(\)'):
+        model(img)
+    assert model.eval()(img).shape == (1, 10)
