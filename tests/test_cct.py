@@ -181,11 +181,6 @@ def test_invalid_configuration(override, error, message):
         CCT(**tiny_cct_kwargs(**override))
 
 
-def test_constructor_is_keyword_only():
-    with pytest.raises(TypeError):
-        CCT(32)
-
-
 @pytest.mark.parametrize('size', [(2, 2), (1, 1), (16, 1)])
 def test_an_image_too_small_for_the_tokenizer_is_refused(size):
     model = CCT(**tiny_cct_kwargs(positional_embedding='none', padding=0, pooling_padding=0))

@@ -27,7 +27,7 @@ def tiny_mpp(model=None, **kwargs):
 
 
 def test_the_papers_corruption_half_the_patches_80_10_10():
-    mpp = tiny_mpp()
+    mpp = MPP.paper(ViT(**tiny_vit_kwargs()))
     patches = torch.randn(1000, 12, 32)
     corrupted, chosen = mpp.corrupt(patches)
     assert (chosen.sum(1) == 6).all()                                   # exactly half of each image

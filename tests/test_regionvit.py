@@ -24,7 +24,8 @@ from vit_pytorch.regionvit import RegionToLocalBlock, RegionViT
 def tiny(**overrides):
     """Two stages (widths 16, 32; depths 1, 2; 2 and 4 heads), windows of 2x2 local tokens: on 32x32 images the
     local maps are 8x8 and 4x4, the regional ones 4x4 and 2x2."""
-    kwargs = dict(dim=(16, 32), depth=(1, 2), window_size=2, num_classes=5, dim_head=8, mlp_mult=2)
+    kwargs = dict(dim=(16, 32), depth=(1, 2), window_size=2, num_classes=5, dim_head=8, mlp_mult=2,
+                  tokenize_local_3_conv=True)
     kwargs.update(overrides)
     return RegionViT(**kwargs)
 
@@ -78,9 +79,10 @@ def test_named_configuration_counts_equal_the_official_code(variant, expected, p
     assert round(count(model) / 1e6, 1) == paper
 
 
-def test_the_defaults_build_regionvit_ti():
+def test_the_defaults_build_regionvit_ti_with_vit_pytorchs_single_convolution_stem():
     with torch.device('meta'):
-        assert count(RegionViT()) == 13_842_676
+        assert count(RegionViT()) == count(regionvit.regionvit_tiny(tokenize_local_3_conv=False))
+        assert count(regionvit.regionvit_tiny()) == 13_842_676
 
 
 def test_unknown_variant_is_refused():

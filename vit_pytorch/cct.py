@@ -31,7 +31,7 @@ the reference code (and of `vit-pytorch`'s port of it) load through
 import re
 
 import torch
-from einops import einsum, rearrange
+from einops import einsum, rearrange, repeat
 from torch import nn
 
 from vit_pytorch import vit
@@ -185,6 +185,67 @@ class SequencePool(nn.Module):
         return einsum(weights, x, 'b n, b n d -> b d')
 
 
+def add_positions(module, kind, length, dim):
+    """`module.positional_emb`: a trained (length, dim) table, the fixed sine table (a buffer not saved) or None."""
+    if kind == 'learnable':
+        module.positional_emb = nn.Parameter(torch.zeros(length, dim))
+        nn.init.trunc_normal_(module.positional_emb, std=0.2)
+    elif kind == 'sine':
+        module.register_buffer('positional_emb', sinusoidal_embedding(length, dim), persistent=False)
+    else:
+        module.positional_emb = None
+
+
+def encoder(dim, num_layers, num_heads, mlp_ratio, dropout_rate, attention_dropout, stochastic_depth_rate):
+    rates = [stochastic_depth_rate * i / max(num_layers - 1, 1) for i in range(num_layers)]   # linear in depth
+    return Transformer([
+        TransformerEncoderLayer(dim, num_heads, int(dim * mlp_ratio), dropout_rate, attention_dropout, rate)
+        for rate in rates
+    ], norm=nn.LayerNorm(dim))
+
+
+class TransformerClassifier(nn.Module):
+    """CCT without its tokenizer: tokens (b, sequence_length, embedding_dim) -> logits (b, num_classes).
+
+    vit-pytorch's block of this name, with its signature: positions ('sine', 'learnable' or 'none';
+    a table needs `sequence_length`), dropout, the encoder layers and final norm, then sequence
+    pooling (`seq_pool=True`) or a learned class token put in front and read out (`seq_pool=False`),
+    then the head (`num_classes=0`: the pooled embedding). Its defaults are vit-pytorch's
+    (`dropout_rate=0.1`, where CCT's is 0).
+    """
+
+    def __init__(self, seq_pool=True, embedding_dim=768, num_layers=12, num_heads=12, mlp_ratio=4.0,
+                 num_classes=1000, dropout_rate=0.1, attention_dropout=0.1, stochastic_depth_rate=0.1,
+                 positional_embedding='sine', sequence_length=None):
+        check_classifier_arguments(**vit.arguments(locals()))
+        super().__init__()
+        self.seq_pool = seq_pool
+        self.embedding_dim = embedding_dim
+        self.class_emb = None if seq_pool else nn.Parameter(torch.zeros(1, embedding_dim))
+        length = None if sequence_length is None else sequence_length + (not seq_pool)
+        add_positions(self, positional_embedding, length, embedding_dim)
+        self.dropout = nn.Dropout(dropout_rate)
+        self.transformer = encoder(embedding_dim, num_layers, num_heads, mlp_ratio, dropout_rate, attention_dropout,
+                                   stochastic_depth_rate)
+        self.pool = SequencePool(embedding_dim) if seq_pool else None
+        self.fc = nn.Linear(embedding_dim, num_classes) if num_classes > 0 else None
+        self.apply(vit.init_linear_weights)
+
+    def forward(self, x):
+        if x.ndim != 3 or x.shape[-1] != self.embedding_dim:
+            raise ValueError(f"x must be tokens (b, n, {self.embedding_dim}), got shape {tuple(x.shape)}")
+        if self.class_emb is not None:
+            x = torch.cat((repeat(self.class_emb, 'n d -> b n d', b=x.shape[0]).to(x.dtype), x), dim=1)
+        if self.positional_emb is not None:
+            if x.shape[1] != self.positional_emb.shape[0]:
+                raise ValueError(f"x must have {self.positional_emb.shape[0] - (not self.seq_pool)} tokens, the "
+                                 f"sequence_length of the position table, got {x.shape[1] - (not self.seq_pool)}")
+            x = x + self.positional_emb
+        x = self.transformer(self.dropout(x))
+        x = self.pool(x) if self.seq_pool else x[:, 0]
+        return x if self.fc is None else self.fc(x)
+
+
 class CCT(vit.TokenFace, nn.Module):
     """Compact Convolutional Transformer; `num_classes=0` makes `forward` return the pooled embedding (b, dim).
 
@@ -192,14 +253,16 @@ class CCT(vit.TokenFace, nn.Module):
     1D sin-cos table, a buffer that is not saved) or 'none' (then any input size works).
 
     `forward_features` returns the tokens after the final norm, (b, h' * w', dim) on the tokenizer's grid.
+    The arguments up to `stochastic_depth_rate` may be positional, in vit-pytorch's order; the
+    transformer's (`num_layers` on) are keyword-only there too (they pass on as keywords).
     """
 
     num_prefix_tokens = 0
 
-    def __init__(self, *, img_size=224, embedding_dim=768, n_input_channels=3, n_conv_layers=1,
+    def __init__(self, img_size=224, embedding_dim=768, n_input_channels=3, n_conv_layers=1,
                  kernel_size=7, stride=2, padding=3, pooling_kernel_size=3, pooling_stride=2, pooling_padding=1,
-                 num_layers=12, num_heads=12, mlp_ratio=4.0, num_classes=1000, positional_embedding='sine',
-                 dropout_rate=0., attention_dropout=0.1, stochastic_depth_rate=0.1):
+                 dropout_rate=0., attention_dropout=0.1, stochastic_depth_rate=0.1, *,
+                 num_layers=12, num_heads=12, mlp_ratio=4.0, num_classes=1000, positional_embedding='sine'):
         check_arguments(**vit.arguments(locals()))
         super().__init__()
         self.image_size = vit.pair(img_size)
@@ -213,22 +276,10 @@ class CCT(vit.TokenFace, nn.Module):
         sequence_length = self.grid_size[0] * self.grid_size[1]
 
         self.positional_embedding = positional_embedding
-        if positional_embedding == 'learnable':
-            self.positional_emb = nn.Parameter(torch.zeros(sequence_length, embedding_dim))
-            nn.init.trunc_normal_(self.positional_emb, std=0.2)
-        elif positional_embedding == 'sine':
-            self.register_buffer('positional_emb', sinusoidal_embedding(sequence_length, embedding_dim),
-                                 persistent=False)
-        else:
-            self.positional_emb = None
+        add_positions(self, positional_embedding, sequence_length, embedding_dim)
         self.dropout = nn.Dropout(dropout_rate)
-
-        rates = [stochastic_depth_rate * i / max(num_layers - 1, 1) for i in range(num_layers)]   # linear in depth
-        self.transformer = Transformer([
-            TransformerEncoderLayer(embedding_dim, num_heads, int(embedding_dim * mlp_ratio), dropout_rate,
-                                    attention_dropout, rate)
-            for rate in rates
-        ], norm=nn.LayerNorm(embedding_dim))
+        self.transformer = encoder(embedding_dim, num_layers, num_heads, mlp_ratio, dropout_rate, attention_dropout,
+                                   stochastic_depth_rate)
         self.pool = SequencePool(embedding_dim)
         self.num_features = embedding_dim
         self.fc = nn.Linear(embedding_dim, num_classes) if num_classes > 0 else None
@@ -359,6 +410,31 @@ def check_arguments(*, img_size, embedding_dim, n_input_channels, n_conv_layers,
                           pooling_stride, pooling_padding)
     if min(grid) < 1:
         raise ValueError(f"img_size {image_size} is too small for the tokenizer: it leaves a {grid} token grid")
+
+
+def check_classifier_arguments(*, seq_pool, embedding_dim, num_layers, num_heads, mlp_ratio, num_classes,
+                               dropout_rate, attention_dropout, stochastic_depth_rate, positional_embedding,
+                               sequence_length):
+    if not isinstance(seq_pool, bool):
+        raise TypeError(f"seq_pool must be True (sequence pooling) or False (a class token), got {seq_pool!r}")
+    for name, value in dict(embedding_dim=embedding_dim, num_layers=num_layers, num_heads=num_heads).items():
+        vit.positive_int(name, value)
+    vit.non_negative_int('num_classes', num_classes)
+    for name, value in dict(dropout_rate=dropout_rate, attention_dropout=attention_dropout,
+                            stochastic_depth_rate=stochastic_depth_rate).items():
+        vit.probability(name, value)
+    if int(embedding_dim * vit.finite_number('mlp_ratio', mlp_ratio, 'a number > 0')) < 1:
+        raise ValueError(f"mlp_ratio must give an MLP width of at least 1 (int(embedding_dim * mlp_ratio)), "
+                         f"got {mlp_ratio} with embedding_dim {embedding_dim}")
+    if embedding_dim % num_heads:
+        raise ValueError(f"embedding_dim {embedding_dim} must be divisible by num_heads {num_heads}")
+    if positional_embedding not in POSITIONAL_EMBEDDINGS:
+        raise ValueError(f"positional_embedding must be one of {POSITIONAL_EMBEDDINGS}, got {positional_embedding!r}")
+    if positional_embedding != 'none':
+        if sequence_length is None:
+            raise ValueError(f"positional_embedding={positional_embedding!r} needs sequence_length (the number of "
+                             f"tokens); give it, or positional_embedding='none'")
+        vit.positive_int('sequence_length', sequence_length)
 
 
 # loading checkpoints

@@ -27,7 +27,9 @@ tests' reference, not copied), whose checkpoints load with
 the same (`dim`, `local_window_size`, `cross_embed_kernel_sizes`, `cross_embed_strides`,
 `num_classes`, `attn_dropout`, `ff_dropout`, `channels`), with `depth` counting blocks (SDA and
 LDA alternating, SDA first, as the paper's) and `interval`, `heads`, `mlp_mult` and
-`drop_path_rate` added. Like vit-pytorch's, the model takes any image whose sides the product
+`drop_path_rate` added. vit-pytorch's `global_window_size` is not taken, as it means another
+function: there it is the side of an LDA group (its tokens then lie map side / it apart), where
+the paper's `interval` is that distance itself, the group side being `local_window_size`. Like vit-pytorch's, the model takes any image whose sides the product
 of the strides divides; the official model is built for one size (224).
 
 As in the official code: a map whose shorter side is at most the group side G is attended as

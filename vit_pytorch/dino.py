@@ -8,14 +8,14 @@ weights follow the student's by an exponential moving average (`update_moving_av
 each optimiser step). The teacher's outputs are centred (a running mean of them subtracted) and
 sharpened (a low temperature), which together keep the training from collapsing to one output.
 Both networks end in a projection head: a 3-layer MLP to a 256-wide bottleneck, L2-normalised,
-then a weight-normalised linear layer to K outputs.
+then a weight-normalised linear layer to K outputs (4 linear layers: `projection_layers=4`).
 
     import torch
     from vit_pytorch import ViT
     from vit_pytorch.dino import Dino
 
     model = ViT(image_size=32, patch_size=4, num_classes=10, dim=64, depth=4, heads=4, mlp_dim=128)
-    learner = Dino(model, image_size=32, projection_hidden_size=256, num_classes_K=1024, num_local_crops=4)
+    learner = Dino.paper(model, image_size=32, projection_hidden_size=256, num_classes_K=1024, num_local_crops=4)
     opt = torch.optim.AdamW(learner.parameters(), lr=5e-4)
     images = torch.rand(8, 3, 32, 32)                   # pixel values in [0, 1]
     loss = learner(images)                              # 2 global + 4 local crops of each image
@@ -43,9 +43,14 @@ blur sigmas are the paper's (0.1, 2.0) pixels scaled to the crop size (out of 22
 vit-pytorch's arguments are kept (`net`, `image_size`, `hidden_layer`, `projection_hidden_size`,
 `num_classes_K`, `projection_layers`, `student_temp`, `teacher_temp`, `local_upper_crop_scale`,
 `global_lower_crop_scale`, `moving_average_decay`, `center_moving_average_decay`, `augment_fn`,
-`augment_fn2`) with the paper's defaults (vit-pytorch: student temperature 0.9, hidden 256, 4
-layers, decays 0.9). `hidden_layer` names where the embedding is read: 'to_latent' (or -2), the
-pooled pre-logits embedding, is the only choice, as the network is not hooked. Unlike vit-pytorch
+`augment_fn2`) in vit-pytorch's positional order and with its defaults (hidden width 256, K =
+65336, student temperature 0.9, global crops from 50 %, decays 0.9); `Dino.paper(net, image_size,
+...)` has the paper's (`DINO_PAPER`: width 2048, K = 65536, 0.1, 40 %, 0.996). `projection_layers`
+counts the head's linear layers as vit-pytorch does, the last one included (4: the paper's 3-layer
+MLP). `hidden_layer` names where the embedding is read: -2 (or 'to_latent'), the pooled
+pre-logits embedding, is the only choice, as the network is not hooked. The head is the paper's
+where vit-pytorch's differs: no GELU on the bottleneck, which has its own width (`bottleneck_dim`,
+256, vit-pytorch's is `projection_hidden_size`), and a weight-normalised last layer without bias. Unlike vit-pytorch
 (which shows the student two local crops and the teacher two global ones), the student also
 sees the global crops, as in the paper; `augment_fn`/`augment_fn2` replace the photometric
 augmentation of the first/second global crop (and `augment_fn` that of the local crops).
@@ -143,6 +148,12 @@ class MultiCrop(nn.Module):
         return random_solarize(x, p=solarize)
 
 
+# the paper's configuration (section 3.1 and appendix): a 2048-wide 3-layer MLP head (projection_layers counts
+# its last layer too) to K = 65536, student temperature 0.1, global crops from 40 % of the image, momentum 0.996
+DINO_PAPER = dict(hidden_layer='to_latent', projection_hidden_size=2048, num_classes_K=65536, projection_layers=4,
+                  student_temp=0.1, global_lower_crop_scale=0.4, moving_average_decay=0.996)
+
+
 class Dino(nn.Module):
     """`forward(images)` returns the loss of one DINO step; call `update_moving_average()` after each optimiser step.
 
@@ -150,11 +161,11 @@ class Dino(nn.Module):
     `learner.net` is the student's network (the model passed in, trained in place).
     """
 
-    def __init__(self, net, image_size, *, hidden_layer='to_latent', projection_hidden_size=2048,
-                 num_classes_K=65536, projection_layers=3, bottleneck_dim=256, student_temp=0.1, teacher_temp=0.04,
-                 local_upper_crop_scale=0.4, global_lower_crop_scale=0.4, moving_average_decay=0.996,
-                 center_moving_average_decay=0.9, num_local_crops=2, local_image_size=None, augment_fn=None,
-                 augment_fn2=None, mean=None, std=None):
+    def __init__(self, net, image_size, hidden_layer=-2, projection_hidden_size=256, num_classes_K=65336,
+                 projection_layers=4, student_temp=0.9, teacher_temp=0.04, local_upper_crop_scale=0.4,
+                 global_lower_crop_scale=0.5, moving_average_decay=0.9, center_moving_average_decay=0.9,
+                 augment_fn=None, augment_fn2=None, *, bottleneck_dim=256, num_local_crops=2, local_image_size=None,
+                 mean=None, std=None):
         check_arguments(**vit.arguments(locals()))
         super().__init__()
         image_size = vit.pair(image_size)
@@ -167,7 +178,7 @@ class Dino(nn.Module):
                                num_local_crops=num_local_crops, augment_fn=augment_fn, augment_fn2=augment_fn2)
 
         head = ProjectionHead(embedding_width(net, image_size), num_classes_K, projection_hidden_size,
-                              bottleneck_dim, projection_layers)
+                              bottleneck_dim, projection_layers - 1)
         self.student = Projector(net, head)
         self.teacher = copy.deepcopy(self.student).requires_grad_(False).eval()
         self.register_buffer('teacher_centers', torch.zeros(num_classes_K))
@@ -177,6 +188,12 @@ class Dino(nn.Module):
         else:
             self.register_buffer('mean', torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1), persistent=False)
             self.register_buffer('std', torch.tensor(std, dtype=torch.float32).view(-1, 1, 1), persistent=False)
+
+    @classmethod
+    def paper(cls, net, image_size, **overrides):
+        """DINO with the paper's head, temperatures, crops and teacher momentum (`DINO_PAPER`); other
+        arguments as for `Dino`."""
+        return cls(net, image_size, **{**DINO_PAPER, **overrides})
 
     @property
     def net(self):
@@ -257,6 +274,14 @@ def batch_center(teacher_logits):
         dist.all_reduce(center)
         center /= dist.get_world_size()
     return center
+
+
+def get_module_device(module):
+    """The device of `module`'s first parameter (vit-pytorch's helper of this name)."""
+    parameter = next(module.parameters(), None)
+    if parameter is None:
+        raise ValueError(f"{type(module).__name__} has no parameters, so no device to read")
+    return parameter.device
 
 
 def embedding_width(net, image_size):
@@ -383,6 +408,9 @@ def check_arguments(*, net, image_size, hidden_layer, projection_hidden_size, nu
     for name, value in dict(projection_hidden_size=projection_hidden_size, num_classes_K=num_classes_K,
                             projection_layers=projection_layers, bottleneck_dim=bottleneck_dim).items():
         vit.positive_int(name, value)
+    if projection_layers < 2:
+        raise ValueError(f"projection_layers must be at least 2 (the head's linear layers: an MLP of "
+                         f"projection_layers - 1, then the last layer), got {projection_layers}")
     vit.non_negative_int('num_local_crops', num_local_crops)
     vit.positive_float('student_temp', student_temp)
     vit.positive_float('teacher_temp', teacher_temp)

@@ -35,8 +35,12 @@ as DeiT's distilled models do; `forward_distill` returns the pair in either mode
 
 Known differences: vit-pytorch's LeViT is another model (convolutions with biases and no
 BatchNorm in the stem and the MLPs, GELU in the attention's output, biases indexed by a
-different offset), so its checkpoints are refused with that reason. Only images of
-`image_size` are accepted: the attention biases are learned for its grids.
+different offset), so its checkpoints are refused with that reason. The heads are the paper's,
+BatchNorm then Linear, where vit-pytorch's is a bare Linear: in training mode a batch of one image
+has no variance for that BatchNorm, so vit-pytorch's README example (a freshly built model, which
+is in training mode, called on one image) raises a ValueError here that says to call
+`model.eval()` first. Only images of `image_size` are accepted: the attention biases are learned
+for its grids.
 """
 
 import torch

@@ -137,6 +137,7 @@ class MobileViT(nn.Module):
     average pooling and a Linear classifier. `num_classes=0` makes `forward` return the pooled
     embedding (b, channels[-1]), as timm does.
 
+    vit-pytorch's arguments may be positional, in its order; the options beyond them are keyword-only.
     Options beyond vit-pytorch's API (the defaults are the paper's):
       in_chans     input channels (vit-pytorch: always 3; timm's name).
       heads        attention heads of every transformer, of width dims[i] / heads.
@@ -148,8 +149,8 @@ class MobileViT(nn.Module):
 
     num_prefix_tokens = 0
 
-    def __init__(self, *, image_size, dims, channels, num_classes, expansion=4, kernel_size=3, patch_size=(2, 2),
-                 depths=(2, 4, 3), in_chans=3, heads=4, mlp_ratio=2.):
+    def __init__(self, image_size, dims, channels, num_classes, expansion=4, kernel_size=3, patch_size=(2, 2),
+                 depths=(2, 4, 3), *, in_chans=3, heads=4, mlp_ratio=2.):
         check_arguments(**vit.arguments(locals()))
         super().__init__()
         self.image_size, self.patch_size = vit.pair(image_size), vit.pair(patch_size)

@@ -11,7 +11,7 @@ classes for RGB) by cross-entropy.
     from vit_pytorch.mpp import MPP
 
     model = ViT(image_size=32, patch_size=4, num_classes=10, dim=64, depth=4, heads=4, mlp_dim=128)
-    mpp_trainer = MPP(transformer=model, patch_size=4, dim=64)   # the paper's 50 % / 80-10-10 % / 3 bits
+    mpp_trainer = MPP.paper(model)                  # the paper's 50 % / 80-10-10 % / 3 bits
     images = torch.rand(8, 3, 32, 32)                               # pixel values in [0, max_pixel_val]
     loss = mpp_trainer(images)
     loss.backward()
@@ -26,8 +26,9 @@ must agree with the model, which knows them, so they may be left out), `output_c
 `max_pixel_val`, `mask_prob` (the fraction corrupted: exactly ceil(mask_prob * n) patches of
 each image), `replace_prob` (of those, the fraction given the mask token), `random_patch_prob`
 (the fraction given another patch), and `mean`/`std` (undo a normalisation of the images
-before the targets are computed). Differences: the defaults are the paper's (vit-pytorch's are
-15 %, 50 % and 50 %); the corruption replaces patch embeddings, as the paper says, not raw
+before the targets are computed), in vit-pytorch's positional order and with its defaults (15 %
+corrupted, 50 % of them by the mask token, 50 % by another patch, none left unchanged);
+`MPP.paper(transformer, ...)` has the paper's (`MPP_PAPER`: 50 %, 80 %, 10 %). Differences: the corruption replaces patch embeddings, as the paper says, not raw
 pixels; a random patch comes from any image of the batch; and the proportions are exact
 in expectation (vit-pytorch's mask token overwrites some of its random patches).
 """
@@ -42,22 +43,63 @@ from torch import nn
 from vit_pytorch import vit
 
 
+# the paper's corruption (appendix B.1.2): half of the patches, 80 % of them masked, 10 % another patch
+MPP_PAPER = dict(mask_prob=0.5, replace_prob=0.8, random_patch_prob=0.1)
+
+
+class MPPLoss(nn.Module):
+    """`forward(predicted_patches, target, mask)`: the cross-entropy of the mean-colour classes at the masked patches.
+
+    vit-pytorch's loss block, with its arguments: `predicted_patches` (b, n, 2 ** (bits * channels)) logits,
+    `target` the images (b, channels, h, w) (normalised by `mean`/`std`, when given, which are undone),
+    `mask` (b, n) True at the patches to predict. A patch's class is its mean colour per channel in
+    2 ** output_channel_bits equal bins of [0, max_pixel_val], channel 0 the lowest digit.
+    """
+
+    def __init__(self, patch_size, channels, output_channel_bits, max_pixel_val, mean, std):
+        super().__init__()
+        self.patch_size = vit.positive_pair('patch_size', patch_size)
+        self.channels = vit.positive_int('channels', channels)
+        self.output_channel_bits = vit.positive_int('output_channel_bits', output_channel_bits)
+        self.max_pixel_val = vit.positive_float('max_pixel_val', max_pixel_val)
+        if (mean is None) != (std is None):
+            raise ValueError("mean and std go together: give both (the images' normalisation) or neither")
+        if mean is None:
+            self.mean = self.std = None
+        else:
+            vit.per_channel('mean', mean, channels)
+            vit.per_channel('std', std, channels, positive=True)
+            self.register_buffer('mean', torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1), persistent=False)
+            self.register_buffer('std', torch.tensor(std, dtype=torch.float32).view(-1, 1, 1), persistent=False)
+
+    def target(self, img):
+        """Each patch's class (b, n)."""
+        if self.mean is not None:
+            img = img * self.std + self.mean
+        ph, pw = self.patch_size
+        colour = reduce(img.clamp(0, self.max_pixel_val), 'b c (h p1) (w p2) -> b (h w) c', 'mean', p1=ph, p2=pw)
+        levels = 2 ** self.output_channel_bits
+        edges = torch.arange(1, levels, device=img.device) * (self.max_pixel_val / levels)
+        bins = torch.bucketize(colour.contiguous(), edges)                            # (b, n, c), 0 .. levels - 1
+        return (bins * levels ** torch.arange(img.shape[1], device=img.device)).sum(dim=-1)
+
+    def forward(self, predicted_patches, target, mask):
+        return F.cross_entropy(predicted_patches[mask], self.target(target)[mask])
+
+
 class MPP(nn.Module):
     """`forward(img)` returns the cross-entropy of the mean-colour classes at the corrupted patches."""
 
-    def __init__(self, *, transformer, patch_size=None, dim=None, output_channel_bits=3, channels=None,
-                 max_pixel_val=1.0, mask_prob=0.5, replace_prob=0.8, random_patch_prob=0.1, mean=None, std=None):
+    def __init__(self, transformer, patch_size=None, dim=None, output_channel_bits=3, channels=None,
+                 max_pixel_val=1.0, mask_prob=0.15, replace_prob=0.5, random_patch_prob=0.5, mean=None, std=None):
         check_arguments(**vit.arguments(locals()))
         super().__init__()
         self.transformer = transformer
         self.output_channel_bits = output_channel_bits
         self.max_pixel_val = float(max_pixel_val)
         self.mask_prob, self.replace_prob, self.random_patch_prob = mask_prob, replace_prob, random_patch_prob
-        if mean is None:
-            self.mean = self.std = None
-        else:
-            self.register_buffer('mean', torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1), persistent=False)
-            self.register_buffer('std', torch.tensor(std, dtype=torch.float32).view(-1, 1, 1), persistent=False)
+        self.loss = MPPLoss(transformer.patch_size, transformer.channels, output_channel_bits, max_pixel_val,
+                            mean, std)
         self.mask_token = nn.Parameter(torch.zeros(transformer.embed_dim))
         nn.init.trunc_normal_(self.mask_token, std=0.02)
         self.to_bits = nn.Linear(transformer.embed_dim, 2 ** (output_channel_bits * transformer.channels))
@@ -78,20 +120,14 @@ class MPP(nn.Module):
         corrupted = torch.where(randomised[..., None], random_patches, patches)
         return torch.where(masked[..., None], self.mask_token.to(patches.dtype), corrupted), chosen
 
+    @classmethod
+    def paper(cls, transformer, **overrides):
+        """MPP with the paper's proportions (`MPP_PAPER`); other arguments as for `MPP`."""
+        return cls(transformer, **{**MPP_PAPER, **overrides})
+
     def target(self, img):
         """Each patch's class (b, n): its mean colour per channel in 2**bits bins, channel 0 the lowest digit."""
-        if self.mean is not None:
-            img = img * self.std + self.mean
-        ph, pw = self.transformer.patch_size
-        colour = reduce(img.clamp(0, self.max_pixel_val), 'b c (h p1) (w p2) -> b (h w) c', 'mean', p1=ph, p2=pw)
-        levels = 2 ** self.output_channel_bits
-        edges = torch.arange(1, levels, device=img.device) * (self.max_pixel_val / levels)
-        bins = torch.bucketize(colour.contiguous(), edges)                            # (b, n, c), 0 .. levels - 1
-        return (bins * levels ** torch.arange(img.shape[1], device=img.device)).sum(dim=-1)
-
-    def loss(self, logits, img, chosen):
-        """Cross-entropy of the mean-colour classes at the chosen patches only."""
-        return F.cross_entropy(logits[chosen], self.target(img)[chosen])
+        return self.loss.target(img)
 
     def forward(self, img):
         model, prefix = self.transformer, self.transformer.num_prefix_tokens
@@ -134,8 +170,4 @@ def check_arguments(*, transformer, patch_size, dim, output_channel_bits, channe
     if replace_prob + random_patch_prob > 1:
         raise ValueError(f"replace_prob + random_patch_prob must be at most 1 (the rest stay unchanged), "
                          f"got {replace_prob} + {random_patch_prob}")
-    if (mean is None) != (std is None):
-        raise ValueError("mean and std go together: give both (the images' normalisation) or neither")
-    for name, value in dict(mean=mean, std=std).items():
-        if value is not None:
-            vit.per_channel(name, value, transformer.channels, positive=name == 'std')
+    # mean and std are MPPLoss's to check

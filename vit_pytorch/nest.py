@@ -30,8 +30,9 @@ checkpoints are refused with this reason): there, the position embedding is one 
 token position, shared by all channels and blocks; every LayerNorm is over channels of a 2D map with
 epsilon 1e-5; the patch embedding norms its input too; and the query/key/value projection has no
 bias. Here, as in the paper, each level has a learned (blocks, tokens, width) position table, and
-there is no LayerNorm before the first level. vit-pytorch accepts `dim_head` and ignores it; here
-it may only repeat the width per head of every level (each level's width / heads).
+there is no LayerNorm before the first level. vit-pytorch accepts `dim_head` (default 64) and
+ignores it (its heads are the level's width / heads, as here); here it defaults to None and may only
+repeat that width, so that a value that would not be used is an error rather than silently dropped.
 """
 
 from functools import partial

@@ -10,8 +10,9 @@ attention branches, then several MLP branches, all reading the same input:
 With k = 2 branches and half the depth, the model has the same parameters and compute as the
 sequential one but is shallower and wider; the paper finds it about as accurate, with lower
 latency. The branches are the core's pre-norm `Attention` and `FeedForward`, unchanged, and
-the rest is the core ViT (so its patch embedding carries the core's LayerNorms, where
-`vit-pytorch`'s parallel ViT has a bare Linear).
+the rest is the core ViT, with its patch embedding a bare Linear by default (`patch_norm=False`),
+as in the paper and vit-pytorch's parallel ViT, whose checkpoints load with
+`vit_pytorch.pretrained.load_vit_pytorch`.
 
     import torch
     from vit_pytorch.parallel_vit import ViT
@@ -69,8 +70,8 @@ def parallel(block, branches, *, layer_scale_init=None):
 class ViT(vit.ViT):
     """The core ViT (same arguments, methods and `num_classes=0` behaviour) with parallel blocks.
 
-    `patch_norm`, `qkv_bias` and `norm_eps` are the core's (defaults: vit-pytorch's model;
-    `patch_norm=False, qkv_bias=True, norm_eps=1e-6`: the paper's). `layer_scale_init`: None (no
+    `patch_norm`, `qkv_bias` and `norm_eps` are the core's (defaults: vit-pytorch's model, a bare Linear
+    patch projection; `qkv_bias=True, norm_eps=1e-6`: the paper's released models). `layer_scale_init`: None (no
     LayerScale, vit-pytorch's model) or the initial value of a LayerScale on every branch.
 
     `forward_features` returns all tokens after the final norm, (b, prefix + h * w, dim), as `vit.ViT`.
@@ -78,7 +79,7 @@ class ViT(vit.ViT):
 
     def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, pool='cls',
                  num_parallel_branches=2, channels=3, dim_head=64, dropout=0., emb_dropout=0.,
-                 patch_norm=True, qkv_bias=False, norm_eps=1e-5, layer_scale_init=None):
+                 patch_norm=False, qkv_bias=False, norm_eps=1e-5, layer_scale_init=None):
         vit.positive_int('num_parallel_branches', num_parallel_branches)
         if layer_scale_init is not None:
             vit.positive_float('layer_scale_init', layer_scale_init)

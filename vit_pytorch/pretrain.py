@@ -181,11 +181,13 @@ def build_learner(args, encoder, *, image_size, mean, std):
     if args.method == 'simmim':
         return SimMIM(encoder=encoder, masking_ratio=args.masking_ratio or 0.5)
     if args.method == 'mpp':
-        return MPP(transformer=encoder, mask_prob=args.mask_prob, mean=mean, std=std)
+        return MPP(transformer=encoder, mask_prob=args.mask_prob, replace_prob=0.8, random_patch_prob=0.1, mean=mean,
+                   std=std)
     return Dino(encoder, image_size, projection_hidden_size=args.projection_hidden_size,
                 num_classes_K=args.num_classes_k, bottleneck_dim=args.bottleneck_dim,
                 student_temp=args.student_temp, teacher_temp=args.teacher_temp,
-                moving_average_decay=args.momentum_teacher, num_local_crops=args.num_local_crops,
+                moving_average_decay=args.momentum_teacher, global_lower_crop_scale=0.4,
+                num_local_crops=args.num_local_crops,
                 local_image_size=args.local_image_size, mean=mean, std=std)
 
 

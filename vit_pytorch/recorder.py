@@ -26,6 +26,7 @@ its hooks, so the fused path outside recording is untouched and costs nothing.
 
 import inspect
 
+import torch
 from einops import rearrange
 from torch import nn
 
@@ -133,11 +134,13 @@ class Recorder(_Hooks):
 
     Maps are detached from the graph unless `detach=False`. Layer dropout (CaiT) or
     anything else that skips layers in training mode skips their maps too: record in
-    `model.eval()` for one map per layer.
+    `model.eval()` for one map per layer. `device`, vit-pytorch's second argument, moves the
+    maps there before they are stacked (None: they stay where the model made them).
     """
 
-    def __init__(self, model, *, detach=True):
+    def __init__(self, model, device=None, *, detach=True):
         super().__init__(model)
+        self.device = None if device is None else torch.device(device)
         self.detach = detach
         self.maps, self.names = [], []
         self.image_size = None
@@ -168,7 +171,8 @@ class Recorder(_Hooks):
 
     def _recorder_for(self, name):
         def hook(module, args, output):
-            self.maps.append(output.detach() if self.detach else output)
+            attn = output.detach() if self.detach else output
+            self.maps.append(attn if self.device is None else attn.to(self.device))
             self.names.append(name)
         return hook
 

@@ -38,8 +38,8 @@ checkpoints are refused with the reason): `dim` (each stage's width, an int for 
 stages), `depth`, `window_size`, `local_patch_size`, `tokenize_local_3_conv` (the
 official Ti and S stem of three 3x3 convolutions; else one 8x8 convolution of stride 4, as M
 and B), `attn_dropout` (on the attention weights and after the output projection), `ff_dropout`,
-`channels`. The defaults build RegionViT-Ti (vit-pytorch's default stem is the single
-convolution). vit-pytorch's `use_peg` is accepted only as False (see above). Beyond it:
+`channels`. The defaults are vit-pytorch's: RegionViT-Ti's widths and depths with the single
+convolution stem (the official M and B stem); `regionvit_tiny()` is RegionViT-Ti, three convolutions. vit-pytorch's `use_peg` is accepted only as False (see above). Beyond it:
 `dim_head` (each stage has width / dim_head heads; 32 in every official model), `mlp_mult`,
 `drop_path_rate`.
 """
@@ -225,7 +225,7 @@ class RegionViT(nn.Module):
     num_prefix_tokens = 0
 
     def __init__(self, *, dim=(64, 128, 256, 512), depth=(2, 2, 8, 2), window_size=7, num_classes=1000,
-                 tokenize_local_3_conv=True, local_patch_size=4, use_peg=False, attn_dropout=0., ff_dropout=0.,
+                 tokenize_local_3_conv=False, local_patch_size=4, use_peg=False, attn_dropout=0., ff_dropout=0.,
                  channels=3, dim_head=32, mlp_mult=4, drop_path_rate=0.):
         check_arguments(**vit.arguments(locals()))
         super().__init__()

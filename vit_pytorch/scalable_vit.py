@@ -45,8 +45,12 @@ values come from one strided convolution each (no depthwise reduction, no norm, 
 query/key/value projections have no bias, the patch embeddings no norm, the norms are channel
 LayerNorms with a LayerNorm before the head, and the head is one Linear. Here, as in the paper,
 `depth` counts blocks (IWSA and SSA alternating, IWSA first). `ssa_dim_value`, `iwsa_dim_key` and
-`iwsa_dim_value` are accepted for vit-pytorch's sake only at the paper's value, the head width
-(vit-pytorch's default, 32, is the head width of ScalableViT-S). A window must divide its stage's map (no padding, as in the official code).
+`iwsa_dim_value` are accepted for vit-pytorch's sake only at the paper's value, the head width,
+which their default None gives (vit-pytorch's default, 32, is the head width of ScalableViT-S, and
+any width at its value 32 fails there only where the head width is not 32). `window_size` (None)
+and `ssa_dim_key` (32) default to vit-pytorch's values; ScalableViT-S's widths, depths and heads
+are the defaults of the arguments vit-pytorch requires, and `scalable_vit_small()` adds the paper's
+windows (7) and key widths (40, 40, 40, 32). A window must divide its stage's map (no padding, as in the official code).
 """
 
 from functools import partial
@@ -157,7 +161,7 @@ class ScalableSelfAttention(nn.Module):
 
 
 class ScalableViT(multiscale.StagedModel):
-    """ScalableViT with vit-pytorch's keyword arguments (the defaults build ScalableViT-S).
+    """ScalableViT with vit-pytorch's keyword arguments (`scalable_vit_small()` builds ScalableViT-S).
 
     dim                 the first stage's width; every later stage doubles it.
     depth               blocks of each stage (a tuple): IWSA and SSA alternating, IWSA first.
@@ -182,7 +186,7 @@ class ScalableViT(multiscale.StagedModel):
     num_prefix_tokens = 0
 
     def __init__(self, *, num_classes, dim=64, depth=(2, 2, 20, 2), heads=(2, 4, 8, 16),
-                 reduction_factor=(8, 4, 2, 1), window_size=7, ssa_dim_key=(40, 40, 40, 32), ssa_dim_value=None,
+                 reduction_factor=(8, 4, 2, 1), window_size=None, ssa_dim_key=32, ssa_dim_value=None,
                  iwsa_dim_key=None, iwsa_dim_value=None, ff_expansion_factor=4, channels=3, dropout=0.,
                  drop_path_rate=0., head_hidden_dim=4096):
         check_arguments(**vit.arguments(locals()))

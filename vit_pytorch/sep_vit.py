@@ -41,8 +41,9 @@ reason: it has no grouped self-attention (every block uses `window_size`), one w
 by all windows, a window token even where one window covers the map, no residuals inside the
 attention, PSA queries and keys from a LayerNorm over each head's channels, no query/key/value
 bias, no norm after the patch embeddings, the PEG before the first block, channel LayerNorms with a
-norm ending every stage but the last, and its final LayerNorm after the pooling; here `dim_head`,
-if given, must be the stage's width over its heads.
+norm ending every stage but the last, and its final LayerNorm after the pooling; here `dim_head`
+(vit-pytorch's default 32, a free head width there) defaults to None and, if given, must be each
+stage's width over its heads, as in the official code (the README's SepViT-Lite call, 32, is).
 """
 
 import torch

@@ -154,6 +154,19 @@ class SoftSplit(nn.Module):
         return rearrange(self.unfold(img), 'b c n -> b n c')
 
 
+class RearrangeImage(nn.Module):
+    """Tokens of a square grid back to an image: (b, h w, c) -> (b, c, h, w), vit-pytorch's block of this name.
+
+    T2TModule itself re-structurizes with the grid it knows, which need not be square.
+    """
+
+    def forward(self, x):
+        side = math.isqrt(x.shape[1])
+        if x.ndim != 3 or side * side != x.shape[1]:
+            raise ValueError(f"x must be tokens (b, n, c) of a square grid (n = h * h), got shape {tuple(x.shape)}")
+        return rearrange(x, 'b (h w) c -> b c h w', h=side)
+
+
 class T2TModule(nn.Module):
     """Soft split, T2T transformer, re-structurize (tokens back to an image), repeated; then project."""
 

@@ -33,7 +33,9 @@ an extra pair placed before the PEG, the last stage has no local attention, ever
 8 heads of 64 whatever the width and no query/key/value bias, keys and values come from one
 strided convolution without a norm, and the patch embedding norms its input too. Here, as in
 the paper, `sN_depth` is the stage's number of blocks (local and global alternating, local
-first). As in timm, an LSA window larger than the map, or a map the windows do not divide, is
+first). The defaults differ for that reason too: vit-pytorch's (`sN_global_k` 7 in every stage,
+`sN_depth` 1, 1, 5, 4 of its pairs) count its units; here they build the paper's Twins-SVT-S
+(sub-sampling 8, 4, 2, 1; 2, 2, 10, 4 blocks). As in timm, an LSA window larger than the map, or a map the windows do not divide, is
 zero-padded at its bottom and right (after the block's norm) and the padding tokens are keys like
 any other.
 """

@@ -43,11 +43,11 @@ from vit_pytorch import vit
 class SPT(nn.Module):
     """Shifted patch tokenization: (b, c, h, w) -> (b, patches, dim).
 
-    Takes the arguments of `vit_pytorch.vit.PatchEmbedding`; `patch_norm=False` leaves out its
-    LayerNorm over the patches (there is none after the projection).
+    Takes the arguments of `vit_pytorch.vit.PatchEmbedding`, with vit-pytorch's default `channels=3`;
+    `patch_norm=False` leaves out its LayerNorm over the patches (there is none after the projection).
     """
 
-    def __init__(self, *, channels, patch_size, dim, patch_norm=True, norm_eps=1e-5):
+    def __init__(self, *, dim, patch_size, channels=3, patch_norm=True, norm_eps=1e-5):
         super().__init__()
         patch_height, patch_width = vit.positive_pair('patch_size', patch_size)
         if patch_height < 2 or patch_width < 2:
