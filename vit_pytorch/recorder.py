@@ -30,7 +30,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from vit_pytorch import vit
+from vit_pytorch.vit import block_outputs, token_layout  # noqa: F401  (defined beside the token face)
 
 __all__ = ['Recorder', 'Extractor', 'forward_intermediates', 'block_outputs', 'attention_modules', 'token_layout']
 
@@ -42,25 +42,6 @@ def attention_modules(model):
         if isinstance(getattr(module, 'fused', None), bool)
         and isinstance(getattr(module, 'attention_probs', None), nn.Module)
     ]
-
-
-def token_layout(model, image_size, num_tokens):
-    """How a sequence of `num_tokens` tokens lies on the image: ((h, w) patch grid, number of prefix tokens).
-
-    Read from what every model of the package declares: `model.token_grid(image_size)`, the
-    grid of its patch tokens (row-major), and `model.num_prefix_tokens`, the tokens before them
-    (cls, distillation, registers). A sequence is the patches alone or the prefix and the
-    patches; anything else (pooled stages, channel attention, the other branch of CrossViT)
-    gives (None, None), as does a model that declares no grid.
-    """
-    token_grid, prefix = getattr(model, 'token_grid', None), getattr(model, 'num_prefix_tokens', None)
-    if not callable(token_grid) or not isinstance(prefix, int) or image_size is None:
-        return None, None
-    grid = tuple(token_grid(tuple(image_size)))
-    for candidate in (prefix, 0):
-        if num_tokens == candidate + grid[0] * grid[1]:
-            return grid, candidate
-    return None, None
 
 
 class _Hooks(nn.Module):
@@ -281,64 +262,6 @@ class Extractor(_Hooks):
         return self.embeddings if self.return_embeddings_only else (output, self.embeddings)
 
 
-def _run_collecting_blocks(model, img, transformer):
-    """Run the model once; every block output of `transformer`, in order."""
-    calls, handles = [], []
-    if 'return_layers' in inspect.signature(transformer.forward).parameters:
-        asked = []
-
-        def ask_for_layers(module, args, kwargs):
-            asked.append(kwargs.get('return_layers', False))
-            return args, {**kwargs, 'return_layers': True}
-
-        def take_layers(module, args, kwargs, output):
-            calls.append(list(output[1]))
-            return output if asked.pop() else output[0]
-
-        handles.append(transformer.register_forward_pre_hook(ask_for_layers, with_kwargs=True))
-        handles.append(transformer.register_forward_hook(take_layers, with_kwargs=True))
-    else:
-        layers = getattr(transformer, 'layers', None)
-        if not isinstance(layers, nn.ModuleList):
-            raise ValueError(
-                f"{type(transformer).__name__} neither supports forward(x, return_layers=True) nor has a "
-                f"`layers` ModuleList whose blocks could be hooked"
-            )
-        calls.append([])
-        for block in layers:
-            handles.append(block.register_forward_hook(
-                lambda module, args, output: calls[-1].append(output[0] if isinstance(output, tuple) else output)))
-    try:
-        (model.forward_features if hasattr(model, 'forward_features') else model)(img)
-    finally:
-        for handle in handles:
-            handle.remove()
-    calls = [outputs for outputs in calls if outputs]
-    if len(calls) != 1:
-        raise ValueError(
-            f"{type(transformer).__name__} ran {len(calls)} times in one forward of {type(model).__name__}; "
-            f"forward_intermediates needs a transformer that runs exactly once (pass transformer=<module>)"
-        )
-    return calls[0]
-
-
-def _find_transformer(model, transformer):
-    if transformer is not None:
-        if not isinstance(transformer, nn.Module):
-            raise TypeError(f"transformer must be a torch.nn.Module of the model, got {type(transformer).__name__}")
-        return transformer
-    if isinstance(getattr(model, 'transformer', None), nn.Module):
-        return model.transformer
-    stacks = [(name, child) for name, child in model.named_children()
-              if 'return_layers' in inspect.signature(child.forward).parameters]
-    if len(stacks) == 1:
-        return stacks[0][1]
-    raise ValueError(
-        f"{type(model).__name__} has no `transformer` module and {len(stacks)} children supporting "
-        f"forward(x, return_layers=True) ({', '.join(name for name, _ in stacks) or 'none'}); pass transformer=<module>"
-    )
-
-
 def forward_intermediates(model, img, indices=None, *, output='tokens', transformer=None):
     """`model.forward_intermediates(img, indices)`, for every model of the package: the token models' blocks
     (`output` 'tokens' or 'maps', as in `vit.TokenFace.forward_intermediates`), a multi-scale model's stages as
@@ -352,34 +275,3 @@ def forward_intermediates(model, img, indices=None, *, output='tokens', transfor
             raise ValueError(f"output must be 'tokens' or 'maps', got {output!r}")
         return method(img, indices=indices)      # a multi-scale model's stages are maps already
     return block_outputs(model, img, indices, output=output, transformer=transformer)
-
-
-def block_outputs(model, img, indices=None, *, output='tokens', transformer=None):
-    """Outputs of chosen blocks of the model's transformer, for probing or as a dense-prediction backbone.
-
-    The transformer is `transformer=`, else `model.transformer`, else the one child whose forward takes
-    `return_layers` (CaiT's patch stage, XCiT's). The model runs once (its `forward_features` when it has one).
-
-    indices: None for every block, an int n for the last n, or a list of block numbers
-             (negative counts from the end).
-    output:  'tokens' gives each block's output as it is, (b, n, dim) (before the final
-             norm); 'maps' drops the prefix tokens and lays the patches on their grid,
-             (b, dim, h, w).
-    """
-    if output not in ('tokens', 'maps'):
-        raise ValueError(f"output must be 'tokens' or 'maps', got {output!r}")
-    transformer = _find_transformer(model, transformer)
-    blocks = _run_collecting_blocks(model, img, transformer)
-    chosen = [blocks[i] for i in vit.take_indices(indices, len(blocks), what='block')]
-    if output == 'tokens':
-        return chosen
-    maps = []
-    for tokens in chosen:
-        grid, prefix = token_layout(model, tuple(img.shape[-2:]), tokens.shape[1])
-        if grid is None:
-            raise ValueError(
-                f"cannot lay {tokens.shape[1]} tokens of {type(model).__name__} on a patch grid for an image of "
-                f"size {tuple(img.shape[-2:])}; use output='tokens'"
-            )
-        maps.append(rearrange(tokens[:, prefix:], 'b (h w) d -> b d h w', h=grid[0], w=grid[1]))
-    return maps
