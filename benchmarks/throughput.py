@@ -141,6 +141,23 @@ REGISTRY = {
         img_size=224, num_frames=8, embedding_dim=384, n_conv_layers=2, frame_kernel_size=3, kernel_size=7, stride=2,
         padding=3, pooling_kernel_size=3, pooling_stride=2, pooling_padding=1, num_layers=14, num_heads=6,
         mlp_ratio=3., num_classes=NUM_CLASSES, positional_embedding='learnable'), (8, 224, 224), 3, NUM_CLASSES),
+    # vit-pytorch's infrastructure modules: at their siblings' presets, or vit-pytorch's README example
+    'vit_with_patch_dropout': ('S/16, patch dropout 0.25', None, S16, 224, 3, NUM_CLASSES),
+    'simple_flash_attn_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
+    'simple_flash_attn_vit_3d': ('16 x 128 px / 2 x 16, width 1024, depth 6', None, dict(
+        image_size=128, frames=16, image_patch_size=16, frame_patch_size=2, num_classes=NUM_CLASSES, dim=1024,
+        depth=6, heads=8, mlp_dim=2048), (16, 128, 128), 3, NUM_CLASSES),
+    # a (b, c, h, w) batch, every image of the largest size; token dropout 0.1 as in vit-pytorch's README
+    'na_vit_nested_tensor': ('256 px / 32, width 1024, depth 6, token dropout 0.1', None, dict(
+        image_size=256, patch_size=32, num_classes=NUM_CLASSES, dim=1024, depth=6, heads=16, mlp_dim=2048,
+        token_dropout_prob=0.1), 256, 3, NUM_CLASSES),
+    'na_vit_nested_tensor_3d': ('8 x 256 px / 2 x 32, width 1024, depth 6, token dropout 0.1', None, dict(
+        image_size=256, max_frames=8, patch_size=32, frame_patch_size=2, num_classes=NUM_CLASSES, dim=1024, depth=6,
+        heads=16, mlp_dim=2048, token_dropout_prob=0.1), (8, 256, 256), 3, NUM_CLASSES),
+    # vit-pytorch's README MaxViT with its 4 registers a block
+    'max_vit_with_registers': ('MaxViT 96 wide, depths 2-2-5-2, 4 registers', None, dict(
+        num_classes=NUM_CLASSES, dim_conv_stem=64, dim=96, dim_head=32, depth=(2, 2, 5, 2), window_size=7,
+        mbconv_expansion_rate=4, mbconv_shrinkage_rate=0.25, dropout=0.1, num_register_tokens=4), 224, 3, NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -505,7 +522,8 @@ def registry_workload(name, tiny=False):
         if registry.INPUTS.get(name, '').startswith('signals'):
             image_size = (image_size,)
         elif registry.INPUTS.get(name, '').startswith('clips'):
-            image_size = (kwargs.get('frames', kwargs.get('num_frames')), image_size, image_size)
+            frames = next(kwargs[key] for key in ('frames', 'num_frames', 'max_frames') if key in kwargs)
+            image_size = (frames, image_size, image_size)
         model = registry.build_model(name, **kwargs)
     else:
         preset, constructor, kwargs, image_size, channels, num_classes = REGISTRY[name]
@@ -726,14 +744,27 @@ def bench_registry(args, log):
     The models differ in cost, so each times as many steps as fill `--seconds` for it; they are
     still interleaved, every model once per round. FLOPs are counted with explicit attention.
     """
+    def count(w):
+        return training_flops(w['model'], w['image_size'], channels=w['channels'], num_classes=w['num_classes'],
+                              loss=w['loss'])
+
     torch.manual_seed(0)
-    workloads = {name: registry_workload(name, args.tiny) for name in args.registry}
-    for name in args.registry:                  # the reference implementations, timed in the same rounds
-        reference = reference_workload(workloads[name])
+    workloads, flops, failures = {}, {}, {}
+    for name in args.registry:
+        # one model's broken preset is reported as its own failure rather than stopping every other model's
+        # measurement; `main` exits non-zero when any failed
+        try:
+            workload = registry_workload(name, args.tiny)
+            flops[name] = count(workload)
+        except Exception as error:
+            failures[name] = f'{type(error).__name__}: {error}'
+            log(f'{name}: failed to build or count: {failures[name]}')
+            continue
+        workloads[name] = workload
+        reference = reference_workload(workload)   # the reference implementation, timed in the same rounds
         if reference is not None:
             workloads[reference['name']] = reference
-    flops = {name: training_flops(w['model'], w['image_size'], channels=w['channels'],
-                                  num_classes=w['num_classes'], loss=w['loss']) for name, w in workloads.items()}
+            flops[reference['name']] = count(reference)
     runners = {name: Runner(w['model'], w['image_size'], args.batches, args.train_batch, channels=w['channels'],
                             num_classes=w['num_classes'], loss=w['loss']) for name, w in workloads.items()}
     tasks = [('infer', b) for b in args.batches] + ([('train', args.train_batch)] if args.train_batch else [])
@@ -742,7 +773,8 @@ def bench_registry(args, log):
     speeds, iterations = interleaved(runners, tasks, args.rounds, args.seconds, peaks, log, same_steps=False)
     presets = {name: {k: w[k] for k in ('preset', 'image_size', 'channels', 'num_classes', 'params')}
                for name, w in workloads.items()}
-    result = dict(config='registry', image_size=None, tokens=None, models=list(workloads), presets=presets,
+    result = dict(config='registry', image_size=None, tokens=None, models=list(workloads), failures=failures,
+                  presets=presets,
                   iterations={f'{k}@{b}': n for (k, b), n in iterations.items()},
                   matmul_peak_flops=summary(peaks), flops_per_image={}, speed={}, ratios={}, mfu={}, memory={})
     fill_speeds(result, tasks, speeds, peaks, flops)
@@ -833,6 +865,8 @@ def report(results):
                         + [spread(r['speed'][k][name]) for k in keys]
                         + [f"{r['mfu'][keys[-1]][name]['median']:.0%}", f"{mem['median']:.0f}" if mem else '-'])
         out.append(table(rows, header))
+        for name, error in r.get('failures', {}).items():
+            out.append(f'{name} not measured: {error}')
         if r['ratios']:
             rows = []
             for pair, ratios in r['ratios'].items():
@@ -945,7 +979,8 @@ def main(argv=None):
     if args.json:
         with open(args.json, 'w') as f:
             json.dump(results, f, indent=1)
+    return 1 if any(r.get('failures') for r in results['configs']) else 0
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(main())

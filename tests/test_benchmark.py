@@ -52,6 +52,7 @@ def positive_finite(value):
 
 @pytest.mark.parametrize('name', list(MODELS))
 def test_every_registered_model_gets_positive_finite_speeds_and_flops(tiny_results, name):
+    assert name not in tiny_results['failures'], tiny_results['failures'][name]
     assert name in tiny_results['models']
     for task in ('infer@1', 'infer@2', 'train@2'):
         speed = tiny_results['speed'][task][name]
@@ -62,6 +63,28 @@ def test_every_registered_model_gets_positive_finite_speeds_and_flops(tiny_resul
     assert positive_finite(flops['forward']) and positive_finite(flops['train_step'])
     # a training step is a forward plus a backward, which costs more than the forward
     assert flops['train_step'] > flops['forward']
+
+
+def test_a_model_that_fails_to_build_is_reported_and_the_others_are_still_measured(throughput, monkeypatch):
+    workload = throughput.registry_workload
+
+    def broken_simple_vit(name, tiny=False):
+        if name == 'simple_vit':
+            raise ValueError('a broken preset')
+        return workload(name, tiny)
+
+    monkeypatch.setattr(throughput, 'registry_workload', broken_simple_vit)
+    args = throughput.parse_args(['--registry', 'vit,simple_vit', '--tiny', '--rounds', '1', '--seconds', '0',
+                                  '--batches', '1', '--train-batch', '2', '--memory', '0', '--threads', '1'])
+    threads = torch.get_num_threads()
+    try:
+        result = throughput.bench_registry(args, log=lambda msg: None)
+    finally:
+        torch.set_num_threads(threads)
+    assert result['models'] == ['vit'] and positive_finite(result['speed']['train@2']['vit']['median'])
+    assert result['failures'] == {'simple_vit': 'ValueError: a broken preset'}
+    text = throughput.report(dict(machine=throughput.machine(1, 'wall'), configs=[result]))
+    assert '\nsimple_vit not measured: ValueError: a broken preset' in text
 
 
 def test_every_registered_model_has_a_preset(throughput):

@@ -228,6 +228,24 @@ CASES = {
                         padding=1, num_layers=2, num_heads=2, mlp_ratio=2.0, num_classes=5,
                         positional_embedding='learnable', attention_dropout=0.0, stochastic_depth_rate=0.0), CLIPS,
                    no_gradient={'pool.attention_pool.bias': SEQUENCE_POOLING}),
+    # vit-pytorch's infrastructure modules; the default patch_dropout=0.25 keeps 9 of the 12 patches in training
+    'vit_with_patch_dropout': Case(VIT, IMAGES),
+    'vit_with_patch_dropout[pool=mean]': Case(dict(VIT, pool='mean'), IMAGES),
+    'simple_flash_attn_vit': Case(VIT, IMAGES),
+    'simple_flash_attn_vit[use_flash=False]': Case(dict(VIT, use_flash=False), IMAGES),
+    'simple_flash_attn_vit_3d': Case(dict(VIDEO, num_classes=5, dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32),
+                                     CLIPS),
+    # a list of images as vit-pytorch's nested tensors take them: 4x6, 1x2, 3x1 and 2x2 patches, each its own sequence
+    'na_vit_nested_tensor': Case(dict(image_size=(32, 48), patch_size=8, num_classes=5, dim=16, depth=2, heads=2,
+                                      dim_head=8, mlp_dim=32), [(3, 32, 48), (3, 8, 16), (3, 24, 8), (3, 16, 16)]),
+    # volumes of 2 x 4 x 3, 1 x 2 x 1 and 2 x 1 x 2 tubelets, each after 2 registers
+    'na_vit_nested_tensor_3d': Case(dict(image_size=(16, 24), max_frames=4, patch_size=(4, 8), frame_patch_size=2,
+                                         num_classes=5, dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32,
+                                         num_registers=2), [(3, 4, 16, 24), (3, 2, 8, 8), (3, 4, 4, 16)]),
+    # as 'max_vit[num_register_tokens=2]', through vit-pytorch's path
+    'max_vit_with_registers': Case(dict(num_classes=5, dim=8, depth=(1, 2), dim_head=4, dim_conv_stem=8,
+                                        window_size=(2, 3), dropout=0.0, num_register_tokens=2),
+                                   (2, 3, 32, 48), no_gradient=MAX_VIT_BEFORE_BATCHNORM),
 }
 
 

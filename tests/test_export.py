@@ -154,8 +154,15 @@ def test_torch_jit_script_is_unsupported_as_documented(spec):
 # above): multi-scale windows, a convolutional tokenizer, signals, video; the rest with `pytest -m slow` (an ONNX
 # export takes seconds)
 DEFAULT_SWEEP = ('swin', 'cct', 'vit_1d', 'vivit')
+# models that cannot export with a dynamic batch, and why (measured, torch 2.13): these pack every item of a
+# batch into one sequence in Python (a segment per item, as vit-pytorch's nested tensors hold them), so
+# torch.export specialises the batch to the example's 2 (ConstraintViolationError); `na_vit` is the exportable NaViT
+PACKED = 'packs each item into one sequence in Python: the batch is specialised to a constant'
+NO_DYNAMIC_BATCH = {'na_vit_nested_tensor': PACKED, 'na_vit_nested_tensor_3d': PACKED}
 sweep = pytest.mark.parametrize('name', [
-    name if name in DEFAULT_SWEEP else pytest.param(name, marks=pytest.mark.slow) for name in sorted(models.MODELS)])
+    pytest.param(name, marks=([] if name in DEFAULT_SWEEP else [pytest.mark.slow])
+                 + ([pytest.mark.xfail(reason=NO_DYNAMIC_BATCH[name], strict=True)] if name in NO_DYNAMIC_BATCH else []))
+    for name in sorted(models.MODELS)])
 
 
 def sweep_model(name):

@@ -137,7 +137,7 @@ def test_clips_source_gives_one_clip_per_digit_of_each_split():
 def example_input(name, kwargs):
     if INPUTS[name].startswith('signals'):
         return torch.randn(4, kwargs['channels'], kwargs['seq_len'])
-    frames = kwargs.get('frames', kwargs.get('num_frames'))
+    frames = next(kwargs[key] for key in ('frames', 'num_frames', 'max_frames') if key in kwargs)
     channels = kwargs.get('channels', kwargs.get('n_input_channels'))
     side = kwargs.get('image_size', kwargs.get('img_size'))
     return torch.rand(4, channels, frames, side, side)

@@ -280,6 +280,9 @@ class LeViT(nn.Module):
         if tuple(img.shape[-2:]) != self.image_size:
             raise ValueError(f"img must be {self.image_size[0]}x{self.image_size[1]} (h x w), the model's image_size, "
                              f"got {img.shape[-2]}x{img.shape[-1]}: the attention biases are learned for its grids")
+        # the smallest map a BatchNorm sees: the stem's last (stage 0's grid) or a later stage's grid; counted
+        # once img is known to be a batch of images
+        self.check_training_batch(len(img), min(h * w for h, w in self.grids), where='on its smallest token grid')
         return self.to_patch_embedding(img)
 
     def stage(self, i, x):
@@ -290,8 +293,6 @@ class LeViT(nn.Module):
 
     def forward_features(self, img):
         """The last stage's tokens: (b, h * w, dim[-1])."""
-        # the smallest map a BatchNorm sees: the stem's last (stage 0's grid) or a later stage's grid
-        self.check_training_batch(len(img), min(h * w for h, w in self.grids), where='on its smallest token grid')
         x = self.embed(img)
         for i in range(len(self.transformers)):
             x = self.stage(i, x)
