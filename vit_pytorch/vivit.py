@@ -55,10 +55,10 @@ class FactorizedTransformer(vit.Stack):
     @staticmethod
     def layer(branches, x, *, mask=None):
         spatial, temporal, feedforward = branches
-        batch, tokens = x.shape[0], x.shape[2]
+        batch, slices, tokens = x.shape[:3]     # all named: einops cannot infer a size from an empty batch
         x = rearrange(x, 'b f n d -> (b f) n d')
         x = spatial(x) + x
-        x = rearrange(x, '(b f) n d -> (b n) f d', b=batch)
+        x = rearrange(x, '(b f) n d -> (b n) f d', b=batch, f=slices)
         x = temporal(x, mask=mask) + x
         x = feedforward(x) + x
         return rearrange(x, '(b n) f d -> b f n d', b=batch, n=tokens)
