@@ -4,6 +4,8 @@ the same seed gives bit-identical outputs and gradients, batch sizes 1 and 0 beh
 The models come from the table in test_properties.py.
 """
 
+import os
+
 import pytest
 import torch
 
@@ -49,7 +51,16 @@ def test_large_inputs_give_finite_outputs_and_gradients_in_fp32(spec):
         assert torch.isfinite(parameter.grad).all(), name
 
 
+# torch 2.13's bf16 convolutions pack their weights for AVX-512 when the CPU has it, but refuse to when
+# ATEN_CPU_CAPABILITY forces a lower kernel set ("pack_vnni2 is only supported when avx512 is supported"):
+# a mismatch inside torch, not a property of the models; measured on 557a827 too (t2t, cct, pit, twins_svt)
+FORCED_BELOW_THE_CPU = pytest.mark.xfail(os.environ.get('ATEN_CPU_CAPABILITY') in ('default', 'avx2'),
+                                         raises=RuntimeError, strict=False,
+                                         reason='bf16 convolution under a forced lower kernel set (torch 2.13)')
+
+
 @model_table
+@FORCED_BELOW_THE_CPU
 def test_large_inputs_give_finite_outputs_and_gradients_under_bf16_autocast(spec):
     model = build(spec).train()
     with torch.autocast('cpu', dtype=torch.bfloat16):
@@ -60,6 +71,7 @@ def test_large_inputs_give_finite_outputs_and_gradients_under_bf16_autocast(spec
 
 
 @model_table
+@FORCED_BELOW_THE_CPU
 def test_bf16_autocast_stays_close_to_fp32(spec):
     model = build(spec).eval()
     img = images(spec, 2)
