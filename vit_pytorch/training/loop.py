@@ -6,6 +6,7 @@ the divergence checks, label subsets, progress lines, a resumed run's arguments 
 import argparse
 import ast
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -287,7 +288,8 @@ def require_extras(command, args, source):
     """Stop before anything else when a package the command needs for `args` is missing, naming all of them
     at once where they come from one extra (the data source's own extra, if another, is named after)."""
     needs = ['safetensors', 'numpy', *(['matplotlib'] if args.plots else [])]
-    pictures = ' (matplotlib draws the pictures; --no-plots skips them)' if args.plots else ''
+    missing_plots = args.plots and importlib.util.find_spec('matplotlib') is None
+    pictures = ' (matplotlib draws the pictures; --no-plots skips them)' if missing_plots else ''
     if source.extra == 'train':
         require(*needs, *source.requires, purpose=f'{command} --data {args.data}{pictures}')
     else:
