@@ -9,33 +9,19 @@ builds from the trainer's defaults and takes a step on its own kind of input.
 import json
 import re
 import sys
-import types
 
-import numpy as np
 import pytest
 import torch
 
+from helpers import install_fake_aeon
 from vit_pytorch import evaluate, train
 from vit_pytorch.models import INPUTS, MODELS, build_model
 
 
 @pytest.fixture
 def fake_aeon(monkeypatch):
-    """aeon.datasets.load_classification replaced by two tiny 'GunPoint' splits: class 1 rises, class 2 falls."""
-    ramp = np.linspace(-1, 1, 150)
-    rng = np.random.default_rng(0)
-
-    def split(count):
-        labels = np.array(['1', '2'] * (count // 2))
-        values = np.stack([ramp if label == '1' else -ramp for label in labels])[:, None]
-        return values + 0.1 * rng.standard_normal(values.shape), labels
-
-    splits = dict(train=split(16), test=split(10))
-    datasets = types.ModuleType('aeon.datasets')
-    datasets.load_classification = lambda name, split: splits[split]
-    monkeypatch.setitem(sys.modules, 'aeon', types.ModuleType('aeon'))
-    monkeypatch.setitem(sys.modules, 'aeon.datasets', datasets)
-    return splits
+    """aeon.datasets.load_classification replaced by two tiny 'GunPoint' splits (helpers.install_fake_aeon)."""
+    return install_fake_aeon(monkeypatch)
 
 
 # signals
