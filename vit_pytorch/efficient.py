@@ -37,7 +37,7 @@ from torch import nn
 from vit_pytorch import vit
 
 
-class ViT(nn.Module):
+class ViT(vit.NormedHead, nn.Module):
     """A ViT whose encoder is `transformer`; `num_classes=0` makes `forward` return the pooled, normed embedding."""
 
     num_prefix_tokens = 1
@@ -77,23 +77,6 @@ class ViT(nn.Module):
             raise ValueError(f"transformer must map tokens (b, n, dim) = {tuple(x.shape)} to the same shape, "
                              f"got {got} from {type(self.transformer).__name__}")
         return out
-
-    def forward_head(self, tokens, pre_logits=False):
-        """Pool (the cls token, or the mean of all tokens), then the head's LayerNorm and Linear."""
-        x = self.to_latent(tokens.mean(dim=1) if self.pool == 'mean' else tokens[:, 0])
-        x = self.mlp_head[0](x)
-        return x if pre_logits or self.num_classes == 0 else self.mlp_head[1](x)
-
-    def forward(self, img):
-        return self.forward_head(self.forward_features(img))
-
-    def reset_classifier(self, num_classes):
-        """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        norm = self.mlp_head[0]
-        head = [vit.zero_linear(self.embed_dim, num_classes, like=norm.weight)] if num_classes > 0 else []
-        self.mlp_head = nn.Sequential(norm, *head)
 
 
 # argument checks

@@ -333,6 +333,29 @@ def block_outputs(model, img, indices=None, *, output='tokens', transformer=None
     return maps
 
 
+class NormedHead:
+    """vit-pytorch's older head layout, `mlp_head = Sequential(LayerNorm, Linear)` on the pooled token (the
+    encoder's output is not normed): `forward_head`, `forward` and `reset_classifier` for a model with `pool`,
+    `to_latent`, `num_classes`, `embed_dim` and `forward_features` (efficient.ViT, vit_with_patch_dropout.ViT)."""
+
+    def forward_head(self, tokens, pre_logits=False):
+        """Pool (the cls token, or the mean of all tokens), then the head's LayerNorm and Linear."""
+        x = self.to_latent(tokens.mean(dim=1) if self.pool == 'mean' else tokens[:, 0])
+        x = self.mlp_head[0](x)
+        return x if pre_logits or self.num_classes == 0 else self.mlp_head[1](x)
+
+    def forward(self, img):
+        return self.forward_head(self.forward_features(img))
+
+    def reset_classifier(self, num_classes):
+        """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
+        non_negative_int('num_classes', num_classes)
+        self.num_classes = num_classes
+        norm = self.mlp_head[0]
+        head = [zero_linear(self.embed_dim, num_classes, like=norm.weight)] if num_classes > 0 else []
+        self.mlp_head = nn.Sequential(norm, *head)
+
+
 class TokenFace:
     """The face the token models share, over the blocks of one transformer.
 

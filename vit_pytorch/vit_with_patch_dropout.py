@@ -33,7 +33,7 @@ from vit_pytorch import vit
 from vit_pytorch.simple_vit_with_patch_dropout import PatchDropout
 
 
-class ViT(vit.TokenFace, nn.Module):
+class ViT(vit.TokenFace, vit.NormedHead, nn.Module):
     """ViT with patch dropout in training; see the module's docstring for its layout.
 
     `forward_features` returns the encoder's tokens (not normed), (b, prefix + kept, dim), every patch kept in eval
@@ -81,23 +81,6 @@ class ViT(vit.TokenFace, nn.Module):
     def forward_features(self, img):
         """The encoder's tokens (not normed): (b, 1 + kept, dim)."""
         return self.transformer(self.embed(img))
-
-    def forward_head(self, tokens, pre_logits=False):
-        """Pool (the cls token, or the mean of all tokens), then the head's LayerNorm and Linear."""
-        x = self.to_latent(tokens.mean(dim=1) if self.pool == 'mean' else tokens[:, 0])
-        x = self.mlp_head[0](x)
-        return x if pre_logits or self.num_classes == 0 else self.mlp_head[1](x)
-
-    def forward(self, img):
-        return self.forward_head(self.forward_features(img))
-
-    def reset_classifier(self, num_classes):
-        """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        norm = self.mlp_head[0]
-        head = [vit.zero_linear(self.embed_dim, num_classes, like=norm.weight)] if num_classes > 0 else []
-        self.mlp_head = nn.Sequential(norm, *head)
 
     def set_grad_checkpointing(self, enable=True):
         self.transformer.grad_checkpointing = enable
