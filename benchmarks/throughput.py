@@ -28,12 +28,15 @@ each at a named configuration of its paper where its module has a constructor fo
 `distillable_vit`). Their FLOPs are counted with explicit attention (`fused=False`), which
 the counter sees. Where `REFERENCES` has the reference implementation of a preset (timm's Swin,
 ...), it runs in the same rounds with our model's weights, and the report gives the paired
-ratios and the memory ratio. `--tiny` shrinks them to a few milliseconds a step, for tests.
+ratios and the memory ratio. For models only vit-pytorch has, the reference is vit-pytorch 1.26.14's own
+module, imported from $VIT_PYTORCH_SOURCE (its wheel, from `pip download vit-pytorch==1.26.14 --no-deps`, or
+the unpacked `vit_pytorch` folder) beside ours. `--tiny` shrinks them to a few milliseconds a step, for tests.
 
     python benchmarks/throughput.py --configs S/16 --image-sizes 224 --json results.json
     PYTHONPATH=. /path/to/venv-with-timm/bin/python benchmarks/throughput.py --configs B/16
     python benchmarks/throughput.py --sections compile,checkpointing
     python benchmarks/throughput.py --registry cait,xcit,cross_vit,t2t,cct --batches 1,8 --rounds 3
+    VIT_PYTORCH_SOURCE=vit_pytorch-1.26.14-py3-none-any.whl python benchmarks/throughput.py --registry deepvit
 
 Timings are wall-clock by default, so they include whatever else the machine is doing; read
 the spread columns. On a shared machine, `--threads 1 --clock cpu` times each step by this
@@ -44,6 +47,7 @@ import argparse
 import copy
 import datetime
 import importlib
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -191,6 +195,10 @@ REFERENCES = {
     'mobile_vit': ('timm mobilevit_xxs', lambda ours: timm_reference('mobilevit_xxs', ours)),
     # the official code, imported from $VIT_PYTORCH_OFFICIAL/RegionViT (skipped when that is unset)
     'regionvit': ('official regionvit_tiny_224 (IBM/RegionViT)', lambda ours: regionvit_official_reference(ours)),
+    # vit-pytorch 1.26.14, for models only it has: imported from $VIT_PYTORCH_SOURCE (skipped when that is unset),
+    # built with the preset's keyword arguments
+    'deepvit': ('vit-pytorch 1.26.14 deepvit.DeepViT',
+                lambda ours: vit_pytorch_reference('deepvit', 'DeepViT', ours, **REGISTRY['deepvit'][2])),
 }
 
 
@@ -382,10 +390,54 @@ def timm_reference(timm_name, ours, **kwargs):
     by vit_pytorch.pretrained.load_timm."""
     from vit_pytorch.pretrained import load_timm
 
+    if timm is None:
+        return None
     reference = timm.create_model(timm_name, pretrained=False, num_classes=ours.num_classes, **kwargs)
     load_timm(ours, reference.state_dict())
     return reference
 
+
+
+def vit_pytorch_module(module):
+    """vit-pytorch 1.26.14's `module` (e.g. 'ats_vit'), imported from $VIT_PYTORCH_SOURCE: its wheel
+    (`pip download vit-pytorch==1.26.14 --no-deps`) or the unpacked `vit_pytorch` folder; None where that is
+    unset or the module needs a library this environment lacks.
+
+    Both packages are called `vit_pytorch`, so the reference is imported under that name with ours set aside,
+    without running its `__init__` (which imports torchvision), and ours is put back; the reference's modules
+    keep what they imported."""
+    source = os.environ.get('VIT_PYTORCH_SOURCE')
+    if not source:
+        return None
+    folder = os.path.join(source, 'vit_pytorch') if source.endswith('.whl') else source
+    ours = {name: mod for name, mod in sys.modules.items() if name == 'vit_pytorch' or name.startswith('vit_pytorch.')}
+    for name in ours:
+        del sys.modules[name]
+    package = importlib.util.module_from_spec(importlib.machinery.ModuleSpec('vit_pytorch', None, is_package=True))
+    package.__path__ = [folder]
+    sys.modules['vit_pytorch'] = package
+    try:
+        return importlib.import_module(f'vit_pytorch.{module}')
+    except ImportError:
+        return None
+    finally:
+        for name in [name for name in sys.modules if name == 'vit_pytorch' or name.startswith('vit_pytorch.')]:
+            del sys.modules[name]
+        sys.modules.update(ours)
+
+
+def vit_pytorch_reference(module, class_name, ours, **kwargs):
+    """vit-pytorch's `module.class_name`, built with the preset's own keyword arguments (`kwargs`: at vit-pytorch's
+    import path our call means what vit-pytorch's means), its random weights loaded into `ours` by
+    vit_pytorch.pretrained.load_vit_pytorch; None where vit_pytorch_module finds no source."""
+    from vit_pytorch.pretrained import load_vit_pytorch
+
+    reference_module = vit_pytorch_module(module)
+    if reference_module is None:
+        return None
+    reference = getattr(reference_module, class_name)(**kwargs)
+    load_vit_pytorch(ours, reference.state_dict())
+    return reference
 
 
 def crossformer_official_reference(ours):
@@ -497,7 +549,7 @@ def reference_workload(workload):
     """The reference implementation of a registry workload's preset, as a workload named '<name>:ref'; None
     where there is none (or its library is not importable, or the workload is tiny)."""
     name = workload['name']
-    if name not in REFERENCES or workload['preset'] == 'tiny' or timm is None:
+    if name not in REFERENCES or workload['preset'] == 'tiny':
         return None
     label, build = REFERENCES[name]
     reference = build(workload['model'])

@@ -177,3 +177,36 @@ def test_help_exits_zero():
     out = subprocess.run([sys.executable, SCRIPT, '--help'], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert '--registry' in out.stdout
+
+
+def test_vit_pytorch_reference_is_imported_beside_ours_and_ours_is_put_back(throughput, tmp_path, monkeypatch):
+    # a stand-in for vit-pytorch's package: same top-level name, a module importing a sibling absolutely,
+    # and an __init__ that must not run (vit-pytorch's imports torchvision)
+    source = tmp_path / 'vit_pytorch'
+    source.mkdir()
+    (source / '__init__.py').write_text("raise ImportError('the reference package __init__ ran')\n")
+    (source / 'blocks.py').write_text("WIDTH = 7\n")
+    (source / 'toy.py').write_text("from vit_pytorch.blocks import WIDTH\n\ndef width():\n    return WIDTH\n")
+    monkeypatch.setenv('VIT_PYTORCH_SOURCE', str(source))
+    import vit_pytorch
+    import vit_pytorch.vit as our_vit
+
+    toy = throughput.vit_pytorch_module('toy')
+    assert toy.width() == 7
+    assert sys.modules['vit_pytorch'] is vit_pytorch and sys.modules['vit_pytorch.vit'] is our_vit
+    assert 'vit_pytorch.toy' not in sys.modules and 'vit_pytorch.blocks' not in sys.modules
+    assert throughput.vit_pytorch_module('absent') is None
+
+
+def test_vit_pytorch_reference_is_skipped_without_a_source(throughput, monkeypatch):
+    monkeypatch.delenv('VIT_PYTORCH_SOURCE', raising=False)
+    assert throughput.vit_pytorch_module('deepvit') is None
+    workload = throughput.registry_workload('deepvit')
+    assert throughput.reference_workload(workload) is None
+
+
+@pytest.mark.skipif(not os.environ.get('VIT_PYTORCH_SOURCE'), reason='vit-pytorch 1.26.14 source not given')
+def test_vit_pytorch_deepvit_reference_computes_our_function(throughput):
+    workload = throughput.registry_workload('deepvit')
+    reference = throughput.reference_workload(workload)  # checks the logits agree before it returns
+    assert reference['params'] == workload['params']
