@@ -38,6 +38,11 @@ the unpacked `vit_pytorch` folder) beside ours. `--tiny` shrinks them to a few m
     python benchmarks/throughput.py --registry cait,xcit,cross_vit,t2t,cct --batches 1,8 --rounds 3
     VIT_PYTORCH_SOURCE=vit_pytorch-1.26.14-py3-none-any.whl python benchmarks/throughput.py --registry deepvit
 
+`--device cuda` puts models, inputs and steps on the GPU (synchronised around every timing; memory is then the
+peak of allocated device memory), `--bf16` runs every step under bf16 autocast, `--compile` runs every model
+through torch.compile; attention is `scaled_dot_product_attention` throughout, which picks its fused kernels on
+CUDA. Each works on the CPU as well (the tests run them there).
+
 Timings are wall-clock by default, so they include whatever else the machine is doing; read
 the spread columns. On a shared machine, `--threads 1 --clock cpu` times each step by this
 process's CPU time instead, which other jobs barely disturb.
@@ -593,13 +598,18 @@ def registry_workload(name, tiny=False):
 
 
 def matmul_peak(size=2048, repeats=3):
-    """Best fp32 matmul FLOP/s of a few (size x size) @ (size x size) products."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
+    """Best matmul FLOP/s of a few (size x size) @ (size x size) products on DEVICE, in fp32 (bf16 under
+    `--bf16`, 8192 wide on CUDA)."""
+    size = 8192 if DEVICE.type == 'cuda' else size
+    dtype = AUTOCAST or torch.float32
+    a, b = torch.randn(size, size, device=DEVICE, dtype=dtype), torch.randn(size, size, device=DEVICE, dtype=dtype)
     torch.mm(a, b)
     best = float('inf')
     for _ in range(repeats):
+        synchronize()
         start = CLOCK()
         torch.mm(a, b)
+        synchronize()
         best = min(best, CLOCK() - start)
     return 2 * size ** 3 / best
 
@@ -607,6 +617,25 @@ def matmul_peak(size=2048, repeats=3):
 # wall-clock by default; `--clock cpu` (this process's CPU time) with `--threads 1` keeps the
 # comparison steady on a machine shared with other jobs
 CLOCK = time.perf_counter
+# `--device cuda`: models, inputs and steps on the GPU; `--bf16`: every step under bf16 autocast (the weights in
+# fp32); `--compile`: every model through torch.compile (each Runner compiles its own)
+DEVICE = torch.device('cpu')
+AUTOCAST = None
+COMPILE = False
+
+
+def synchronize():
+    if DEVICE.type == 'cuda':
+        torch.cuda.synchronize(DEVICE)
+
+
+def autocast():
+    return torch.autocast(DEVICE.type, dtype=AUTOCAST, enabled=AUTOCAST is not None)
+
+
+def set_device(device, bf16, compile_):
+    global DEVICE, AUTOCAST, COMPILE
+    DEVICE, AUTOCAST, COMPILE = torch.device(device), torch.bfloat16 if bf16 else None, compile_
 
 
 class Runner:
@@ -614,30 +643,35 @@ class Runner:
 
     def __init__(self, model, image_size, batches, train_batch, *, channels=3, num_classes=NUM_CLASSES,
                  loss=classification_loss):
-        self.model, self.loss = model, loss
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+        model.to(DEVICE)
+        self.model, self.loss = torch.compile(model) if COMPILE else model, loss
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=DEVICE.type == 'cuda')
         generator = torch.Generator().manual_seed(1)
-        self.images = {b: torch.randn(b, channels, *input_dims(image_size), generator=generator)
+        self.images = {b: torch.randn(b, channels, *input_dims(image_size), generator=generator).to(DEVICE)
                        for b in sorted(set(batches) | {train_batch})}
-        self.labels = torch.randint(0, num_classes, (train_batch,), generator=generator)
+        self.labels = torch.randint(0, num_classes, (train_batch,), generator=generator).to(DEVICE)
 
     def infer(self, batch):
         self.model.eval()
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast():
             self.model(self.images[batch])
 
     def train(self, batch):
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        self.loss(self.model, self.images[batch], self.labels).backward()
+        with autocast():
+            loss = self.loss(self.model, self.images[batch], self.labels)
+        loss.backward()
         self.optimizer.step()
 
     def run(self, task, iterations):
         kind, batch = task
         step = self.infer if kind == 'infer' else self.train
+        synchronize()
         start = CLOCK()
         for _ in range(iterations):
             step(batch)
+        synchronize()
         return batch * iterations / (CLOCK() - start)
 
 
@@ -690,8 +724,10 @@ def rss_mib(field):
 
 
 def memory_child(spec):
-    """Peak RSS increase (MiB) over two training steps, from a state with model, optimizer and batch built."""
+    """Peak RSS increase (MiB) over two training steps, from a state with model, optimizer and batch built (on
+    CUDA: the peak of allocated device memory over those steps, less what was allocated before)."""
     torch.set_num_threads(spec['threads'])
+    set_device(spec.get('device', 'cpu'), spec.get('bf16', False), spec.get('compile', False))
     torch.manual_seed(0)
     channels, num_classes, loss = 3, NUM_CLASSES, classification_loss
     if 'registry' in spec:
@@ -713,20 +749,29 @@ def memory_child(spec):
         model = build_baseline(spec['model'], spec['config'], spec['image_size'])
     if spec.get('checkpointing'):
         model.set_grad_checkpointing(True)
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    img = torch.randn(spec['batch'], channels, *input_dims(spec['image_size']))
-    label = torch.randint(0, num_classes, (spec['batch'],))
-    before = rss_mib('VmRSS')
+    model.train().to(DEVICE)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=DEVICE.type == 'cuda')
+    params = sum(p.numel() for p in model.parameters()) * 4 / 2 ** 20
+    model = torch.compile(model) if COMPILE else model
+    img = torch.randn(spec['batch'], channels, *input_dims(spec['image_size'])).to(DEVICE)
+    label = torch.randint(0, num_classes, (spec['batch'],)).to(DEVICE)
+    if DEVICE.type == 'cuda':
+        torch.cuda.reset_peak_memory_stats(DEVICE)
+        before = torch.cuda.memory_allocated(DEVICE) / 2 ** 20
+    else:
+        before = rss_mib('VmRSS')
     times = []
     for _ in range(2):
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        loss(model, img, label).backward()
+        with autocast():
+            step_loss = loss(model, img, label)
+        step_loss.backward()
         optimizer.step()
+        synchronize()
         times.append(time.perf_counter() - start)
-    params = sum(p.numel() for p in model.parameters()) * 4 / 2 ** 20
-    return dict(peak_increase_mib=rss_mib('VmHWM') - before, params_mib=params, step_s=times[-1])
+    peak = torch.cuda.max_memory_allocated(DEVICE) / 2 ** 20 if DEVICE.type == 'cuda' else rss_mib('VmHWM')
+    return dict(peak_increase_mib=peak - before, params_mib=params, step_s=times[-1])
 
 
 def measure_memory(spec):
@@ -784,7 +829,8 @@ def fill_speeds(result, tasks, speeds, peaks, flops):
 def fill_memory(result, args, log, spec_of):
     """Training-step memory of every model into `result`, each run in a fresh process."""
     for name in result['models']:
-        spec = dict(spec_of(name), batch=args.train_batch, threads=args.threads)
+        spec = dict(spec_of(name), batch=args.train_batch, threads=args.threads, device=args.device,
+                    bf16=args.bf16, compile=args.compile)
         runs = [measure_memory(spec)['peak_increase_mib'] for _ in range(args.memory)]
         result['memory'][name] = summary(runs)
         log(f'  memory {name}: {statistics.median(runs):.0f} MiB')
@@ -897,7 +943,8 @@ def report(results):
     out = []
     m = results['machine']
     out.append(f"{m['cpu']}, {m['threads']} threads, {m['clock']} clock, torch {m['torch']}, timm {m['timm'] or 'not installed'}; "
-               f"fp32; medians over rounds (min-max)")
+               f"{'bf16 autocast' if m.get('bf16') else 'fp32'}{', compiled' if m.get('compile') else ''}"
+               f"{', on ' + m['gpu'] if m.get('gpu') else ''}; medians over rounds (min-max)")
     for r in results['configs']:
         peak = r['matmul_peak_flops']
         presets = r.get('presets')
@@ -941,7 +988,7 @@ def report(results):
     return '\n'.join(out)
 
 
-def machine(threads, clock):
+def machine(threads, clock, device='cpu'):
     cpu = platform.processor() or platform.machine()
     try:
         out = subprocess.run(['lscpu'], capture_output=True, text=True, check=True).stdout
@@ -949,8 +996,9 @@ def machine(threads, clock):
         cpu = f"{fields['Model name'].strip()}, {fields['CPU(s)'].strip()} cores"
     except (OSError, subprocess.CalledProcessError, KeyError):
         pass
-    return dict(cpu=cpu, threads=threads, clock=clock, torch=torch.__version__, timm=timm.__version__ if timm else None,
-                python=platform.python_version())
+    gpu = torch.cuda.get_device_name(device) if torch.device(device).type == 'cuda' else None
+    return dict(cpu=cpu, gpu=gpu, threads=threads, clock=clock, torch=torch.__version__,
+                timm=timm.__version__ if timm else None, python=platform.python_version())
 
 
 def parse_args(argv=None):
@@ -982,9 +1030,18 @@ def parse_args(argv=None):
     parser.add_argument('--clock', choices=('wall', 'cpu'), default='wall',
                         help='time steps by the wall clock, or by this process\'s CPU time (on a busy '
                              'machine, with --threads 1)')
+    parser.add_argument('--device', choices=('cpu', 'cuda'), default='cpu',
+                        help='where models and inputs live (cuda: synchronised around every timing; memory is '
+                             'the peak of allocated device memory)')
+    parser.add_argument('--bf16', action='store_true', help='every step under bf16 autocast (weights in fp32)')
+    parser.add_argument('--compile', action='store_true', help='every model through torch.compile')
     parser.add_argument('--json', help='write the results to this JSON file')
     parser.add_argument('--memory-child', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.device == 'cuda' and args.clock == 'cpu':
+        parser.error('--clock cpu times this process on the CPU, not the GPU: use the wall clock with --device cuda')
+    if args.device == 'cuda' and not torch.cuda.is_available():
+        parser.error('--device cuda: torch sees no CUDA device here')
     if args.sections is None:
         args.sections = [] if args.registry else ['throughput']
     if args.registry == ['all']:
@@ -1012,10 +1069,11 @@ def main(argv=None):
         print(json.dumps(memory_child(json.loads(args.memory_child))))
         return
     torch.set_num_threads(args.threads)
+    set_device(args.device, args.bf16, args.compile)
     global CLOCK
     CLOCK = time.process_time if args.clock == 'cpu' else time.perf_counter
     log = lambda msg: print(msg, file=sys.stderr, flush=True)
-    results = dict(machine=machine(args.threads, args.clock), command=' '.join(['python', 'benchmarks/throughput.py'] + sys.argv[1:]),
+    results = dict(machine=dict(machine(args.threads, args.clock, args.device), bf16=args.bf16, compile=args.compile), command=' '.join(['python', 'benchmarks/throughput.py'] + sys.argv[1:]),
                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'), configs=[])
     if 'throughput' in args.sections:
         for config in args.configs:

@@ -210,3 +210,38 @@ def test_vit_pytorch_deepvit_reference_computes_our_function(throughput):
     workload = throughput.registry_workload('deepvit')
     reference = throughput.reference_workload(workload)  # checks the logits agree before it returns
     assert reference['params'] == workload['params']
+
+
+def run_script_in_subprocess(tmp_path, *options):
+    """The script's registry run of the tiny ViT in a fresh process (the device options set module-wide
+    state); returns its JSON results and its stdout."""
+    out = tmp_path / 'results.json'
+    done = subprocess.run([sys.executable, SCRIPT, '--registry', 'vit', '--tiny', *options, '--rounds', '1',
+                           '--seconds', '0', '--batches', '2', '--train-batch', '2', '--memory', '1', '--threads', '1',
+                           '--json', str(out)], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), os.pardir)))
+    assert done.returncode == 0, done.stderr[-2000:]
+    import json
+    return json.loads(out.read_text()), done.stdout
+
+
+def test_bf16_runs_on_the_cpu_path(tmp_path):
+    # an option of the GPU run (`--device cuda --bf16`), on the CPU; the memory child gets it too
+    result, stdout = run_script_in_subprocess(tmp_path, '--bf16')
+    assert 'bf16 autocast' in stdout
+    assert result['machine']['bf16'] and not result['machine']['compile'] and result['machine']['gpu'] is None
+    assert positive_finite(result['configs'][0]['speed']['train@2']['vit']['median'])
+    assert positive_finite(result['configs'][0]['memory']['vit']['median'])
+
+
+@pytest.mark.slow
+def test_bf16_and_compile_run_on_the_cpu_path(tmp_path):
+    result, stdout = run_script_in_subprocess(tmp_path, '--bf16', '--compile')
+    assert 'bf16 autocast, compiled' in stdout and result['machine']['compile']
+    assert positive_finite(result['configs'][0]['speed']['train@2']['vit']['median'])
+
+
+def test_cpu_clock_with_cuda_is_refused(throughput, capsys):
+    with pytest.raises(SystemExit):
+        throughput.parse_args(['--device', 'cuda', '--clock', 'cpu'])
+    assert 'wall clock' in capsys.readouterr().err
