@@ -190,6 +190,12 @@ REFERENCES = {
     'pvt_v2': ('timm pvt_v2_b0', lambda ours: timm_reference('pvt_v2_b0', ours)),
     'twins_svt': ('timm twins_svt_small', lambda ours: timm_reference('twins_svt_small', ours)),
     'nest': ('timm nest_tiny', lambda ours: timm_reference('nest_tiny', ours, drop_path_rate=0.)),
+    'vit': ('timm vit_small_patch16_224', lambda ours: timm_reference('vit_small_patch16_224', ours)),
+    'cait': ('timm cait_xxs24_224', lambda ours: timm_reference('cait_xxs24_224', ours)),
+    'xcit': ('timm xcit_tiny_12_p16_224', lambda ours: timm_reference('xcit_tiny_12_p16_224', ours)),
+    'cross_vit': ('timm crossvit_tiny_240', lambda ours: timm_reference('crossvit_tiny_240', ours)),
+    'distillable_vit': ('timm deit_small_distilled_patch16_224',
+                        lambda ours: timm_reference('deit_small_distilled_patch16_224', ours)),
     # the official code, imported from $VIT_PYTORCH_OFFICIAL/CrossFormer (skipped when that is unset)
     'crossformer': ('official CrossFormer-T (cheerss/CrossFormer)', lambda ours: crossformer_official_reference(ours)),
     # the official code, imported from $VIT_PYTORCH_OFFICIAL/SepViT (skipped when that is unset)
@@ -204,6 +210,40 @@ REFERENCES = {
     # built with the preset's keyword arguments
     'deepvit': ('vit-pytorch 1.26.14 deepvit.DeepViT',
                 lambda ours: vit_pytorch_reference('deepvit', 'DeepViT', ours, **REGISTRY['deepvit'][2])),
+    'simple_vit': ('vit-pytorch 1.26.14 simple_vit.SimpleViT',
+            lambda ours: vit_pytorch_reference('simple_vit', 'SimpleViT', ours, **REGISTRY['simple_vit'][2])),
+    'parallel_vit': ('vit-pytorch 1.26.14 parallel_vit.ViT',
+            lambda ours: vit_pytorch_reference('parallel_vit', 'ViT', ours, **REGISTRY['parallel_vit'][2])),
+    'learnable_memory_vit': ('vit-pytorch 1.26.14 learnable_memory_vit.ViT',
+            lambda ours: vit_pytorch_reference('learnable_memory_vit', 'ViT', ours, **REGISTRY['learnable_memory_vit'][2])),
+    'simple_vit_with_register_tokens': ('vit-pytorch 1.26.14 simple_vit_with_register_tokens.SimpleViT',
+            lambda ours: vit_pytorch_reference('simple_vit_with_register_tokens', 'SimpleViT', ours, **REGISTRY['simple_vit_with_register_tokens'][2])),
+    'simple_vit_with_patch_dropout': ('vit-pytorch 1.26.14 simple_vit_with_patch_dropout.SimpleViT',
+            lambda ours: vit_pytorch_reference('simple_vit_with_patch_dropout', 'SimpleViT', ours, **REGISTRY['simple_vit_with_patch_dropout'][2])),
+    'vit_1d': ('vit-pytorch 1.26.14 vit_1d.ViT',
+            lambda ours: vit_pytorch_reference('vit_1d', 'ViT', ours, **REGISTRY['vit_1d'][2])),
+    'simple_vit_1d': ('vit-pytorch 1.26.14 simple_vit_1d.SimpleViT',
+            lambda ours: vit_pytorch_reference('simple_vit_1d', 'SimpleViT', ours, **REGISTRY['simple_vit_1d'][2])),
+    'vit_3d': ('vit-pytorch 1.26.14 vit_3d.ViT',
+            lambda ours: vit_pytorch_reference('vit_3d', 'ViT', ours, **REGISTRY['vit_3d'][2])),
+    'simple_vit_3d': ('vit-pytorch 1.26.14 simple_vit_3d.SimpleViT',
+            lambda ours: vit_pytorch_reference('simple_vit_3d', 'SimpleViT', ours, **REGISTRY['simple_vit_3d'][2])),
+    'vivit': ('vit-pytorch 1.26.14 vivit.ViViT',
+            lambda ours: vit_pytorch_reference('vivit', 'ViViT', ours, **REGISTRY['vivit'][2])),
+    'cct_3d': ('vit-pytorch 1.26.14 cct_3d.CCT',
+            lambda ours: vit_pytorch_reference('cct_3d', 'CCT', ours, **REGISTRY['cct_3d'][2])),
+    'vit_with_patch_dropout': ('vit-pytorch 1.26.14 vit_with_patch_dropout.ViT',
+            lambda ours: vit_pytorch_reference('vit_with_patch_dropout', 'ViT', ours, **REGISTRY['vit_with_patch_dropout'][2])),
+    'simple_flash_attn_vit': ('vit-pytorch 1.26.14 simple_flash_attn_vit.SimpleViT',
+            lambda ours: vit_pytorch_reference('simple_flash_attn_vit', 'SimpleViT', ours, **REGISTRY['simple_flash_attn_vit'][2])),
+    'simple_flash_attn_vit_3d': ('vit-pytorch 1.26.14 simple_flash_attn_vit_3d.SimpleViT',
+            lambda ours: vit_pytorch_reference('simple_flash_attn_vit_3d', 'SimpleViT', ours, **REGISTRY['simple_flash_attn_vit_3d'][2])),
+    'na_vit': ('vit-pytorch 1.26.14 na_vit.NaViT',
+            lambda ours: vit_pytorch_reference('na_vit', 'NaViT', ours, **REGISTRY['na_vit'][2])),
+    'na_vit_nested_tensor': ('vit-pytorch 1.26.14 na_vit_nested_tensor.NaViT',
+            lambda ours: vit_pytorch_reference('na_vit_nested_tensor', 'NaViT', ours, **REGISTRY['na_vit_nested_tensor'][2])),
+    'na_vit_nested_tensor_3d': ('vit-pytorch 1.26.14 na_vit_nested_tensor_3d.NaViT',
+            lambda ours: vit_pytorch_reference('na_vit_nested_tensor_3d', 'NaViT', ours, **REGISTRY['na_vit_nested_tensor_3d'][2])),
 }
 
 
@@ -560,7 +600,7 @@ def reference_workload(workload):
     reference = build(workload['model'])
     if reference is None:
         return None
-    img = torch.randn(2, workload['channels'], workload['image_size'], workload['image_size'])
+    img = torch.randn(2, workload['channels'], *input_dims(workload['image_size']))
     with torch.no_grad():
         torch.testing.assert_close(workload['model'].eval()(img), reference.eval()(img), atol=1e-4, rtol=0)
     return dict(workload, name=f'{name}:ref', preset=label, model=reference,
