@@ -30,6 +30,8 @@ from vit_pytorch.vit import pair
 def fourier_image(img):
     """The 2D DFT of each channel as real and imaginary planes: (b, c, h, w) -> (b, 2 * c, h, w), the real
     parts of every channel first, then the imaginary parts."""
+    if img.shape[0] == 0:                      # the CPU's FFT (MKL) refuses an empty batch
+        return img.new_zeros(0, 2 * img.shape[1], *img.shape[-2:])
     return rearrange(torch.view_as_real(torch.fft.fft2(img)), 'b c h w ri -> b (ri c) h w')
 
 
