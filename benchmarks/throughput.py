@@ -86,6 +86,16 @@ BASELINES = {'vit': ('timm', 'reference'), 'simple_vit': ('simple_reference',)}
 # `--registry`: name -> (preset, the module's constructor of that name or None, keyword arguments,
 # image size, channels, classes); without a constructor, the module's class at ViT-S/16's size
 S16 = dict(image_size=224, patch_size=16, num_classes=NUM_CLASSES, dim=384, depth=12, heads=6, mlp_dim=1536)
+class CentreBox(nn.Module):
+    """A stand-in object detector for the DetPool preset: the middle half of each side of the image."""
+
+    def forward(self, img):
+        height, width = img.shape[-2:]
+        mask = torch.zeros(img.shape[0], height, width, dtype=torch.bool, device=img.device)
+        mask[:, height // 4:3 * height // 4, width // 4:3 * width // 4] = True
+        return mask
+
+
 REGISTRY = {
     'vit': ('S/16', None, dict(S16, patch_norm=False, qkv_bias=True, norm_eps=1e-6), 224, 3, NUM_CLASSES),
     'simple_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
@@ -162,6 +172,13 @@ REGISTRY = {
     'max_vit_with_registers': ('MaxViT 96 wide, depths 2-2-5-2, 4 registers', None, dict(
         num_classes=NUM_CLASSES, dim_conv_stem=64, dim=96, dim_head=32, depth=(2, 2, 5, 2), window_size=7,
         mbconv_expansion_rate=4, mbconv_shrinkage_rate=0.25, dropout=0.1, num_register_tokens=4), 224, 3, NUM_CLASSES),
+    # research long tail I (issue 26), at S/16: DetPool with an object in the middle half of each image (its mask
+    # from a stand-in detector, so that forward(img) runs the masked attention and pooling in both packages)
+    'vit_detpool': ('S/16, an object on 7 x 7 of the 14 x 14 patches', None,
+                    dict(S16, mask_generator=CentreBox()), 224, 3, NUM_CLASSES),
+    'simple_vit_with_specialized_cls': ('S/16, qkv specialized in 4 of 12 layers', None, S16, 224, 3, NUM_CLASSES),
+    'simple_vit_with_fft': ('S/16, Fourier patches of 16: 196 + 196 tokens', None, dict(S16, freq_patch_size=16),
+                            224, 3, NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -199,6 +216,15 @@ REFERENCES = {
     # built with the preset's keyword arguments
     'deepvit': ('vit-pytorch 1.26.14 deepvit.DeepViT',
                 lambda ours: vit_pytorch_reference('deepvit', 'DeepViT', ours, **REGISTRY['deepvit'][2])),
+    'vit_detpool': ('vit-pytorch 1.26.14 vit_detpool.ViTDetPool',
+                    lambda ours: vit_pytorch_reference('vit_detpool', 'ViTDetPool', ours, **REGISTRY['vit_detpool'][2])),
+    'simple_vit_with_specialized_cls': (
+        'vit-pytorch 1.26.14 simple_vit_with_specialized_cls.SimpleViT',
+        lambda ours: vit_pytorch_reference('simple_vit_with_specialized_cls', 'SimpleViT', ours,
+                                           **REGISTRY['simple_vit_with_specialized_cls'][2])),
+    'simple_vit_with_fft': ('vit-pytorch 1.26.14 simple_vit_with_fft.SimpleViT',
+                            lambda ours: vit_pytorch_reference('simple_vit_with_fft', 'SimpleViT', ours,
+                                                               **REGISTRY['simple_vit_with_fft'][2])),
 }
 
 

@@ -190,3 +190,18 @@ def test_vit_pytorchs_main_block_runs():
     vit = ViTDetPool(image_size=256, patch_size=32, num_classes=1000, dim=1024, depth=1, heads=16, mlp_dim=2048,
                      mask_generator=MockMasker())
     assert vit(img).shape == (1, 1000)
+
+
+@pytest.mark.slow                     # an export: 8-22 s on 2 shared cores
+def test_exports_with_the_object_mask_as_a_second_input_of_dynamic_batch():
+    """The empty-mask check is data-dependent and skipped while exporting; the masked attention and pooling
+    export, the mask's batch symbolic like the images'."""
+    net, img, mask = model(), images(), grid_mask()
+    batch = torch.export.Dim('batch', min=1, max=1024)
+    program = torch.export.export(net, (img,), {'object_mask': mask},
+                                  dynamic_shapes={'img': {0: batch}, 'object_mask': {0: batch}})
+    other_mask = torch.ones(3, 4, 3, dtype=torch.bool)
+    other_mask[:, 0] = False
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(images(3, seed=5), object_mask=other_mask),
+                                   net(images(3, seed=5), object_mask=other_mask), rtol=1e-5, atol=1e-6)
