@@ -155,8 +155,7 @@ class SimpleViT(vit.TokenFace, nn.Module):
 # argument checks
 
 
-def check_arguments(*, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, channels, dim_head,
-                    attention, transformer):
+def check_arguments(*, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, channels, dim_head, **blocks):
     vit.patch_grid(vit.positive_pair('image_size', image_size), vit.positive_pair('patch_size', patch_size))
     for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels,
                             dim_head=dim_head).items():
