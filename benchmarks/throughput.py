@@ -217,7 +217,8 @@ REFERENCES = {
     'deepvit': ('vit-pytorch 1.26.14 deepvit.DeepViT',
                 lambda ours: vit_pytorch_reference('deepvit', 'DeepViT', ours, **REGISTRY['deepvit'][2])),
     'vit_detpool': ('vit-pytorch 1.26.14 vit_detpool.ViTDetPool',
-                    lambda ours: vit_pytorch_reference('vit_detpool', 'ViTDetPool', ours, **REGISTRY['vit_detpool'][2])),
+                    lambda ours: vit_pytorch_reference('vit_detpool', 'ViTDetPool', ours,
+                                                       **REGISTRY['vit_detpool'][2])),
     'simple_vit_with_specialized_cls': (
         'vit-pytorch 1.26.14 simple_vit_with_specialized_cls.SimpleViT',
         lambda ours: vit_pytorch_reference('simple_vit_with_specialized_cls', 'SimpleViT', ours,
