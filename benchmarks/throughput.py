@@ -91,6 +91,16 @@ BASELINES = {'vit': ('timm', 'reference'), 'simple_vit': ('simple_reference',)}
 # `--registry`: name -> (preset, the module's constructor of that name or None, keyword arguments,
 # image size, channels, classes); without a constructor, the module's class at ViT-S/16's size
 S16 = dict(image_size=224, patch_size=16, num_classes=NUM_CLASSES, dim=384, depth=12, heads=6, mlp_dim=1536)
+class CentreBox(nn.Module):
+    """A stand-in object detector for the DetPool preset: the middle half of each side of the image."""
+
+    def forward(self, img):
+        height, width = img.shape[-2:]
+        mask = torch.zeros(img.shape[0], height, width, dtype=torch.bool, device=img.device)
+        mask[:, height // 4:3 * height // 4, width // 4:3 * width // 4] = True
+        return mask
+
+
 REGISTRY = {
     'vit': ('S/16', None, dict(S16, patch_norm=False, qkv_bias=True, norm_eps=1e-6), 224, 3, NUM_CLASSES),
     'simple_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
@@ -167,6 +177,13 @@ REGISTRY = {
     'max_vit_with_registers': ('MaxViT 96 wide, depths 2-2-5-2, 4 registers', None, dict(
         num_classes=NUM_CLASSES, dim_conv_stem=64, dim=96, dim_head=32, depth=(2, 2, 5, 2), window_size=7,
         mbconv_expansion_rate=4, mbconv_shrinkage_rate=0.25, dropout=0.1, num_register_tokens=4), 224, 3, NUM_CLASSES),
+    # research long tail I (issue 26), at S/16: DetPool with an object in the middle half of each image (its mask
+    # from a stand-in detector, so that forward(img) runs the masked attention and pooling in both packages)
+    'vit_detpool': ('S/16, an object on 7 x 7 of the 14 x 14 patches', None,
+                    dict(S16, mask_generator=CentreBox()), 224, 3, NUM_CLASSES),
+    'simple_vit_with_specialized_cls': ('S/16, qkv specialized in 4 of 12 layers', None, S16, 224, 3, NUM_CLASSES),
+    'simple_vit_with_fft': ('S/16, Fourier patches of 16: 196 + 196 tokens', None, dict(S16, freq_patch_size=16),
+                            224, 3, NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -210,41 +227,36 @@ REFERENCES = {
     # built with the preset's keyword arguments
     'deepvit': ('vit-pytorch 1.26.14 deepvit.DeepViT',
                 lambda ours: vit_pytorch_reference('deepvit', 'DeepViT', ours, **REGISTRY['deepvit'][2])),
-    'simple_vit': ('vit-pytorch 1.26.14 simple_vit.SimpleViT',
-            lambda ours: vit_pytorch_reference('simple_vit', 'SimpleViT', ours, **REGISTRY['simple_vit'][2])),
-    'parallel_vit': ('vit-pytorch 1.26.14 parallel_vit.ViT',
-            lambda ours: vit_pytorch_reference('parallel_vit', 'ViT', ours, **REGISTRY['parallel_vit'][2])),
-    'learnable_memory_vit': ('vit-pytorch 1.26.14 learnable_memory_vit.ViT',
-            lambda ours: vit_pytorch_reference('learnable_memory_vit', 'ViT', ours, **REGISTRY['learnable_memory_vit'][2])),
-    'simple_vit_with_register_tokens': ('vit-pytorch 1.26.14 simple_vit_with_register_tokens.SimpleViT',
-            lambda ours: vit_pytorch_reference('simple_vit_with_register_tokens', 'SimpleViT', ours, **REGISTRY['simple_vit_with_register_tokens'][2])),
-    'simple_vit_with_patch_dropout': ('vit-pytorch 1.26.14 simple_vit_with_patch_dropout.SimpleViT',
-            lambda ours: vit_pytorch_reference('simple_vit_with_patch_dropout', 'SimpleViT', ours, **REGISTRY['simple_vit_with_patch_dropout'][2])),
-    'vit_1d': ('vit-pytorch 1.26.14 vit_1d.ViT',
-            lambda ours: vit_pytorch_reference('vit_1d', 'ViT', ours, **REGISTRY['vit_1d'][2])),
-    'simple_vit_1d': ('vit-pytorch 1.26.14 simple_vit_1d.SimpleViT',
-            lambda ours: vit_pytorch_reference('simple_vit_1d', 'SimpleViT', ours, **REGISTRY['simple_vit_1d'][2])),
-    'vit_3d': ('vit-pytorch 1.26.14 vit_3d.ViT',
-            lambda ours: vit_pytorch_reference('vit_3d', 'ViT', ours, **REGISTRY['vit_3d'][2])),
-    'simple_vit_3d': ('vit-pytorch 1.26.14 simple_vit_3d.SimpleViT',
-            lambda ours: vit_pytorch_reference('simple_vit_3d', 'SimpleViT', ours, **REGISTRY['simple_vit_3d'][2])),
-    'vivit': ('vit-pytorch 1.26.14 vivit.ViViT',
-            lambda ours: vit_pytorch_reference('vivit', 'ViViT', ours, **REGISTRY['vivit'][2])),
-    'cct_3d': ('vit-pytorch 1.26.14 cct_3d.CCT',
-            lambda ours: vit_pytorch_reference('cct_3d', 'CCT', ours, **REGISTRY['cct_3d'][2])),
-    'vit_with_patch_dropout': ('vit-pytorch 1.26.14 vit_with_patch_dropout.ViT',
-            lambda ours: vit_pytorch_reference('vit_with_patch_dropout', 'ViT', ours, **REGISTRY['vit_with_patch_dropout'][2])),
-    'simple_flash_attn_vit': ('vit-pytorch 1.26.14 simple_flash_attn_vit.SimpleViT',
-            lambda ours: vit_pytorch_reference('simple_flash_attn_vit', 'SimpleViT', ours, **REGISTRY['simple_flash_attn_vit'][2])),
-    'simple_flash_attn_vit_3d': ('vit-pytorch 1.26.14 simple_flash_attn_vit_3d.SimpleViT',
-            lambda ours: vit_pytorch_reference('simple_flash_attn_vit_3d', 'SimpleViT', ours, **REGISTRY['simple_flash_attn_vit_3d'][2])),
-    'na_vit': ('vit-pytorch 1.26.14 na_vit.NaViT',
-            lambda ours: vit_pytorch_reference('na_vit', 'NaViT', ours, **REGISTRY['na_vit'][2])),
-    'na_vit_nested_tensor': ('vit-pytorch 1.26.14 na_vit_nested_tensor.NaViT',
-            lambda ours: vit_pytorch_reference('na_vit_nested_tensor', 'NaViT', ours, **REGISTRY['na_vit_nested_tensor'][2])),
-    'na_vit_nested_tensor_3d': ('vit-pytorch 1.26.14 na_vit_nested_tensor_3d.NaViT',
-            lambda ours: vit_pytorch_reference('na_vit_nested_tensor_3d', 'NaViT', ours, **REGISTRY['na_vit_nested_tensor_3d'][2])),
+    'vit_detpool': ('vit-pytorch 1.26.14 vit_detpool.ViTDetPool',
+                    lambda ours: vit_pytorch_reference('vit_detpool', 'ViTDetPool', ours,
+                                                       **REGISTRY['vit_detpool'][2])),
+    'simple_vit_with_specialized_cls': (
+        'vit-pytorch 1.26.14 simple_vit_with_specialized_cls.SimpleViT',
+        lambda ours: vit_pytorch_reference('simple_vit_with_specialized_cls', 'SimpleViT', ours,
+                                           **REGISTRY['simple_vit_with_specialized_cls'][2])),
+    'simple_vit_with_fft': ('vit-pytorch 1.26.14 simple_vit_with_fft.SimpleViT',
+                            lambda ours: vit_pytorch_reference('simple_vit_with_fft', 'SimpleViT', ours,
+                                                               **REGISTRY['simple_vit_with_fft'][2])),
 }
+# vit-pytorch 1.26.14's modules that compute our function at the preset's arguments: name -> (module, class)
+VIT_PYTORCH_REFERENCES = {
+    'simple_vit': ('simple_vit', 'SimpleViT'), 'parallel_vit': ('parallel_vit', 'ViT'),
+    'learnable_memory_vit': ('learnable_memory_vit', 'ViT'),
+    'simple_vit_with_register_tokens': ('simple_vit_with_register_tokens', 'SimpleViT'),
+    'simple_vit_with_patch_dropout': ('simple_vit_with_patch_dropout', 'SimpleViT'),
+    'vit_1d': ('vit_1d', 'ViT'), 'simple_vit_1d': ('simple_vit_1d', 'SimpleViT'), 'vit_3d': ('vit_3d', 'ViT'),
+    'simple_vit_3d': ('simple_vit_3d', 'SimpleViT'), 'vivit': ('vivit', 'ViViT'), 'cct_3d': ('cct_3d', 'CCT'),
+    'vit_with_patch_dropout': ('vit_with_patch_dropout', 'ViT'),
+    'simple_flash_attn_vit': ('simple_flash_attn_vit', 'SimpleViT'),
+    'simple_flash_attn_vit_3d': ('simple_flash_attn_vit_3d', 'SimpleViT'),
+    'na_vit': ('na_vit', 'NaViT'), 'na_vit_nested_tensor': ('na_vit_nested_tensor', 'NaViT'),
+    'na_vit_nested_tensor_3d': ('na_vit_nested_tensor_3d', 'NaViT'),
+}
+REFERENCES.update({
+    name: (f'vit-pytorch 1.26.14 {module}.{cls}',
+           lambda ours, name=name, module=module, cls=cls: vit_pytorch_reference(module, cls, ours,
+                                                                                **REGISTRY[name][2]))
+    for name, (module, cls) in VIT_PYTORCH_REFERENCES.items()})
 
 
 # the plain reference: explicit softmax attention, plain torch reshapes, nothing fused

@@ -35,11 +35,13 @@ OPTIONAL_NUMBERS = {
     # the wrappers' (MPP's patch_size, dim and channels must agree with the transformer's)
     'patch_size', 'dim', 'channels', 'mean', 'std', 'local_image_size', 'dim_emb', 'time_seq_len',
     'proj_embed_to_dim',
+    'specialize_qkv_depth',     # simple_vit_with_specialized_cls: depth // 3 when None
 }
 NOT_NUMBERS = {
     'transformer',      # T2T-ViT: a custom backbone module
     'augment_fn', 'augment_fn2',        # Dino: callables
     'moss',             # AcceptVideoWrapper: vit-pytorch's MOSS module, refused unless None
+    'mask_generator',   # ViTDetPool: a module that maps images to object masks
 }
 
 # (owner, argument, value) a constructor may accept, with the reason

@@ -45,12 +45,16 @@ class Case:
     training_output  the number of tensors the forward returns in training mode, each (b, num_classes), for a
                      model that returns a tuple there (a distillation head's logits too); in eval mode every
                      model returns one (b, num_classes) tensor
+    head             keyword arguments of forward_head, for an extra input that the head reads too (an object
+                     mask that the pooling follows); `forward_head(forward_features(x, **forward), **head)` is
+                     `model(x, **forward)`
     """
     kwargs: dict
     input: tuple
     forward: dict = field(default_factory=dict)
     no_gradient: dict = field(default_factory=dict)
     training_output: int = 1
+    head: dict = field(default_factory=dict)
 
     def make_input(self, generator, batch=None):
         """The row's input; `batch` images (signals, clips) of the row's shape instead of its own count."""
@@ -71,6 +75,9 @@ def registry_name(case_id):
 
 VIT = dict(image_size=(16, 24), patch_size=(4, 8), num_classes=5, dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32)
 IMAGES = (2, 3, 16, 24)               # a 4x3 grid of patches: 12 tokens (13 with a cls token)
+DETPOOL_MASK = torch.zeros(2, 16, 24, dtype=torch.bool)     # an object mask of IMAGES, per pixel
+DETPOOL_MASK[0, 2:7, 3:20] = True                           # patches: rows 0-1, columns 0-2
+DETPOOL_MASK[1, 9:14, 10:12] = True                         # patches: rows 2-3, column 1
 VIDEO = dict(image_size=(16, 24), image_patch_size=(4, 8), frames=4, frame_patch_size=2)
 CLIPS = (2, 3, 4, 16, 24)             # 2 x 4 x 3 tubelets
 SIGNAL = dict(seq_len=24, patch_size=4, num_classes=5, dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32, channels=2)
@@ -82,6 +89,8 @@ KEY_BIAS = 'a bias on the keys adds q . b to every key of a query alike, which t
 BEFORE_BATCHNORM = ('a per-channel shift whose every path to the output passes a BatchNorm in training mode, '
                     'which subtracts the batch mean')
 SEQUENCE_POOLING = 'sequence pooling is a softmax over the tokens of one linear score, whose bias is the same for all'
+CLS_CLASSIFIES = ('the logits read the cls token only; what acts on the patch tokens alone after their last '
+                  'attention reaches forward_features, not the logits')
 MAX_VIT_BEFORE_BATCHNORM = {'conv_stem.0.bias': BEFORE_BATCHNORM, '*.conv.net.0.bias': BEFORE_BATCHNORM}
 
 
@@ -246,6 +255,20 @@ CASES = {
     'max_vit_with_registers': Case(dict(num_classes=5, dim=8, depth=(1, 2), dim_head=4, dim_conv_stem=8,
                                         window_size=(2, 3), dropout=0.0, num_register_tokens=2),
                                    (2, 3, 32, 48), no_gradient=MAX_VIT_BEFORE_BATCHNORM),
+    # research long tail I (issue 26). DetPool without a mask is a mean-pooled ViT; with one (an extra input of
+    # forward and forward_head), per pixel, the first image's object covers 6 of its 12 patches, the second's 2
+    'vit_detpool': Case(VIT, IMAGES),
+    'vit_detpool[use_cls_token=False]': Case(dict(VIT, use_cls_token=False), IMAGES),
+    'vit_detpool[object_mask]': Case(VIT, IMAGES, forward=dict(object_mask=DETPOOL_MASK),
+                                     head=dict(object_mask=DETPOOL_MASK)),
+    # depth 3: the first layer's qkv specialized (depth // 3); the cls token classifies
+    'simple_vit_with_specialized_cls': Case(
+        dict(VIT, depth=3), IMAGES,
+        no_gradient={'transformer.norm.fns.1.*': CLS_CLASSIFIES,
+                     'transformer.layers.2.1.norm.fns.1.*': "the last feed-forward's norm of the patch tokens: " +
+                     CLS_CLASSIFIES}),
+    # Fourier patches of 8 x 8 frequencies: 2 x 3 Fourier tokens before the 4 x 3 patch tokens
+    'simple_vit_with_fft': Case(dict(VIT, freq_patch_size=8), IMAGES),
 }
 
 
@@ -397,6 +420,7 @@ def test_strict_state_dict_round_trip_into_a_fresh_model_gives_identical_outputs
 
 
 EMPTY_BATCH = {'na_vit[list]': 'an empty list of images has no size to pack; NaViT refuses it',
+               'vit_detpool[object_mask]': "its object_mask is a batch of 2 (row 'vit_detpool' takes the empty batch)",
                'na_vit_nested_tensor': 'an empty list of images has no size to pack; it refuses it by name',
                'na_vit_nested_tensor_3d': 'an empty list of volumes has no size to pack; it refuses it by name'}
 
@@ -473,7 +497,8 @@ def test_compiles_as_one_graph_forward_and_backward_and_matches_eager(case_id):
 NOT_IMAGES = {case_id: 'takes ' + INPUTS[registry_name(case_id)] for case_id in CASES if registry_name(case_id) in INPUTS}
 
 
-@case_table(exempt=dict(NOT_IMAGES, **{'na_vit[list]': "NaViT fits the same batch as one tensor (row 'na_vit')"}),
+@case_table(exempt=dict(NOT_IMAGES, **{'na_vit[list]': "NaViT fits the same batch as one tensor (row 'na_vit')",
+                                       'vit_detpool[object_mask]': 'its object_mask is a batch of 2, not of 32'}),
             slow=True)
 def test_a_tiny_model_fits_a_fixed_batch_of_real_digits(case_id):
     """32 real handwritten digits, resized to the row's image size: every label predicted after at most 300
@@ -643,15 +668,16 @@ def test_the_face_table_covers_every_registered_model():
 @pytest.mark.parametrize('case_id', sorted(FACE_CASES))
 def test_pre_logits_are_num_features_wide(case_id):
     model, x = build_face(case_id)
-    pooled = run(lambda: model.forward_head(model.forward_features(x, **FACE_CASES[case_id].forward), pre_logits=True))
+    case = FACE_CASES[case_id]
+    pooled = run(lambda: model.forward_head(model.forward_features(x, **case.forward), pre_logits=True, **case.head))
     assert pooled.shape == (batch_size(x), model.num_features)
 
 
 @pytest.mark.parametrize('case_id', sorted(FACE_CASES))
 def test_forward_is_forward_head_of_forward_features(case_id):
     model, x = build_face(case_id)
-    forward = FACE_CASES[case_id].forward
-    torch.testing.assert_close(run(lambda: model.forward_head(model.forward_features(x, **forward))),
+    forward, head = FACE_CASES[case_id].forward, FACE_CASES[case_id].head
+    torch.testing.assert_close(run(lambda: model.forward_head(model.forward_features(x, **forward), **head)),
                                run(model, x, **forward), rtol=0, atol=0)
 
 

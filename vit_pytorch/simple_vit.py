@@ -82,7 +82,8 @@ class SimpleViT(vit.TokenFace, nn.Module):
     """`num_classes=0` makes `forward` return the pooled embedding (b, dim) (vit-pytorch 1.26.14's returns an empty
     (b, 0) tensor: a Linear with no outputs).
 
-    For variants: `attention` builds each layer's attention from (dim, heads, dim_head).
+    For variants: `attention` builds each layer's attention from (dim, heads, dim_head); `transformer` builds the
+    encoder from (dim, depth, heads, dim_head, mlp_dim, attention=attention), as this file's `Transformer`.
 
     `forward_features` returns all tokens after the final norm, (b, prefix + h * w, dim).
     """
@@ -90,7 +91,7 @@ class SimpleViT(vit.TokenFace, nn.Module):
     num_prefix_tokens = 0
 
     def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim,
-                 channels=3, dim_head=64, attention=Attention):
+                 channels=3, dim_head=64, attention=Attention, transformer=Transformer):
         check_arguments(**vit.arguments(locals()))
         super().__init__()
         self.image_size, self.patch_size = pair(image_size), pair(patch_size)
@@ -100,7 +101,7 @@ class SimpleViT(vit.TokenFace, nn.Module):
         self.to_patch_embedding = vit.PatchEmbedding(channels=channels, patch_size=self.patch_size, dim=dim)
         # fixed, so not saved; a buffer so that it follows .to(device)
         self.register_buffer('pos_embedding', posemb_sincos_2d(*self.grid_size, dim), persistent=False)
-        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, attention=attention)
+        self.transformer = transformer(dim, depth, heads, dim_head, mlp_dim, attention=attention)
         self.to_latent = nn.Identity()
         self.num_features = dim
         self.linear_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
@@ -154,8 +155,7 @@ class SimpleViT(vit.TokenFace, nn.Module):
 # argument checks
 
 
-def check_arguments(*, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, channels, dim_head,
-                    attention):
+def check_arguments(*, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, channels, dim_head, **blocks):
     vit.patch_grid(vit.positive_pair('image_size', image_size), vit.positive_pair('patch_size', patch_size))
     for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels,
                             dim_head=dim_head).items():

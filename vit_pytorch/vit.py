@@ -79,11 +79,13 @@ class Attention(nn.Module):
     """Pre-norm multi-head self-attention, (b, n, dim) -> (b, n, dim).
 
     `to_out` replaces the output projection (default: Linear then Dropout, left out as
-    vit-pytorch does when one head already has the model's width). `fused` and
+    vit-pytorch does when one head already has the model's width); `norm` and `to_qkv` replace the
+    pre-norm and the query/key/value projection (a variant with other parameters for some tokens). `fused` and
     `attention_probs` are the recorder's protocol (see `attend`).
     """
 
-    def __init__(self, dim, heads=8, dim_head=64, dropout=0., *, qkv_bias=False, norm_eps=1e-5, to_out=None):
+    def __init__(self, dim, heads=8, dim_head=64, dropout=0., *, qkv_bias=False, norm_eps=1e-5, to_out=None,
+                 norm=None, to_qkv=None):
         super().__init__()
         inner_dim = heads * dim_head
         self.heads = heads
@@ -91,8 +93,8 @@ class Attention(nn.Module):
         self.dropout = dropout
         self.fused = True
 
-        self.norm = nn.LayerNorm(dim, eps=norm_eps)
-        self.to_qkv = nn.Linear(dim, inner_dim * 3, bias=qkv_bias)
+        self.norm = nn.LayerNorm(dim, eps=norm_eps) if norm is None else norm
+        self.to_qkv = nn.Linear(dim, inner_dim * 3, bias=qkv_bias) if to_qkv is None else to_qkv
         self.attention_probs = nn.Identity()
         if to_out is None:
             to_out = nn.Identity() if heads == 1 and dim_head == dim else \

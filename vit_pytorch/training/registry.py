@@ -61,6 +61,10 @@ MODELS = {
     'na_vit_nested_tensor': 'vit_pytorch.na_vit_nested_tensor:NaViT',
     'na_vit_nested_tensor_3d': 'vit_pytorch.na_vit_nested_tensor_3d:NaViT',
     'max_vit_with_registers': 'vit_pytorch.max_vit_with_registers:MaxViT',
+    # research long tail: fewer and better tokens (issue 26)
+    'vit_detpool': 'vit_pytorch.vit_detpool:ViTDetPool',
+    'simple_vit_with_specialized_cls': 'vit_pytorch.simple_vit_with_specialized_cls:SimpleViT',
+    'simple_vit_with_fft': 'vit_pytorch.simple_vit_with_fft:SimpleViT',
 }
 
 # models whose input is not a batch of images (b, c, h, w): name -> what they take (`--data ucr:NAME` gives
@@ -143,6 +147,8 @@ SMALL_CONFIGS = {
     'cct_3d': dict(num_frames=8, embedding_dim=64, n_conv_layers=1, frame_kernel_size=3, frame_stride=2,
                    kernel_size=7, stride=4, padding=3, pooling_kernel_size=3, pooling_stride=2, pooling_padding=1,
                    num_layers=4, num_heads=4, mlp_ratio=2.0),
+    # 16 to 32 pixels (divisible by 4): Fourier patches of 4 x 4 frequencies, as many Fourier tokens as patch tokens
+    'simple_vit_with_fft': dict(patch_size=4, freq_patch_size=4, dim=64, depth=4, heads=4, dim_head=16, mlp_dim=128),
 }
 
 # 'Ti/16', 'S/16', 'B/32', ...: the paper's table, built by vit_pytorch.pretrained.vit
