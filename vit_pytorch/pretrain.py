@@ -71,6 +71,7 @@ from vit_pytorch.training.loop import HelpFormatter, run_command, setup_distribu
 # the methods' machinery, at the paths it had when this module held it
 from vit_pytorch.training.pretraining import build_learner, dino_schedule, reconstructions  # noqa: F401
 
+# the methods' names when this module was imported; the parser reads pretraining.METHODS as it is then
 METHODS = tuple(pretraining.METHODS)
 # makes every figure of a run (tests wrap it to read the pictures)
 _figure = plots.new_figure
@@ -80,7 +81,7 @@ def build_parser():
     parser = argparse.ArgumentParser(prog='python -m vit_pytorch.pretrain', description=__doc__.split('\n\n')[0],
                                      epilog='Any other --name value is a keyword argument of the model.',
                                      formatter_class=HelpFormatter)
-    parser.add_argument('--method', choices=METHODS, default=None,
+    parser.add_argument('--method', choices=tuple(pretraining.METHODS), default=None,
                         help='the self-supervised objective (required, except with --resume)')
     data = parser.add_argument_group('data')
     data.add_argument('--data', default='digits',
@@ -132,7 +133,7 @@ def parse_args(argv=None):
     parser = build_parser()
     args, model_kwargs = parse_training_args(argv, parser)
     if args.method is None and args.resume is None:
-        parser.error(f"--method is required: one of {', '.join(METHODS)}")
+        parser.error(f"--method is required: one of {', '.join(pretraining.METHODS)}")
     return args, model_kwargs
 
 
