@@ -83,8 +83,8 @@ from vit_pytorch.training.loop import (CONTINUABLE_ARGUMENTS, RUNTIME_ARGUMENTS,
                                        format_seconds, label_subset, learning_rate, least_batch, option_flag,
                                        pick_examples,
                                        parameter_groups, parse_model_kwargs, progress, random_sizes, require_extras,
-                                       restore_arguments, run_command, run_name, same_setting, setup_distributed,
-                                       share, train_epoch, translate, warn, write)
+                                       restore_arguments, run_command, run_name, run_steps, same_setting,
+                                       setup_distributed, share, start_log, train_epoch, translate, warn, write)
 
 # fewer patches than this and attention has next to nothing to relate (one token: none at all)
 MIN_PATCHES = 4
@@ -366,14 +366,11 @@ def _train(args, model_kwargs, rank, world_size, device, run):
         raise ValueError(f"--batch-size {batch_size} must divide by the number of processes ({world_size})")
     least = 1 if args.linear_probe else least_batch(model, world_size)   # a probed network is in eval mode
     merged = check_batches(least, batch_size, images=len(train_set), world_size=world_size, name=args.model)
-    steps_per_epoch = len(epoch_batches(torch.arange(len(train_set)), batch_size, least))
-    total_steps = steps_per_epoch * args.epochs
-    warmup_steps = round(args.warmup_epochs * steps_per_epoch)
+    steps_per_epoch, total_steps, warmup_steps = run_steps(len(train_set), batch_size, least, epochs=args.epochs,
+                                                           warmup_epochs=args.warmup_epochs)
 
     if main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        with open(out / 'log.jsonl', 'w') as log:                   # rewritten: a resumed run drops lost epochs
-            log.writelines(json.dumps(record) + '\n' for record in history)
+        start_log(out, history)
         if not args.quiet:
             count = sum(p.numel() for p in model.parameters())
             print(f"{args.model} ({count:,} parameters) on {args.data}: {len(train_set)} training and "

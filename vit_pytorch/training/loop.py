@@ -198,6 +198,20 @@ def train_epoch(network, optimizer, step_loss, *, epoch, seed, images, batch_siz
     return totals, lr
 
 
+def run_steps(images, batch_size, least, *, epochs, warmup_epochs):
+    """(steps per epoch, total steps, warm-up steps) of a run over `images` training images, its epochs cut into
+    batches as `epoch_batches` cuts them."""
+    steps = len(epoch_batches(torch.arange(images), batch_size, least))
+    return steps, steps * epochs, round(warmup_epochs * steps)
+
+
+def start_log(out, history):
+    """Create `out` and write its log.jsonl afresh from `history` (a resumed run drops the epochs it lost)."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / 'log.jsonl', 'w') as log:
+        log.writelines(json.dumps(record) + '\n' for record in history)
+
+
 def least_batch(model, world_size):
     """The fewest images a global training batch of `model` may hold: 2 per process where it has BatchNorm
     (in training it normalises each channel by the batch's own statistics: one value per channel has no

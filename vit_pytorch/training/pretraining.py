@@ -32,9 +32,9 @@ from vit_pytorch.training import registry, run_folder
 from vit_pytorch.training.checkpoints import (CheckpointError, load_config, load_training_state, load_weights,
                                               save_checkpoint)
 from vit_pytorch.training.data import data_source, normalise
-from vit_pytorch.training.loop import (augment, autocast, check_batches, check_weights, epoch_batches, epoch_seed,
-                                       least_batch, parameter_groups, pick_examples, progress, require_extras,
-                                       restore_arguments, run_name, share, train_epoch, write)
+from vit_pytorch.training.loop import (augment, autocast, check_batches, check_weights, epoch_seed, least_batch,
+                                       parameter_groups, pick_examples, progress, require_extras, restore_arguments,
+                                       run_name, run_steps, share, start_log, train_epoch, write)
 from vit_pytorch.training.registry import model_config
 
 # what a run writes to --out (see run_folder): a new run over any of them is refused unless --overwrite
@@ -358,13 +358,10 @@ def pretrain(args, model_kwargs, *, parser, rank, world_size, device, run, save=
     least = max(least_batch(learner, world_size), world_size)
     merged = check_batches(least, batch_size, images=len(train_set), world_size=world_size,
                            name=f'--method {args.method} with {args.model}')
-    steps_per_epoch = len(epoch_batches(torch.arange(len(train_set)), batch_size, least))
-    total_steps = steps_per_epoch * args.epochs
-    warmup_steps = round(args.warmup_epochs * steps_per_epoch)
+    steps_per_epoch, total_steps, warmup_steps = run_steps(len(train_set), batch_size, least, epochs=args.epochs,
+                                                           warmup_epochs=args.warmup_epochs)
     if main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        with open(out / 'log.jsonl', 'w') as log:                    # rewritten: a resumed run drops lost epochs
-            log.writelines(json.dumps(record) + '\n' for record in history)
+        start_log(out, history)
         if not args.quiet:
             count = sum(p.numel() for p in encoder.parameters())
             print(f"{args.method} pre-training of {args.model} ({count:,} parameters) on {len(train_set)} unlabelled "
