@@ -76,6 +76,51 @@ def test_learning_rate_warms_up_linearly_then_decays_as_a_cosine_to_zero():
     assert train.learning_rate(110, **schedule) == pytest.approx(0.0, abs=1e-12)
 
 
+def test_one_training_epoch_steps_on_the_schedule_through_every_image_once_and_sums_what_each_step_gives():
+    from vit_pytorch.training.loop import train_epoch
+
+    weight = torch.nn.Linear(1, 1, bias=False)
+    optimizer = torch.optim.SGD(weight.parameters(), lr=0.0)
+    seen, rates, events = [], [], []
+
+    def step_loss(index, generator, rng, global_step):
+        seen.extend(index.tolist())
+        rates.append(optimizer.param_groups[0]['lr'])
+        events.append('forward')
+        loss = weight(torch.ones(len(index), 1)).sum()
+        return loss, loss.item(), torch.tensor([len(index), 1.0], dtype=torch.float64)
+
+    totals, lr = train_epoch(weight, optimizer, step_loss, epoch=1, seed=3, images=10, batch_size=4, steps=3,
+                             peak=1.0, warmup_steps=2, total_steps=6, clip_grad=0,
+                             after_backward=lambda: events.append('backward'),
+                             after_step=lambda step: events.append(step))
+    assert sorted(seen) == list(range(10))                        # 4 + 4 + 2: the last batch takes the rest
+    # epoch 1 of 3 steps: global steps 3, 4, 5 of a cosine from step 2 to step 6
+    assert rates == pytest.approx([0.5 * (1 + math.cos(math.pi * k / 4)) for k in (1, 2, 3)])
+    assert lr == rates[-1]
+    assert totals.tolist() == [10.0, 3.0]
+    assert events == ['forward', 'backward', 3, 'forward', 'backward', 4, 'forward', 'backward', 5]
+
+
+def test_an_epoch_stops_before_the_step_that_would_apply_a_non_finite_gradient():
+    from vit_pytorch.training.loop import TrainingDiverged, train_epoch
+
+    weight = torch.nn.Linear(1, 1, bias=False)
+    before = weight.weight.detach().clone()
+    optimizer = torch.optim.SGD(weight.parameters(), lr=0.1)
+
+    def step_loss(index, generator, rng, global_step):
+        loss = weight(torch.full((len(index), 1), float('inf'))).sum()
+        return loss, loss.item(), torch.zeros(1, dtype=torch.float64)
+
+    args = train.parse_args([])[0]
+    with pytest.raises(TrainingDiverged, match='step 1/2'):
+        train_epoch(weight, optimizer, step_loss, epoch=0, seed=0, images=4, batch_size=2, steps=2, peak=0.1,
+                    warmup_steps=0, total_steps=2, clip_grad=1.0,
+                    divergence=dict(args=args, kept=Path('nowhere'), world_size=1, device='cpu'))
+    assert torch.equal(weight.weight, before)
+
+
 def test_weight_decay_spares_norms_biases_position_embeddings_and_tokens():
     model = build_model('vit', image_size=16, patch_size=4, num_classes=3, dim=32, depth=1, heads=2, mlp_dim=64)
     decay, no_decay = train.parameter_groups(model, 0.05)

@@ -15,7 +15,9 @@ settings), section 3.2 with appendix B.1.1 (transfer with a zero-initialised hea
 tokens, warm-up then cosine decay, label smoothing, random shifts; its options have the same names
 and defaults, except --epochs, which each experiment sets. The model is the trainer's small ViT
 at depth 2 (patch 4, width 64, 4 heads of 16, MLP 128); any other --name value is a keyword
-argument of the model, as there (--depth 4 gives the trainer's own).
+argument of the model, as there (--depth 4 gives the trainer's own). The runs' machinery (one run
+trained and tested, results.json, the spread over seeds) is `vit_pytorch.training.trials`'s; this
+module holds the command line and the experiments' grids and figures.
 
 Written to --out (default runs/experiments/NAME): results.json (the settings, one record per
 training run, and a summary) and NAME.png. Each run's record is written as it ends, and the same
@@ -26,12 +28,7 @@ command at a time holds an --out).
 """
 
 import argparse
-import json
-import math
-import random
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -45,9 +42,11 @@ from vit_pytorch.position_embeddings import KINDS
 from vit_pytorch.position_embeddings import ViT as PositionViT
 from vit_pytorch.training import loop, registry, run_folder
 from vit_pytorch.training.checkpoints import CheckpointError, load_model, save_checkpoint
-from vit_pytorch.training.data import ImageSet, data_source, normalise
+from vit_pytorch.training.data import data_source
 from vit_pytorch.training.extras import MissingExtra, require
-from vit_pytorch.training.loop import evaluate
+# the runs' machinery, at the paths it had when this module held it (the experiments call `fit` through here)
+from vit_pytorch.training.trials import (Data, Results, fit, load_data, spread, structure, subset,  # noqa: F401
+                                         summary_lines, with_statistics)
 
 # the training command's recipe options, taken over with their defaults
 RECIPE = ('batch_size', 'lr', 'weight_decay', 'warmup_epochs', 'label_smoothing', 'clip_grad', 'translate',
@@ -151,59 +150,6 @@ def check_args(args):
             raise ValueError(f"--fractions must be in (0, 1], got {value}")
 
 
-# data
-
-
-@dataclass
-class Data:
-    """The training and test images of `--data`, with the training images' per-channel statistics."""
-    train: ImageSet
-    test: ImageSet
-    mean: list
-    std: list
-    image_size: int
-    channels: int
-
-    @property
-    def num_classes(self):
-        return len(self.train.classes)
-
-
-def load_data(args):
-    source = data_source(args.data)
-    require(*source.requires, purpose=f'python -m vit_pytorch.experiments --data {args.data}', extra=source.extra)
-    image_size, channels = args.image_size or source.image_size, args.channels or source.channels
-    train_set = source.load('train', image_size=image_size, channels=channels)
-    test_set = source.load(source.test_split, image_size=image_size, channels=channels, classes=train_set.classes)
-    if train_set.images.ndim != 4:
-        raise ValueError(f"the experiments take images (n, c, h, w); --data {args.data} holds inputs of shape "
-                         f"{tuple(train_set.images.shape)}")
-    return with_statistics(train_set, test_set)
-
-
-def with_statistics(train_set, test_set):
-    pixels = train_set.floats()
-    return Data(train_set, test_set, mean=pixels.mean(dim=(0, 2, 3)).tolist(),
-                std=pixels.std(dim=(0, 2, 3)).clamp_min(1e-6).tolist(), image_size=pixels.shape[-1],
-                channels=pixels.shape[1])
-
-
-def subset(data, classes, *, per_class=None, fraction=None, seed=0):
-    """The images of `classes` (label numbers), relabelled 0..k-1, optionally only `per_class` of each class
-    or a `fraction` of each, drawn with `seed`."""
-    generator = torch.Generator().manual_seed(seed)
-    chosen, labels = [], []
-    for new_label, label in enumerate(classes):
-        members = torch.nonzero(data.labels == label).flatten()
-        members = members[torch.randperm(len(members), generator=generator)]
-        count = len(members) if per_class is None and fraction is None else \
-            min(len(members), per_class) if per_class is not None else max(1, round(fraction * len(members)))
-        chosen.append(members[:count].sort().values)
-        labels.append(torch.full((count,), new_label))
-    index = torch.cat(chosen)
-    return ImageSet(data.images[index], torch.cat(labels), [data.classes[label] for label in classes])
-
-
 # training
 
 
@@ -211,57 +157,6 @@ def recipe(args, **changes):
     """The training recipe (the trainer's options), with `changes`."""
     settings = {name: getattr(args, name) for name in RECIPE}
     return argparse.Namespace(**{**settings, 'epochs': args.epochs, 'quiet': args.quiet, **changes})
-
-
-def fit(model, data, plan, *, seed, device, title='', decay_positions=False):
-    """Train `model` on data.train with the recipe `plan` and test it on data.test: the last epoch's numbers.
-
-    Single-process, as `python -m vit_pytorch.train` trains: every epoch seeded from (seed, epoch), the
-    shuffled order cut into batches with the last taking what is left. `decay_positions` puts the
-    position table under weight decay as well.
-    """
-    model.to(device)
-    groups = loop.parameter_groups(model, plan.weight_decay)
-    if decay_positions:
-        table = model.pos_embedding
-        groups[1]['params'] = [parameter for parameter in groups[1]['params'] if parameter is not table]
-        groups[0]['params'].append(table)
-    optimizer = torch.optim.AdamW(groups, lr=plan.lr)
-    batch_size = min(plan.batch_size, len(data.train))
-    steps_per_epoch = math.ceil(len(data.train) / batch_size)
-    total_steps, warmup_steps = steps_per_epoch * plan.epochs, round(plan.warmup_epochs * steps_per_epoch)
-    started = time.perf_counter()
-    for epoch in range(plan.epochs):
-        seed_of_epoch = loop.epoch_seed(seed, epoch)
-        torch.manual_seed(seed_of_epoch)
-        generator, rng = torch.Generator().manual_seed(seed_of_epoch), random.Random(seed_of_epoch)
-        order = torch.randperm(len(data.train), generator=generator)
-        model.train()
-        bar = loop.progress(steps_per_epoch, epoch, plan, True)
-        if bar is not None:
-            bar.set_description_str(f'{title} epoch {epoch + 1}/{plan.epochs}')
-        for step, index in enumerate(loop.epoch_batches(order, batch_size)):
-            images, targets = loop.augment(data.train.floats(index), data.train.labels[index], plan, generator, rng,
-                                            data.num_classes)
-            images, targets = normalise(images.to(device), data.mean, data.std), targets.to(device)
-            lr = loop.learning_rate(epoch * steps_per_epoch + step, peak=plan.lr, warmup_steps=warmup_steps,
-                                     total_steps=total_steps)
-            for group in optimizer.param_groups:
-                group['lr'] = lr
-            loss = F.cross_entropy(model(images).float(), targets, label_smoothing=plan.label_smoothing)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if plan.clip_grad > 0:
-                nn.utils.clip_grad_norm_(model.parameters(), plan.clip_grad)
-            optimizer.step()
-            if bar is not None:
-                bar.set_postfix_str(f'loss {loss.item():.3f}', refresh=False)
-                bar.update()
-        if bar is not None:
-            bar.close()
-    tested = evaluate(model, data.test, mean=data.mean, std=data.std, device=device)
-    return dict(test_accuracy=tested['accuracy'], test_loss=tested['loss'],
-                train_seconds=round(time.perf_counter() - started, 2))
 
 
 def vit_config(args, model_kwargs, data, **changes):
@@ -275,50 +170,6 @@ def build(config, seed, *, position=None):
     if position is None:
         return registry.build_model('vit', **config)
     return PositionViT(position=position, **config)
-
-
-# results
-
-
-class Results:
-    """results.json of an experiment: its settings and one record per finished run, saved as each ends."""
-
-    def __init__(self, out, experiment, settings):
-        self.path = Path(out) / 'results.json'
-        self.head = dict(experiment=experiment, settings=json.loads(json.dumps(settings)))
-        saved = json.loads(self.path.read_text()) if self.path.exists() else {}
-        recorded = saved.get('settings', {}) if saved else self.head['settings']
-        # the settings unlike those the recorded runs were trained with
-        self.differences = [f"{name} {value!r} (recorded: {recorded.get(name)!r})"
-                            for name, value in self.head['settings'].items() if recorded.get(name) != value]
-        self.runs = [] if self.differences else saved.get('runs', [])
-
-    def find(self, **key):
-        return next((run for run in self.runs if all(run.get(name) == value for name, value in key.items())), None)
-
-    def run(self, key, train_run, *, quiet, label):
-        """The record of the run `key`: the saved one, or `train_run()`'s, saved now."""
-        record = self.find(**key)
-        if record is None:
-            record = {**key, **train_run()}
-            self.runs.append(record)
-            self.save()
-            if not quiet:
-                loop.write(f"{label}: test accuracy {100 * record['test_accuracy']:.2f}% "
-                             f"({record['train_seconds']:.0f} s)")
-        return record
-
-    def save(self, **extra):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps({**self.head, 'runs': self.runs, **extra}, indent=1) + '\n')
-
-
-def spread(values):
-    """dict(mean, std, min, max, n) of `values` (std: the sample standard deviation, 0 for one value)."""
-    values = [float(value) for value in values]
-    mean = sum(values) / len(values)
-    std = math.sqrt(sum((value - mean) ** 2 for value in values) / (len(values) - 1)) if len(values) > 1 else 0.0
-    return dict(mean=mean, std=std, min=min(values), max=max(values), n=len(values))
 
 
 # the experiments: each returns (summary, picture path)
@@ -386,18 +237,6 @@ def positions(args, model_kwargs, data, results, device):
 
 KIND_NAMES = {'none': 'none', 'learned': 'learned 1-D', '2d': 'learned 2-D', 'relative': 'relative',
               'sincos': 'sin-cos (fixed)'}
-
-
-def structure(similarity):
-    """How 2-D a similarity map (h, w, h, w) is: the mean similarity of distinct patches in one row or column
-    minus that of patches sharing neither (0: no row/column structure)."""
-    height, width = similarity.shape[:2]
-    rows = torch.arange(height)[:, None].expand(height, width).flatten()
-    columns = torch.arange(width)[None, :].expand(height, width).flatten()
-    values = rearrange(similarity, 'h1 w1 h2 w2 -> (h1 w1) (h2 w2)').double()
-    same_row, same_column = rows[:, None] == rows[None, :], columns[:, None] == columns[None, :]
-    line = (same_row ^ same_column)                                       # one row or one column, not itself
-    return (values[line].mean() - values[~same_row & ~same_column].mean()).item()
 
 
 def similarity(args, model_kwargs, data, results, device):
@@ -614,38 +453,6 @@ def run_experiment(args, model_kwargs):
     finally:
         torch.set_num_threads(threads)
     return summary, picture, results.path
-
-
-# a setting's spread over seeds (see `spread`), and the figures of a run that are not settings
-STATISTICS = ('mean', 'std', 'min', 'max', 'n', 'seeds')
-FIGURES = ('test_accuracy', 'structure', 'grid', 'parameters', 'forward_flops', 'train_flops')
-
-
-def _shown(value):
-    return f'{value:g}' if isinstance(value, float) else str(value)
-
-
-def summary_lines(summary, label=()):
-    """The summary for the terminal, one line per setting: its accuracy (mean +- std over n seeds), or its
-    other figures; results.json keeps everything."""
-    name = ' '.join(label)
-    if isinstance(summary, dict) and {'mean', 'std', 'n'} <= set(summary):   # a spread, not pooling's 'mean' pool
-        return [f"{name}: {100 * summary['mean']:.2f}% +- {100 * summary['std']:.2f} (n={summary['n']})"]
-    if isinstance(summary, dict):
-        return [line for key, value in summary.items() for line in summary_lines(value, (*label, str(key)))]
-    if isinstance(summary, list) and summary and all(isinstance(point, dict) for point in summary):
-        lines = []
-        for point in summary:
-            setting = (*label, *(f'{key} {_shown(value)}' for key, value in point.items()
-                                 if key not in STATISTICS + FIGURES))
-            if {'mean', 'std', 'n'} <= set(point):
-                lines += summary_lines(point, setting)
-            else:
-                figures = [f"{key} {100 * value:.2f}%" if key.endswith('accuracy') else f"{key} {_shown(value)}"
-                           for key, value in point.items() if key in FIGURES]
-                lines.append(f"{' '.join(setting)}: {', '.join(figures)}")
-        return lines
-    return [f"{name}: {_shown(summary)}"]
 
 
 def main(argv=None):

@@ -61,7 +61,6 @@ import difflib
 import json
 import math
 import os
-import random
 import sys
 import time
 from pathlib import Path
@@ -82,9 +81,10 @@ from vit_pytorch.training.loop import (CONTINUABLE_ARGUMENTS, RUNTIME_ARGUMENTS,
                                        TrainingDiverged, augment, autocast, check_batches, check_random_size,
                                        check_step, check_weights, epoch_batches, epoch_seed, epoch_time, evaluate,
                                        format_seconds, label_subset, learning_rate, least_batch, option_flag,
+                                       pick_examples,
                                        parameter_groups, parse_model_kwargs, progress, random_sizes, require_extras,
-                                       restore_arguments, run_command, run_name, same_setting, setup_distributed,
-                                       share, translate, warn, write)
+                                       restore_arguments, run_command, run_name, run_steps, same_setting,
+                                       setup_distributed, share, start_log, train_epoch, translate, warn, write)
 
 # fewer patches than this and attention has next to nothing to relate (one token: none at all)
 MIN_PATCHES = 4
@@ -366,14 +366,11 @@ def _train(args, model_kwargs, rank, world_size, device, run):
         raise ValueError(f"--batch-size {batch_size} must divide by the number of processes ({world_size})")
     least = 1 if args.linear_probe else least_batch(model, world_size)   # a probed network is in eval mode
     merged = check_batches(least, batch_size, images=len(train_set), world_size=world_size, name=args.model)
-    steps_per_epoch = len(epoch_batches(torch.arange(len(train_set)), batch_size, least))
-    total_steps = steps_per_epoch * args.epochs
-    warmup_steps = round(args.warmup_epochs * steps_per_epoch)
+    steps_per_epoch, total_steps, warmup_steps = run_steps(len(train_set), batch_size, least, epochs=args.epochs,
+                                                           warmup_epochs=args.warmup_epochs)
 
     if main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        with open(out / 'log.jsonl', 'w') as log:                   # rewritten: a resumed run drops lost epochs
-            log.writelines(json.dumps(record) + '\n' for record in history)
+        start_log(out, history)
         if not args.quiet:
             count = sum(p.numel() for p in model.parameters())
             print(f"{args.model} ({count:,} parameters) on {args.data}: {len(train_set)} training and "
@@ -383,59 +380,45 @@ def _train(args, model_kwargs, rank, world_size, device, run):
         if merged and not args.quiet:
             print(f"note: {merged}", flush=True)
 
+    def step_loss(index, generator, rng, global_step):
+        images, targets = augment(train_set.floats(index), train_set.labels[index], args, generator, rng,
+                                  num_classes)
+        mine = share(len(index), rank, world_size)
+        images = normalise(images[mine].to(device), mean, std)
+        targets, labels = targets[mine].to(device), train_set.labels[index][mine].to(device)
+        if args.random_size:
+            images = random_sizes(images, args.random_size, multiple=patch, generator=generator)
+        with autocast(device, args.amp):
+            outputs = network(images)
+        # a model with two heads (DeiT's distillation token) trains both on the labels
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        loss_sum = sum(F.cross_entropy(output.float(), targets, label_smoothing=args.label_smoothing,
+                                       reduction='sum') for output in outputs) / len(outputs)
+        logits = sum(output.detach().float() for output in outputs)
+        sums = torch.tensor([loss_sum.item(), (logits.argmax(-1) == labels).sum().item(), len(labels)],
+                            dtype=torch.float64)
+        # DDP averages the processes' gradients: this makes them the gradient of the whole batch's mean loss
+        return loss_sum * (world_size / len(index)), loss_sum.item(), sums
+
     record = None
     for epoch in range(start_epoch, args.epochs):
         started = time.perf_counter()
-        seed = epoch_seed(args.seed, epoch)
-        torch.manual_seed(seed)                                     # dropout and anything else drawing globally
-        generator, rng = torch.Generator().manual_seed(seed), random.Random(seed)
-        order = torch.randperm(len(train_set), generator=generator)
-        totals = torch.zeros(3, dtype=torch.float64)                # loss sum, correct, count (this process)
+
+        def postfix(totals, step, index, sums):
+            done = time.perf_counter() - started
+            rate = (step * batch_size + len(index)) / done
+            left = (steps_per_epoch - step - 1) * done / (step + 1) + \
+                (args.epochs - epoch - 1) * epoch_time(history, done * steps_per_epoch / (step + 1))
+            return (f"loss {totals[0] / totals[2]:.3f} acc {totals[1] / totals[2]:.3f} "
+                    f"{rate:.0f} img/s, {format_seconds(left)} left")
+
         network.train(not args.linear_probe)                        # a probed network stays in eval mode
-        bar = progress(steps_per_epoch, epoch, args, main_process)
-        for step, index in enumerate(epoch_batches(order, batch_size, least)):
-            images, targets = augment(train_set.floats(index), train_set.labels[index], args, generator, rng,
-                                      num_classes)
-            mine = share(len(index), rank, world_size)
-            images = normalise(images[mine].to(device), mean, std)
-            targets, labels = targets[mine].to(device), train_set.labels[index][mine].to(device)
-            if args.random_size:
-                images = random_sizes(images, args.random_size, multiple=patch, generator=generator)
-
-            global_step = epoch * steps_per_epoch + step
-            lr = learning_rate(global_step, peak=args.lr, warmup_steps=warmup_steps, total_steps=total_steps)
-            for group in optimizer.param_groups:
-                group['lr'] = lr
-            with autocast(device, args.amp):
-                outputs = network(images)
-            # a model with two heads (DeiT's distillation token) trains both on the labels
-            outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-            loss_sum = sum(F.cross_entropy(output.float(), targets, label_smoothing=args.label_smoothing,
-                                           reduction='sum') for output in outputs) / len(outputs)
-            # DDP averages the processes' gradients: this makes them the gradient of the whole batch's mean loss
-            loss = loss_sum * (world_size / len(index))
-            logits = sum(output.detach().float() for output in outputs)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            # the norm is measured anyway (inf: no clipping); a NaN or infinite one would poison every weight
-            grad_norm = nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad if args.clip_grad > 0 else
-                                                 math.inf)
-            check_step(loss_sum.item(), grad_norm.item(), epoch=epoch, step=step, steps=steps_per_epoch, lr=lr,
-                       args=args, kept=out / 'checkpoint', world_size=world_size, device=device)
-            optimizer.step()
-
-            totals += torch.tensor([loss_sum.item(), (logits.argmax(-1) == labels).sum().item(), len(labels)],
-                                   dtype=torch.float64)
-            if bar is not None:
-                done = time.perf_counter() - started
-                rate = (step * batch_size + len(index)) / done
-                left = (steps_per_epoch - step - 1) * done / (step + 1) + \
-                    (args.epochs - epoch - 1) * epoch_time(history, done * steps_per_epoch / (step + 1))
-                bar.set_postfix_str(f"loss {totals[0] / totals[2]:.3f} acc {totals[1] / totals[2]:.3f} "
-                                    f"{rate:.0f} img/s, {format_seconds(left)} left", refresh=False)
-                bar.update()
-        if bar is not None:
-            bar.close()
+        totals, lr = train_epoch(
+            network, optimizer, step_loss, epoch=epoch, seed=epoch_seed(args.seed, epoch), images=len(train_set),
+            batch_size=batch_size, least=least, steps=steps_per_epoch, peak=args.lr, warmup_steps=warmup_steps,
+            total_steps=total_steps, clip_grad=args.clip_grad, clipped=model,
+            divergence=dict(args=args, kept=out / 'checkpoint', world_size=world_size, device=device),
+            bar=progress(steps_per_epoch, epoch, args, main_process), postfix=postfix)
         if world_size > 1:
             torch.distributed.all_reduce(totals)
         tested = evaluate(model, test_set, mean=mean, std=std, batch_size=args.eval_batch_size, device=device,
@@ -536,15 +519,6 @@ def _curves_note(args, split):
         return None
     return (f"train loss: {' and '.join(train)}, so it cannot fall below the dotted line and may stay above the "
             f"{split} loss;\n{split} loss: plain cross-entropy on the {split} {kind} as they are")
-
-
-def pick_examples(labels, count):
-    """Indices of up to `count` images, taking the classes in turn: the first of each class, then the second, ..."""
-    members = [torch.nonzero(labels == label).flatten().tolist() for label in sorted(set(labels.tolist()))]
-    turns = []
-    for position in range(max(map(len, members), default=0)):
-        turns += [indices[position] for indices in members if position < len(indices)]
-    return torch.tensor(turns[:count], dtype=torch.long)
 
 
 def uniform_attention_distance(grid, patch_size):

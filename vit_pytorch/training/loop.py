@@ -1,6 +1,7 @@
 """The training machinery the commands share (train, pretrain, experiments): parameter groups and the
-learning-rate schedule, augmentation and batching, the distributed set-up, the evaluation loop and autocast,
-the divergence checks, label subsets, progress lines, a resumed run's arguments and the exit codes of a run.
+learning-rate schedule, augmentation and batching, the one epoch loop (`train_epoch`) every command trains
+with, the distributed set-up, the evaluation loop and autocast, the divergence checks, label subsets, progress
+lines, a resumed run's arguments and the exit codes of a run.
 """
 
 import argparse
@@ -10,6 +11,7 @@ import importlib.util
 import json
 import math
 import os
+import random
 import re
 import sys
 from pathlib import Path
@@ -147,6 +149,67 @@ def epoch_batches(order, batch_size, least=1):
     if len(batches) > 1 and len(batches[-1]) < least:
         batches[-2:] = [torch.cat(batches[-2:])]
     return batches
+
+
+def train_epoch(network, optimizer, step_loss, *, epoch, seed, images, batch_size, least=1, steps, peak,
+                warmup_steps, total_steps, clip_grad, clipped=None, divergence=None, after_backward=None,
+                after_step=None, bar=None, postfix=None):
+    """One epoch of training, as every command trains: seeded from `seed` (torch's global generator too, for
+    dropout, masks and crops), the shuffled order of `images` cut into batches (`epoch_batches`), the learning
+    rate of each step from `learning_rate`, the gradient norm of `clipped` (default: `network`) measured and
+    clipped to `clip_grad` (0: measured only), then the optimizer's step. Returns (totals, last learning rate).
+
+    `step_loss(index, generator, rng, global_step)` -> (loss, checked, sums): the loss to back-propagate for the
+    global batch `index` (drawing its augmentation from `generator` and `rng`, in that order every run), the
+    number `check_step` checks with the gradient norm when `divergence` (its keyword arguments besides epoch,
+    step, steps and lr) is given, and a float64 tensor of this step's sums; `totals` is their sum over the epoch.
+    `after_backward()` runs before the gradients are clipped (DINO cancels its last layer's), `after_step(
+    global_step)` after the optimizer's step (DINO's teacher follows the student); `bar` (from `progress`) shows
+    `postfix(totals, step, index, sums)` after every step.
+    """
+    torch.manual_seed(seed)                                          # dropout, masks, anything drawn globally
+    generator, rng = torch.Generator().manual_seed(seed), random.Random(seed)
+    order = torch.randperm(images, generator=generator)
+    clipped = network if clipped is None else clipped
+    totals = lr = None
+    for step, index in enumerate(epoch_batches(order, batch_size, least)):
+        global_step = epoch * steps + step
+        lr = learning_rate(global_step, peak=peak, warmup_steps=warmup_steps, total_steps=total_steps)
+        for group in optimizer.param_groups:
+            group['lr'] = lr
+        loss, checked, sums = step_loss(index, generator, rng, global_step)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if after_backward is not None:
+            after_backward()
+        # the norm is measured anyway (inf: no clipping); a NaN or infinite one would poison every weight
+        grad_norm = nn.utils.clip_grad_norm_(clipped.parameters(), clip_grad if clip_grad > 0 else math.inf)
+        if divergence is not None:
+            check_step(checked, grad_norm.item(), epoch=epoch, step=step, steps=steps, lr=lr, **divergence)
+        optimizer.step()
+        if after_step is not None:
+            after_step(global_step)
+        totals = sums if totals is None else totals + sums
+        if bar is not None:
+            bar.set_postfix_str(postfix(totals, step, index, sums), refresh=False)
+            bar.update()
+    if bar is not None:
+        bar.close()
+    return totals, lr
+
+
+def run_steps(images, batch_size, least, *, epochs, warmup_epochs):
+    """(steps per epoch, total steps, warm-up steps) of a run over `images` training images, its epochs cut into
+    batches as `epoch_batches` cuts them."""
+    steps = len(epoch_batches(torch.arange(images), batch_size, least))
+    return steps, steps * epochs, round(warmup_epochs * steps)
+
+
+def start_log(out, history):
+    """Create `out` and write its log.jsonl afresh from `history` (a resumed run drops the epochs it lost)."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / 'log.jsonl', 'w') as log:
+        log.writelines(json.dumps(record) + '\n' for record in history)
 
 
 def least_batch(model, world_size):
@@ -357,6 +420,15 @@ def label_subset(labels, fraction, *, seed):
         keep = max(1, round(fraction * len(members)))
         chosen.append(members[torch.randperm(len(members), generator=generator)[:keep]])
     return torch.cat(chosen).sort().values
+
+
+def pick_examples(labels, count):
+    """Indices of up to `count` images, taking the classes in turn: the first of each class, then the second, ..."""
+    members = [torch.nonzero(labels == label).flatten().tolist() for label in sorted(set(labels.tolist()))]
+    turns = []
+    for position in range(max(map(len, members), default=0)):
+        turns += [indices[position] for indices in members if position < len(indices)]
+    return torch.tensor(turns[:count], dtype=torch.long)
 
 
 def epoch_time(history, current):
