@@ -246,6 +246,12 @@ CASES = {
     'max_vit_with_registers': Case(dict(num_classes=5, dim=8, depth=(1, 2), dim_head=4, dim_conv_stem=8,
                                         window_size=(2, 3), dropout=0.0, num_register_tokens=2),
                                    (2, 3, 32, 48), no_gradient=MAX_VIT_BEFORE_BATCHNORM),
+    # 2x3 compressed tokens of 8x8 pixels read 4x6 lookup tokens of 4x4 pixels
+    'look_vit': Case(dict(image_size=(16, 24), patch_size=8, highres_patch_size=4, num_classes=5, dim=16, depth=2,
+                          heads=2, dim_head=8, cross_attn_heads=2, cross_attn_dim_head=8, patch_conv_kernel_size=3,
+                          dropout=0.), IMAGES),
+    # a jumbo token of 2 x 16 channels before the 12 patch tokens
+    'jumbo_vit': Case(dict(VIT, jumbo_cls_k=2), IMAGES),
 }
 
 

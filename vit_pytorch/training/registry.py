@@ -61,6 +61,8 @@ MODELS = {
     'na_vit_nested_tensor': 'vit_pytorch.na_vit_nested_tensor:NaViT',
     'na_vit_nested_tensor_3d': 'vit_pytorch.na_vit_nested_tensor_3d:NaViT',
     'max_vit_with_registers': 'vit_pytorch.max_vit_with_registers:MaxViT',
+    'look_vit': 'vit_pytorch.look_vit:LookViT',
+    'jumbo_vit': 'vit_pytorch.jumbo_vit:JumboViT',
 }
 
 # models whose input is not a batch of images (b, c, h, w): name -> what they take (`--data ucr:NAME` gives
@@ -143,6 +145,9 @@ SMALL_CONFIGS = {
     'cct_3d': dict(num_frames=8, embedding_dim=64, n_conv_layers=1, frame_kernel_size=3, frame_stride=2,
                    kernel_size=7, stride=4, padding=3, pooling_kernel_size=3, pooling_stride=2, pooling_padding=1,
                    num_layers=4, num_heads=4, mlp_ratio=2.0),
+    # 16 to 32 pixels (divisible by 8): 4 to 16 compressed tokens of 8x8 pixels read 16 to 64 lookup tokens of 4x4
+    'look_vit': dict(patch_size=8, highres_patch_size=4, dim=64, depth=4, heads=4, dim_head=16, cross_attn_heads=4,
+                     cross_attn_dim_head=16, patch_conv_kernel_size=3, dropout=0.),
 }
 
 # 'Ti/16', 'S/16', 'B/32', ...: the paper's table, built by vit_pytorch.pretrained.vit
