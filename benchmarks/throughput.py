@@ -162,6 +162,14 @@ REGISTRY = {
     'max_vit_with_registers': ('MaxViT 96 wide, depths 2-2-5-2, 4 registers', None, dict(
         num_classes=NUM_CLASSES, dim_conv_stem=64, dim=96, dim_head=32, depth=(2, 2, 5, 2), window_size=7,
         mbconv_expansion_rate=4, mbconv_shrinkage_rate=0.25, dropout=0.1, num_register_tokens=4), 224, 3, NUM_CLASSES),
+    # S/16's width and depth on 7x7 compressed tokens (patches of 32) reading 14x14 lookup tokens (patches of 16),
+    # vit-pytorch's other defaults (a 7x7 patch convolution, MLP factors 4, dropout 0.1)
+    'look_vit': ('S/16 wide, 7x7 compressed / 14x14 lookup tokens, depth 12', None, dict(
+        image_size=224, num_classes=NUM_CLASSES, dim=384, depth=12, heads=6, dim_head=64, patch_size=32,
+        highres_patch_size=16, cross_attn_heads=6, cross_attn_dim_head=64), 224, 3, NUM_CLASSES),
+    # the paper's Jumbo-S (K = 6, jumbo MLP 4 times the token) on S/16
+    'jumbo_vit': ('S/16, jumbo K 6, jumbo MLP x4', None, dict(S16, jumbo_cls_k=6, jumbo_ff_mult=4), 224, 3,
+                  NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -199,6 +207,8 @@ REFERENCES = {
     # built with the preset's keyword arguments
     'deepvit': ('vit-pytorch 1.26.14 deepvit.DeepViT',
                 lambda ours: vit_pytorch_reference('deepvit', 'DeepViT', ours, **REGISTRY['deepvit'][2])),
+    'look_vit': ('vit-pytorch 1.26.14 look_vit.LookViT',
+                 lambda ours: vit_pytorch_reference('look_vit', 'LookViT', ours, **REGISTRY['look_vit'][2])),
 }
 
 
