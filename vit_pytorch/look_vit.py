@@ -48,58 +48,57 @@ from vit_pytorch.simple_vit import posemb_sincos_2d
 from vit_pytorch.vit import pair
 
 
-class LookupAttention(nn.Module):
-    """The compressed tokens read the lookup tokens: queries from the normed compressed tokens (b, m, dim), keys and
-    values from the normed lookup tokens (b, n, dim). Returns the (b, m, dim) output and the queries and keys,
-    (b, heads, m, dim_head) and (b, heads, n, dim_head), whose similarities the reverse direction reuses."""
+class CrossAttention(nn.Module):
+    """What the two directions share: heads, scale, the normed context (b, j, dim), the recorder's protocol
+    (`fused`, `attention_probs`) and the bias-free output projection; `attend` runs `vit.attend` with them."""
 
     def __init__(self, dim, heads=8, dim_head=64, dropout=0.):
         super().__init__()
-        inner_dim = heads * dim_head
         self.heads = heads
         self.scale = dim_head ** -0.5
         self.dropout = dropout
         self.fused = True
 
-        self.norm = nn.LayerNorm(dim)
         self.norm_context = nn.LayerNorm(dim)
-        self.to_q = nn.Linear(dim, inner_dim, bias=False)
-        self.to_kv = nn.Linear(dim, inner_dim * 2, bias=False)
         self.attention_probs = nn.Identity()
-        self.to_out = nn.Sequential(nn.Linear(inner_dim, dim, bias=False), nn.Dropout(dropout))
+        self.to_out = nn.Sequential(nn.Linear(heads * dim_head, dim, bias=False), nn.Dropout(dropout))
+
+    def attend(self, q, k, v):
+        out = vit.attend(q, k, v, scale=self.scale, fused=self.fused, probs=self.attention_probs,
+                         dropout=self.dropout if self.training else 0.)
+        return self.to_out(rearrange(out, 'b h i d -> b i (h d)'))
+
+
+class LookupAttention(CrossAttention):
+    """The compressed tokens read the lookup tokens: queries from the normed compressed tokens (b, m, dim), keys and
+    values from the normed lookup tokens (b, n, dim). Returns the (b, m, dim) output and the queries and keys,
+    (b, heads, m, dim_head) and (b, heads, n, dim_head), whose similarities the reverse direction reuses."""
+
+    def __init__(self, dim, heads=8, dim_head=64, dropout=0.):
+        super().__init__(dim, heads, dim_head, dropout)
+        self.norm = nn.LayerNorm(dim)
+        self.to_q = nn.Linear(dim, heads * dim_head, bias=False)
+        self.to_kv = nn.Linear(dim, heads * dim_head * 2, bias=False)
 
     def forward(self, compressed, lookup):
         q = rearrange(self.to_q(self.norm(compressed)), 'b m (h d) -> b h m d', h=self.heads)
         k, v = rearrange(self.to_kv(self.norm_context(lookup)), 'b n (kv h d) -> kv b h n d', kv=2, h=self.heads)
-        out = vit.attend(q, k, v, scale=self.scale, fused=self.fused, probs=self.attention_probs,
-                         dropout=self.dropout if self.training else 0.)
-        return self.to_out(rearrange(out, 'b h m d -> b m (h d)')), q, k
+        return self.attend(q, k, v), q, k
 
 
-class ReverseAttention(nn.Module):
+class ReverseAttention(CrossAttention):
     """The lookup tokens read the compressed tokens through the lookup attention's similarities: softmax over the
     compressed tokens of its logits transposed, which is attention with its keys (b, heads, n, dim_head) as the
     queries and its queries (b, heads, m, dim_head) as the keys. Only the values, from the normed compressed tokens,
     and the output projection are this module's. (b, m, dim) compressed tokens -> (b, n, dim)."""
 
     def __init__(self, dim, heads=8, dim_head=64, dropout=0.):
-        super().__init__()
-        inner_dim = heads * dim_head
-        self.heads = heads
-        self.scale = dim_head ** -0.5
-        self.dropout = dropout
-        self.fused = True
-
-        self.norm_context = nn.LayerNorm(dim)
-        self.to_v = nn.Linear(dim, inner_dim, bias=False)
-        self.attention_probs = nn.Identity()
-        self.to_out = nn.Sequential(nn.Linear(inner_dim, dim, bias=False), nn.Dropout(dropout))
+        super().__init__(dim, heads, dim_head, dropout)
+        self.to_v = nn.Linear(dim, heads * dim_head, bias=False)
 
     def forward(self, compressed, q, k):
         v = rearrange(self.to_v(self.norm_context(compressed)), 'b m (h d) -> b h m d', h=self.heads)
-        out = vit.attend(k, q, v, scale=self.scale, fused=self.fused, probs=self.attention_probs,
-                         dropout=self.dropout if self.training else 0.)
-        return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
+        return self.attend(k, q, v)
 
 
 class LookupLayer(nn.Module):
