@@ -24,8 +24,9 @@ differs from the paper (its code, github.com/antofuller/jumbo, `models/jumbo.py`
   - vit-pytorch's feed-forwards are dim * mlp_dim and K * dim * int(K * dim * jumbo_ff_mult) wide (its
     FeedForward takes a multiplier where it is given a width); ours mlp_dim and K * dim * jumbo_ff_mult.
 `num_jumbo_cls` (several jumbo tokens, each K * dim wide) is vit-pytorch's extension; the paper has one. The
-jumbo token starts from a unit normal, at the scale of the normed patch tokens (vit-pytorch: zeros). The paper's
-jumbo MLP is 4 times wider than the token (`jumbo_ff_mult=4`); vit-pytorch's default, kept here, is 2.
+jumbo token starts from a unit normal, at the scale of the normed patch tokens (vit-pytorch: zeros; the paper's
+code: std 0.02). The paper's jumbo MLP is 4 times wider than the token (`jumbo_ff_mult=4`); vit-pytorch's
+default, kept here, is 2.
 
 `forward_features` returns (b, num_jumbo_cls * K + h * w, dim): the jumbo tokens' pieces (the prefix,
 `num_prefix_tokens`) then the patch tokens, after the final norm.
