@@ -184,6 +184,14 @@ REGISTRY = {
     'simple_vit_with_specialized_cls': ('S/16, qkv specialized in 4 of 12 layers', None, S16, 224, 3, NUM_CLASSES),
     'simple_vit_with_fft': ('S/16, Fourier patches of 16: 196 + 196 tokens', None, dict(S16, freq_patch_size=16),
                             224, 3, NUM_CLASSES),
+    # S/16's width and depth on 7x7 compressed tokens (patches of 32) reading 14x14 lookup tokens (patches of 16),
+    # vit-pytorch's other defaults (a 7x7 patch convolution, MLP factors 4, dropout 0.1)
+    'look_vit': ('S/16 wide, 7x7 compressed / 14x14 lookup tokens, depth 12', None, dict(
+        image_size=224, num_classes=NUM_CLASSES, dim=384, depth=12, heads=6, dim_head=64, patch_size=32,
+        highres_patch_size=16, cross_attn_heads=6, cross_attn_dim_head=64), 224, 3, NUM_CLASSES),
+    # the paper's Jumbo-S (K = 6, jumbo MLP 4 times the token) on S/16
+    'jumbo_vit': ('S/16, jumbo K 6, jumbo MLP x4', None, dict(S16, jumbo_cls_k=6, jumbo_ff_mult=4), 224, 3,
+                  NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -237,6 +245,8 @@ REFERENCES = {
     'simple_vit_with_fft': ('vit-pytorch 1.26.14 simple_vit_with_fft.SimpleViT',
                             lambda ours: vit_pytorch_reference('simple_vit_with_fft', 'SimpleViT', ours,
                                                                **REGISTRY['simple_vit_with_fft'][2])),
+    'look_vit': ('vit-pytorch 1.26.14 look_vit.LookViT',
+                 lambda ours: vit_pytorch_reference('look_vit', 'LookViT', ours, **REGISTRY['look_vit'][2])),
 }
 # vit-pytorch 1.26.14's modules that compute our function at the preset's arguments: name -> (module, class)
 VIT_PYTORCH_REFERENCES = {

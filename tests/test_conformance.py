@@ -269,6 +269,12 @@ CASES = {
                      CLS_CLASSIFIES}),
     # Fourier patches of 8 x 8 frequencies: 2 x 3 Fourier tokens before the 4 x 3 patch tokens
     'simple_vit_with_fft': Case(dict(VIT, freq_patch_size=8), IMAGES),
+    # 2x3 compressed tokens of 8x8 pixels read 4x6 lookup tokens of 4x4 pixels
+    'look_vit': Case(dict(image_size=(16, 24), patch_size=8, highres_patch_size=4, num_classes=5, dim=16, depth=2,
+                          heads=2, dim_head=8, cross_attn_heads=2, cross_attn_dim_head=8, patch_conv_kernel_size=3,
+                          dropout=0.), IMAGES),
+    # a jumbo token of 2 x 16 channels before the 12 patch tokens
+    'jumbo_vit': Case(dict(VIT, jumbo_cls_k=2), IMAGES),
 }
 
 

@@ -65,6 +65,8 @@ MODELS = {
     'vit_detpool': 'vit_pytorch.vit_detpool:ViTDetPool',
     'simple_vit_with_specialized_cls': 'vit_pytorch.simple_vit_with_specialized_cls:SimpleViT',
     'simple_vit_with_fft': 'vit_pytorch.simple_vit_with_fft:SimpleViT',
+    'look_vit': 'vit_pytorch.look_vit:LookViT',
+    'jumbo_vit': 'vit_pytorch.jumbo_vit:JumboViT',
 }
 
 # models whose input is not a batch of images (b, c, h, w): name -> what they take (`--data ucr:NAME` gives
@@ -149,6 +151,9 @@ SMALL_CONFIGS = {
                    num_layers=4, num_heads=4, mlp_ratio=2.0),
     # 16 to 32 pixels (divisible by 4): Fourier patches of 4 x 4 frequencies, as many Fourier tokens as patch tokens
     'simple_vit_with_fft': dict(patch_size=4, freq_patch_size=4, dim=64, depth=4, heads=4, dim_head=16, mlp_dim=128),
+    # 16 to 32 pixels (divisible by 8): 4 to 16 compressed tokens of 8x8 pixels read 16 to 64 lookup tokens of 4x4
+    'look_vit': dict(patch_size=8, highres_patch_size=4, dim=64, depth=4, heads=4, dim_head=16, cross_attn_heads=4,
+                     cross_attn_dim_head=16, patch_conv_kernel_size=3, dropout=0.),
 }
 
 # 'Ti/16', 'S/16', 'B/32', ...: the paper's table, built by vit_pytorch.pretrained.vit
