@@ -246,6 +246,9 @@ CASES = {
     'max_vit_with_registers': Case(dict(num_classes=5, dim=8, depth=(1, 2), dim_head=4, dim_conv_stem=8,
                                         window_size=(2, 3), dropout=0.0, num_register_tokens=2),
                                    (2, 3, 32, 48), no_gradient=MAX_VIT_BEFORE_BATCHNORM),
+    # a 4x3 grid: offsets -3..3 and -2..2 read the banks; max_dist=3 leaves the offsets of 3 rows without a bias
+    'simple_vit_with_relative_proj_pos_bias': Case(dict(VIT, num_distance_basis=4), IMAGES),
+    'simple_vit_with_relative_proj_pos_bias[max_dist=3]': Case(dict(VIT, num_distance_basis=4, max_dist=3), IMAGES),
 }
 
 

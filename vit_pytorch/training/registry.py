@@ -61,6 +61,8 @@ MODELS = {
     'na_vit_nested_tensor': 'vit_pytorch.na_vit_nested_tensor:NaViT',
     'na_vit_nested_tensor_3d': 'vit_pytorch.na_vit_nested_tensor_3d:NaViT',
     'max_vit_with_registers': 'vit_pytorch.max_vit_with_registers:MaxViT',
+    # research long tail (issue 26)
+    'simple_vit_with_relative_proj_pos_bias': 'vit_pytorch.simple_vit_with_relative_proj_pos_bias:SimpleViT',
 }
 
 # models whose input is not a batch of images (b, c, h, w): name -> what they take (`--data ucr:NAME` gives
