@@ -22,6 +22,7 @@ from vit_pytorch.mae import MAE
 from vit_pytorch.mpp import MPP
 from vit_pytorch.simmim import SimMIM
 from vit_pytorch.vit import ViT
+from vit_pytorch.vit_with_decorr import ViT as ViTWithDecorr
 
 BAD_VALUES = [math.nan, math.inf, -1, 'x', True]
 
@@ -69,6 +70,7 @@ WRAPPERS = {
                                 bottleneck_dim=16, num_local_crops=1)),
     'distill_wrapper': (DistillWrapper, lambda: dict(teacher=vit(), student=DistillableViT(**tiny_vit_kwargs()))),
     'accept_video_wrapper': (AcceptVideoWrapper, lambda: dict(image_net=vit())),
+    'vit_with_decorr': (ViTWithDecorr, lambda: tiny_vit_kwargs(decorr_sample_frac=0.5)),
 }
 
 

@@ -531,6 +531,7 @@ def build_wrapper(name):
     from vit_pytorch.mpp import MPP
     from vit_pytorch.recorder import Extractor, Recorder
     from vit_pytorch.simmim import SimMIM
+    from vit_pytorch.vit_with_decorr import ViT as ViTWithDecorr
 
     torch.manual_seed(0)
     return {
@@ -543,6 +544,7 @@ def build_wrapper(name):
         'accept_video_wrapper': lambda: AcceptVideoWrapper(tiny_vit()),
         'extractor': lambda: Extractor(tiny_vit()),
         'recorder': lambda: Recorder(tiny_vit()),
+        'vit_with_decorr': lambda: ViTWithDecorr(**VIT),
     }[name]()
 
 
@@ -555,6 +557,8 @@ WRAPPER_STEPS = {
     'accept_video_wrapper': lambda wrapper: weighted(wrapper(torch.randn(2, 3, 4, 16, 24))),
     'extractor': lambda wrapper: weighted(wrapper(wrapped_images())),
     'recorder': lambda wrapper: weighted(wrapper(wrapped_images())),
+    # in training the forward returns (logits, decorrelation loss), and a step adds them
+    'vit_with_decorr': lambda wrapper: (lambda logits, loss: weighted(logits) + loss)(*wrapper(wrapped_images())),
 }
 
 # parameter (glob) -> why the wrapper's own design gives it no gradient from its loss
