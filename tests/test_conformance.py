@@ -528,6 +528,8 @@ def build_wrapper(name):
     from vit_pytorch.dino import Dino
     from vit_pytorch.distill import DeiT, DistillWrapper
     from vit_pytorch.mae import MAE
+    from vit_pytorch.mp3 import MP3
+    from vit_pytorch.mp3 import ViT as MP3ViT
     from vit_pytorch.mpp import MPP
     from vit_pytorch.recorder import Extractor, Recorder
     from vit_pytorch.simmim import SimMIM
@@ -545,6 +547,7 @@ def build_wrapper(name):
         'extractor': lambda: Extractor(tiny_vit()),
         'recorder': lambda: Recorder(tiny_vit()),
         'vit_with_decorr': lambda: ViTWithDecorr(**VIT),
+        'mp3': lambda: MP3(MP3ViT(**VIT), 0.5),
     }[name]()
 
 
@@ -559,6 +562,7 @@ WRAPPER_STEPS = {
     'recorder': lambda wrapper: weighted(wrapper(wrapped_images())),
     # in training the forward returns (logits, decorrelation loss), and a step adds them
     'vit_with_decorr': lambda wrapper: (lambda logits, loss: weighted(logits) + loss)(*wrapper(wrapped_images())),
+    'mp3': lambda wrapper: wrapper(wrapped_images()),
 }
 
 # parameter (glob) -> why the wrapper's own design gives it no gradient from its loss
@@ -570,6 +574,7 @@ WRAPPER_NO_GRADIENT = {
     'mpp': {'transformer.mlp_head.*': PRETRAINING},
     'dino': {'student.net.mlp_head.*': "the projection reads the student's latent (hidden_layer='to_latent'), "
                                        'before its classification head'},
+    'mp3': {'vit.mlp_head.*': PRETRAINING},
 }
 
 
