@@ -162,6 +162,8 @@ REGISTRY = {
     'max_vit_with_registers': ('MaxViT 96 wide, depths 2-2-5-2, 4 registers', None, dict(
         num_classes=NUM_CLASSES, dim_conv_stem=64, dim=96, dim_head=32, depth=(2, 2, 5, 2), window_size=7,
         mbconv_expansion_rate=4, mbconv_shrinkage_rate=0.25, dropout=0.1, num_register_tokens=4), 224, 3, NUM_CLASSES),
+    # vit-pytorch's __main__ model (256 px, patches of 32, width 1024) scaled to S/16 at 224: a 14x14 grid
+    'simple_vit_with_relative_proj_pos_bias': ('S/16', None, S16, 224, 3, NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -199,6 +201,10 @@ REFERENCES = {
     # built with the preset's keyword arguments
     'deepvit': ('vit-pytorch 1.26.14 deepvit.DeepViT',
                 lambda ours: vit_pytorch_reference('deepvit', 'DeepViT', ours, **REGISTRY['deepvit'][2])),
+    'simple_vit_with_relative_proj_pos_bias': (
+        'vit-pytorch 1.26.14 simple_vit_with_relative_proj_pos_bias.SimpleViT',
+        lambda ours: vit_pytorch_reference('simple_vit_with_relative_proj_pos_bias', 'SimpleViT', ours,
+                                           **REGISTRY['simple_vit_with_relative_proj_pos_bias'][2])),
 }
 
 

@@ -128,7 +128,7 @@ def test_vit_pytorchs_mp3_vit_loads_and_gives_its_output():
         torch.testing.assert_close(model(tensors['input']), tensors['output'], rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.slow            # vit-pytorch's sizes: 1024 patches of width 1024, 6 layers (about a minute on 2 cores)
+@pytest.mark.slow            # vit-pytorch's sizes: 1024 patches of width 1024, 6 layers (352 s on the shared 2 cores)
 def test_vit_pytorchs_readme_example_runs_unchanged(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     v = ViT(
