@@ -192,6 +192,8 @@ REGISTRY = {
     # the paper's Jumbo-S (K = 6, jumbo MLP 4 times the token) on S/16
     'jumbo_vit': ('S/16, jumbo K 6, jumbo MLP x4', None, dict(S16, jumbo_cls_k=6, jumbo_ff_mult=4), 224, 3,
                   NUM_CLASSES),
+    # vit-pytorch's __main__ model (256 px, patches of 32, width 1024) scaled to S/16 at 224: a 14x14 grid
+    'simple_vit_with_relative_proj_pos_bias': ('S/16', None, S16, 224, 3, NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -247,6 +249,10 @@ REFERENCES = {
                                                                **REGISTRY['simple_vit_with_fft'][2])),
     'look_vit': ('vit-pytorch 1.26.14 look_vit.LookViT',
                  lambda ours: vit_pytorch_reference('look_vit', 'LookViT', ours, **REGISTRY['look_vit'][2])),
+    'simple_vit_with_relative_proj_pos_bias': (
+        'vit-pytorch 1.26.14 simple_vit_with_relative_proj_pos_bias.SimpleViT',
+        lambda ours: vit_pytorch_reference('simple_vit_with_relative_proj_pos_bias', 'SimpleViT', ours,
+                                           **REGISTRY['simple_vit_with_relative_proj_pos_bias'][2])),
 }
 # vit-pytorch 1.26.14's modules that compute our function at the preset's arguments: name -> (module, class)
 VIT_PYTORCH_REFERENCES = {

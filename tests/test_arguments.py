@@ -19,9 +19,12 @@ from vit_pytorch.accept_video_wrapper import AcceptVideoWrapper
 from vit_pytorch.dino import Dino
 from vit_pytorch.distill import DistillableViT, DistillWrapper
 from vit_pytorch.mae import MAE
+from vit_pytorch.mp3 import MP3
+from vit_pytorch.mp3 import ViT as MP3ViT
 from vit_pytorch.mpp import MPP
 from vit_pytorch.simmim import SimMIM
 from vit_pytorch.vit import ViT
+from vit_pytorch.vit_with_decorr import ViT as ViTWithDecorr
 
 BAD_VALUES = [math.nan, math.inf, -1, 'x', True]
 
@@ -71,6 +74,9 @@ WRAPPERS = {
                                 bottleneck_dim=16, num_local_crops=1)),
     'distill_wrapper': (DistillWrapper, lambda: dict(teacher=vit(), student=DistillableViT(**tiny_vit_kwargs()))),
     'accept_video_wrapper': (AcceptVideoWrapper, lambda: dict(image_net=vit())),
+    'vit_with_decorr': (ViTWithDecorr, lambda: tiny_vit_kwargs(decorr_sample_frac=0.5)),
+    'mp3': (MP3, lambda: dict(vit=MP3ViT(**tiny_vit_kwargs()), masking_ratio=0.5)),
+    'mp3_vit': (MP3ViT, lambda: tiny_vit_kwargs(dropout=0.1)),
 }
 
 

@@ -275,6 +275,9 @@ CASES = {
                           dropout=0.), IMAGES),
     # a jumbo token of 2 x 16 channels before the 12 patch tokens
     'jumbo_vit': Case(dict(VIT, jumbo_cls_k=2), IMAGES),
+    # a 4x3 grid: offsets -3..3 and -2..2 read the banks; max_dist=3 leaves the offsets of 3 rows without a bias
+    'simple_vit_with_relative_proj_pos_bias': Case(dict(VIT, num_distance_basis=4), IMAGES),
+    'simple_vit_with_relative_proj_pos_bias[max_dist=3]': Case(dict(VIT, num_distance_basis=4, max_dist=3), IMAGES),
 }
 
 
@@ -556,9 +559,12 @@ def build_wrapper(name):
     from vit_pytorch.dino import Dino
     from vit_pytorch.distill import DeiT, DistillWrapper
     from vit_pytorch.mae import MAE
+    from vit_pytorch.mp3 import MP3
+    from vit_pytorch.mp3 import ViT as MP3ViT
     from vit_pytorch.mpp import MPP
     from vit_pytorch.recorder import Extractor, Recorder
     from vit_pytorch.simmim import SimMIM
+    from vit_pytorch.vit_with_decorr import ViT as ViTWithDecorr
 
     torch.manual_seed(0)
     return {
@@ -571,6 +577,8 @@ def build_wrapper(name):
         'accept_video_wrapper': lambda: AcceptVideoWrapper(tiny_vit()),
         'extractor': lambda: Extractor(tiny_vit()),
         'recorder': lambda: Recorder(tiny_vit()),
+        'vit_with_decorr': lambda: ViTWithDecorr(**VIT),
+        'mp3': lambda: MP3(MP3ViT(**VIT), 0.5),
     }[name]()
 
 
@@ -583,6 +591,9 @@ WRAPPER_STEPS = {
     'accept_video_wrapper': lambda wrapper: weighted(wrapper(torch.randn(2, 3, 4, 16, 24))),
     'extractor': lambda wrapper: weighted(wrapper(wrapped_images())),
     'recorder': lambda wrapper: weighted(wrapper(wrapped_images())),
+    # in training the forward returns (logits, decorrelation loss), and a step adds them
+    'vit_with_decorr': lambda wrapper: (lambda logits, loss: weighted(logits) + loss)(*wrapper(wrapped_images())),
+    'mp3': lambda wrapper: wrapper(wrapped_images()),
 }
 
 # parameter (glob) -> why the wrapper's own design gives it no gradient from its loss
@@ -594,6 +605,7 @@ WRAPPER_NO_GRADIENT = {
     'mpp': {'transformer.mlp_head.*': PRETRAINING},
     'dino': {'student.net.mlp_head.*': "the projection reads the student's latent (hidden_layer='to_latent'), "
                                        'before its classification head'},
+    'mp3': {'vit.mlp_head.*': PRETRAINING},
 }
 
 

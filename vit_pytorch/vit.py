@@ -128,7 +128,8 @@ class Stack(nn.Module):
     **kwargs)`, which returns the new x and a dict of entries to add to `state`. `state` starts
     empty in each forward and reaches a layer read-only, as the entries of the layers before it; the
     stack merges what a layer returns into a new dict, so a layer that gradient checkpointing runs
-    again in the backward pass sees the same state and adds nothing twice.
+    again in the backward pass sees the same state and adds nothing twice. `return_state=True` hands the state
+    the last layer left to the caller as well, last of the outputs (what the layers gathered for an auxiliary loss).
 
         class ValueResidualStack(Stack):      # later layers attend over their values mixed with the first's
             @staticmethod
@@ -160,7 +161,7 @@ class Stack(nn.Module):
         """One layer given the `state` the layers before it left: (x, entries to add); by default `layer`, adding none."""
         return self.layer(entry, x, **kwargs), {}
 
-    def forward(self, x, *, return_layers=False, **kwargs):
+    def forward(self, x, *, return_layers=False, return_state=False, **kwargs):
         state, outputs = {}, []
         for layer in self.layers:
             view = MappingProxyType(state)
@@ -171,7 +172,8 @@ class Stack(nn.Module):
             state = {**state, **entries}
             outputs.append(x)
         x = self.norm(x)
-        return (x, outputs) if return_layers else x
+        returned = (x, *([outputs] if return_layers else []), *([dict(state)] if return_state else []))
+        return returned if len(returned) > 1 else x
 
 
 def init_tokens(*parameters, patch_norm):
@@ -403,7 +405,8 @@ class ViT(TokenFace, nn.Module):
     The position table and cls token start at the scale of the patch tokens: a unit normal with
     the Dual PatchNorm (vit-pytorch), std 0.02 without it (the paper, timm); see `init_tokens`.
     For variants: `attention`, `feedforward` and `patch_embedding` build the blocks, called
-    with the arguments of `Attention`, `FeedForward` and `PatchEmbedding`.
+    with the arguments of `Attention`, `FeedForward` and `PatchEmbedding`; `transformer` the
+    encoder, with those of `Transformer` (a subclass whose layers hand state down, `Stack.step`).
 
     `forward_features` returns all tokens after the final norm, (b, prefix + h * w, dim).
     """
@@ -414,7 +417,8 @@ class ViT(TokenFace, nn.Module):
                  pool='cls', channels=3, dim_head=64, dropout=0., emb_dropout=0.,
                  patch_norm=True, qkv_bias=False, norm_eps=1e-5, pre_logits_dim=None,
                  gelu_approximate='none', dynamic_image_size=False,
-                 attention=Attention, feedforward=FeedForward, patch_embedding=PatchEmbedding):
+                 attention=Attention, feedforward=FeedForward, patch_embedding=PatchEmbedding,
+                 transformer=Transformer):
         check_vit_arguments(**arguments(locals()))
         super().__init__()
         self.image_size, self.patch_size = pair(image_size), pair(patch_size)
@@ -435,7 +439,7 @@ class ViT(TokenFace, nn.Module):
         init_tokens(self.pos_embedding, *([self.cls_token] if pool == 'cls' else []), patch_norm=patch_norm)
         self.dropout = nn.Dropout(emb_dropout)
 
-        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout, qkv_bias=qkv_bias,
+        self.transformer = transformer(dim, depth, heads, dim_head, mlp_dim, dropout, qkv_bias=qkv_bias,
                                    norm_eps=norm_eps, gelu_approximate=gelu_approximate,
                                    attention=attention, feedforward=feedforward)
 

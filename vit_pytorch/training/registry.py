@@ -67,6 +67,7 @@ MODELS = {
     'simple_vit_with_fft': 'vit_pytorch.simple_vit_with_fft:SimpleViT',
     'look_vit': 'vit_pytorch.look_vit:LookViT',
     'jumbo_vit': 'vit_pytorch.jumbo_vit:JumboViT',
+    'simple_vit_with_relative_proj_pos_bias': 'vit_pytorch.simple_vit_with_relative_proj_pos_bias:SimpleViT',
 }
 
 # models whose input is not a batch of images (b, c, h, w): name -> what they take (`--data ucr:NAME` gives
