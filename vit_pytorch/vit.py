@@ -158,7 +158,9 @@ class Stack(nn.Module):
         """One layer given the `state` the layers before it left: (x, entries to add); by default `layer`, adding none."""
         return self.layer(entry, x, **kwargs), {}
 
-    def forward(self, x, *, return_layers=False, **kwargs):
+    def run(self, x, **kwargs):
+        """(normed x, every layer's output, the state the layers left): for a stack whose forward returns some of
+        that state too (ATS's kept token ids)."""
         state, outputs = {}, []
         for layer in self.layers:
             view = MappingProxyType(state)
@@ -168,7 +170,10 @@ class Stack(nn.Module):
                 x, entries = self.step(layer, x, view, **kwargs)
             state = {**state, **entries}
             outputs.append(x)
-        x = self.norm(x)
+        return self.norm(x), outputs, state
+
+    def forward(self, x, *, return_layers=False, **kwargs):
+        x, outputs, _ = self.run(x, **kwargs)
         return (x, outputs) if return_layers else x
 
 
