@@ -35,6 +35,7 @@ OPTIONAL_NUMBERS = {
     # the wrappers' (MPP's patch_size, dim and channels must agree with the transformer's)
     'patch_size', 'dim', 'channels', 'mean', 'std', 'local_image_size', 'dim_emb', 'time_seq_len',
     'proj_embed_to_dim',
+    'patch_merge_layer',    # the PatchMerger's layer: None merges halfway (depth // 2)
 }
 NOT_NUMBERS = {
     'transformer',      # T2T-ViT: a custom backbone module

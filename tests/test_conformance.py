@@ -246,6 +246,10 @@ CASES = {
     'max_vit_with_registers': Case(dict(num_classes=5, dim=8, depth=(1, 2), dim_head=4, dim_conv_stem=8,
                                         window_size=(2, 3), dropout=0.0, num_register_tokens=2),
                                    (2, 3, 32, 48), no_gradient=MAX_VIT_BEFORE_BATCHNORM),
+    # ATS keeps at most 8, then 4 of the 12 patches (its token count depends on the image, in fixed slots)
+    'ats_vit': Case(dict(VIT, max_tokens_per_depth=(8, 4)), IMAGES),
+    # the 12 patch tokens merged into 4 after the first layer: the second attends over 4
+    'vit_with_patch_merger': Case(dict(VIT, patch_merge_layer=1, patch_merge_num_tokens=4), IMAGES),
 }
 
 

@@ -61,6 +61,9 @@ MODELS = {
     'na_vit_nested_tensor': 'vit_pytorch.na_vit_nested_tensor:NaViT',
     'na_vit_nested_tensor_3d': 'vit_pytorch.na_vit_nested_tensor_3d:NaViT',
     'max_vit_with_registers': 'vit_pytorch.max_vit_with_registers:MaxViT',
+    # research long tail: fewer and better tokens (issue 26)
+    'ats_vit': 'vit_pytorch.ats_vit:ViT',
+    'vit_with_patch_merger': 'vit_pytorch.vit_with_patch_merger:ViT',
 }
 
 # models whose input is not a batch of images (b, c, h, w): name -> what they take (`--data ucr:NAME` gives
@@ -143,6 +146,8 @@ SMALL_CONFIGS = {
     'cct_3d': dict(num_frames=8, embedding_dim=64, n_conv_layers=1, frame_kernel_size=3, frame_stride=2,
                    kernel_size=7, stride=4, padding=3, pooling_kernel_size=3, pooling_stride=2, pooling_padding=1,
                    num_layers=4, num_heads=4, mlp_ratio=2.0),
+    # 16 to 64 patches of 4 pixels (16 to 32-pixel images): the layers keep at most 32, 16, 8 and 4 of them
+    'ats_vit': dict(patch_size=4, dim=64, depth=4, heads=4, dim_head=16, mlp_dim=128, max_tokens_per_depth=(32, 16, 8, 4)),
 }
 
 # 'Ti/16', 'S/16', 'B/32', ...: the paper's table, built by vit_pytorch.pretrained.vit
