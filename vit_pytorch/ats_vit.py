@@ -197,9 +197,10 @@ class ViT(vit.TokenFace, vit.NormedHead, nn.Module):
         logits = self.forward_head(tokens)
         if not return_sampled_token_ids:
             return logits
-        patch_ids = token_ids[:, 1:] - 1
+        empty = token_ids[:, 1:] < 0
+        patch_ids = (token_ids[:, 1:] - 1).masked_fill(empty, -1)
         # ascending, the empty slots (-1) last, as vit-pytorch orders them
-        order = patch_ids.masked_fill(patch_ids < 0, patch_ids.shape[1] + math.prod(self.grid_size)).argsort(dim=-1)
+        order = patch_ids.masked_fill(empty, math.prod(self.grid_size)).argsort(dim=-1)
         return logits, patch_ids.gather(1, order)
 
     def set_grad_checkpointing(self, enable=True):
