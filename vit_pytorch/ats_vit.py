@@ -64,15 +64,16 @@ class AdaptiveTokenSampling(nn.Module):
     def forward(self, cls_attention, values):
         value_norms = rearrange(values[:, :, 1:], 'b h n d -> b n (h d)').norm(dim=-1)
         scores = reduce(cls_attention[..., 1:], 'b h n -> b n', 'sum') * value_norms
-        sorted_scores, order = scores.sort(dim=-1, stable=True)
+        sorted_scores, order = scores.sort(dim=-1)
         cdf = sorted_scores.cumsum(dim=-1)
         # dividing by the last entry makes it exactly 1, above every sampling point: each point finds a token
         cdf = cdf / cdf[:, -1:].clamp_min(self.eps)
         k = self.output_num_tokens
         points = (torch.arange(k, device=cdf.device, dtype=cdf.dtype) + 0.5) / k
-        # the first token whose cumulative score reaches a point: a token of score 0 adds nothing to the
-        # distribution, so the token before it (or none, at the start) reaches every point it would
-        picks = torch.searchsorted(cdf, repeat(points, 'k -> b k', b=cdf.shape[0]).contiguous())
+        # the first token whose cumulative score reaches a point, i.e. the count of those below it (a comparison,
+        # not searchsorted, which ONNX lacks): a token of score 0 adds nothing to the distribution, so the token
+        # before it (or none, at the start) reaches every point it would
+        picks = (rearrange(cdf, 'b n -> b 1 n') < rearrange(points, 'k -> 1 k 1')).sum(dim=-1)
         picks = picks.clamp_max(cdf.shape[-1] - 1)
         # the points rise, so repeated picks are neighbours: keep each token's first slot
         keep = F.pad(picks[:, 1:] != picks[:, :-1], (1, 0), value=True)
