@@ -162,6 +162,12 @@ REGISTRY = {
     'max_vit_with_registers': ('MaxViT 96 wide, depths 2-2-5-2, 4 registers', None, dict(
         num_classes=NUM_CLASSES, dim_conv_stem=64, dim=96, dim_head=32, depth=(2, 2, 5, 2), window_size=7,
         mbconv_expansion_rate=4, mbconv_shrinkage_rate=0.25, dropout=0.1, num_register_tokens=4), 224, 3, NUM_CLASSES),
+    # vit-pytorch's README configurations at ViT-S/16's size: ATS keeps all 196 patches for 3 layers, then at most
+    # 128, 64 and 32 for 3 layers each; the PatchMerger merges the 196 into 8 after layer 6, as the README's
+    'ats_vit': ('S/16, ATS 196-128-64-32', None,
+                dict(S16, max_tokens_per_depth=(196,) * 3 + (128,) * 3 + (64,) * 3 + (32,) * 3), 224, 3, NUM_CLASSES),
+    'vit_with_patch_merger': ('S/16, merged into 8 after layer 6', None,
+                              dict(S16, patch_merge_layer=6, patch_merge_num_tokens=8), 224, 3, NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -199,6 +205,11 @@ REFERENCES = {
     # built with the preset's keyword arguments
     'deepvit': ('vit-pytorch 1.26.14 deepvit.DeepViT',
                 lambda ours: vit_pytorch_reference('deepvit', 'DeepViT', ours, **REGISTRY['deepvit'][2])),
+    'ats_vit': ('vit-pytorch 1.26.14 ats_vit.ViT',
+                lambda ours: vit_pytorch_reference('ats_vit', 'ViT', ours, **REGISTRY['ats_vit'][2])),
+    'vit_with_patch_merger': ('vit-pytorch 1.26.14 vit_with_patch_merger.ViT',
+                              lambda ours: vit_pytorch_reference('vit_with_patch_merger', 'ViT', ours,
+                                                                 **REGISTRY['vit_with_patch_merger'][2])),
 }
 
 
