@@ -556,6 +556,11 @@ def scalable_vit_official_reference(ours):
     return reference
 
 
+# references that compute another function than ours by design, timed at the same sizes without the output check
+DIFFERENT_FUNCTION = {'ats_vit': "vit-pytorch's ATS draws a random Gumbel-max sample of tokens, ours the paper's "
+                                 "deterministic inverse transform sample, at the same token budget"}
+
+
 def reference_workload(workload):
     """The reference implementation of a registry workload's preset, as a workload named '<name>:ref'; None
     where there is none (or its library is not importable, or the workload is tiny)."""
@@ -567,8 +572,9 @@ def reference_workload(workload):
     if reference is None:
         return None
     img = torch.randn(2, workload['channels'], workload['image_size'], workload['image_size'])
-    with torch.no_grad():
-        torch.testing.assert_close(workload['model'].eval()(img), reference.eval()(img), atol=1e-4, rtol=0)
+    if name not in DIFFERENT_FUNCTION:
+        with torch.no_grad():
+            torch.testing.assert_close(workload['model'].eval()(img), reference.eval()(img), atol=1e-4, rtol=0)
     return dict(workload, name=f'{name}:ref', preset=label, model=reference,
                 params=sum(p.numel() for p in reference.parameters()))
 
