@@ -23,8 +23,9 @@ The arguments, parameter names and return values are vit-pytorch's (1.26.14), wh
 unchanged (`load_state_dict`, or `vit_pytorch.pretrained.load_vit_pytorch`): the sampler has no
 parameters, so its weights are a plain ViT's. Where ours differs, it follows the paper (and its
 official code, github.com/adaptivetokensampling/ATS):
-  - the sample is the paper's inverse transform sampling at K fixed points (k + 1/2) / K of the sorted
-    scores' distribution, so a model is a function of its input, in training and evaluation alike;
+  - the sample is the paper's deterministic inverse transform sampling of the sorted scores, here at K evenly
+    spaced points (k + 1/2) / K (the official code spaces its points over the first layer's token count and
+    keeps the first K distinct picks), so a model is a function of its input, in training and evaluation alike;
     vit-pytorch draws a Gumbel-max sample instead, a different random set of tokens on every call. A
     layer that samples therefore keeps other tokens than vit-pytorch's; where no layer samples (every K
     at least the patch count) the two give the same output (a test checks it on a vit-pytorch fixture).
