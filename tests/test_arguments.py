@@ -39,6 +39,7 @@ OPTIONAL_NUMBERS = {
     'patch_size', 'dim', 'channels', 'mean', 'std', 'local_image_size', 'dim_emb', 'time_seq_len',
     'proj_embed_to_dim',
     'specialize_qkv_depth',     # simple_vit_with_specialized_cls: depth // 3 when None
+    'patch_merge_layer',    # the PatchMerger's layer: None merges halfway (depth // 2)
 }
 NOT_NUMBERS = {
     'transformer',      # T2T-ViT: a custom backbone module

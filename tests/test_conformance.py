@@ -278,6 +278,10 @@ CASES = {
     # a 4x3 grid: offsets -3..3 and -2..2 read the banks; max_dist=3 leaves the offsets of 3 rows without a bias
     'simple_vit_with_relative_proj_pos_bias': Case(dict(VIT, num_distance_basis=4), IMAGES),
     'simple_vit_with_relative_proj_pos_bias[max_dist=3]': Case(dict(VIT, num_distance_basis=4, max_dist=3), IMAGES),
+    # ATS keeps at most 8, then 4 of the 12 patches (its token count depends on the image, in fixed slots)
+    'ats_vit': Case(dict(VIT, max_tokens_per_depth=(8, 4)), IMAGES),
+    # the 12 patch tokens merged into 4 after the first layer: the second attends over 4
+    'vit_with_patch_merger': Case(dict(VIT, patch_merge_layer=1, patch_merge_num_tokens=4), IMAGES),
 }
 
 

@@ -161,7 +161,9 @@ class Stack(nn.Module):
         """One layer given the `state` the layers before it left: (x, entries to add); by default `layer`, adding none."""
         return self.layer(entry, x, **kwargs), {}
 
-    def forward(self, x, *, return_layers=False, return_state=False, **kwargs):
+    def run(self, x, **kwargs):
+        """(normed x, every layer's output, the state the layers left): for a stack whose forward returns some of
+        that state too (ATS's kept token ids)."""
         state, outputs = {}, []
         for layer in self.layers:
             view = MappingProxyType(state)
@@ -171,7 +173,10 @@ class Stack(nn.Module):
                 x, entries = self.step(layer, x, view, **kwargs)
             state = {**state, **entries}
             outputs.append(x)
-        x = self.norm(x)
+        return self.norm(x), outputs, state
+
+    def forward(self, x, *, return_layers=False, return_state=False, **kwargs):
+        x, outputs, state = self.run(x, **kwargs)
         returned = (x, *([outputs] if return_layers else []), *([dict(state)] if return_state else []))
         return returned if len(returned) > 1 else x
 

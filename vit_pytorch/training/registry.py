@@ -68,6 +68,8 @@ MODELS = {
     'look_vit': 'vit_pytorch.look_vit:LookViT',
     'jumbo_vit': 'vit_pytorch.jumbo_vit:JumboViT',
     'simple_vit_with_relative_proj_pos_bias': 'vit_pytorch.simple_vit_with_relative_proj_pos_bias:SimpleViT',
+    'ats_vit': 'vit_pytorch.ats_vit:ViT',
+    'vit_with_patch_merger': 'vit_pytorch.vit_with_patch_merger:ViT',
 }
 
 # models whose input is not a batch of images (b, c, h, w): name -> what they take (`--data ucr:NAME` gives
@@ -155,6 +157,8 @@ SMALL_CONFIGS = {
     # 16 to 32 pixels (divisible by 8): 4 to 16 compressed tokens of 8x8 pixels read 16 to 64 lookup tokens of 4x4
     'look_vit': dict(patch_size=8, highres_patch_size=4, dim=64, depth=4, heads=4, dim_head=16, cross_attn_heads=4,
                      cross_attn_dim_head=16, patch_conv_kernel_size=3, dropout=0.),
+    # 16 to 64 patches of 4 pixels (16 to 32-pixel images): the layers keep at most 32, 16, 8 and 4 of them
+    'ats_vit': dict(patch_size=4, dim=64, depth=4, heads=4, dim_head=16, mlp_dim=128, max_tokens_per_depth=(32, 16, 8, 4)),
 }
 
 # 'Ti/16', 'S/16', 'B/32', ...: the paper's table, built by vit_pytorch.pretrained.vit

@@ -1,0 +1,206 @@
+"""ATS (Fayyaz et al., arXiv 2111.15667): what the paper adds to the ViT, and vit-pytorch's checkpoints."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import load_fixture, move_off_initialisation, reference_case
+from vit_pytorch.ats_vit import AdaptiveTokenSampling, Attention, ViT
+from vit_pytorch.pretrained import load_vit_pytorch
+
+# 4 x 6 = 24 patches; the layers keep at most 12, 6 and 3 of them
+SMALL = dict(image_size=(16, 24), patch_size=4, num_classes=5, dim=16, depth=3, max_tokens_per_depth=(12, 6, 3),
+             heads=2, dim_head=8, mlp_dim=24)
+PATCHES = 24
+
+
+def small_model(seed=0, **changes):
+    torch.manual_seed(seed)
+    return move_off_initialisation(ViT(**{**SMALL, **changes}), seed=seed, scale=0.3).eval()
+
+
+def images(seed, batch=4):
+    return torch.randn(batch, 3, 16, 24, generator=torch.Generator().manual_seed(seed))
+
+
+def kept_per_layer(model, img):
+    """Each layer's kept patch ids (b, slots), -1 where a slot is empty, from the encoder's state."""
+    kept, state = [], {}
+    x = model.embed(img)
+    for layer in model.transformer.layers:
+        x, entries = model.transformer.step(layer, x, state)
+        state = {**state, **entries}
+        ids = state.get('token_ids')
+        kept.append(ids.masked_fill(~state['mask'], 0)[:, 1:] - 1 if ids is not None else None)
+    return kept
+
+
+# the paper's idea
+
+
+@pytest.mark.parametrize('seed', range(4))
+def test_a_layer_never_keeps_more_than_its_max_tokens(seed):
+    model = small_model(seed)
+    for kept, limit in zip(kept_per_layer(model, images(seed)), SMALL['max_tokens_per_depth']):
+        assert kept.shape[1] <= limit
+        assert ((kept >= 0).sum(dim=1) <= limit).all()
+
+
+@pytest.mark.parametrize('seed', range(4))
+def test_the_cls_token_is_always_kept_first(seed):
+    model = small_model(seed)
+    x = model.embed(images(seed))
+    tokens, token_ids = model.transformer(x)
+    assert (token_ids[:, 0] == 0).all()
+    # the pooled token is the cls token's: changing the patches alone cannot replace it by a patch token
+    assert tokens.shape[1] == 1 + SMALL['max_tokens_per_depth'][-1]
+
+
+@pytest.mark.parametrize('seed', range(4))
+def test_the_returned_ids_are_distinct_patches_in_ascending_order_then_empty_slots(seed):
+    logits, ids = small_model(seed)(images(seed), return_sampled_token_ids=True)
+    assert ids.shape == (4, SMALL['max_tokens_per_depth'][-1])
+    for row in ids.tolist():
+        real = [i for i in row if i != -1]
+        assert row == real + [-1] * (len(row) - len(real))
+        assert real == sorted(set(real)) and all(0 <= i < PATCHES for i in real) and real
+
+
+def test_a_token_of_zero_score_is_never_sampled():
+    """Zero cls attention or a zero value vector gives a token score 0: it adds nothing to the distribution that
+    the sample is drawn from, so no sampling point can land on it."""
+    generator = torch.Generator().manual_seed(0)
+    sampler = AdaptiveTokenSampling(6)
+    for _ in range(50):
+        attention = torch.rand(3, 2, 17, generator=generator).softmax(dim=-1)
+        values = torch.randn(3, 2, 17, 4, generator=generator)
+        zero = torch.rand(3, 17, generator=generator) < 0.5
+        zero[:, 0] = False                                  # the cls token is not sampled from
+        values = values.masked_fill(zero[:, None, :, None], 0.)
+        ids, keep = sampler(attention, values)
+        assert not zero.gather(1, ids).masked_select(keep).any()
+
+
+def test_the_empty_slots_of_an_earlier_layer_are_never_sampled_again():
+    """An empty slot is masked out of the cls token's attention: its score is 0 in every later layer."""
+    torch.manual_seed(0)
+    layer = move_off_initialisation(Attention(16, heads=2, dim_head=8, output_num_tokens=4), scale=0.5).eval()
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        x = torch.randn(3, 11, 16, generator=generator)
+        mask = torch.rand(3, 11, generator=generator) < 0.5
+        mask[:, :2] = True                                  # the cls token and at least one patch
+        _, kept, ids = layer(x, mask=mask)
+        assert mask.gather(1, ids).all()
+        assert (kept[:, 1:].sum(dim=1) <= mask[:, 1:].sum(dim=1)).all()
+
+
+def test_the_sample_is_the_inverse_transform_of_the_scores():
+    """The paper's sample, written out: scores = cls attention summed over heads x the value vector's norm, sorted
+    ascending; the k-th of K points (k + 1/2) / K picks the first token whose cumulative share reaches it."""
+    torch.manual_seed(0)
+    layer = move_off_initialisation(Attention(16, heads=2, dim_head=8, output_num_tokens=5), scale=0.5).eval()
+    x = torch.randn(3, 13, 16, generator=torch.Generator().manual_seed(2))
+    _, mask, ids = layer(x, mask=None)
+    with torch.no_grad():
+        normed = F.layer_norm(x, (16,), layer.norm.weight, layer.norm.bias)
+        q, k, v = (normed @ weight.t() for weight in layer.to_qkv.weight.chunk(3, dim=0))   # (b, n, heads x 8)
+    for b in range(3):
+        scores = []
+        for j in range(1, 13):
+            attention = sum(torch.softmax(torch.stack([q[b, 0, h * 8:(h + 1) * 8] @ k[b, i, h * 8:(h + 1) * 8]
+                                                       for i in range(13)]) / 8 ** 0.5, dim=0)[j]
+                            for h in range(2))
+            scores.append(float(attention * v[b, j].norm()))
+        order = sorted(range(12), key=lambda j: scores[j])
+        total, cumulative, shares, picks = sum(scores), 0., [], []
+        for j in order:
+            cumulative += scores[j]
+            shares.append(cumulative / total)
+        for point in [(i + 0.5) / 5 for i in range(5)]:
+            picks.append(order[next(n for n, share in enumerate(shares) if share >= point)] + 1)
+        expected = sorted(set(picks))
+        assert sorted(ids[b, 1:][mask[b, 1:]].tolist()) == expected
+        assert ids[b, 0] == 0 and mask[b, 0]
+
+
+def test_concentrated_scores_keep_fewer_tokens():
+    """Adaptive: K points on a distribution with all its mass on one token all pick that token, on a uniform one
+    K different tokens."""
+    sampler = AdaptiveTokenSampling(4)
+    values = torch.ones(2, 1, 9, 3)
+    peaked = torch.zeros(1, 1, 9)
+    peaked[..., 0], peaked[..., 5] = 0.5, 0.5
+    uniform = torch.full((1, 1, 9), 1 / 9)
+    ids, keep = sampler(torch.cat([peaked, uniform]), values)
+    assert ids[0][keep[0]].tolist() == [5]
+    assert keep[1].sum() == 4
+
+
+def test_a_sampling_layer_gives_the_kept_tokens_the_full_layers_output():
+    """Sampling only drops tokens after attention: the kept tokens' outputs are the rows of the layer without it."""
+    torch.manual_seed(0)
+    sampling = move_off_initialisation(Attention(16, heads=2, dim_head=8, output_num_tokens=5), scale=0.5).eval()
+    full = Attention(16, heads=2, dim_head=8).eval()
+    full.load_state_dict(sampling.state_dict())
+    x = torch.randn(3, 13, 16, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out, _, ids = sampling(x, mask=None)
+        expected, _, none = full(x, mask=None)
+    assert none is None
+    torch.testing.assert_close(out, expected.gather(1, ids[..., None].expand(-1, -1, 16)), rtol=1e-5, atol=1e-6)
+
+
+def test_the_model_is_a_function_of_its_input():
+    model = small_model(2)
+    with torch.no_grad():
+        first, second = model(images(2), return_sampled_token_ids=True), model(images(2), return_sampled_token_ids=True)
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+
+
+def test_layers_with_no_more_tokens_than_their_limit_keep_every_token():
+    model = small_model(0, max_tokens_per_depth=(PATCHES, PATCHES, PATCHES))
+    _, ids = model(images(0), return_sampled_token_ids=True)
+    assert ids.tolist() == [list(range(PATCHES))] * 4
+
+
+# vit-pytorch's checkpoints
+
+
+def test_loads_vit_pytorchs_checkpoint_and_gives_its_output_where_no_layer_samples():
+    config, state_dict, x, output = reference_case('vit_pytorch_1.26.14_ats_vit', 'image_size', 'max_tokens_per_depth')
+    token_ids = load_fixture('vit_pytorch_1.26.14_ats_vit')[2]['token_ids']
+    torch.manual_seed(1)
+    model = load_vit_pytorch(ViT(**config), state_dict).eval()
+    with torch.no_grad():
+        logits, ids = model(x, return_sampled_token_ids=True)
+    torch.testing.assert_close(logits, output, rtol=1e-5, atol=1e-5)
+    assert torch.equal(ids, token_ids)
+
+
+# vit-pytorch's README example
+
+
+@pytest.mark.slow                  # the README's model: 1024 wide, 256 patches (3 s)
+def test_vit_pytorchs_readme_example_runs():
+    v = ViT(image_size=256, patch_size=16, num_classes=1000, dim=1024, depth=6,
+            max_tokens_per_depth=(256, 128, 64, 32, 16, 8), heads=16, mlp_dim=2048, dropout=0.1, emb_dropout=0.1)
+    img = torch.randn(4, 3, 256, 256)
+    assert v(img).shape == (4, 1000)
+    preds, token_ids = v(img, return_sampled_token_ids=True)
+    assert preds.shape == (4, 1000) and token_ids.shape[0] == 4 and token_ids.shape[1] <= 8
+
+
+# clear errors
+
+
+@pytest.mark.parametrize('value, error, words', [
+    ((12, 6), ValueError, 'one entry per layer'),
+    ((6, 12, 3), ValueError, 'must not increase'),
+    ((12, 0, 0), ValueError, 'max_tokens_per_depth'),
+    ((12, 6.5, 3), TypeError, 'max_tokens_per_depth'),
+    (12, TypeError, 'max_tokens_per_depth'),
+])
+def test_a_bad_max_tokens_per_depth_is_refused_by_name(value, error, words):
+    with pytest.raises(error, match=words):
+        ViT(**{**SMALL, 'max_tokens_per_depth': value})

@@ -1,0 +1,243 @@
+"""ViT with Adaptive Token Sampling: vit-pytorch's `vit_pytorch.ats_vit.ViT`.
+
+"ATS: Adaptive Token Sampling For Efficient Vision Transformers", Fayyaz et al., arXiv 2111.15667:
+a layer scores every patch token by how much the cls token reads from it, its cls attention (summed
+over heads) times the norm of its value vector, normalised to a distribution over the patches; it
+then keeps an inverse-transform sample of K of them (K evenly spaced points read through the scores'
+cumulative distribution), duplicates removed. Only the kept tokens (and the cls token) go on: a
+layer keeps at most K, fewer for an image whose scores are concentrated. The sampler has no
+parameters. `max_tokens_per_depth` gives K for each layer; a layer with no more tokens than its K
+keeps them all.
+
+    import torch
+    from vit_pytorch.ats_vit import ViT
+
+    model = ViT(image_size=64, patch_size=8, num_classes=10, dim=64, depth=4,
+                max_tokens_per_depth=(64, 32, 16, 8), heads=4, mlp_dim=128)
+    logits, token_ids = model(torch.randn(2, 3, 64, 64), return_sampled_token_ids=True)   # (2, 10), (2, 8)
+
+`token_ids` holds, for each image, the patches (row-major, from 0) the last layer kept, in ascending
+order, then -1 for each slot left empty.
+
+The arguments, parameter names and return values are vit-pytorch's (1.26.14), whose checkpoints load
+unchanged (`load_state_dict`, or `vit_pytorch.pretrained.load_vit_pytorch`): the sampler has no
+parameters, so its weights are a plain ViT's. Where ours differs, it follows the paper (and its
+official code, github.com/adaptivetokensampling/ATS):
+  - the sample is the paper's deterministic inverse transform sampling of the sorted scores, here at K evenly
+    spaced points (k + 1/2) / K (the official code spaces its points over the first layer's token count and
+    keeps the first K distinct picks), so a model is a function of its input, in training and evaluation alike;
+    vit-pytorch draws a Gumbel-max sample instead, a different random set of tokens on every call. A
+    layer that samples therefore keeps other tokens than vit-pytorch's; where no layer samples (every K
+    at least the patch count) the two give the same output (a test checks it on a vit-pytorch fixture).
+  - the score is the official code's: the heads' cls attention summed, times the norm of the whole value
+    vector (all heads); vit-pytorch weighs each head's attention by that head's value norm.
+  - the score reads the attention before dropout (vit-pytorch's after it; the same without dropout).
+  - every sampling layer keeps K slots (static shapes: `torch.export` and `torch.compile` follow it);
+    a duplicate's slot is left empty: masked out of every later attention, id -1. vit-pytorch pads the
+    batch to its largest count of distinct tokens.
+Only the kept tokens' queries are computed in a sampling layer (vit-pytorch forms all n rows of the
+attention matrix and then gathers K + 1).
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange, reduce, repeat
+from torch import nn
+
+from vit_pytorch import vit
+
+
+class AdaptiveTokenSampling(nn.Module):
+    """The sampler: from the cls token's attention and the values, K patch tokens to keep (parameter-free).
+
+    `forward(cls_attention, values)` takes the cls row of the attention (b, heads, n) (the cls token first)
+    and the values (b, heads, n, dim_head); it returns `ids` (b, K), the positions (1 .. n-1) of the sampled
+    patch tokens, and `keep` (b, K), False where a slot repeats the token before it.
+    """
+
+    def __init__(self, output_num_tokens, eps=1e-6):
+        super().__init__()
+        self.output_num_tokens = output_num_tokens
+        self.eps = eps
+
+    def forward(self, cls_attention, values):
+        value_norms = rearrange(values[:, :, 1:], 'b h n d -> b n (h d)').norm(dim=-1)
+        scores = reduce(cls_attention[..., 1:], 'b h n -> b n', 'sum') * value_norms
+        sorted_scores, order = scores.sort(dim=-1)
+        cdf = sorted_scores.cumsum(dim=-1)
+        # dividing by the last entry makes it exactly 1, above every sampling point: each point finds a token
+        cdf = cdf / cdf[:, -1:].clamp_min(self.eps)
+        k = self.output_num_tokens
+        points = (torch.arange(k, device=cdf.device, dtype=cdf.dtype) + 0.5) / k
+        # the first token whose cumulative score reaches a point, i.e. the count of those below it (a comparison,
+        # not searchsorted, which ONNX lacks): a token of score 0 adds nothing to the distribution, so the token
+        # before it (or none, at the start) reaches every point it would
+        picks = (rearrange(cdf, 'b n -> b 1 n') < rearrange(points, 'k -> 1 k 1')).sum(dim=-1)
+        picks = picks.clamp_max(cdf.shape[-1] - 1)
+        # the points rise, so repeated picks are neighbours: keep each token's first slot
+        keep = F.pad(picks[:, 1:] != picks[:, :-1], (1, 0), value=True)
+        return order.gather(-1, picks) + 1, keep
+
+
+class Attention(vit.Attention):
+    """The core attention, with adaptive token sampling when `output_num_tokens` is set.
+
+    `forward(x, mask)` takes the tokens (b, n, dim) and which of them are real (b, n; None: all) and returns
+    (output, mask, ids): where the layer samples (n - 1 > output_num_tokens), the output is the attention output
+    of the cls token and the K sampled tokens (b, 1 + K, dim), `ids` (b, 1 + K) their positions in `x` (the cls
+    token's 0) and `mask` which of them are kept; elsewhere the output of every token and `ids` None. The
+    recorded map of a sampling layer is (b, heads, 1 + K, n): the kept tokens' queries over every key.
+    """
+
+    def __init__(self, dim, heads=8, dim_head=64, dropout=0., output_num_tokens=None):
+        # vit-pytorch's ATS layer always projects its output, even one head as wide as the model
+        super().__init__(dim, heads, dim_head, dropout,
+                         to_out=nn.Sequential(nn.Linear(heads * dim_head, dim), nn.Dropout(dropout)))
+        self.output_num_tokens = output_num_tokens
+        self.ats = None if output_num_tokens is None else AdaptiveTokenSampling(output_num_tokens)
+
+    def forward(self, x, *, mask=None):
+        q, k, v = self.qkv(x)
+        key_mask = None if mask is None else rearrange(mask, 'b n -> b 1 1 n')
+        ids = None
+        if self.ats is not None and x.shape[1] - 1 > self.output_num_tokens:
+            cls_dots = q[:, :, :1] @ k.transpose(-1, -2) * self.scale             # (b, h, 1, n)
+            if key_mask is not None:
+                cls_dots = cls_dots.masked_fill(~key_mask, float('-inf'))
+            sampled, keep = self.ats(cls_dots.softmax(dim=-1)[:, :, 0], v)
+            ids = F.pad(sampled, (1, 0), value=0)
+            kept = F.pad(keep, (1, 0), value=True)
+            mask = kept if mask is None else kept & mask.gather(1, ids)
+            q = q.gather(2, repeat(ids, 'b n -> b h n d', h=q.shape[1], d=q.shape[-1]))
+        out = self.attend(q, k, v, mask=key_mask)
+        return self.to_out(rearrange(out, 'b h n d -> b n (h d)')), mask, ids
+
+
+class Transformer(vit.Stack):
+    """vit-pytorch's ATS encoder: `depth` pre-norm layers, the i-th keeping at most `max_tokens_per_depth[i]` patch
+    tokens, no final norm. `forward(x)` returns (tokens, token_ids): the tokens the last layer kept (b, n', dim) and
+    their positions in the input (b, n'; -1 for an empty slot, the cls token's 0)."""
+
+    def __init__(self, dim, depth, max_tokens_per_depth, heads, dim_head, mlp_dim, dropout=0.):
+        super().__init__([(Attention(dim, heads, dim_head, dropout, output_num_tokens=tokens),
+                           vit.FeedForward(dim, mlp_dim, dropout))
+                          for tokens in max_tokens_per_depth])
+
+    def step(self, entry, x, state):
+        attn, ff = entry
+        out, mask, ids = attn(x, mask=state.get('mask'))
+        entries = {}
+        if ids is not None:
+            token_ids = state.get('token_ids')
+            token_ids = ids if token_ids is None else token_ids.gather(1, ids)
+            x = x.gather(1, repeat(ids, 'b n -> b n d', d=x.shape[-1]))
+            entries = dict(mask=mask, token_ids=token_ids)
+        x = out + x
+        return ff(x) + x, entries
+
+    def forward(self, x, *, return_layers=False):
+        tokens, outputs, state = self.run(x)
+        token_ids = state.get('token_ids')
+        if token_ids is None:
+            token_ids = repeat(torch.arange(x.shape[1], device=x.device), 'n -> b n', b=x.shape[0])
+        else:
+            token_ids = token_ids.masked_fill(~state['mask'], -1)
+        return ((tokens, token_ids), outputs) if return_layers else (tokens, token_ids)
+
+
+class ViT(vit.TokenFace, vit.NormedHead, nn.Module):
+    """ViT whose layers keep an adaptive sample of the patch tokens; see the module's docstring.
+
+    `forward(img, return_sampled_token_ids=False)` returns the logits (b, num_classes), and with
+    `return_sampled_token_ids=True` also the patches the last layer kept (b, K), ascending, -1 for an empty slot
+    (K: the last layer's slots, the last entry of `max_tokens_per_depth` where it sampled).
+    `forward_features` returns the last layer's tokens (not normed), (b, 1 + K, dim), the cls token first; an empty
+    slot holds a copy of a kept token that no other token attends to. `num_classes=0` makes `forward` return the
+    pooled embedding after the head's norm, (b, dim).
+    """
+
+    num_prefix_tokens = 1
+    pool = 'cls'
+
+    def __init__(self, *, image_size, patch_size, num_classes, dim, depth, max_tokens_per_depth, heads, mlp_dim,
+                 channels=3, dim_head=64, dropout=0., emb_dropout=0.):
+        check_arguments(**vit.arguments(locals()))
+        super().__init__()
+        self.image_size, self.patch_size = vit.pair(image_size), vit.pair(patch_size)
+        self.grid_size = self.token_grid(self.image_size)
+        self.channels, self.num_classes, self.embed_dim, self.num_features = channels, num_classes, dim, dim
+        self.max_tokens_per_depth = tuple(max_tokens_per_depth)
+
+        self.to_patch_embedding = vit.PatchEmbedding(channels=channels, patch_size=self.patch_size, dim=dim)
+        self.pos_embedding = nn.Parameter(torch.randn(1, math.prod(self.grid_size) + 1, dim))
+        self.cls_token = nn.Parameter(torch.randn(1, 1, dim))
+        self.dropout = nn.Dropout(emb_dropout)
+        self.transformer = Transformer(dim, depth, self.max_tokens_per_depth, heads, dim_head, mlp_dim, dropout)
+        self.to_latent = nn.Identity()
+        self.mlp_head = nn.Sequential(nn.LayerNorm(dim), *([nn.Linear(dim, num_classes)] if num_classes > 0 else []))
+
+    def token_grid(self, image_size):
+        """The (h, w) grid of patch tokens for images of `image_size` (h, w)."""
+        return image_size[0] // self.patch_size[0], image_size[1] // self.patch_size[1]
+
+    def embed(self, img):
+        """The cls token and the patch tokens, with positions: (b, 1 + h * w, dim)."""
+        vit.check_images(img, channels=self.channels, patch_size=self.patch_size, image_size=self.image_size,
+                         dtype=self.pos_embedding.dtype)
+        x = self.to_patch_embedding(img)
+        x = torch.cat((repeat(self.cls_token, '1 1 d -> b 1 d', b=x.shape[0]), x), dim=1)
+        return self.dropout(x + self.pos_embedding)
+
+    def forward_features(self, img):
+        """The last layer's tokens (not normed): (b, 1 + kept slots, dim)."""
+        return self.transformer(self.embed(img))[0]
+
+    def forward(self, img, return_sampled_token_ids=False):
+        tokens, token_ids = self.transformer(self.embed(img))
+        logits = self.forward_head(tokens)
+        if not return_sampled_token_ids:
+            return logits
+        empty = token_ids[:, 1:] < 0
+        patch_ids = (token_ids[:, 1:] - 1).masked_fill(empty, -1)
+        # ascending, the empty slots (-1) last, as vit-pytorch orders them
+        order = patch_ids.masked_fill(empty, math.prod(self.grid_size)).argsort(dim=-1)
+        return logits, patch_ids.gather(1, order)
+
+    def set_grad_checkpointing(self, enable=True):
+        self.transformer.grad_checkpointing = enable
+
+
+# argument checks
+
+
+def check_arguments(*, image_size, patch_size, num_classes, dim, depth, max_tokens_per_depth, heads, mlp_dim,
+                    channels, dim_head, dropout, emb_dropout):
+    vit.patch_grid(vit.positive_pair('image_size', image_size), vit.positive_pair('patch_size', patch_size))
+    for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels,
+                            dim_head=dim_head).items():
+        vit.positive_int(name, value)
+    vit.non_negative_int('num_classes', num_classes)
+    for name, value in dict(dropout=dropout, emb_dropout=emb_dropout).items():
+        vit.probability(name, value)
+    if not isinstance(max_tokens_per_depth, (tuple, list)):
+        raise TypeError(f"max_tokens_per_depth must be a tuple of {depth} token counts, one per layer, got "
+                        f"{type(max_tokens_per_depth).__name__} {max_tokens_per_depth!r}")
+    for value in max_tokens_per_depth:
+        vit.positive_int('every entry of max_tokens_per_depth', value)
+    if len(max_tokens_per_depth) != depth:
+        raise ValueError(f"max_tokens_per_depth must have one entry per layer (depth={depth}), got "
+                         f"{len(max_tokens_per_depth)}: {tuple(max_tokens_per_depth)}")
+    if list(max_tokens_per_depth) != sorted(max_tokens_per_depth, reverse=True):
+        raise ValueError(f"max_tokens_per_depth must not increase from layer to layer (a layer cannot keep tokens "
+                         f"an earlier one dropped), got {tuple(max_tokens_per_depth)}")
+
+
+# loading checkpoints
+
+
+def vit_pytorch_plan(model, keys):
+    """vit-pytorch's `ats_vit.ViT` has our parameter names; its sampler has no parameters (the sampling differs:
+    see the module's docstring)."""
+    return None
