@@ -50,9 +50,8 @@ class SimpleViT(vit.TokenFace, vit.NormedHead, nn.Module):
         self.to_patch_embedding = vit.PatchEmbedding(channels=channels, patch_size=self.patch_size, dim=dim)
         # fixed, so not saved; a buffer so that it follows .to(device)
         self.register_buffer('pos_embedding', simple_vit.posemb_sincos_2d(*self.grid_size, dim), persistent=False)
-        self.transformer = vit.SimpleTransformer(dim, depth, heads, dim_head, mlp_dim, final_norm=False)
-        for attention, _ in self.transformer.layers:
-            attention.fused = use_flash
+        self.transformer = vit.SimpleTransformer(dim, depth, heads, dim_head, mlp_dim, final_norm=False,
+                                                 fused=use_flash)
         self.to_latent = nn.Identity()
         self.num_features = dim
         self.linear_head = vit.normed_head(dim, num_classes)

@@ -48,9 +48,8 @@ class SimpleViT(vit.TokenFace, nn.Module):
                                                        frame_patch_size=frame_patch_size, dim=dim)
         # fixed, so not saved; a buffer so that it follows .to(device)
         self.register_buffer('pos_embedding', simple_vit_3d.posemb_sincos_3d(*self.grid_size, dim), persistent=False)
-        self.transformer = vit.SimpleTransformer(dim, depth, heads, dim_head, mlp_dim, final_norm=False)
-        for attention, _ in self.transformer.layers:
-            attention.fused = use_flash_attn
+        self.transformer = vit.SimpleTransformer(dim, depth, heads, dim_head, mlp_dim, final_norm=False,
+                                                 fused=use_flash_attn)
         self.to_latent = nn.Identity()
         self.num_features = dim
         self.linear_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()

@@ -230,11 +230,15 @@ class SimpleAttention(Attention):
 class SimpleTransformer(Stack):
     """SimpleViT's encoder, vit-pytorch's `simple_vit.Transformer`: `depth` (SimpleAttention, FeedForward without
     dropout) layers, then a LayerNorm; `forward(x)` returns the normed tokens. `attention` builds each layer's
-    attention from (dim, heads, dim_head); `final_norm=False` leaves the norm out (the flash SimpleViTs')."""
+    attention from (dim, heads, dim_head); the flash SimpleViTs' options: `final_norm=False` leaves the norm out,
+    `fused=False` gives every attention the explicit path."""
 
-    def __init__(self, dim, depth, heads, dim_head, mlp_dim, *, attention=SimpleAttention, final_norm=True):
+    def __init__(self, dim, depth, heads, dim_head, mlp_dim, *, attention=SimpleAttention, final_norm=True,
+                 fused=True):
         super().__init__([(attention(dim, heads, dim_head), FeedForward(dim, mlp_dim, None)) for _ in range(depth)],
                          norm=nn.LayerNorm(dim) if final_norm else None)
+        for attention_block, _ in self.layers:
+            attention_block.fused = fused
 
 
 class PatchEmbedding(nn.Sequential):
