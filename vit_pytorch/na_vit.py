@@ -115,7 +115,7 @@ class Attention(vit.Attention):
     def __init__(self, dim, heads=8, dim_head=64, dropout=0.):
         super().__init__(dim, heads, dim_head, dropout, norm_bias=False,
                          to_out=nn.Sequential(nn.Linear(heads * dim_head, dim, bias=False), nn.Dropout(dropout)))
-        self.scale = 1.
+        self.scale = 1.     # normalised queries and keys: no 1/sqrt(dim_head)
         self.q_norm = QKNorm(heads, dim_head)
         self.k_norm = QKNorm(heads, dim_head)
 
