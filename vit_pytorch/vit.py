@@ -424,8 +424,11 @@ class NormedHead:
         non_negative_int('num_classes', num_classes)
         self.num_classes = num_classes
         norm = getattr(self, self.head_name)[0]
-        linear = [zero_linear(norm.normalized_shape[0], num_classes, like=norm.weight, bias=norm.bias is not None)]
-        setattr(self, self.head_name, nn.Sequential(norm, *(linear if num_classes > 0 else [])))
+        head = [norm]
+        if num_classes > 0:
+            head.append(zero_linear(norm.normalized_shape[0], num_classes, like=norm.weight,
+                                    bias=norm.bias is not None))
+        setattr(self, self.head_name, nn.Sequential(*head))
 
 
 def normed_head(dim, num_classes, *, bias=True):
