@@ -38,7 +38,8 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from vit_pytorch.na_vit import NaViT, attend_segments
+from vit_pytorch.na_vit import NaViT
+from vit_pytorch.vit import attend_segments
 
 
 def parse_args(argv=None):

@@ -364,10 +364,6 @@ def test_output_has_one_row_per_input_and_one_column_per_class(case_id):
 
 # gradient checkpointing
 
-NO_CHECKPOINTING = {'mobile_vit': 'MobileViT has no set_grad_checkpointing: its stages interleave convolutions '
-                                  'with transformer blocks, and no Stack carries the switch'}
-
-
 def forward_backward(model, x, case, seed=3):
     torch.manual_seed(seed)                    # the same token dropping both times
     outputs = as_tuple(model(x, **case.forward))
@@ -393,7 +389,7 @@ def forward_calls_during_backward(model, x, case):
     return calls[0]
 
 
-@case_table(exempt=NO_CHECKPOINTING)
+@case_table()
 def test_gradient_checkpointing_recomputes_and_gives_the_same_outputs_and_gradients(case_id):
     model, x = build(case_id)
     move_off_initialisation(model)

@@ -105,8 +105,7 @@ def test_the_multiscale_blocks_import_only_vit_py():
 
 
 # modules that still break the budget (issue 23): each builds on two family bases or more
-OVER_BUDGET = {'distill', 'na_vit_nested_tensor_3d', 'simple_flash_attn_vit_3d', 'simple_vit_1d', 'simple_vit_3d',
-               'vit_with_patch_dropout'}
+OVER_BUDGET = {'distill'}
 
 
 @pytest.mark.parametrize('name', [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason='over budget'))

@@ -8,8 +8,9 @@ import torch.nn.functional as F
 
 from helpers import count, digits_batch, fit_fixed_batch, load_fixture
 from helpers import move_off_initialisation, parameters_without_gradient
-from vit_pytorch.na_vit import NaViT, grid_positions, group_images_by_max_seq_len
+from vit_pytorch.na_vit import NaViT, group_images_by_max_seq_len
 from vit_pytorch.pretrained import CheckpointError, load_vit_pytorch
+from vit_pytorch.vit import grid_positions
 from vit_pytorch.recorder import Extractor, Recorder
 
 PACKINGS = ('varlen', 'mask')

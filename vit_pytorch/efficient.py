@@ -54,7 +54,7 @@ class ViT(vit.NormedHead, nn.Module):
         self.cls_token = nn.Parameter(torch.randn(1, 1, dim))
         self.transformer = transformer
         self.to_latent = nn.Identity()
-        self.mlp_head = nn.Sequential(nn.LayerNorm(dim), *([nn.Linear(dim, num_classes)] if num_classes > 0 else []))
+        self.mlp_head = vit.normed_head(dim, num_classes)
 
     def token_grid(self, image_size):
         """The (h, w) grid of patch tokens for images of `image_size` (h, w)."""

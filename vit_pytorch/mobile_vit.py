@@ -74,20 +74,6 @@ class InvertedResidual(nn.Module):
         return out + x if self.residual else out
 
 
-class FeedForward(nn.Sequential):
-    """The pre-norm MLP of `vit.FeedForward` with SiLU, as MobileViT's transformer has it."""
-
-    def __init__(self, dim, hidden_dim, dropout=0.):
-        super().__init__(
-            nn.LayerNorm(dim, eps=NORM_EPS),
-            nn.Linear(dim, hidden_dim),
-            nn.SiLU(),
-            nn.Dropout(dropout),
-            nn.Linear(hidden_dim, dim),
-            nn.Dropout(dropout),
-        )
-
-
 class MobileViTBlock(nn.Module):
     """Local 3x3 convolution, 1x1 projection to `dim`, a transformer across patches, projection back,
     and a 3x3 fusion with the input (section 3.1, Figure 1b). (b, dim_in, h, w) -> (b, dim_out, h, w).
@@ -106,7 +92,8 @@ class MobileViTBlock(nn.Module):
         self.transformer = vit.Stack([
             (vit.Attention(dim, heads, dim_head, qkv_bias=True, norm_eps=NORM_EPS,
                            to_out=nn.Sequential(nn.Linear(heads * dim_head, dim), nn.Dropout(0.))),
-             FeedForward(dim, int(dim * mlp_ratio)))
+             # vit-pytorch holds the MLP as a bare Sequential (keys 0, 1, 4)
+             vit.FeedForward(dim, int(dim * mlp_ratio), norm_eps=NORM_EPS, activation=nn.SiLU()).net)
             for _ in range(depth)
         ], norm=nn.LayerNorm(dim, eps=NORM_EPS))
         self.to_channels = conv_bn_act(dim, dim_out)
@@ -217,6 +204,12 @@ class MobileViT(nn.Module):
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0 removes it)."""
         vit.reset_head(self, num_classes, self.num_features, like=self.final_conv[0].weight)
+
+    def set_grad_checkpointing(self, enable=True):
+        """Recompute each MobileViT block's transformer layers in the backward pass (the convolutions keep theirs)."""
+        for module in self.modules():
+            if isinstance(module, MobileViTBlock):
+                module.transformer.grad_checkpointing = enable
 
 
 class RegisteredMobileViT(MobileViT):

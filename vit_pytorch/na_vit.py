@@ -63,17 +63,6 @@ from vit_pytorch import vit
 # helpers
 
 
-def kept_tokens(num_tokens, drop_prob):
-    """How many of an image's `num_tokens` tokens token dropping keeps: at least one."""
-    return max(1, int(num_tokens * (1 - drop_prob)))
-
-
-def grid_positions(height, width, device=None):
-    """(row, column) of each cell of an (height, width) grid, row-major: (height * width, 2)."""
-    return torch.cartesian_prod(torch.arange(height, device=device), torch.arange(width, device=device)) \
-        .reshape(height * width, 2)
-
-
 def group_images_by_max_seq_len(images, *, patch_size, max_seq_len, token_dropout=None):
     """Greedy packing: consecutive images go into one group until the next would exceed `max_seq_len` tokens.
 
@@ -84,7 +73,7 @@ def group_images_by_max_seq_len(images, *, patch_size, max_seq_len, token_dropou
         height, width = image.shape[-2:]
         num_tokens = (height // patch_size[0]) * (width // patch_size[1])
         if token_dropout is not None:
-            num_tokens = kept_tokens(num_tokens, token_dropout(height, width))
+            num_tokens = vit.kept_tokens(num_tokens, token_dropout(height, width))
         if num_tokens > max_seq_len:
             raise ValueError(f"group_max_seq_len={max_seq_len} is too short for img batched_images[{index}] of "
                              f"size {height}x{width}: it has {num_tokens} tokens")
@@ -96,23 +85,6 @@ def group_images_by_max_seq_len(images, *, patch_size, max_seq_len, token_dropou
     if group:
         groups.append(group)
     return groups
-
-
-def attend_segments(attention, q, k, v, segments):
-    """`attention.attend` inside segments of one sequence, never across them.
-
-    q (1, heads, queries, d) and k, v (1, heads, keys, d) hold the segments one after the other;
-    `segments` lists (count, queries per image, keys per image) for runs of `count` images of
-    equal length, each run one batched attention call.
-    """
-    outputs = []
-    q_runs = q.split([count * queries for count, queries, _ in segments], dim=2)
-    k_runs = k.split([count * keys for count, _, keys in segments], dim=2)
-    v_runs = v.split([count * keys for count, _, keys in segments], dim=2)
-    for (count, _, _), q_run, k_run, v_run in zip(segments, q_runs, k_runs, v_runs):
-        q_run, k_run, v_run = (rearrange(t, '1 h (n l) d -> n h l d', n=count) for t in (q_run, k_run, v_run))
-        outputs.append(rearrange(attention.attend(q_run, k_run, v_run), 'n h l d -> 1 h (n l) d'))
-    return torch.cat(outputs, dim=2)
 
 
 # classes
@@ -131,33 +103,26 @@ class QKNorm(nn.Module):
         return F.normalize(x, dim=-1) * self.scale * self.gamma
 
 
-class Attention(nn.Module):
+class Attention(vit.Attention):
     """Pre-norm multi-head attention with normalised queries and keys, (b, n, dim) -> (b, n, dim).
 
     Keys and values come from `context` when it is given (the pooling's cross-attention; the
     context is not normed again). Images are kept apart by `mask` (b, 1, n, m), True where a
-    query may attend, or by `segments` (see `attend_segments`). Queries and keys are normalised,
+    query may attend, or by `segments` (see `vit.attend_segments`). Queries and keys are normalised,
     so the logits need no 1/sqrt(dim_head) scale.
     """
 
     def __init__(self, dim, heads=8, dim_head=64, dropout=0.):
-        super().__init__()
-        inner_dim = heads * dim_head
-        self.heads = heads
-        self.dropout = dropout
-        self.fused = True
-
-        self.norm = nn.LayerNorm(dim, bias=False)
-        self.to_q = nn.Linear(dim, inner_dim, bias=False)
-        self.to_kv = nn.Linear(dim, inner_dim * 2, bias=False)
+        super().__init__(dim, heads, dim_head, dropout, norm_bias=False,
+                         to_out=nn.Sequential(nn.Linear(heads * dim_head, dim, bias=False), nn.Dropout(dropout)))
+        self.scale = 1.     # normalised queries and keys: no 1/sqrt(dim_head)
         self.q_norm = QKNorm(heads, dim_head)
         self.k_norm = QKNorm(heads, dim_head)
-        self.attention_probs = nn.Identity()
-        self.to_out = nn.Sequential(nn.Linear(inner_dim, dim, bias=False), nn.Dropout(dropout))
 
-    def attend(self, q, k, v, *, mask=None):
-        return vit.attend(q, k, v, scale=1., mask=mask, fused=self.fused, probs=self.attention_probs,
-                          dropout=self.dropout if self.training else 0.)
+    def build_projections(self, dim, inner_dim, *, bias):
+        """Queries from the tokens, keys and values from the context: `to_q` and `to_kv`."""
+        self.to_q = nn.Linear(dim, inner_dim, bias=bias)
+        self.to_kv = nn.Linear(dim, inner_dim * 2, bias=bias)
 
     def forward(self, x, *, context=None, mask=None, segments=None):
         x = self.norm(x)
@@ -170,19 +135,13 @@ class Attention(nn.Module):
         q = rearrange(self.to_q(x), 'b n (h d) -> b h n d', h=self.heads)
         k, v = rearrange(self.to_kv(context), 'b n (kv h d) -> kv b h n d', kv=2, h=self.heads)
         q, k = self.q_norm(q), self.k_norm(k)
-        out = self.attend(q, k, v, mask=mask) if segments is None else attend_segments(self, q, k, v, segments)
+        out = self.attend(q, k, v, mask=mask) if segments is None else vit.attend_segments(self, q, k, v, segments)
         return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
 
 
 def FeedForward(dim, hidden_dim, dropout=0.):
-    return nn.Sequential(
-        nn.LayerNorm(dim, bias=False),
-        nn.Linear(dim, hidden_dim),
-        nn.GELU(),
-        nn.Dropout(dropout),
-        nn.Linear(hidden_dim, dim),
-        nn.Dropout(dropout),
-    )
+    """The core's MLP with a bias-free LayerNorm, as vit-pytorch's NaViT holds it: a bare Sequential (keys 0, 1, 4)."""
+    return vit.FeedForward(dim, hidden_dim, dropout, norm_bias=False).net
 
 
 @dataclass(frozen=True)
@@ -211,7 +170,7 @@ class PackedTokens:
         return PackedTokens(self.tokens.detach(), self.layout)
 
 
-class NaViT(vit.TokenFace, nn.Module):
+class NaViT(vit.TokenFace, vit.NormedHead, nn.Module):
     """NaViT with vit-pytorch's keyword arguments.
 
     `image_size` is the largest image (it sizes the row and column position tables); any image
@@ -258,11 +217,7 @@ class NaViT(vit.TokenFace, nn.Module):
 
         self.attn_pool = Attention(dim, heads, dim_head)
         self.num_features = dim
-        self.mlp_head = nn.Sequential(nn.LayerNorm(dim, bias=False), *self.classifier(dim, num_classes))
-
-    @staticmethod
-    def classifier(dim, num_classes):
-        return [nn.Linear(dim, num_classes, bias=False)] if num_classes > 0 else []
+        self.mlp_head = vit.normed_head(dim, num_classes, bias=False)
 
     def token_grid(self, image_size):
         """The (h, w) grid of patch tokens for images of `image_size` (h, w)."""
@@ -350,9 +305,9 @@ class NaViT(vit.TokenFace, nn.Module):
         """An image's patches (n, c p1 p2) and their (row, column) on its grid (n, 2), token dropping applied."""
         height, width = image.shape[-2:]
         patches = rearrange(image, 'c (h p1) (w p2) -> (h w) (c p1 p2)', p1=self.patch_size[0], p2=self.patch_size[1])
-        positions = grid_positions(height // self.patch_size[0], width // self.patch_size[1], device=image.device)
+        positions = vit.grid_positions(height // self.patch_size[0], width // self.patch_size[1], device=image.device)
         if self.training and self.token_dropout_prob is not None:
-            keep = kept_tokens(len(patches), self.token_dropout(height, width))
+            keep = vit.kept_tokens(len(patches), self.token_dropout(height, width))
             kept = torch.randperm(len(patches), device=image.device)[:keep].sort().values
             patches, positions = patches[kept], positions[kept]
         return patches, positions
@@ -376,9 +331,9 @@ class NaViT(vit.TokenFace, nn.Module):
         (height, width), grid = img.shape[-2:], self.token_grid(img.shape[-2:])
         patches = rearrange(img, 'b c (h p1) (w p2) -> b (h w) (c p1 p2)', p1=self.patch_size[0],
                             p2=self.patch_size[1])
-        positions = repeat(grid_positions(*grid, device=img.device), 'n two -> b n two', b=img.shape[0])
+        positions = repeat(vit.grid_positions(*grid, device=img.device), 'n two -> b n two', b=img.shape[0])
         if self.training and self.token_dropout_prob is not None:
-            keep = kept_tokens(grid[0] * grid[1], self.token_dropout(height, width))
+            keep = vit.kept_tokens(grid[0] * grid[1], self.token_dropout(height, width))
             kept = torch.rand(patches.shape[:2], device=img.device).argsort(dim=-1)[:, :keep].sort(dim=-1).values
             patches = patches.gather(1, repeat(kept, 'b k -> b k d', d=patches.shape[-1]))
             positions = positions.gather(1, repeat(kept, 'b k -> b k two', two=2))
@@ -433,7 +388,7 @@ class NaViT(vit.TokenFace, nn.Module):
             tokens, layout = self.pack(self.groups(batched_images, group_images, group_max_seq_len))
         return PackedTokens(self.transformer(tokens, **layout.attention), layout)
 
-    def pool(self, features):
+    def pooled(self, features):
         """Each image's embedding, by attention pooling over its own tokens: (images, dim), in input order."""
         tokens, layout = features.tokens, features.layout
         queries = repeat(self.attn_pool_queries, 'd -> b q d', b=tokens.shape[0], q=layout.queries)
@@ -446,26 +401,11 @@ class NaViT(vit.TokenFace, nn.Module):
             pooled = pooled.masked_fill(sees_broken[..., None], float('nan'))
         return rearrange(pooled, 'b q d -> (b q) d')[layout.order]
 
-    def forward_head(self, features, pre_logits=False):
-        """Pool each image, then its normed embedding (`pre_logits`) or its logits: (images, dim or num_classes)."""
-        x = self.mlp_head[0](self.pool(features))
-        return x if pre_logits or self.num_classes == 0 else self.mlp_head[1](x)
-
     def forward(self, batched_images, group_images=False, group_max_seq_len=2048):
         """Logits (images, num_classes) of a list of (c, h, w) images, a list of lists (packed sequences),
         or a (b, c, h, w) batch; with `group_images` a flat list is packed into sequences of at most
         `group_max_seq_len` tokens."""
         return self.forward_head(self.forward_features(batched_images, group_images, group_max_seq_len))
-
-    def reset_classifier(self, num_classes):
-        """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        norm = self.mlp_head[0]
-        head = self.classifier(norm.normalized_shape[0], num_classes)
-        for linear in head:
-            nn.init.zeros_(linear.weight)
-        self.mlp_head = nn.Sequential(norm, *head).to(norm.weight)
 
     def set_grad_checkpointing(self, enable=True):
         self.transformer.grad_checkpointing = enable

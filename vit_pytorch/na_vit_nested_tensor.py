@@ -5,7 +5,7 @@ arXiv 2307.06304: every image is cut into patches at its own size and no image a
 vit-pytorch's version keeps the images apart with `torch.nested` jagged tensors; this one packs them
 instead, as `vit_pytorch.na_vit` does ('varlen' packing): the tokens of all images form one sequence
 sorted by length, and each run of images of one length is one batched `scaled_dot_product_attention`
-call (`vit_pytorch.na_vit.attend_segments`), with nothing padded and no attention across images. The
+call (`vit_pytorch.vit.attend_segments`), with nothing padded and no attention across images. The
 function is the same (equal logits on vit-pytorch's own fixture). Measured once on a shared CPU (torch
 2.13, one thread; 8 images of 16 to 64 pixels, patch 8, dim 64, depth 4, heads 4): 255 ms a forward
 for vit-pytorch's nested tensors, 41 ms for this packing.
@@ -33,42 +33,33 @@ import torch
 from einops import rearrange, repeat
 from torch import nn
 
-from vit_pytorch import na_vit, vit
+from vit_pytorch import vit
 
 
-class Attention(nn.Module):
+class Attention(vit.Attention):
     """Pre-norm attention with LayerNormed queries and keys; keys and values from `context` when given.
 
-    `segments` keeps images apart in one packed sequence (see `vit_pytorch.na_vit.attend_segments`).
+    `segments` keeps images apart in one packed sequence (see `vit_pytorch.vit.attend_segments`).
     """
 
     def __init__(self, dim, heads=8, dim_head=64, dropout=0., *, qk_norm=True):
-        super().__init__()
-        inner_dim = heads * dim_head
-        self.heads = heads
-        self.scale = dim_head ** -0.5
-        self.dropout = dropout
-        self.fused = True
-
-        self.norm = nn.LayerNorm(dim, bias=False)
-        self.to_queries = nn.Linear(dim, inner_dim, bias=False)
-        self.to_keys = nn.Linear(dim, inner_dim, bias=False)
-        self.to_values = nn.Linear(dim, inner_dim, bias=False)
+        super().__init__(dim, heads, dim_head, dropout, norm_bias=False,
+                         to_out=nn.Linear(heads * dim_head, dim, bias=False))
         self.query_norm = nn.LayerNorm(dim_head, bias=False) if qk_norm else nn.Identity()
         self.key_norm = nn.LayerNorm(dim_head, bias=False) if qk_norm else nn.Identity()
-        self.attention_probs = nn.Identity()
-        self.to_out = nn.Linear(inner_dim, dim, bias=False)
 
-    def attend(self, q, k, v):
-        return vit.attend(q, k, v, scale=self.scale, fused=self.fused, probs=self.attention_probs,
-                          dropout=self.dropout if self.training else 0.)
+    def build_projections(self, dim, inner_dim, *, bias):
+        """vit-pytorch's three projections: `to_queries`, `to_keys`, `to_values`."""
+        self.to_queries = nn.Linear(dim, inner_dim, bias=bias)
+        self.to_keys = nn.Linear(dim, inner_dim, bias=bias)
+        self.to_values = nn.Linear(dim, inner_dim, bias=bias)
 
     def forward(self, x, *, context=None, segments):
         x = self.norm(x)
         context = x if context is None else context
         q, k, v = (rearrange(t, 'b n (h d) -> b h n d', h=self.heads)
                    for t in (self.to_queries(x), self.to_keys(context), self.to_values(context)))
-        out = na_vit.attend_segments(self, self.query_norm(q), self.key_norm(k), v, segments)
+        out = vit.attend_segments(self, self.query_norm(q), self.key_norm(k), v, segments)
         return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
 
 
@@ -81,10 +72,10 @@ def attention_block(qk_norm):
 
 def feedforward_block(dim, hidden_dim, dropout=0., **options):
     """A builder for `vit.Transformer`: NaViT's MLP (bias-free LayerNorm)."""
-    return na_vit.FeedForward(dim, hidden_dim, dropout)
+    return vit.FeedForward(dim, hidden_dim, dropout, norm_bias=False).net
 
 
-class PackedNaViT(vit.TokenFace, nn.Module):
+class PackedNaViT(vit.TokenFace, vit.NormedHead, nn.Module):
     """What the 2D and 3D NaViT share: the encoder, the pooling, the head, and the packing of items
     (images or volumes) of different sizes into one sequence. A subclass sets `self.to_patch_embedding`,
     its position tables, `self.num_registers` (and `self.register_tokens` when positive), and defines
@@ -103,14 +94,13 @@ class PackedNaViT(vit.TokenFace, nn.Module):
         self.attn_pool = Attention(dim, heads, dim_head)
         self.to_latent = nn.Identity()
         self.num_features = dim
-        self.mlp_head = nn.Sequential(nn.LayerNorm(dim, bias=False),
-                                      *([nn.Linear(dim, num_classes, bias=False)] if num_classes > 0 else []))
+        self.mlp_head = vit.normed_head(dim, num_classes, bias=False)
 
     def kept(self, patches, positions):
         """Token dropping in training: a random max(1, int(n (1 - p))) of an item's n tokens."""
         if not self.training or not self.token_dropout_prob:
             return patches, positions
-        keep = na_vit.kept_tokens(len(patches), self.token_dropout_prob)
+        keep = vit.kept_tokens(len(patches), self.token_dropout_prob)
         kept = torch.randperm(len(patches), device=patches.device)[:keep]
         return patches[kept], positions[kept]
 
@@ -149,26 +139,12 @@ class PackedNaViT(vit.TokenFace, nn.Module):
         tokens, segments, pooling, slot = self.pack(self.items(batch, self.input_name))
         return self.transformer(tokens, segments=segments), pooling, slot
 
-    def forward_head(self, features, pre_logits=False):
-        """Attention pooling of each item over its own tokens, then the head: (items, num_classes or dim)."""
+    def pooled(self, features):
+        """Attention pooling of each item over its own tokens: (items, dim), in input order."""
         tokens, pooling, slot = features
         queries = repeat(self.attn_pool_queries, 'd -> 1 n d', n=len(slot))
         pooled = rearrange(self.attn_pool(queries, context=tokens, segments=pooling), '1 n d -> n d')[slot]
-        x = self.mlp_head[0](self.to_latent(pooled))
-        return x if pre_logits or self.num_classes == 0 else self.mlp_head[1](x)
-
-    def forward(self, batch):
-        return self.forward_head(self.forward_features(batch))
-
-    def reset_classifier(self, num_classes):
-        """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        norm = self.mlp_head[0]
-        head = [nn.Linear(self.embed_dim, num_classes, bias=False).to(norm.weight)] if num_classes > 0 else []
-        for linear in head:
-            nn.init.zeros_(linear.weight)
-        self.mlp_head = nn.Sequential(norm, *head)
+        return self.to_latent(pooled)
 
     def set_grad_checkpointing(self, enable=True):
         self.transformer.grad_checkpointing = enable
@@ -204,7 +180,7 @@ class NaViT(PackedNaViT):
         """An image's patches (h * w, c p1 p2), flattened channel first, and their (row, column) (h * w, 2)."""
         (p1, p2), (height, width) = self.patch_size, image.shape[-2:]
         patches = rearrange(image, 'c (h p1) (w p2) -> (h w) (c p1 p2)', p1=p1, p2=p2)
-        return patches, na_vit.grid_positions(height // p1, width // p2, device=image.device)
+        return patches, vit.grid_positions(height // p1, width // p2, device=image.device)
 
     def position_embedding(self, positions):
         rows, columns = positions.unbind(dim=-1)

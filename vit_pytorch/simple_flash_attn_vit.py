@@ -24,27 +24,12 @@ vit-pytorch picks SDPA kernels per GPU with the deprecated `torch.backends.cuda.
 the choice to PyTorch; `num_classes=0` makes `forward` return the pooled, normed embedding (b, dim).
 """
 
-import torch
 from torch import nn
 
 from vit_pytorch import simple_vit, vit
 
 
-def attention_block(use_flash):
-    """A builder for `vit.Transformer`: SimpleViT's attention, fused (SDPA) or explicit."""
-    def build(dim, heads, dim_head, dropout=0., **options):
-        attention = simple_vit.Attention(dim, heads, dim_head)
-        attention.fused = use_flash
-        return attention
-    return build
-
-
-def feedforward_block(dim, hidden_dim, dropout=0., **options):
-    """A builder for `vit.Transformer`: SimpleViT's MLP."""
-    return simple_vit.FeedForward(dim, hidden_dim)
-
-
-class SimpleViT(vit.TokenFace, nn.Module):
+class SimpleViT(vit.TokenFace, vit.NormedHead, nn.Module):
     """SimpleViT whose attention is fused (`use_flash=True`) or explicit; see the module's docstring.
 
     `forward_features` returns the encoder's tokens (not normed), (b, h * w, dim).
@@ -52,6 +37,7 @@ class SimpleViT(vit.TokenFace, nn.Module):
     """
 
     num_prefix_tokens = 0
+    head_name = 'linear_head'
 
     def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, channels=3, dim_head=64,
                  use_flash=True):
@@ -64,11 +50,11 @@ class SimpleViT(vit.TokenFace, nn.Module):
         self.to_patch_embedding = vit.PatchEmbedding(channels=channels, patch_size=self.patch_size, dim=dim)
         # fixed, so not saved; a buffer so that it follows .to(device)
         self.register_buffer('pos_embedding', simple_vit.posemb_sincos_2d(*self.grid_size, dim), persistent=False)
-        self.transformer = vit.Transformer(dim, depth, heads, dim_head, mlp_dim, attention=attention_block(use_flash),
-                                       feedforward=feedforward_block, final_norm=False)
+        self.transformer = vit.SimpleTransformer(dim, depth, heads, dim_head, mlp_dim, final_norm=False,
+                                                 fused=use_flash)
         self.to_latent = nn.Identity()
         self.num_features = dim
-        self.linear_head = nn.Sequential(nn.LayerNorm(dim), *([nn.Linear(dim, num_classes)] if num_classes else []))
+        self.linear_head = vit.normed_head(dim, num_classes)
 
     def token_grid(self, image_size):
         """The (h, w) grid of patch tokens for images of `image_size` (h, w)."""
@@ -86,21 +72,9 @@ class SimpleViT(vit.TokenFace, nn.Module):
         """The encoder's tokens (not normed): (b, h * w, dim)."""
         return self.transformer(self.embed(img))
 
-    def forward_head(self, tokens, pre_logits=False):
-        """Mean of the tokens, then the head's LayerNorm and Linear."""
-        x = self.linear_head[0](self.to_latent(tokens.mean(dim=1)))
-        return x if pre_logits or self.num_classes == 0 else self.linear_head[1](x)
-
-    def forward(self, img):
-        return self.forward_head(self.forward_features(img))
-
-    def reset_classifier(self, num_classes):
-        """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
-        vit.non_negative_int('num_classes', num_classes)
-        self.num_classes = num_classes
-        norm = self.linear_head[0]
-        head = [vit.zero_linear(self.embed_dim, num_classes, like=norm.weight)] if num_classes > 0 else []
-        self.linear_head = nn.Sequential(norm, *head)
+    def pooled(self, tokens):
+        """The mean of the tokens: (b, dim), before the head's LayerNorm and Linear."""
+        return self.to_latent(tokens.mean(dim=1))
 
     def set_grad_checkpointing(self, enable=True):
         self.transformer.grad_checkpointing = enable

@@ -23,7 +23,7 @@ the mean of the tokens. Beyond vit-pytorch: its `use_flash_attn=False` path rais
 
 from torch import nn
 
-from vit_pytorch import simple_flash_attn_vit, simple_vit_3d, vit, vit_3d
+from vit_pytorch import simple_vit_3d, vit
 
 
 class SimpleViT(vit.TokenFace, nn.Module):
@@ -44,25 +44,24 @@ class SimpleViT(vit.TokenFace, nn.Module):
         self.grid_size = self.token_grid((frames, *self.image_size))
         self.channels, self.num_classes, self.embed_dim = channels, num_classes, dim
 
-        self.to_patch_embedding = vit_3d.TubeletEmbedding(channels=channels, patch_size=self.patch_size,
-                                                          frame_patch_size=frame_patch_size, dim=dim)
+        self.to_patch_embedding = vit.TubeletEmbedding(channels=channels, patch_size=self.patch_size,
+                                                       frame_patch_size=frame_patch_size, dim=dim)
         # fixed, so not saved; a buffer so that it follows .to(device)
         self.register_buffer('pos_embedding', simple_vit_3d.posemb_sincos_3d(*self.grid_size, dim), persistent=False)
-        self.transformer = vit.Transformer(dim, depth, heads, dim_head, mlp_dim,
-                                       attention=simple_flash_attn_vit.attention_block(use_flash_attn),
-                                       feedforward=simple_flash_attn_vit.feedforward_block, final_norm=False)
+        self.transformer = vit.SimpleTransformer(dim, depth, heads, dim_head, mlp_dim, final_norm=False,
+                                                 fused=use_flash_attn)
         self.to_latent = nn.Identity()
         self.num_features = dim
         self.linear_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
 
     def token_grid(self, size):
         """The (frames, h, w) tubelet grid for videos of `size` (frames, h, w)."""
-        return vit_3d.tubelet_grid(size, patch_size=self.patch_size, frame_patch_size=self.frame_patch_size)
+        return vit.tubelet_grid(size, patch_size=self.patch_size, frame_patch_size=self.frame_patch_size)
 
     def embed(self, video):
         """Tubelet tokens with their sin-cos positions: (b, f * h * w, dim); any size divisible by the tubelet."""
         vit.check_video(video, channels=self.channels, patch_size=self.patch_size,
-                           frame_patch_size=self.frame_patch_size, dtype=self.pos_embedding.dtype)
+                        frame_patch_size=self.frame_patch_size, dtype=self.pos_embedding.dtype)
         grid = tuple(self.token_grid(video.shape[2:]))
         positions = self.pos_embedding if grid == tuple(self.grid_size) else \
             simple_vit_3d.posemb_sincos_3d(*grid, self.embed_dim, device=video.device)

@@ -22,6 +22,10 @@ from einops.layers.torch import Rearrange  # unused here: code built on vit-pyto
 from torch import nn
 
 from vit_pytorch import vit
+# vit-pytorch's simple_vit.Attention and simple_vit.Transformer (SimpleViT's encoder, which the 1D and 3D
+# SimpleViTs share, lives in the core): code built on vit-pytorch's simple_vit imports them from here
+from vit_pytorch.vit import SimpleAttention as Attention
+from vit_pytorch.vit import SimpleTransformer as Transformer
 from vit_pytorch.vit import pair
 
 # helpers
@@ -44,38 +48,6 @@ def posemb_sincos_2d(h, w, dim, temperature=10000, dtype=torch.float32, device=N
 
 
 # classes
-
-
-class FeedForward(nn.Module):
-    """vit-pytorch's SimpleViT MLP: the core's without dropout (so its keys are net.0, net.1, net.3)."""
-
-    def __init__(self, dim, hidden_dim):
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.LayerNorm(dim),
-            nn.Linear(dim, hidden_dim),
-            nn.GELU(),
-            nn.Linear(hidden_dim, dim),
-        )
-
-    def forward(self, x):
-        return self.net(x)
-
-
-class Attention(vit.Attention):
-    """The core attention without dropout and with a bias-free output projection."""
-
-    def __init__(self, dim, heads=8, dim_head=64):
-        super().__init__(dim, heads, dim_head, to_out=nn.Linear(heads * dim_head, dim, bias=False))
-
-
-class Transformer(vit.Stack):
-    """vit-pytorch's SimpleViT `Transformer`: `depth` (attention, feedforward) layers of this file's blocks, then a
-    LayerNorm; `forward(x)` returns the normed tokens. `attention` builds each layer's from (dim, heads, dim_head)."""
-
-    def __init__(self, dim, depth, heads, dim_head, mlp_dim, *, attention=Attention):
-        super().__init__([(attention(dim, heads, dim_head), FeedForward(dim, mlp_dim)) for _ in range(depth)],
-                         norm=nn.LayerNorm(dim))
 
 
 class SimpleViT(vit.TokenFace, nn.Module):

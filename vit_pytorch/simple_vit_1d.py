@@ -20,7 +20,7 @@ size works, not only `seq_len`.
 import torch
 from torch import nn
 
-from vit_pytorch import simple_vit, vit, vit_1d
+from vit_pytorch import vit, vit_1d
 
 # helpers
 
@@ -53,7 +53,7 @@ class SimpleViT(vit.TokenFace, nn.Module):
         self.to_patch_embedding = vit_1d.PatchEmbedding1d(channels=channels, patch_size=patch_size, dim=dim)
         # fixed, so not saved; a buffer so that it follows .to(device)
         self.register_buffer('pos_embedding', posemb_sincos_1d(seq_len // patch_size, dim), persistent=False)
-        self.transformer = simple_vit.Transformer(dim, depth, heads, dim_head, mlp_dim)
+        self.transformer = vit.SimpleTransformer(dim, depth, heads, dim_head, mlp_dim)
         self.num_features = dim
         self.linear_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
 

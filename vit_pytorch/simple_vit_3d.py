@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit_pytorch import simple_vit, vit, vit_3d
+from vit_pytorch import vit
 
 # helpers
 
@@ -65,17 +65,17 @@ class SimpleViT(vit.TokenFace, nn.Module):
         self.grid_size = self.token_grid((frames, *self.image_size))
         self.channels, self.num_classes = channels, num_classes
 
-        self.to_patch_embedding = vit_3d.TubeletEmbedding(channels=channels, patch_size=self.patch_size,
-                                                          frame_patch_size=frame_patch_size, dim=dim)
+        self.to_patch_embedding = vit.TubeletEmbedding(channels=channels, patch_size=self.patch_size,
+                                                       frame_patch_size=frame_patch_size, dim=dim)
         # fixed, so not saved; a buffer so that it follows .to(device)
         self.register_buffer('pos_embedding', posemb_sincos_3d(*self.grid_size, dim), persistent=False)
-        self.transformer = simple_vit.Transformer(dim, depth, heads, dim_head, mlp_dim)
+        self.transformer = vit.SimpleTransformer(dim, depth, heads, dim_head, mlp_dim)
         self.num_features = dim
         self.linear_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
 
     def token_grid(self, size):
         """The (frames, h, w) tubelet grid for videos of `size` (frames, h, w); of an (h, w) pair, one frame's."""
-        return vit_3d.tubelet_grid(size, patch_size=self.patch_size, frame_patch_size=self.frame_patch_size)
+        return vit.tubelet_grid(size, patch_size=self.patch_size, frame_patch_size=self.frame_patch_size)
 
     def pos_embedding_for(self, grid):
         """The sin-cos table of a (frames, h, w) tubelet grid: (f * h * w, dim)."""
@@ -86,7 +86,7 @@ class SimpleViT(vit.TokenFace, nn.Module):
     def embed(self, video):
         """Tubelet tokens with their positions: (b, f * h * w, dim); any size divisible by the tubelet."""
         vit.check_video(video, channels=self.channels, patch_size=self.patch_size,
-                           frame_patch_size=self.frame_patch_size, dtype=self.pos_embedding.dtype)
+                        frame_patch_size=self.frame_patch_size, dtype=self.pos_embedding.dtype)
         x = self.to_patch_embedding(video)
         return x + self.pos_embedding_for(self.token_grid(video.shape[2:])).to(x.dtype)
 
@@ -116,8 +116,8 @@ class SimpleViT(vit.TokenFace, nn.Module):
 
 def check_arguments(*, image_size, image_patch_size, frames, frame_patch_size, num_classes, dim, depth, heads,
                     mlp_dim, channels, dim_head):
-    vit_3d.check_geometry(image_size=image_size, image_patch_size=image_patch_size, frames=frames,
-                          frame_patch_size=frame_patch_size)
+    vit.check_geometry(image_size=image_size, image_patch_size=image_patch_size, frames=frames,
+                       frame_patch_size=frame_patch_size)
     for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels,
                             dim_head=dim_head).items():
         vit.positive_int(name, value)

@@ -14,27 +14,10 @@ evaluation every patch is kept.
     logits = model(torch.randn(2, 3, 256, 256))   # (2, 1000)
 """
 
-import torch
-from einops import repeat
-from torch import nn
 
-from vit_pytorch import simple_vit, vit
-
-
-class PatchDropout(nn.Module):
-    """In training, keep max(1, int(n (1 - prob))) random tokens of each sample; (b, n, d) -> (b, keep, d)."""
-
-    def __init__(self, prob):
-        super().__init__()
-        self.prob = vit.probability('patch_dropout', prob)
-
-    def forward(self, x):
-        if not self.training or self.prob == 0.:
-            return x
-        batch, num_tokens, dim = x.shape
-        keep = max(1, int(num_tokens * (1 - self.prob)))
-        indices = torch.rand(batch, num_tokens, device=x.device).topk(keep, dim=-1).indices   # (b, keep)
-        return x.gather(1, repeat(indices, 'b k -> b k d', d=dim))
+from vit_pytorch import simple_vit
+# vit-pytorch keeps PatchDropout here; vit_with_patch_dropout shares it, so it lives in the core
+from vit_pytorch.vit import PatchDropout
 
 
 class SimpleViT(simple_vit.SimpleViT):

@@ -18,13 +18,13 @@ norm_eps=1e-6` give the paper's model exactly (see `vit_pytorch.pretrained`).
     logits = model(torch.randn(2, 3, 224, 224))   # (2, 1000)
 
 This file needs only torch and einops; copy it as is. It reads top to bottom: the
-attention primitive, the FeedForward and Attention blocks, the Stack and the Transformer,
-the patch embedding and the ViT; then the blocks the token-level variants share (drop-path,
-LayerScale, class attention, the zero head, the Linear initialisation, position-table
-resampling, stage selection); then the argument checks and the compatibility with old
-checkpoint layouts. The blocks of multi-scale models (windows, stages, spatial reduction)
-live in `vit_pytorch.multiscale`, which builds on this file; this file imports nothing of
-the package.
+attention primitive, the FeedForward and Attention blocks, the Stack and the Transformer (and
+SimpleViT's), the patch and tubelet embeddings and the ViT; then the blocks the token-level
+variants share (drop-path, LayerScale, class attention, patch dropout, NaViT's packed
+sequences, the zero head, the Linear initialisation, position-table resampling, stage
+selection); then the argument checks and the compatibility with old checkpoint layouts.
+The blocks of multi-scale models (windows, stages, spatial reduction) live in
+`vit_pytorch.multiscale`, which builds on this file; this file imports nothing of the package.
 """
 
 import inspect
@@ -60,15 +60,27 @@ def attend(q, k, v, *, scale, dropout=0., fused=True, probs=None, mask=None):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, dim, hidden_dim, dropout=0., *, norm_eps=1e-5, gelu_approximate='none'):
+    """Pre-norm MLP, (b, n, dim) -> (b, n, dim): LayerNorm, Linear, GELU, Dropout, Linear, Dropout in `net`.
+
+    The layouts of vit-pytorch's other MLPs, so that their keys load unchanged: `dropout=None` leaves the
+    Dropout layers out (SimpleViT's: keys net.0, net.1, net.3), `activation` replaces the GELU (MobileViT's
+    SiLU), `norm_bias=False` gives a LayerNorm without bias (NaViT's). NaViT and MobileViT hold the MLP as a
+    bare Sequential: they take this module's `net`.
+    """
+
+    def __init__(self, dim, hidden_dim, dropout=0., *, norm_eps=1e-5, gelu_approximate='none', norm_bias=True,
+                 activation=None):
         super().__init__()
+
+        def drop():
+            return [] if dropout is None else [nn.Dropout(dropout)]
         self.net = nn.Sequential(
-            nn.LayerNorm(dim, eps=norm_eps),
+            nn.LayerNorm(dim, eps=norm_eps, bias=norm_bias),
             nn.Linear(dim, hidden_dim),
-            nn.GELU(approximate=gelu_approximate),
-            nn.Dropout(dropout),
+            nn.GELU(approximate=gelu_approximate) if activation is None else activation,
+            *drop(),
             nn.Linear(hidden_dim, dim),
-            nn.Dropout(dropout),
+            *drop(),
         )
 
     def forward(self, x):
@@ -84,8 +96,8 @@ class Attention(nn.Module):
     `attention_probs` are the recorder's protocol (see `attend`).
     """
 
-    def __init__(self, dim, heads=8, dim_head=64, dropout=0., *, qkv_bias=False, norm_eps=1e-5, to_out=None,
-                 norm=None, to_qkv=None):
+    def __init__(self, dim, heads=8, dim_head=64, dropout=0., *, qkv_bias=False, norm_eps=1e-5, norm_bias=True,
+                 to_out=None, norm=None, to_qkv=None):
         super().__init__()
         inner_dim = heads * dim_head
         self.heads = heads
@@ -93,13 +105,21 @@ class Attention(nn.Module):
         self.dropout = dropout
         self.fused = True
 
-        self.norm = nn.LayerNorm(dim, eps=norm_eps) if norm is None else norm
-        self.to_qkv = nn.Linear(dim, inner_dim * 3, bias=qkv_bias) if to_qkv is None else to_qkv
+        self.norm = nn.LayerNorm(dim, eps=norm_eps, bias=norm_bias) if norm is None else norm
+        if to_qkv is None:
+            self.build_projections(dim, inner_dim, bias=qkv_bias)
+        else:
+            self.to_qkv = to_qkv
         self.attention_probs = nn.Identity()
         if to_out is None:
             to_out = nn.Identity() if heads == 1 and dim_head == dim else \
                 nn.Sequential(nn.Linear(inner_dim, dim), nn.Dropout(dropout))
         self.to_out = to_out
+
+    def build_projections(self, dim, inner_dim, *, bias):
+        """The query, key and value projections, one Linear `to_qkv`; a subclass with other projections
+        (NaViT's keys and values from a context) overrides this and `qkv` or `forward`."""
+        self.to_qkv = nn.Linear(dim, inner_dim * 3, bias=bias)
 
     def qkv(self, x):
         """Queries, keys and values of the normed tokens: 3 x (b, heads, n, dim_head)."""
@@ -210,6 +230,28 @@ class Transformer(Stack):
         ], norm=nn.LayerNorm(dim, eps=norm_eps) if final_norm else None)
 
 
+class SimpleAttention(Attention):
+    """SimpleViT's attention (Beyer et al., arXiv 2205.01580; vit-pytorch's `simple_vit.Attention`): the core's
+    without dropout and with a bias-free output projection (key `to_out.weight`)."""
+
+    def __init__(self, dim, heads=8, dim_head=64):
+        super().__init__(dim, heads, dim_head, to_out=nn.Linear(heads * dim_head, dim, bias=False))
+
+
+class SimpleTransformer(Stack):
+    """SimpleViT's encoder, vit-pytorch's `simple_vit.Transformer`: `depth` (SimpleAttention, FeedForward without
+    dropout) layers, then a LayerNorm; `forward(x)` returns the normed tokens. `attention` builds each layer's
+    attention from (dim, heads, dim_head); the flash SimpleViTs' options: `final_norm=False` leaves the norm out,
+    `fused=False` gives every attention the explicit path."""
+
+    def __init__(self, dim, depth, heads, dim_head, mlp_dim, *, attention=SimpleAttention, final_norm=True,
+                 fused=True):
+        super().__init__([(attention(dim, heads, dim_head), FeedForward(dim, mlp_dim, None)) for _ in range(depth)],
+                         norm=nn.LayerNorm(dim) if final_norm else None)
+        for attention_block, _ in self.layers:
+            attention_block.fused = fused
+
+
 class PatchEmbedding(nn.Sequential):
     """(b, c, h, w) -> (b, h/ph * w/pw, dim): patches flattened as (ph pw c), projected by a Linear,
     between two LayerNorms when `patch_norm` (Dual PatchNorm)."""
@@ -223,6 +265,29 @@ class PatchEmbedding(nn.Sequential):
             nn.Linear(patch_dim, dim),
             nn.LayerNorm(dim, eps=norm_eps) if patch_norm else nn.Identity(),
         )
+
+
+class TubeletEmbedding(nn.Sequential):
+    """(b, c, f, h, w) -> (b, f/pf * h/ph * w/pw, dim): tubelets flattened as (pf p1 p2 c) and projected,
+    between two LayerNorms when `patch_norm` (Dual PatchNorm, as vit-pytorch's video models do)."""
+
+    def __init__(self, *, channels, patch_size, frame_patch_size, dim, patch_norm=True, norm_eps=1e-5):
+        patch_height, patch_width = patch_size
+        patch_dim = channels * frame_patch_size * patch_height * patch_width
+        super().__init__(
+            Rearrange('b c (f pf) (h p1) (w p2) -> b (f h w) (pf p1 p2 c)',
+                      pf=frame_patch_size, p1=patch_height, p2=patch_width),
+            nn.LayerNorm(patch_dim, eps=norm_eps) if patch_norm else nn.Identity(),
+            nn.Linear(patch_dim, dim),
+            nn.LayerNorm(dim, eps=norm_eps) if patch_norm else nn.Identity(),
+        )
+
+
+def tubelet_grid(size, *, patch_size, frame_patch_size):
+    """The (frames, h, w) tubelet grid of a (frames, h, w) video size; of an (h, w) size, one frame's (h, w)."""
+    *frames, height, width = size
+    spatial = (height // patch_size[0], width // patch_size[1])
+    return (frames[0] // frame_patch_size, *spatial) if frames else spatial
 
 
 def reset_head(model, num_classes, in_features, *, like, name='mlp_head', removed=None):
@@ -343,26 +408,45 @@ def block_outputs(model, img, indices=None, *, output='tokens', transformer=None
 
 
 class NormedHead:
-    """vit-pytorch's older head layout, `mlp_head = Sequential(LayerNorm, Linear)` on the pooled token (the
-    encoder's output is not normed): `forward_head`, `forward` and `reset_classifier` for a model with `pool`,
-    `to_latent`, `num_classes`, `embed_dim` and `forward_features` (efficient.ViT, vit_with_patch_dropout.ViT)."""
+    """vit-pytorch's head of a LayerNorm and a Linear on the pooled embedding, `mlp_head = Sequential(LayerNorm,
+    Linear)` built by `normed_head` (the encoder's output is not normed; `head_name` names the attribute where
+    vit-pytorch's does otherwise): `forward_head`, `forward` and `reset_classifier` for a model with `num_classes` and
+    `forward_features`. `pooled(features)` gives the (b, dim) embedding: by default the cls token or the mean of all
+    tokens by `pool`, through `to_latent`; the NaViTs pool by attention. Used by efficient.ViT,
+    vit_with_patch_dropout.ViT, the flash SimpleViT and the NaViTs."""
 
-    def forward_head(self, tokens, pre_logits=False):
-        """Pool (the cls token, or the mean of all tokens), then the head's LayerNorm and Linear."""
-        x = self.to_latent(tokens.mean(dim=1) if self.pool == 'mean' else tokens[:, 0])
-        x = self.mlp_head[0](x)
-        return x if pre_logits or self.num_classes == 0 else self.mlp_head[1](x)
+    head_name = 'mlp_head'
+
+    def pooled(self, tokens):
+        return self.to_latent(tokens.mean(dim=1) if self.pool == 'mean' else tokens[:, 0])
+
+    def forward_head(self, features, pre_logits=False):
+        """Pool, then the head's LayerNorm (`pre_logits`: the normed embedding) and Linear."""
+        head = getattr(self, self.head_name)
+        x = head[0](self.pooled(features))
+        return x if pre_logits or self.num_classes == 0 else head[1](x)
 
     def forward(self, img):
         return self.forward_head(self.forward_features(img))
 
     def reset_classifier(self, num_classes):
-        """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
+        """A new zero-initialised Linear for `num_classes` after the kept LayerNorm (0: forward returns the
+        pooled, normed embedding)."""
         non_negative_int('num_classes', num_classes)
         self.num_classes = num_classes
-        norm = self.mlp_head[0]
-        head = [zero_linear(self.embed_dim, num_classes, like=norm.weight)] if num_classes > 0 else []
-        self.mlp_head = nn.Sequential(norm, *head)
+        norm = getattr(self, self.head_name)[0]
+        head = [norm]
+        if num_classes > 0:
+            head.append(zero_linear(norm.normalized_shape[0], num_classes, like=norm.weight,
+                                    bias=norm.bias is not None))
+        setattr(self, self.head_name, nn.Sequential(*head))
+
+
+def normed_head(dim, num_classes, *, bias=True):
+    """`NormedHead`'s head: Sequential(LayerNorm, Linear to `num_classes`), the Linear left out for 0;
+    `bias=False` leaves the bias out of both (the NaViTs')."""
+    linear = [nn.Linear(dim, num_classes, bias=bias)] if num_classes > 0 else []
+    return nn.Sequential(nn.LayerNorm(dim, bias=bias), *linear)
 
 
 class TokenFace:
@@ -574,11 +658,56 @@ class ClassAttention(nn.Module):
         return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
 
 
-def zero_linear(in_features, out_features, *, like):
+class PatchDropout(nn.Module):
+    """In training, keep max(1, int(n (1 - prob))) random tokens of each sample; (b, n, d) -> (b, keep, d)."""
+
+    def __init__(self, prob):
+        super().__init__()
+        self.prob = probability('patch_dropout', prob)
+
+    def forward(self, x):
+        if not self.training or self.prob == 0.:
+            return x
+        batch, num_tokens, dim = x.shape
+        keep = max(1, int(num_tokens * (1 - self.prob)))
+        indices = torch.rand(batch, num_tokens, device=x.device).topk(keep, dim=-1).indices   # (b, keep)
+        return x.gather(1, repeat(indices, 'b k -> b k d', d=dim))
+
+
+def kept_tokens(num_tokens, drop_prob):
+    """How many of an image's `num_tokens` tokens token dropping keeps: at least one."""
+    return max(1, int(num_tokens * (1 - drop_prob)))
+
+
+def grid_positions(height, width, device=None):
+    """(row, column) of each cell of an (height, width) grid, row-major: (height * width, 2)."""
+    return torch.cartesian_prod(torch.arange(height, device=device), torch.arange(width, device=device)) \
+        .reshape(height * width, 2)
+
+
+def attend_segments(attention, q, k, v, segments):
+    """`attention.attend` inside segments of one sequence, never across them.
+
+    q (1, heads, queries, d) and k, v (1, heads, keys, d) hold the segments one after the other;
+    `segments` lists (count, queries per image, keys per image) for runs of `count` images of
+    equal length, each run one batched attention call.
+    """
+    outputs = []
+    q_runs = q.split([count * queries for count, queries, _ in segments], dim=2)
+    k_runs = k.split([count * keys for count, _, keys in segments], dim=2)
+    v_runs = v.split([count * keys for count, _, keys in segments], dim=2)
+    for (count, _, _), q_run, k_run, v_run in zip(segments, q_runs, k_runs, v_runs):
+        q_run, k_run, v_run = (rearrange(t, '1 h (n l) d -> n h l d', n=count) for t in (q_run, k_run, v_run))
+        outputs.append(rearrange(attention.attend(q_run, k_run, v_run), 'n h l d -> 1 h (n l) d'))
+    return torch.cat(outputs, dim=2)
+
+
+def zero_linear(in_features, out_features, *, like, bias=True):
     """A zero-initialised Linear on the device and dtype of the tensor `like` (a new head, as the paper transfers)."""
-    head = nn.Linear(in_features, out_features, device=like.device, dtype=like.dtype)
+    head = nn.Linear(in_features, out_features, bias=bias, device=like.device, dtype=like.dtype)
     nn.init.zeros_(head.weight)
-    nn.init.zeros_(head.bias)
+    if bias:
+        nn.init.zeros_(head.bias)
     return head
 
 
@@ -758,6 +887,19 @@ def check_vit_arguments(*, image_size, patch_size, num_classes, dim, depth, head
     for name, block in blocks.items():
         if not callable(block):
             raise TypeError(f"{name} must be a callable that builds the block, got {block!r}")
+
+
+def check_geometry(*, image_size, image_patch_size, frames, frame_patch_size):
+    """The video geometry every video model shares: sides and frames divisible by the tubelet."""
+    (height, width), (patch_height, patch_width) = (positive_pair('image_size', image_size),
+                                                    positive_pair('image_patch_size', image_patch_size))
+    if height % patch_height or width % patch_width:
+        raise ValueError(f"image_size {(height, width)} must be divisible by image_patch_size "
+                         f"{(patch_height, patch_width)} in both height and width")
+    positive_int('frames', frames)
+    positive_int('frame_patch_size', frame_patch_size)
+    if frames % frame_patch_size:
+        raise ValueError(f"frames ({frames}) must be divisible by frame_patch_size ({frame_patch_size})")
 
 
 def check_images(img, *, channels, patch_size, image_size=None, dtype=None):

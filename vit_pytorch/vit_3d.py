@@ -33,33 +33,9 @@ import math
 
 import torch
 from einops import rearrange, repeat
-from einops.layers.torch import Rearrange
 from torch import nn
 
 from vit_pytorch import vit
-
-
-def tubelet_grid(size, *, patch_size, frame_patch_size):
-    """The (frames, h, w) tubelet grid of a (frames, h, w) video size; of an (h, w) size, one frame's (h, w)."""
-    *frames, height, width = size
-    spatial = (height // patch_size[0], width // patch_size[1])
-    return (frames[0] // frame_patch_size, *spatial) if frames else spatial
-
-
-class TubeletEmbedding(nn.Sequential):
-    """(b, c, f, h, w) -> (b, f/pf * h/ph * w/pw, dim): tubelets flattened as (pf p1 p2 c) and projected,
-    between two LayerNorms when `patch_norm` (Dual PatchNorm, as vit-pytorch's video models do)."""
-
-    def __init__(self, *, channels, patch_size, frame_patch_size, dim, patch_norm=True, norm_eps=1e-5):
-        patch_height, patch_width = patch_size
-        patch_dim = channels * frame_patch_size * patch_height * patch_width
-        super().__init__(
-            Rearrange('b c (f pf) (h p1) (w p2) -> b (f h w) (pf p1 p2 c)',
-                      pf=frame_patch_size, p1=patch_height, p2=patch_width),
-            nn.LayerNorm(patch_dim, eps=norm_eps) if patch_norm else nn.Identity(),
-            nn.Linear(patch_dim, dim),
-            nn.LayerNorm(dim, eps=norm_eps) if patch_norm else nn.Identity(),
-        )
 
 
 class ViT(vit.TokenFace, nn.Module):
@@ -85,9 +61,9 @@ class ViT(vit.TokenFace, nn.Module):
         self.pool, self.channels, self.num_classes = pool, channels, num_classes
         self.num_prefix_tokens = 1 if pool == 'cls' else 0
 
-        self.to_patch_embedding = TubeletEmbedding(channels=channels, patch_size=self.patch_size,
-                                                   frame_patch_size=frame_patch_size, dim=dim,
-                                                   patch_norm=patch_norm, norm_eps=norm_eps)
+        self.to_patch_embedding = vit.TubeletEmbedding(channels=channels, patch_size=self.patch_size,
+                                                       frame_patch_size=frame_patch_size, dim=dim,
+                                                       patch_norm=patch_norm, norm_eps=norm_eps)
         self.cls_token = nn.Parameter(torch.zeros(1, dim)) if pool == 'cls' else None
         self.pos_embedding = nn.Parameter(torch.zeros(self.num_prefix_tokens + math.prod(self.grid_size), dim))
         vit.init_tokens(self.pos_embedding, *([self.cls_token] if pool == 'cls' else []), patch_norm=patch_norm)
@@ -100,12 +76,12 @@ class ViT(vit.TokenFace, nn.Module):
     def token_grid(self, size):
         """The (frames, h, w) grid of tubelet tokens for videos of `size` (frames, h, w); for an (h, w)
         pair (what the recorder passes) the (h, w) grid of one frame's tokens."""
-        return tubelet_grid(size, patch_size=self.patch_size, frame_patch_size=self.frame_patch_size)
+        return vit.tubelet_grid(size, patch_size=self.patch_size, frame_patch_size=self.frame_patch_size)
 
     def patch_tokens(self, video):
         """The checked video's tubelet tokens, before positions: (b, f * h * w, dim)."""
         vit.check_video(video, channels=self.channels, frames=self.frames, image_size=self.image_size,
-                    dtype=self.pos_embedding.dtype)
+                        dtype=self.pos_embedding.dtype)
         return self.to_patch_embedding(video)
 
     def embed(self, video):
@@ -160,8 +136,8 @@ def vivit_b_16x2_kinetics400(*, image_size=224, frames=32, num_classes=400, **ov
 def check_arguments(*, image_size, image_patch_size, frames, frame_patch_size, num_classes, dim, depth, heads,
                     mlp_dim, pool, channels, dim_head, dropout, emb_dropout, patch_norm, qkv_bias, norm_eps,
                     gelu_approximate):
-    check_geometry(image_size=image_size, image_patch_size=image_patch_size, frames=frames,
-                   frame_patch_size=frame_patch_size)
+    vit.check_geometry(image_size=image_size, image_patch_size=image_patch_size, frames=frames,
+                       frame_patch_size=frame_patch_size)
     for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels,
                             dim_head=dim_head).items():
         vit.positive_int(name, value)
@@ -175,19 +151,6 @@ def check_arguments(*, image_size, image_patch_size, frames, frame_patch_size, n
         raise ValueError(f"pool must be 'cls' (cls token) or 'mean' (mean pooling), got {pool!r}")
     if gelu_approximate not in ('none', 'tanh'):
         raise ValueError(f"gelu_approximate must be 'none' or 'tanh', got {gelu_approximate!r}")
-
-
-def check_geometry(*, image_size, image_patch_size, frames, frame_patch_size):
-    """The video geometry every video model shares: sides and frames divisible by the tubelet."""
-    (height, width), (patch_height, patch_width) = (vit.positive_pair('image_size', image_size),
-                                                    vit.positive_pair('image_patch_size', image_patch_size))
-    if height % patch_height or width % patch_width:
-        raise ValueError(f"image_size {(height, width)} must be divisible by image_patch_size "
-                         f"{(patch_height, patch_width)} in both height and width")
-    vit.positive_int('frames', frames)
-    vit.positive_int('frame_patch_size', frame_patch_size)
-    if frames % frame_patch_size:
-        raise ValueError(f"frames ({frames}) must be divisible by frame_patch_size ({frame_patch_size})")
 
 
 # loading checkpoints

@@ -30,7 +30,6 @@ from einops.layers.torch import Rearrange
 from torch import nn
 
 from vit_pytorch import vit
-from vit_pytorch.simple_vit_with_patch_dropout import PatchDropout
 
 
 class ViT(vit.TokenFace, vit.NormedHead, nn.Module):
@@ -58,12 +57,12 @@ class ViT(vit.TokenFace, vit.NormedHead, nn.Module):
         )
         self.pos_embedding = nn.Parameter(torch.randn(math.prod(self.grid_size), dim))
         self.cls_token = nn.Parameter(torch.randn(1, 1, dim))
-        self.patch_dropout = PatchDropout(patch_dropout)
+        self.patch_dropout = vit.PatchDropout(patch_dropout)
         self.dropout = nn.Dropout(emb_dropout)
         self.transformer = vit.Transformer(dim, depth, heads, dim_head, mlp_dim, dropout, final_norm=False)
         self.to_latent = nn.Identity()
         self.num_features = dim
-        self.mlp_head = nn.Sequential(nn.LayerNorm(dim), *([nn.Linear(dim, num_classes)] if num_classes > 0 else []))
+        self.mlp_head = vit.normed_head(dim, num_classes)
 
     def token_grid(self, image_size):
         """The (h, w) grid of patch tokens for images of `image_size` (h, w)."""

@@ -44,7 +44,7 @@ import torch
 from einops import rearrange, reduce, repeat
 from torch import nn
 
-from vit_pytorch import vit, vit_3d
+from vit_pytorch import vit
 
 VARIANTS = ('factorized_encoder', 'factorized_self_attention')
 
@@ -87,8 +87,8 @@ class ViViT(vit.TokenFace, nn.Module):
         self.num_prefix_tokens = 1 if pool == 'cls' else 0
         slices, (rows, columns) = frames // frame_patch_size, self.token_grid(self.image_size)
 
-        self.to_patch_embedding = vit_3d.TubeletEmbedding(channels=channels, patch_size=self.patch_size,
-                                                          frame_patch_size=frame_patch_size, dim=dim)
+        self.to_patch_embedding = vit.TubeletEmbedding(channels=channels, patch_size=self.patch_size,
+                                                       frame_patch_size=frame_patch_size, dim=dim)
         self.pos_embedding = nn.Parameter(torch.zeros(slices, rows * columns, dim))
         self.spatial_cls_token = nn.Parameter(torch.zeros(1, dim)) if pool == 'cls' else None
         self.temporal_cls_token = nn.Parameter(torch.zeros(1, dim)) \
@@ -127,7 +127,7 @@ class ViViT(vit.TokenFace, nn.Module):
         The frames that `mask` (b, frames) leaves out are zeros here: attention gives their tokens the weight 0,
         but 0 * NaN (or inf) is NaN, so without this whatever they hold could reach the output."""
         vit.check_video(video, channels=self.channels, frames=self.frames, image_size=self.image_size,
-                           dtype=self.pos_embedding.dtype)
+                        dtype=self.pos_embedding.dtype)
         if mask is not None:
             check_mask(mask, batch=video.shape[0], frames=self.frames)
             video = video.masked_fill(~mask[:, None, :, None, None], 0.)
@@ -206,8 +206,8 @@ def masked_mean(x, kept):
 def check_arguments(*, image_size, image_patch_size, frames, frame_patch_size, num_classes, dim, spatial_depth,
                     temporal_depth, heads, mlp_dim, pool, channels, dim_head, dropout, emb_dropout, variant,
                     use_flash_attn):
-    vit_3d.check_geometry(image_size=image_size, image_patch_size=image_patch_size, frames=frames,
-                          frame_patch_size=frame_patch_size)
+    vit.check_geometry(image_size=image_size, image_patch_size=image_patch_size, frames=frames,
+                       frame_patch_size=frame_patch_size)
     for name, value in dict(dim=dim, spatial_depth=spatial_depth, temporal_depth=temporal_depth, heads=heads,
                             mlp_dim=mlp_dim, channels=channels, dim_head=dim_head).items():
         vit.positive_int(name, value)
