@@ -450,9 +450,10 @@ def test_recorded_maps_are_distributions_over_the_keys(case_id):
 def test_recorded_maps_equal_the_attention_recomputed_from_each_modules_input(case_id):
     """For the attention classes with a formula in `explicit_formulas` (ViT's, SimpleViT's, QK-norm, LSA, class
     attention, re-attention): the i-th map of a module is its formula on the module's input of its i-th call. The
-    other classes add what only their own code defines (relative-position tables over windows, convolutional or
-    spatially reduced keys, talking heads, memory tokens, packed sequences, kernel attention) and get the
-    distribution check alone."""
+    other classes add what only their own code defines and get the distribution check alone: relative-position
+    biases over windows (Swin, MaxViT, CrossFormer, SepViT, ScalableViT, RegionViT, Twins) or per offset (LeViT),
+    convolutional or spatially reduced keys (CvT, PVT, Twins), talking heads (CaiT), cross-covariance over channels
+    (XCiT), memory tokens (learnable_memory_vit), packed or per-image sequences (NaViT), kernel attention (T2T)."""
     formulas = explicit_formulas()
     _, calls, recorder = recorded_run(case_id)
     exact = [(name, module, args, kwargs) for name, module, args, kwargs in calls if type(module) in formulas]
