@@ -64,7 +64,7 @@ def main(argv=None):
     for index, (name, options) in enumerate(PROBES.items()):
         folder = out / f'probe{index}'
         if len(log_of(folder)) < args.epochs:
-            print(f"probe {index + 1}/{len(PROBES)}: {name}, {args.epochs} epochs", flush=True)
+            print(f"probe {index + 1}/{len(PROBES)}: {name}, {train.epoch_count(args.epochs)}", flush=True)
             argv = ['--method', 'dino', '--epochs', str(args.epochs), '--seed', '0', '--threads', str(args.threads),
                     *(['--quiet'] if args.quiet else []), '--no-plots', '--out', str(folder), *shlex.split(options)]
             # an interrupted run continues from its checkpoint; one killed before its first save starts afresh

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from helpers import install_fake_aeon
-from vit_pytorch import experiments, models, pretrain, train
+from vit_pytorch import evaluate, experiments, models, pretrain, train
 from vit_pytorch.checkpoint import load_config
 
 pytest.importorskip('sklearn')
@@ -139,6 +139,20 @@ def test_a_mistyped_command_option_is_matched_to_the_commands_own(tmp_path, caps
     out = tmp_path / 'run'
     assert train.main(['--label-smothing', '0.1', '--out', str(out)]) == 2
     assert re.search(r'did you mean --label-smoothing\b', refused(capsys, out))
+
+
+def test_a_mistyped_evaluate_option_is_one_error_line_before_the_checkpoint_is_read(tmp_path, capsys):
+    checkpoint = tmp_path / 'run'                   # never created: the option is refused before it is looked for
+    assert evaluate.main([str(checkpoint), '--splitt', 'test']) == 2
+    line = refused(capsys, checkpoint)
+    assert 'unrecognised option --splitt' in line and re.search(r'did you mean --split\b', line)
+
+
+def test_an_evaluate_option_unlike_any_lists_the_commands_options(tmp_path, capsys):
+    checkpoint = tmp_path / 'run'
+    assert evaluate.main([str(checkpoint), '--zzzzzz=1']) == 2
+    line = refused(capsys, checkpoint)
+    assert 'unrecognised option --zzzzzz' in line and '--split' in line and '--batch-size' in line
 
 
 # output

@@ -1,3 +1,4 @@
+import functools
 import math
 
 import pytest
@@ -307,3 +308,165 @@ def test_forward_intermediates_lets_a_multi_scale_model_answer_for_itself():
     img = torch.randn(1, 3, 8, 8)
     maps = forward_intermediates(Staged(), img, indices=[1])
     assert len(maps) == 1 and maps[0].shape == (1, 3, 2, 2)
+
+
+# every registered model: the recorded maps are the attention of the modules that ran (issue 23)
+
+
+def explicit_layer_norm(x, norm):
+    """LayerNorm over the last dimension, written out, with `norm`'s weight, bias and eps."""
+    mean = x.mean(dim=-1, keepdim=True)
+    variance = ((x - mean) ** 2).mean(dim=-1, keepdim=True)
+    normed = (x - mean) / torch.sqrt(variance + norm.eps)
+    normed = normed * norm.weight if norm.weight is not None else normed
+    return normed + norm.bias if norm.bias is not None else normed
+
+
+def explicit_linear(x, linear):
+    return x @ linear.weight.T + (linear.bias if linear.bias is not None else 0)
+
+
+def split_heads(t, heads):
+    return rearrange(t, 'b n (h d) -> b h n d', h=heads)
+
+
+def masked(logits, mask):
+    """logits with a boolean mask (True: may attend) or an additive float mask applied."""
+    if mask is None:
+        return logits
+    return logits.masked_fill(~mask, float('-inf')) if mask.dtype == torch.bool else logits + mask
+
+
+def self_attention_q_k(module, x):
+    """q and k of the pre-norm self-attention of `vit.Attention`, from its input tokens (b, n, dim)."""
+    q, k, _ = explicit_linear(explicit_layer_norm(x, module.norm), module.to_qkv).chunk(3, dim=-1)
+    return split_heads(q, module.heads), split_heads(k, module.heads)
+
+
+def core_attention(module, x, mask=None):
+    """softmax(q k^T / sqrt(dim_head) + mask)."""
+    q, k = self_attention_q_k(module, x)
+    return masked(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), mask).softmax(dim=-1)
+
+
+def qk_norm_attention(module, x, mask=None):
+    """softmax(LN(q) LN(k)^T / sqrt(dim_head)): q and k layer-normed per head."""
+    q, k = self_attention_q_k(module, x)
+    q, k = explicit_layer_norm(q, module.q_norm), explicit_layer_norm(k, module.k_norm)
+    return masked(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), mask).softmax(dim=-1)
+
+
+def locality_attention(module, x):
+    """Locality self-attention: softmax(q k^T * exp(temperature)) with no token attending to itself."""
+    q, k = self_attention_q_k(module, x)
+    logits = q @ k.transpose(-1, -2) * module.temperature.exp()
+    itself = torch.eye(logits.shape[-1], dtype=torch.bool)
+    return logits.masked_fill(itself, float('-inf')).softmax(dim=-1)
+
+
+def class_attention(module, x):
+    """The first token is the only query: softmax(q_cls k^T / sqrt(dim_head)) over every token."""
+    h = explicit_layer_norm(x, module.norm) if isinstance(module.norm, nn.LayerNorm) else x
+    q = split_heads(explicit_linear(h[:, :1], module.to_q), module.heads)
+    k = split_heads(explicit_linear(h, module.to_kv).chunk(2, dim=-1)[0], module.heads)
+    return (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).softmax(dim=-1)
+
+
+def re_attention(module, x):
+    """DeepViT's re-attention: the heads' softmax maps mixed by `reattn_weights`, then layer-normed across heads."""
+    q, k = self_attention_q_k(module, x)
+    attn = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).softmax(dim=-1)
+    mixed = torch.einsum('bhij,hg->bijg', attn, module.reattn_weights)
+    return rearrange(explicit_layer_norm(mixed, module.reattn_norm[1]), 'b i j h -> b h i j')
+
+
+def explicit_formulas():
+    """Attention class (exactly: a subclass may change the formula) -> its map recomputed from the module's input."""
+    from vit_pytorch import deepvit, simple_vit, simple_vit_with_qk_norm, vit, vit_for_small_dataset
+    return {vit.Attention: core_attention, simple_vit.Attention: core_attention,
+            simple_vit_with_qk_norm.Attention: qk_norm_attention, vit_for_small_dataset.LSA: locality_attention,
+            vit.ClassAttention: class_attention, deepvit.ReAttention: re_attention}
+
+
+# the recorded map is not a distribution over keys by design: DeepViT records the re-attention map (mixed and
+# layer-normed across heads), which is what multiplies the values; its formula above checks it exactly
+NOT_A_DISTRIBUTION = {'deepvit.ReAttention'}
+
+
+def class_name(module):
+    return f"{type(module).__module__.rpartition('.')[2]}.{type(module).__name__}"
+
+
+@functools.cache
+def recorded_run(case_id):
+    """(model, every call of an attention module as (name, module, args, kwargs), the recorder) of the row's model
+    in float64 and eval mode, recorded on the row's input; built once a row for the three tests that read it."""
+    import test_conformance as conformance
+    model, x = conformance.build(case_id)
+    model = model.double().eval()
+    x = [image.double() for image in x] if isinstance(x, list) else x.double()
+    calls = []
+    handles = [module.register_forward_pre_hook(
+        lambda module, args, kwargs, name=name: calls.append((name, module, args, kwargs)), with_kwargs=True)
+        for name, module in attention_modules(model)]
+    try:
+        recorder = Recorder(model)
+        with torch.no_grad():
+            recorder(x, **conformance.CASES[case_id].forward)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return model, calls, recorder
+
+
+def conformance_rows():
+    import test_conformance as conformance
+    return sorted(conformance.CASES)
+
+
+@pytest.mark.parametrize('case_id', conformance_rows())
+def test_every_attention_module_that_runs_is_recorded(case_id):
+    """A model with attention whose maps the recorder misses (a module that bypasses `attention_probs`) fails."""
+    _, calls, recorder = recorded_run(case_id)
+    assert calls, f'{case_id}: no attention module ran'
+    assert set(recorder.names) == {name for name, *_ in calls}
+
+
+@pytest.mark.parametrize('case_id', conformance_rows())
+def test_recorded_maps_are_distributions_over_the_keys(case_id):
+    """Every map but a re-attention map: non-negative, each query's row summing to 1 over the keys."""
+    model, _, recorder = recorded_run(case_id)
+    modules = dict(model.named_modules())
+    assert recorder.maps, f'{case_id}: no map recorded'
+    for name, attn in zip(recorder.names, recorder.maps, strict=True):
+        if class_name(modules[name]) in NOT_A_DISTRIBUTION:
+            continue
+        assert torch.isfinite(attn).all() and (attn >= 0).all(), name
+        torch.testing.assert_close(attn.sum(dim=-1), torch.ones(attn.shape[:-1], dtype=attn.dtype),
+                                   atol=1e-12, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize('case_id', conformance_rows())
+def test_recorded_maps_equal_the_attention_recomputed_from_each_modules_input(case_id):
+    """For the attention classes with a formula in `explicit_formulas` (ViT's, SimpleViT's, QK-norm, LSA, class
+    attention, re-attention): the i-th map of a module is its formula on the module's input of its i-th call. The
+    other classes add what only their own code defines and get the distribution check alone: relative-position
+    biases over windows (Swin, MaxViT, CrossFormer, SepViT, ScalableViT, RegionViT, Twins) or per offset (LeViT),
+    convolutional or spatially reduced keys (CvT, PVT, Twins), talking heads (CaiT), cross-covariance over channels
+    (XCiT), memory tokens (learnable_memory_vit), packed or per-image sequences (NaViT), kernel attention (T2T)."""
+    formulas = explicit_formulas()
+    _, calls, recorder = recorded_run(case_id)
+    exact = [(name, module, args, kwargs) for name, module, args, kwargs in calls if type(module) in formulas]
+    if not exact:
+        pytest.skip(f"{case_id}: no attention class with an explicit formula here "
+                    f"({', '.join(sorted({class_name(module) for _, module, *_ in calls}))})")
+    maps = {}
+    for name, attn in zip(recorder.names, recorder.maps, strict=True):
+        maps.setdefault(name, []).append(attn)
+    seen = {}
+    for name, module, args, kwargs in exact:
+        index = seen[name] = seen.get(name, -1) + 1
+        assert index < len(maps.get(name, [])), f'{name}: call {index} left no map'
+        expected = formulas[type(module)](module, *args, **kwargs)
+        torch.testing.assert_close(maps[name][index], expected, atol=1e-10, rtol=0, msg=name)
+    assert all(len(maps[name]) == count + 1 for name, count in seen.items())

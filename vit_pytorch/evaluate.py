@@ -26,7 +26,7 @@ from vit_pytorch.training.data import (DIGITS_SPLITS, FOLDER_SPLITS, IMAGE_SUFFI
                                        ImageSet, data_source, folder_classes, load_digits, load_folder, load_split,
                                        normalise)
 from vit_pytorch.training.extras import DISTRIBUTIONS, MissingExtra, checkout, install_command, require  # noqa: F401
-from vit_pytorch.training.loop import autocast, evaluate  # noqa: F401
+from vit_pytorch.training.loop import autocast, command_flags, did_you_mean, evaluate  # noqa: F401
 
 # the constructor arguments by which a model takes other sizes than it was built for
 DYNAMIC_SIZE_ARGUMENTS = ('dynamic_image_size', 'dynamic_img_size')
@@ -69,7 +69,15 @@ def main(argv=None):
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--amp', action='store_true', help='bf16 autocast')
     parser.add_argument('--json', action='store_true', help='print the result as one JSON line')
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    mistyped = [token.partition('=')[0] for token in rest if token.startswith('--')]
+    if mistyped:
+        flags = command_flags(parser)
+        hint = did_you_mean(mistyped[0], flags) or f"it takes {', '.join(flags)}"
+        print(f"error: unrecognised option {mistyped[0]}: not an option of {parser.prog}; {hint}", file=sys.stderr)
+        return 2
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
     try:
         data_config = load_config(args.checkpoint).get('data', {})     # config.json: JSON, no extra needed

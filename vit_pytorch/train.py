@@ -57,7 +57,6 @@ see `vit_pytorch.run_folder`); a new run where --out holds another run's files i
 
 import argparse
 import contextlib
-import difflib
 import json
 import math
 import os
@@ -79,12 +78,12 @@ from vit_pytorch.training.checkpoints import (CheckpointError, load_config, load
 from vit_pytorch.training.data import data_source, normalise
 from vit_pytorch.training.loop import (CONTINUABLE_ARGUMENTS, RUNTIME_ARGUMENTS, HelpFormatter,  # noqa: F401
                                        TrainingDiverged, augment, autocast, check_batches, check_random_size,
-                                       check_step, check_weights, epoch_batches, epoch_seed, epoch_time, evaluate,
-                                       format_seconds, label_subset, learning_rate, least_batch, option_flag,
-                                       pick_examples,
-                                       parameter_groups, parse_model_kwargs, progress, random_sizes, require_extras,
-                                       restore_arguments, run_command, run_name, run_steps, same_setting,
-                                       setup_distributed, share, start_log, train_epoch, translate, warn, write)
+                                       check_step, check_weights, command_flags, did_you_mean, epoch_batches,
+                                       epoch_seed, epoch_time, evaluate, format_seconds, label_subset, learning_rate,
+                                       least_batch, option_flag, parameter_groups, parse_model_kwargs, pick_examples,
+                                       progress, random_sizes, require_extras, restore_arguments, run_command,
+                                       run_name, run_steps, same_setting, setup_distributed, share, start_log,
+                                       train_epoch, translate, warn, write)
 
 # fewer patches than this and attention has next to nothing to relate (one token: none at all)
 MIN_PATCHES = 4
@@ -226,15 +225,13 @@ def check_model_options(model_kwargs, model, parser):
     accepted = registry.parameters(model)
     if accepted is None:
         return
-    flags = [flag for action in parser._actions for flag in action.option_strings if flag.startswith('--')]
-    flags += ['--' + key.replace('_', '-') for key in sorted(accepted)]
+    flags = command_flags(parser) + ['--' + key.replace('_', '-') for key in sorted(accepted)]
     for name in model_kwargs:
         if name in accepted:
             continue
         flag = '--' + name.replace('_', '-')
-        close = difflib.get_close_matches(flag, flags)
-        hint = (f"did you mean {' or '.join(close) if len(close) < 3 else ', '.join(close[:-1]) + ' or ' + close[-1]}?"
-                if close else f"{model} takes {', '.join('--' + key.replace('_', '-') for key in sorted(accepted))}")
+        hint = (did_you_mean(flag, flags)
+                or f"{model} takes {', '.join('--' + key.replace('_', '-') for key in sorted(accepted))}")
         raise ValueError(f"unrecognised option {flag}: neither an option of {parser.prog} nor an argument of "
                          f"{model}; {hint}")
 

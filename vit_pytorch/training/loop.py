@@ -6,6 +6,7 @@ lines, a resumed run's arguments and the exit codes of a run.
 
 import argparse
 import ast
+import difflib
 import importlib
 import importlib.util
 import json
@@ -59,6 +60,20 @@ def parse_model_kwargs(tokens):
         else:
             kwargs[name], index = True, index + 1
     return kwargs
+
+
+def command_flags(parser):
+    """The long options of a command's `parser`, for `did_you_mean`."""
+    return [flag for action in parser._actions for flag in action.option_strings if flag.startswith('--')]
+
+
+def did_you_mean(flag, flags):
+    """'did you mean --dim?' (or '--a, --b or --c') for the spellings in `flags` closest to the mistyped `flag`;
+    None where none is close."""
+    close = difflib.get_close_matches(flag, flags)
+    if not close:
+        return None
+    return f"did you mean {' or '.join(close) if len(close) < 3 else ', '.join(close[:-1]) + ' or ' + close[-1]}?"
 
 
 def parameter_groups(model, weight_decay):
