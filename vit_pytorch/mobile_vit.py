@@ -42,6 +42,14 @@ NORM_EPS = 1e-5
 # helpers
 
 
+class FeedForward(vit.FeedForward):
+    """vit-pytorch's mobile_vit.FeedForward(dim, hidden_dim, dropout=0.): the core MLP with SiLU."""
+
+    def __init__(self, dim, hidden_dim, dropout=0.):
+        super().__init__(dim, hidden_dim, dropout, activation=nn.SiLU())
+
+
+
 def conv_bn_act(dim_in, dim_out, kernel_size=1, stride=1, *, groups=1):
     """Convolution without bias, BatchNorm, SiLU."""
     return nn.Sequential(

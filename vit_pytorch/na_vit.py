@@ -59,6 +59,7 @@ from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
 from vit_pytorch import vit
+from vit_pytorch.vit import attend_segments, grid_positions, kept_tokens  # noqa: F401  (their old home)
 
 # helpers
 

@@ -28,6 +28,14 @@ from vit_pytorch.vit import SimpleAttention as Attention
 from vit_pytorch.vit import SimpleTransformer as Transformer
 from vit_pytorch.vit import pair
 
+
+class FeedForward(vit.FeedForward):
+    """vit-pytorch's simple_vit.FeedForward(dim, hidden_dim), which public code imports: the core MLP without
+    dropout (keys net.0, net.1, net.3)."""
+
+    def __init__(self, dim, hidden_dim):
+        super().__init__(dim, hidden_dim, dropout=None)
+
 # helpers
 
 

@@ -36,6 +36,7 @@ from einops import rearrange, repeat
 from torch import nn
 
 from vit_pytorch import vit
+from vit_pytorch.vit import TubeletEmbedding, check_geometry, tubelet_grid  # noqa: F401  (their old home)
 
 
 class ViT(vit.TokenFace, nn.Module):

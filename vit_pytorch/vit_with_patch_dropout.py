@@ -30,6 +30,7 @@ from einops.layers.torch import Rearrange
 from torch import nn
 
 from vit_pytorch import vit
+from vit_pytorch.vit import PatchDropout  # noqa: F401  (vit-pytorch's vit_with_patch_dropout.PatchDropout)
 
 
 class ViT(vit.TokenFace, vit.NormedHead, nn.Module):
