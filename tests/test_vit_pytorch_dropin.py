@@ -31,6 +31,40 @@ def test_recorder_takes_vit_pytorchs_device_as_second_argument():
     assert attns.shape[:3] == (2, tiny_vit_kwargs()['depth'], tiny_vit_kwargs()['heads'])
 
 
+def test_recorder_takes_vit_pytorchs_keyword_vit():
+    from vit_pytorch.recorder import Recorder
+
+    model = ViT(**tiny_vit_kwargs()).eval()
+    img = torch.randn(2, 3, 16, 24)
+    _, by_keyword = Recorder(vit=model, device='cpu')(img)
+    _, by_position = Recorder(model)(img)
+    assert torch.equal(by_keyword, by_position)
+    with pytest.raises(TypeError, match='vit='):
+        Recorder(model, model=model)
+
+
+def test_cct_3d_takes_vit_pytorchs_positional_order():
+    from vit_pytorch.cct_3d import CCT
+
+    # img_size, num_frames, embedding_dim, n_input_channels, n_conv_layers, frame_stride, frame_kernel_size,
+    # frame_padding, frame_pooling_kernel_size, frame_pooling_stride, frame_pooling_padding, kernel_size, stride,
+    # padding, pooling_kernel_size, pooling_stride, pooling_padding
+    torch.manual_seed(0)
+    positional = CCT(16, 4, 32, 1, 1, 1, 3, None, 1, 1, None, 3, 1, 1, 3, 2, 1, num_layers=1, num_heads=2,
+                     mlp_ratio=1., num_classes=10).eval()
+    torch.manual_seed(0)
+    keyword = CCT(img_size=16, num_frames=4, embedding_dim=32, n_input_channels=1, n_conv_layers=1, frame_stride=1,
+                  frame_kernel_size=3, frame_padding=None, frame_pooling_kernel_size=1, frame_pooling_stride=1,
+                  frame_pooling_padding=None, kernel_size=3, stride=1, padding=1, pooling_kernel_size=3,
+                  pooling_stride=2, pooling_padding=1, num_layers=1, num_heads=2, mlp_ratio=1., num_classes=10).eval()
+    video = torch.randn(2, 1, 4, 16, 16)
+    with torch.no_grad():
+        assert torch.equal(positional(video), keyword(video))
+    # vit-pytorch hands an 18th positional argument to TransformerClassifier beside its keywords: a TypeError
+    with pytest.raises(TypeError):
+        CCT(16, 4, 32, 1, 1, 1, 3, None, 1, 1, None, 3, 1, 1, 3, 2, 1, 2)
+
+
 def test_cct_takes_vit_pytorchs_positional_order():
     from vit_pytorch.cct import CCT
 
