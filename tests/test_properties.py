@@ -656,7 +656,7 @@ def crossformer_configs(draw):
 def crossformer_spec():
     """CrossFormer has no image size: 32x32 examples, and any size the product of the strides divides."""
     return ModelSpec(
-        name='crossformer', target='crossformer:CrossFormer', configs=crossformer_configs(),
+        name='crossformer', target='crossformer:OfficialCrossFormer', configs=crossformer_configs(),
         example=dict(num_classes=5, dim=(16, 32), depth=(2, 1), heads=(1, 2), local_window_size=2, interval=(2, 1),
                      cross_embed_kernel_sizes=((2, 4), (2, 4)), cross_embed_strides=(2, 2), mlp_mult=2),
         output_shapes=lambda kwargs, batch, size: [(batch, kwargs['num_classes'] or kwargs['dim'][-1])],

@@ -297,10 +297,9 @@ ANOTHER_FUNCTION = {
     'vit_for_small_dataset': 'moves the image by one pixel',
     'xcit': 'embeds patches with a Linear between LayerNorms',
 }
-# vit-pytorch's arguments that ours does not take, as they mean another function here
-NOT_TAKEN = {
-    'crossformer': 'global_window_size',   # there the side of an LDA group; here `interval`, the paper's distance
-}
+# vit-pytorch's arguments that ours does not take, as they mean another function here (none since CrossFormer took
+# global_window_size)
+NOT_TAKEN = {}
 
 
 def as_tuples(value):
