@@ -65,6 +65,40 @@ def test_cct_3d_takes_vit_pytorchs_positional_order():
         CCT(16, 4, 32, 1, 1, 1, 3, None, 1, 1, None, 3, 1, 1, 3, 2, 1, 2)
 
 
+# names public code imports from vit-pytorch's modules (issue 25 item 5)
+
+
+def test_vivit_vit_is_vivit_under_its_earlier_name():
+    from vit_pytorch.vivit import ViT, ViViT
+
+    assert ViT is ViViT
+
+
+def test_dino_loss_fn_is_the_cross_entropy_of_the_student_against_the_centred_sharpened_teacher():
+    from vit_pytorch.dino import loss_fn
+
+    torch.manual_seed(0)
+    teacher, student, centers = torch.randn(3, 7), torch.randn(3, 7, requires_grad=True), torch.randn(7)
+    loss = loss_fn(teacher, student, 0.04, 0.1, centers)
+    teacher_probs = torch.softmax((teacher - centers) / 0.04, dim=-1)
+    expected = -(teacher_probs * torch.log_softmax(student / 0.1, dim=-1)).sum(dim=-1).mean()
+    torch.testing.assert_close(loss, expected)
+    loss.backward()
+    assert student.grad is not None
+
+
+def test_deepvit_transformer_has_vit_pytorchs_keys_and_shapes():
+    from vit_pytorch.deepvit import Transformer
+
+    entry = KEYS['models']['deepvit']                     # vit-pytorch's DeepViT(dim=64, depth=2, heads=4, ...)
+    theirs = {key.removeprefix('transformer.'): tuple(shape) for key, shape in entry['keys'].items()
+              if key.startswith('transformer.')}
+    config = entry['config']
+    transformer = Transformer(config['dim'], config['depth'], config['heads'], 64, config['mlp_dim'])
+    assert {key: tuple(value.shape) for key, value in transformer.state_dict().items()} == theirs
+    assert transformer(torch.randn(2, 5, config['dim'])).shape == (2, 5, config['dim'])
+
+
 def test_cct_takes_vit_pytorchs_positional_order():
     from vit_pytorch.cct import CCT
 
