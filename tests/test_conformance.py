@@ -183,9 +183,10 @@ CASES = {
     # 32x32 images, patches of 4: maps 8x8 (16 blocks of 2x2), 4x4 (4 blocks), 2x2 (one block of 4 tokens)
     'nest': Case(dict(image_size=32, patch_size=4, num_classes=5, dim=8, heads=1, num_hierarchies=3,
                       block_repeats=(2, 1, 2), mlp_mult=2), (2, 3, 32, 32)),
-    # 32x48 images: maps 16x24, 8x12, 4x6; groups of 3, 3, 4 (the last map one group of 24 tokens)
-    'crossformer': Case(dict(num_classes=5, dim=(48, 64, 96), depth=(2, 2, 2), heads=(1, 2, 2),
-                             local_window_size=(3, 3, 4), interval=(2, 2, 1),
+    # 32x48 images: maps 16x24, 8x12, 4x6; SDA groups of 3, 3, 4 (the last map one group of 24 tokens), LDA groups
+    # of 2x2 spread over each map
+    'crossformer': Case(dict(num_classes=5, dim=(48, 64, 96), depth=(1, 1, 1), heads=(1, 2, 2),
+                             local_window_size=(3, 3, 4), global_window_size=2,
                              cross_embed_kernel_sizes=((2, 4, 8), (2, 4), (2, 4)), cross_embed_strides=(2, 2, 2),
                              mlp_mult=2), (2, 3, 32, 48),
                         no_gradient={'*.position_bias.9.bias': KEY_CONSTANT,

@@ -1,5 +1,6 @@
 """CrossFormer against the paper's official code (cheerss/CrossFormer @ 7952010): the parameter counts it gives
-for its configurations, and the outputs of a tiny official model (tests/fixtures/make_crossformer_fixtures.py)."""
+for its configurations, and the outputs of a tiny official model (tests/fixtures/make_crossformer_fixtures.py);
+vit-pytorch's arguments at vit-pytorch's class, meaning what they mean there."""
 
 import math
 import textwrap
@@ -12,7 +13,8 @@ from torch import nn
 
 from helpers import count, load_fixture
 from vit_pytorch import crossformer
-from vit_pytorch.crossformer import CrossFormer, CrossScaleAttention, CrossScaleEmbedding, DynamicPositionBias
+from vit_pytorch.crossformer import (CrossFormer, CrossScaleAttention, CrossScaleEmbedding, DynamicPositionBias,
+                                     OfficialCrossFormer)
 from vit_pytorch.pretrained import CheckpointError, load_official, load_vit_pytorch
 from vit_pytorch.recorder import Recorder
 
@@ -25,7 +27,7 @@ def tiny(**overrides):
     kwargs = dict(num_classes=5, dim=(32, 48, 64), depth=(2, 2, 2), heads=(1, 2, 2), local_window_size=(3, 3, 4),
                   interval=(2, 2, 1), cross_embed_kernel_sizes=((2, 4, 8), (2, 4), (2, 4)),
                   cross_embed_strides=(2, 2, 2), mlp_mult=2)
-    return CrossFormer(**{**kwargs, **overrides})
+    return OfficialCrossFormer(**{**kwargs, **overrides})
 
 
 def perturb(model, seed=0, scale=0.1):
@@ -50,7 +52,7 @@ def test_output_shapes():
 
 
 def test_single_values_are_repeated_over_four_stages():
-    model = CrossFormer(num_classes=3, dim=32, depth=1, local_window_size=2, interval=1,
+    model = OfficialCrossFormer(num_classes=3, dim=32, depth=1, local_window_size=2, interval=1,
                         cross_embed_kernel_sizes=(2, 4), cross_embed_strides=2)
     assert len(model.stages) == 4
     assert [info['reduction'] for info in model.feature_info] == [2, 4, 8, 16]
@@ -168,12 +170,12 @@ def official_case():
     metadata, state_dict, tensors = load_fixture('official_crossformer')
     config = metadata['config']
     stages = len(config['depths'])
-    model = CrossFormer(num_classes=config['num_classes'], dim=tuple(config['embed_dim'] * 2 ** i for i in range(stages)),
-                        depth=tuple(config['depths']), heads=tuple(config['num_heads']),
-                        local_window_size=tuple(config['group_size']), interval=tuple(config['crs_interval']),
-                        cross_embed_kernel_sizes=(tuple(config['patch_size']), *map(tuple, config['merge_size'])),
-                        cross_embed_strides=(config['patch_size'][0],) + (2,) * (stages - 1),
-                        mlp_mult=int(config['mlp_ratio'][0]))
+    model = OfficialCrossFormer(
+        num_classes=config['num_classes'], dim=tuple(config['embed_dim'] * 2 ** i for i in range(stages)),
+        depth=tuple(config['depths']), heads=tuple(config['num_heads']), local_window_size=tuple(config['group_size']),
+        interval=tuple(config['crs_interval']),
+        cross_embed_kernel_sizes=(tuple(config['patch_size']), *map(tuple, config['merge_size'])),
+        cross_embed_strides=(config['patch_size'][0],) + (2,) * (stages - 1), mlp_mult=int(config['mlp_ratio'][0]))
     return model.eval(), metadata, state_dict, tensors
 
 
@@ -231,18 +233,95 @@ def test_a_checkpoint_with_the_extra_convolutions_of_acl_is_refused():
         load_official(model, state_dict)
 
 
-# vit-pytorch 1.26.14's CrossFormer computes another function (tests/fixtures/make_crossformer_fixtures.py)
+# vit-pytorch 1.26.14's arguments mean what they mean there (its state_dict shapes and README call:
+# tests/fixtures/make_crossformer_fixtures.py --vit-pytorch); its function contradicts the paper's position bias
 
 
-def test_vit_pytorch_checkpoint_is_refused_with_what_differs():
+def vit_pytorch_case():
     metadata, _, _ = load_fixture('vit_pytorch_1.26.14_crossformer')
-    config = metadata['config']
-    model = CrossFormer(num_classes=config['num_classes'], dim=tuple(config['dim']), depth=tuple(config['depth']),
-                        local_window_size=config['local_window_size'],
-                        cross_embed_kernel_sizes=tuple(map(tuple, config['cross_embed_kernel_sizes'])))
-    state_dict = {key: torch.zeros(shape) for key, shape in metadata['shapes'].items()}
+    config = json_config(metadata['config'])
+    return CrossFormer(**config), config, metadata['shapes']
+
+
+def json_config(config):
+    return {key: tuple(tuple(v) if isinstance(v, list) else v for v in value) if isinstance(value, list) else value
+            for key, value in config.items()}
+
+
+def test_vit_pytorchs_arguments_build_its_stages_blocks_heads_and_kernels():
+    model, config, shapes = vit_pytorch_case()
+    for i, stage in enumerate(model.stages):
+        # vit-pytorch: layers.{i}.1.layers.{pair}.{0: short, 2: long}.to_qkv, (3 * heads * 32, width, 1, 1)
+        pairs = sorted({int(key.split('.')[4]) for key in shapes if key.startswith(f'layers.{i}.1.layers.')})
+        assert len(stage.blocks.layers) == 2 * len(pairs) == 2 * config['depth'][i]
+        for j, layer in enumerate(stage.blocks.layers):
+            theirs = shapes[f'layers.{i}.1.layers.{j // 2}.{2 * (j % 2)}.to_qkv.weight']
+            assert tuple(layer[0].fn.to_qkv.weight.shape) == tuple(theirs[:2])
+            assert layer[0].fn.heads * 32 * 3 == theirs[0]
+        # vit-pytorch's cross-scale embedding: one convolution per kernel, (channels, in, kernel, kernel)
+        convs = sorted(key for key in shapes if key.startswith(f'layers.{i}.0.convs.') and key.endswith('.weight'))
+        assert [tuple(conv.weight.shape) for conv in stage.embed.convs] == [tuple(shapes[key]) for key in convs]
+
+
+def test_depth_counts_pairs_of_sda_then_lda_with_global_window_size_as_the_lda_group_side():
+    model = CrossFormer(num_classes=3, dim=(32, 32), depth=(1, 2), global_window_size=(4, 2), local_window_size=2,
+                        cross_embed_kernel_sizes=((2, 4), (2, 4)), cross_embed_strides=(2, 2))
+    assert [[(layer[0].fn.group_size, layer[0].fn.interval) for layer in stage.blocks.layers]
+            for stage in model.stages] == [[(2, 1), (4, None)], [(2, 1), (2, None), (2, 1), (2, None)]]
+
+
+def test_long_distance_groups_of_global_window_size_spread_over_the_map():
+    # vit-pytorch's long attention, 'b d (l1 h) (l2 w) -> (b h w) d l1 l2' with l1 = l2 = 2: on an 8x6 map the
+    # token (1, 2) is grouped with the tokens 8 / 2 = 4 rows and 6 / 2 = 3 columns apart: rows 1, 5, columns 2, 5
+    changed = changed_tokens(CrossScaleAttention(16, 2, group_size=2, interval=None), (8, 6), (1, 2))
+    rows, cols = torch.meshgrid(torch.arange(8), torch.arange(6), indexing='ij')
+    assert torch.equal(changed, ((rows == 1) | (rows == 5)) & ((cols == 2) | (cols == 5)))
+
+
+def test_where_the_map_is_group_times_interval_both_argument_sets_compute_one_function():
+    # 32x32 images: maps 16 and 8; groups of 4 at intervals 4 and 2 span them, as global windows of 4 do
+    common = dict(num_classes=3, dim=(32, 32), local_window_size=4, cross_embed_kernel_sizes=((2, 4), (2, 4)),
+                  cross_embed_strides=(2, 2))
+    ours = perturb(CrossFormer(depth=(1, 1), global_window_size=(4, 4), **common)).eval()
+    official = OfficialCrossFormer(depth=(2, 2), interval=(4, 2), **common).eval()
+    official.load_state_dict(ours.state_dict())
+    img = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(img), official(img))
+
+
+def test_embedding_kernels_are_sorted_as_vit_pytorchs():
+    model = CrossFormer(num_classes=3, dim=32, depth=1, global_window_size=1, local_window_size=2,
+                        cross_embed_kernel_sizes=(8, 2, 4), cross_embed_strides=2)
+    assert [(conv.kernel_size[0], conv.out_channels) for conv in model.stages[0].embed.convs] == [(2, 16), (4, 8),
+                                                                                                  (8, 8)]
+
+
+def test_vit_pytorchs_readme_call_classifies_a_224_image():
+    with torch.device('meta'):
+        model = CrossFormer(num_classes=1000, dim=(64, 128, 256, 512), depth=(2, 2, 8, 2),
+                            global_window_size=(8, 4, 2, 1), local_window_size=7)
+        assert model(torch.randn(1, 3, 224, 224)).shape == (1, 1000)
+    assert [len(stage.blocks.layers) for stage in model.stages] == [4, 4, 16, 4]
+
+
+def test_a_map_that_global_window_size_does_not_divide_is_refused_with_a_size_that_works():
+    model = CrossFormer(num_classes=3, dim=(32, 32), depth=1, global_window_size=(4, 2), local_window_size=2,
+                        cross_embed_kernel_sizes=((2, 4), (2, 4)), cross_embed_strides=(2, 2))
+    # maps of 24 pixels: 12 and 6 (divisible by 4 and 2); of 20: 10 and 5
+    assert model(torch.randn(1, 3, 24, 24)).shape == (1, 3)
+    with pytest.raises(ValueError, match=r'img height and width \(20, 24\) must be divisible by 8: the stage maps '
+                                         r'\(10x12, 5x6\) must be divisible by global_window_size \(4, 2\).*e\.g\. '
+                                         r'16x24'):
+        model(torch.randn(1, 3, 20, 24))
+
+
+def test_vit_pytorch_checkpoint_is_refused_naming_the_position_bias_that_contradicts_the_paper():
+    model, _, shapes = vit_pytorch_case()
+    state_dict = {key: torch.zeros(shape) for key, shape in shapes.items()}
     before = {key: value.clone() for key, value in model.state_dict().items()}
-    with pytest.raises(CheckpointError, match=r"vit-pytorch's CrossFormer computes another function: its depth counts"):
+    with pytest.raises(CheckpointError, match=r"its dynamic position bias does not read the offset between query "
+                                              r"and key.*one bias shared by all heads"):
         load_vit_pytorch(model, state_dict)
     assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
 
@@ -254,8 +333,7 @@ def test_widths_that_vit_pytorch_builds_with_empty_layers_are_refused():
     assert 'layers.0.1.layers.0.0.to_qkv.weight' in metadata['narrow_empty']
     narrow = metadata['narrow_config']
     with pytest.raises(ValueError, match='dim of stage 1 must be at least 16, got 4'):
-        CrossFormer(num_classes=narrow['num_classes'], dim=tuple(narrow['dim']), depth=tuple(narrow['depth']),
-                    local_window_size=narrow['local_window_size'])
+        CrossFormer(**json_config(narrow))
     with pytest.raises(ValueError, match=r'dim 16 of stage 1 is too narrow for its 6 embedding kernels: they would '
                                          r'get \[8, 4, 2, 1, 0, 1\] channels'):
         tiny(dim=(16, 48, 64), cross_embed_kernel_sizes=((2, 4, 6, 8, 10, 12), (2, 4), (2, 4)))
@@ -266,17 +344,16 @@ def test_widths_that_vit_pytorch_builds_with_empty_layers_are_refused():
 
 def expected_attention(attention, x, size):
     """softmax(q k^T / sqrt(d) + bias + padding mask) recomputed from the module's projections."""
-    group, interval = attention.grouping(size)
-    span = group * interval
-    padded = tuple(-(-side // span) * span for side in size)
+    group, (ih, iw) = attention.grouping(size)
+    padded = tuple(-(-side // (group * i)) * group * i for side, i in zip(size, (ih, iw)))
     normed = rearrange(attention.norm(x), 'b (h w) d -> b h w d', h=size[0])
     normed = F.pad(normed, (0, 0, 0, padded[1] - size[1], 0, padded[0] - size[0]))
     groups = rearrange(normed, 'b (nh gh ih) (nw gw iw) d -> (b nh nw ih iw) (gh gw) d', gh=group, gw=group,
-                       ih=interval, iw=interval)
+                       ih=ih, iw=iw)
     q, k, _ = rearrange(attention.to_qkv(groups), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=attention.heads)
     valid = F.pad(torch.ones(1, *size, 1, dtype=torch.bool), (0, 0, 0, padded[1] - size[1], 0, padded[0] - size[0]))
     valid = rearrange(valid, 'b (nh gh ih) (nw gw iw) 1 -> (b nh nw ih iw) 1 1 (gh gw)', gh=group, gw=group,
-                      ih=interval, iw=interval).repeat(x.shape[0], 1, 1, 1)
+                      ih=ih, iw=iw).repeat(x.shape[0], 1, 1, 1)
     dots = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + attention.relative_bias(group, like=q)
     return dots.masked_fill(~valid, -1e6).softmax(dim=-1)
 
@@ -342,9 +419,10 @@ def test_an_image_the_strides_do_not_divide_is_refused_with_a_size_that_works():
 
 
 def test_module_docstring_example_runs_and_says_what_it_gives():
-    example = crossformer.__doc__.split('    import torch', 1)[1].split('\nThe function', 1)[0]
+    example = crossformer.__doc__.split('    import torch', 1)[1].split('\nTwo argument sets', 1)[0]
     namespace = {}
     exec(textwrap.dedent('    import torch' + example), namespace)
     assert namespace['logits'].shape == (2, 10)
     assert [tuple(m.shape[-2:]) for m in namespace['maps']] == [(32, 32), (16, 16), (8, 8)]
-    assert count(namespace['paper_model']) == 27_776_794
+    assert count(namespace["paper_model"]) == 27_776_794
+    assert namespace["official"](torch.randn(1, 3, 64, 64)).shape == (1, 10)

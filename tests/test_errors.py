@@ -78,17 +78,18 @@ def test_invalid_input(model_cls, img, error, message):
 
 def test_vit_names_the_expected_size():
     model = ViT(**tiny_vit_kwargs())
-    with pytest.raises(ValueError, match=r'img must be 16x24.*got 32x32.*dynamic_image_size=True'):
+    with pytest.raises(ValueError, match=r'img must be at most 16x24.*got 32x32.*dynamic_image_size=True'):
         model(torch.randn(1, 3, 32, 32))
 
 
-def test_a_size_the_patches_do_not_divide_is_not_told_to_try_dynamic_image_size_alone():
-    # 30x30 on a 32-pixel, 8-pixel-patch ViT: dynamic_image_size=True would fail too, so the message
-    # says to resize, and names a size that would work with it
+def test_a_size_the_patches_do_not_divide_names_a_size_that_works():
+    # 30x30 on a 32-pixel, 8-pixel-patch ViT: dynamic_image_size=True would fail too; the message names a size
+    # that works
     model = ViT(**tiny_vit_kwargs(image_size=32, patch_size=8))
-    with pytest.raises(ValueError, match=r'img must be 32x32.*got 30x30; resize it to 32x32.*divisible by '
-                                         r'patch_size \(8, 8\), e.g. 24x24, and then need dynamic_image_size'):
+    with pytest.raises(ValueError, match=r'img height and width \(30, 30\) must be divisible by patch_size '
+                                         r'\(8, 8\), e.g. 24x24'):
         model(torch.randn(1, 3, 30, 30))
+    assert model(torch.randn(1, 3, 24, 24)).shape == (1, 5)
     dynamic = ViT(**tiny_vit_kwargs(image_size=32, patch_size=8, dynamic_image_size=True))
     assert dynamic(torch.randn(1, 3, 24, 24)).shape == (1, 5)        # the size it names works
 

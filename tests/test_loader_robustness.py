@@ -19,7 +19,7 @@ from helpers import FIXTURES, as_tuples, load_fixture
 from safetensors.torch import load_file, save_file
 
 from vit_pytorch import ViT
-from vit_pytorch.crossformer import CrossFormer
+from vit_pytorch.crossformer import OfficialCrossFormer
 from vit_pytorch.pretrained import (CheckpointError, load_hf, load_jax, load_official, load_timm, load_vit_pytorch,
                                     read_checkpoint)
 from vit_pytorch.swin import SwinTransformer, SwinTransformerV2
@@ -332,9 +332,10 @@ def test_a_model_without_official_checkpoints_says_so_in_a_sentence():
 
 def test_a_misfit_official_checkpoint_says_so_in_a_sentence():
     _, state_dict, _ = load_fixture('official_crossformer')
-    model = CrossFormer(num_classes=5, dim=(16, 32, 64), depth=(2, 2, 2), heads=(1, 2, 2), local_window_size=(5, 6, 3),
-                        interval=(2, 2, 1), cross_embed_kernel_sizes=((4, 8), (2, 4), (2, 4)),
-                        cross_embed_strides=(4, 2, 2), mlp_mult=2)
+    model = OfficialCrossFormer(num_classes=5, dim=(16, 32, 64), depth=(2, 2, 2), heads=(1, 2, 2),
+                                local_window_size=(5, 6, 3), interval=(2, 2, 1),
+                                cross_embed_kernel_sizes=((4, 8), (2, 4), (2, 4)), cross_embed_strides=(4, 2, 2),
+                                mlp_mult=2)
     with pytest.raises(CheckpointError, match=r"^the state_dict: the checkpoint of the paper's official code does not "
-                                              r"fit this CrossFormer:\n  missing keys \(26\): layers\.2\.blocks\.1\."):
+                                              r"fit this OfficialCrossFormer:\n  missing keys \(26\): layers\.2\.blocks\.1\."):
         load_official(model, state_dict)

@@ -60,6 +60,23 @@ def test_the_2d_table_is_a_row_embedding_concatenated_with_a_column_embedding():
     assert torch.equal(patches[:, :, 16:], patches[:1, :, 16:].expand(4, 3, 16))
 
 
+def test_a_smaller_image_gets_the_first_rows_and_columns_of_the_2d_tables():
+    model = small('2d', image_size=(16, 12))                         # a 4x3 grid
+    table = model.pos_embedding_for((2, 2))                           # an 8x8 image
+    patches = rearrange(table[1:], '(h w) d -> h w d', h=2, w=2)
+    for row in range(2):
+        for column in range(2):
+            expected = torch.cat((model.row_embedding[row], model.column_embedding[column]))
+            torch.testing.assert_close(patches[row, column], expected, atol=0, rtol=0)
+    assert model(torch.randn(2, 1, 8, 8)).shape == (2, 10)
+
+
+def test_relative_positions_take_only_the_full_size():
+    # its offsets are counted row-major on the full grid: a smaller grid would give its patches other offsets
+    with pytest.raises(ValueError, match=r'img must be 16x16'):
+        small('relative')(torch.randn(1, 1, 8, 16))
+
+
 def test_the_2d_kind_learns_rows_plus_columns_instead_of_a_vector_per_patch():
     learned, factorised = small('learned'), small('2d')
     # learned: (1 + 16) x 32 table; 2d: 4 rows and 4 columns of 16, and the cls token's 32

@@ -656,7 +656,7 @@ def crossformer_configs(draw):
 def crossformer_spec():
     """CrossFormer has no image size: 32x32 examples, and any size the product of the strides divides."""
     return ModelSpec(
-        name='crossformer', target='crossformer:CrossFormer', configs=crossformer_configs(),
+        name='crossformer', target='crossformer:OfficialCrossFormer', configs=crossformer_configs(),
         example=dict(num_classes=5, dim=(16, 32), depth=(2, 1), heads=(1, 2), local_window_size=2, interval=(2, 1),
                      cross_embed_kernel_sizes=((2, 4), (2, 4)), cross_embed_strides=(2, 2), mlp_mult=2),
         output_shapes=lambda kwargs, batch, size: [(batch, kwargs['num_classes'] or kwargs['dim'][-1])],
@@ -897,6 +897,15 @@ def bad_arguments(example, *names, **special):
     return dict(chosen, **special)
 
 
+def beyond_image_size_or_off_the_patches(kwargs):
+    """Input sizes a ViT refuses: a side not a multiple of the patch, or (without dynamic_image_size) larger than
+    image_size; smaller sizes get the top-left sub-grid of its position table, as vit-pytorch's FAQ promises."""
+    (height, width), (patch_height, patch_width) = pair(kwargs['image_size']), pair(kwargs['patch_size'])
+    larger = not kwargs.get('dynamic_image_size', False)
+    return st.tuples(st.integers(1, 3 * height), st.integers(1, 3 * width)).filter(
+        lambda s: s[0] % patch_height or s[1] % patch_width or (larger and (s[0] > height or s[1] > width)))
+
+
 TINY = dict(image_size=(16, 24), patch_size=(4, 8), num_classes=5, dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32)
 T2T_EXAMPLE = dict(image_size=16, num_classes=5, dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32,
                    t2t_layers=((3, 2), (3, 2)), token_dim=8)
@@ -909,6 +918,7 @@ MODELS = [
                                     gelu_approximate=bad_choices({'none', 'tanh'}),
                                     pre_logits_dim=bad_positive_ints().filter(lambda v: v is not None)),
         any_input_size=lambda kwargs: kwargs.get('dynamic_image_size', False),
+        bad_sizes=beyond_image_size_or_off_the_patches,
     ),
     ModelSpec(
         name='simple_vit', target='simple_vit:SimpleViT', configs=simple_vit_configs(), example=TINY,
@@ -938,12 +948,14 @@ MODELS = [
         name='deepvit', target='deepvit:DeepViT', configs=core_configs(), example=TINY,
         output_shapes=tokens_or_logits(cls_prefix, embedding=True), outputs=vit_outputs,
         bad_arguments=bad_arguments(TINY, 'channels', 'dropout', 'emb_dropout', 'pool'),
+        bad_sizes=beyond_image_size_or_off_the_patches,
     ),
     ModelSpec(
         name='vit_for_small_dataset', target='vit_for_small_dataset:ViT', example=TINY,
         configs=core_configs(geometry=geometry(min_patch=2)),          # the half-patch shift needs 2 pixels
         output_shapes=tokens_or_logits(cls_prefix, embedding=True), outputs=vit_outputs,
         bad_arguments=bad_arguments(TINY, 'channels', 'dropout', 'emb_dropout', 'pool'),
+        bad_sizes=beyond_image_size_or_off_the_patches,
     ),
     ModelSpec(
         name='parallel_vit', target='parallel_vit:ViT',
@@ -951,16 +963,19 @@ MODELS = [
         output_shapes=tokens_or_logits(cls_prefix, embedding=True), outputs=vit_outputs,
         bad_arguments=bad_arguments(TINY, 'channels', 'dropout', 'emb_dropout', 'pool',
                                     num_parallel_branches=bad_positive_ints()),
+        bad_sizes=beyond_image_size_or_off_the_patches,
     ),
     ModelSpec(
         name='learnable_memory_vit', target='learnable_memory_vit:ViT', configs=core_configs(), example=TINY,
         output_shapes=tokens_or_logits(cls_prefix, embedding=True), outputs=vit_outputs,
         bad_arguments=bad_arguments(TINY, 'channels', 'dropout', 'emb_dropout', 'pool'),
+        bad_sizes=beyond_image_size_or_off_the_patches,
     ),
     ModelSpec(
         name='distill', target='distill:DeiT', configs=extended(core_configs(pool=False)), example=TINY,
         output_shapes=distill_output_shapes, outputs=vit_outputs,
         bad_arguments=bad_arguments(TINY, 'channels', 'dropout', 'emb_dropout'),
+        bad_sizes=beyond_image_size_or_off_the_patches,
     ),
     ModelSpec(
         name='cait', target='cait:CaiT',

@@ -131,8 +131,8 @@ def test_invalid_configuration(override, error, message):
 
 
 def test_invalid_input_is_refused():
-    with pytest.raises(ValueError, match=r'img must be 16x24'):
-        ViT(**tiny_vit_kwargs())(torch.randn(1, 3, 16, 16))
+    with pytest.raises(ValueError, match=r'img must be at most 16x24'):
+        ViT(**tiny_vit_kwargs())(torch.randn(1, 3, 16, 32))
 
 
 def test_recorder_sees_the_masked_diagonal():

@@ -293,8 +293,9 @@ def test_library_code_has_no_unpickling_call(pattern, what):
 
 
 COMPAT_FIXTURES = sorted(FIXTURES.glob('compat_*.safetensors'))
-# classes renamed since their fixture was written: our DeiT student was distill.DistillableViT until issue 25
-RENAMED = {'distill:DistillableViT': 'distill:DeiT'}
+# classes renamed since their fixture was written (issue 25): our DeiT student was distill.DistillableViT, and
+# crossformer.CrossFormer took the official code's arguments (depth in blocks, interval), now OfficialCrossFormer's
+RENAMED = {'distill:DistillableViT': 'distill:DeiT', 'crossformer:CrossFormer': 'crossformer:OfficialCrossFormer'}
 # defaults changed since their fixture was written (issue 25: vit-pytorch's defaults at vit-pytorch's classes); a
 # checkpoint of the old default loads into a model built with the old value, and is refused by its keys otherwise
 CHANGED_DEFAULTS = {'parallel_vit:ViT': dict(patch_norm=True), 'regionvit:RegionViT': dict(tokenize_local_3_conv=True)}

@@ -170,10 +170,52 @@ def test_rectangular_image_and_patches():
 # position embeddings at other sizes
 
 
-def test_other_size_is_refused_without_dynamic_image_size():
+def numbered_table(model):
+    """Fill the model's position table with row numbers (row r is r in every channel), its cls token with 0."""
+    with torch.no_grad():
+        model.pos_embedding.copy_(torch.arange(model.pos_embedding.shape[0], dtype=torch.float32)[:, None]
+                                  .expand_as(model.pos_embedding))
+        model.cls_token.zero_()
+    return model
+
+
+def added_positions(model, img):
+    """The rows of the position table the model adds to the tokens of img (checked as forward checks it), read
+    off embed_tokens given zero patch tokens."""
+    patches = torch.zeros_like(model.patch_tokens(img))
+    return model.embed_tokens(patches, model.token_grid(img.shape[-2:]))[0, :, 0]
+
+
+def test_a_smaller_non_square_image_gets_the_top_left_sub_grid_of_the_table():
+    # the table is 1 + 4 x 3 rows (cls, then the grid row-major); an 8x16 image has a 2x2 grid: rows 0 and 1,
+    # columns 0 and 1 of the table's grid are the cells 0, 1, 3, 4 (vit-pytorch's first rows would be 0, 1, 2, 3)
+    model = numbered_table(ViT(**tiny_vit_kwargs())).eval()
+    with torch.no_grad():
+        assert added_positions(model, torch.randn(1, 3, 8, 16)).tolist() == [0, 1 + 0, 1 + 1, 1 + 3, 1 + 4]
+        assert model(torch.randn(2, 3, 8, 16)).shape == (2, 5)
+
+
+def test_an_image_as_wide_as_image_size_gets_the_first_rows_of_the_table():
+    model = numbered_table(ViT(**tiny_vit_kwargs())).eval()
+    with torch.no_grad():
+        assert added_positions(model, torch.randn(1, 3, 8, 24)).tolist() == list(range(1 + 2 * 3))
+
+
+def test_a_full_size_image_gets_the_whole_table_unchanged():
+    model = numbered_table(ViT(**tiny_vit_kwargs())).eval()
+    assert model.pos_embedding_for(model.grid_size) is model.pos_embedding
+    with torch.no_grad():
+        assert added_positions(model, torch.randn(1, 3, 16, 24)).tolist() == list(range(1 + 4 * 3))
+
+
+def test_a_side_larger_than_image_size_or_not_divisible_by_the_patch_is_a_value_error():
     model = ViT(**tiny_vit_kwargs())
-    with pytest.raises(ValueError, match=r'16x24'):
-        model(torch.randn(1, 3, 8, 24))
+    with pytest.raises(ValueError, match=r'img must be at most 16x24 \(h x w\), the model.s image_size, got 16x32; '
+                                         r'build the model with dynamic_image_size=True'):
+        model(torch.randn(1, 3, 16, 32))
+    with pytest.raises(ValueError, match=r'img height and width \(10, 24\) must be divisible by patch_size '
+                                         r'\(4, 8\), e.g. 8x24'):
+        model(torch.randn(1, 3, 10, 24))
 
 
 def linear_table(height, width, dim, prefix=1):

@@ -31,6 +31,74 @@ def test_recorder_takes_vit_pytorchs_device_as_second_argument():
     assert attns.shape[:3] == (2, tiny_vit_kwargs()['depth'], tiny_vit_kwargs()['heads'])
 
 
+def test_recorder_takes_vit_pytorchs_keyword_vit():
+    from vit_pytorch.recorder import Recorder
+
+    model = ViT(**tiny_vit_kwargs()).eval()
+    img = torch.randn(2, 3, 16, 24)
+    _, by_keyword = Recorder(vit=model, device='cpu')(img)
+    _, by_position = Recorder(model)(img)
+    assert torch.equal(by_keyword, by_position)
+    with pytest.raises(TypeError, match='vit='):
+        Recorder(model, model=model)
+
+
+def test_cct_3d_takes_vit_pytorchs_positional_order():
+    from vit_pytorch.cct_3d import CCT
+
+    # img_size, num_frames, embedding_dim, n_input_channels, n_conv_layers, frame_stride, frame_kernel_size,
+    # frame_padding, frame_pooling_kernel_size, frame_pooling_stride, frame_pooling_padding, kernel_size, stride,
+    # padding, pooling_kernel_size, pooling_stride, pooling_padding
+    torch.manual_seed(0)
+    positional = CCT(16, 4, 32, 1, 1, 1, 3, None, 1, 1, None, 3, 1, 1, 3, 2, 1, num_layers=1, num_heads=2,
+                     mlp_ratio=1., num_classes=10).eval()
+    torch.manual_seed(0)
+    keyword = CCT(img_size=16, num_frames=4, embedding_dim=32, n_input_channels=1, n_conv_layers=1, frame_stride=1,
+                  frame_kernel_size=3, frame_padding=None, frame_pooling_kernel_size=1, frame_pooling_stride=1,
+                  frame_pooling_padding=None, kernel_size=3, stride=1, padding=1, pooling_kernel_size=3,
+                  pooling_stride=2, pooling_padding=1, num_layers=1, num_heads=2, mlp_ratio=1., num_classes=10).eval()
+    video = torch.randn(2, 1, 4, 16, 16)
+    with torch.no_grad():
+        assert torch.equal(positional(video), keyword(video))
+    # vit-pytorch hands an 18th positional argument to TransformerClassifier beside its keywords: a TypeError
+    with pytest.raises(TypeError):
+        CCT(16, 4, 32, 1, 1, 1, 3, None, 1, 1, None, 3, 1, 1, 3, 2, 1, 2)
+
+
+# names public code imports from vit-pytorch's modules (issue 25 item 5)
+
+
+def test_vivit_vit_is_vivit_under_its_earlier_name():
+    from vit_pytorch.vivit import ViT, ViViT
+
+    assert ViT is ViViT
+
+
+def test_dino_loss_fn_is_the_cross_entropy_of_the_student_against_the_centred_sharpened_teacher():
+    from vit_pytorch.dino import loss_fn
+
+    torch.manual_seed(0)
+    teacher, student, centers = torch.randn(3, 7), torch.randn(3, 7, requires_grad=True), torch.randn(7)
+    loss = loss_fn(teacher, student, 0.04, 0.1, centers)
+    teacher_probs = torch.softmax((teacher - centers) / 0.04, dim=-1)
+    expected = -(teacher_probs * torch.log_softmax(student / 0.1, dim=-1)).sum(dim=-1).mean()
+    torch.testing.assert_close(loss, expected)
+    loss.backward()
+    assert student.grad is not None
+
+
+def test_deepvit_transformer_has_vit_pytorchs_keys_and_shapes():
+    from vit_pytorch.deepvit import Transformer
+
+    entry = KEYS['models']['deepvit']                     # vit-pytorch's DeepViT(dim=64, depth=2, heads=4, ...)
+    theirs = {key.removeprefix('transformer.'): tuple(shape) for key, shape in entry['keys'].items()
+              if key.startswith('transformer.')}
+    config = entry['config']
+    transformer = Transformer(config['dim'], config['depth'], config['heads'], 64, config['mlp_dim'])
+    assert {key: tuple(value.shape) for key, value in transformer.state_dict().items()} == theirs
+    assert transformer(torch.randn(2, 5, config['dim'])).shape == (2, 5, config['dim'])
+
+
 def test_cct_takes_vit_pytorchs_positional_order():
     from vit_pytorch.cct import CCT
 
@@ -263,10 +331,9 @@ ANOTHER_FUNCTION = {
     'vit_for_small_dataset': 'moves the image by one pixel',
     'xcit': 'embeds patches with a Linear between LayerNorms',
 }
-# vit-pytorch's arguments that ours does not take, as they mean another function here
-NOT_TAKEN = {
-    'crossformer': 'global_window_size',   # there the side of an LDA group; here `interval`, the paper's distance
-}
+# vit-pytorch's arguments that ours does not take, as they mean another function here (none since CrossFormer took
+# global_window_size)
+NOT_TAKEN = {}
 
 
 def as_tuples(value):

@@ -89,10 +89,10 @@ class CCT(vit.TokenFace, nn.Module):
 
     num_prefix_tokens = 0
 
-    def __init__(self, *, img_size=224, num_frames=8, embedding_dim=768, n_input_channels=3, n_conv_layers=1,
+    def __init__(self, img_size=224, num_frames=8, embedding_dim=768, n_input_channels=3, n_conv_layers=1,
                  frame_stride=1, frame_kernel_size=3, frame_padding=None, frame_pooling_kernel_size=1,
                  frame_pooling_stride=1, frame_pooling_padding=None, kernel_size=7, stride=2, padding=3,
-                 pooling_kernel_size=3, pooling_stride=2, pooling_padding=1, num_layers=12, num_heads=12,
+                 pooling_kernel_size=3, pooling_stride=2, pooling_padding=1, *, num_layers=12, num_heads=12,
                  mlp_ratio=4.0, num_classes=1000, positional_embedding='sine', dropout_rate=0.,
                  attention_dropout=0.1, stochastic_depth_rate=0.1):
         check_arguments(**vit.arguments(locals()))

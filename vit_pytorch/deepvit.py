@@ -71,6 +71,14 @@ class ReAttention(vit.Attention):
         return self.to_out(out)
 
 
+class Transformer(vit.Transformer):
+    """vit-pytorch's `deepvit.Transformer`: `depth` pre-norm (re-attention, feedforward) layers, no final norm
+    (DeepViT's head norms the pooled token); (b, n, dim) -> (b, n, dim)."""
+
+    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout=0.):
+        super().__init__(dim, depth, heads, dim_head, mlp_dim, dropout, attention=ReAttention, final_norm=False)
+
+
 class DeepViT(vit.ViT):
     """The core ViT (same arguments, methods and `num_classes=0` behaviour) with re-attention.
 

@@ -212,11 +212,10 @@ class Dino(nn.Module):
         """
         teacher_temp = self.teacher_temp if teacher_temp is None else teacher_temp
         student_temp = self.student_temp if student_temp is None else student_temp
-        teacher_probs = ((teacher_logits - self.teacher_centers) / teacher_temp).softmax(dim=-1)
-        student_log_probs = (student_logits / student_temp).log_softmax(dim=-1)
-        self.last_entropies = collapse_entropies(teacher_probs.detach())
-        terms = [-(teacher_probs[i] * student_log_probs[j]).sum(dim=-1).mean()
-                 for i in range(len(teacher_probs)) for j in range(len(student_log_probs)) if j != i]
+        self.last_entropies = collapse_entropies(
+            ((teacher_logits - self.teacher_centers) / teacher_temp).softmax(dim=-1).detach())
+        terms = [loss_fn(teacher_logits[i], student_logits[j], teacher_temp, student_temp, self.teacher_centers)
+                 for i in range(len(teacher_logits)) for j in range(len(student_logits)) if j != i]
         return sum(terms) / len(terms)
 
     def normalise(self, views):
@@ -274,6 +273,15 @@ def batch_center(teacher_logits):
         dist.all_reduce(center)
         center /= dist.get_world_size()
     return center
+
+
+def loss_fn(teacher_logits, student_logits, teacher_temp, student_temp, centers, eps=1e-20):
+    """vit-pytorch's DINO loss of one (teacher view, student view) pair, (b, K) logits each: the cross-entropy of
+    the student's softmax at `student_temp` against the teacher's centred (`centers`, (K,)) softmax at
+    `teacher_temp`, averaged over the batch, the teacher detached; `eps` is in vit-pytorch's signature and unused
+    there too."""
+    teacher_probs = ((teacher_logits.detach() - centers) / teacher_temp).softmax(dim=-1)
+    return -(teacher_probs * (student_logits / student_temp).log_softmax(dim=-1)).sum(dim=-1).mean()
 
 
 def get_module_device(module):

@@ -30,7 +30,10 @@ Each kind plugs into the core through its hooks: the attention builder (`attenti
 the tokens where that is a fixed table (zeros for 'none' and 'relative', sin-cos for
 'sincos'; not saved, since nothing is learned), and holds the prefix token's learned vector
 for '2d'. Only 'learned' and 'none' take `dynamic_image_size=True` ('sincos' is resampled,
-not recomputed, at another size, as the core resamples any table).
+not recomputed, at another size, as the core resamples any table). Without it, a smaller or
+non-square image gets the top-left sub-grid of the table as in the core ('2d': the first rows
+and columns of its two tables), except under 'relative', whose offsets are counted row-major on
+the full grid: it takes `image_size` only.
 """
 
 import functools
@@ -110,12 +113,18 @@ class ViT(vit.ViT):
             table[num_prefix_tokens:] = posemb_sincos_2d(height, width, dim)
         self.register_buffer('pos_embedding', table, persistent=False)   # fixed: nothing to learn or save
 
+    def patch_tokens(self, img):
+        if self.position == 'relative':
+            vit.check_images(img, channels=self.channels, patch_size=self.patch_size, image_size=self.image_size)
+        return super().patch_tokens(img)
+
     def pos_embedding_for(self, grid):
         """What is added to the tokens for an (h, w) patch grid: (prefix + h * w, dim)."""
         if self.position != '2d':
             return super().pos_embedding_for(grid)
-        patches = torch.cat((repeat(self.row_embedding, 'h d -> h w d', w=self.column_embedding.shape[0]),
-                             repeat(self.column_embedding, 'w d -> h w d', h=self.row_embedding.shape[0])), dim=-1)
+        rows, columns = self.row_embedding[:grid[0]], self.column_embedding[:grid[1]]
+        patches = torch.cat((repeat(rows, 'h d -> h w d', w=grid[1]), repeat(columns, 'w d -> h w d', h=grid[0])),
+                            dim=-1)
         return torch.cat((self.pos_embedding, rearrange(patches, 'h w d -> (h w) d')))
 
 

@@ -116,18 +116,22 @@ class Recorder(_Hooks):
     Maps are detached from the graph unless `detach=False`. Layer dropout (CaiT) or
     anything else that skips layers in training mode skips their maps too: record in
     `model.eval()` for one map per layer. `device`, vit-pytorch's second argument, moves the
-    maps there before they are stacked (None: they stay where the model made them).
+    maps there before they are stacked (None: they stay where the model made them). The model is
+    the first argument, by keyword `vit=` (vit-pytorch's name) or `model=`.
     """
 
-    def __init__(self, model, device=None, *, detach=True):
-        super().__init__(model)
+    def __init__(self, vit=None, device=None, *, model=None, detach=True):
+        if (vit is None) == (model is None):
+            raise TypeError(f"Recorder takes the model once, as its first argument, vit= (vit-pytorch's keyword) or "
+                            f"model=; got vit={type(vit).__name__} and model={type(model).__name__}")
+        super().__init__(model if vit is None else vit)
         self.device = None if device is None else torch.device(device)
         self.detach = detach
         self.maps, self.names = [], []
         self.image_size = None
-        if not attention_modules(model):
+        if not attention_modules(self.model):
             raise ValueError(
-                f"{type(model).__name__} has no attention module to record: none of its modules has a boolean "
+                f"{type(self.model).__name__} has no attention module to record: none of its modules has a boolean "
                 f"`fused` attribute and an `attention_probs` child (the protocol of vit_pytorch.vit.Attention)"
             )
 

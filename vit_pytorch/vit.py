@@ -491,6 +491,15 @@ class ViT(TokenFace, nn.Module):
       gelu_approximate    'none' (exact GELU, timm and Hugging Face) or 'tanh' (the JAX code).
       dynamic_image_size  accept any image size divisible by the patch size, resampling the
                           position embeddings in 2D (bicubic) to the input's patch grid.
+    Without `dynamic_image_size`, images smaller than `image_size` and non-square ones are taken as
+    vit-pytorch's FAQ promises (each side at most `image_size` and divisible by `patch_size`): the
+    patch in row i, column j gets the position embedding of row i, column j of the full grid (the
+    table's top-left sub-grid), so a patch keeps the position it has in a full-size image of which
+    the input is the top-left crop, and a model trained on full-size images sees positions it
+    learned. vit-pytorch takes the first h * w rows of the flattened table instead, which are the
+    top-left sub-grid only when the input is as wide as `image_size` (else a patch gets the
+    position of another one). Resampling (`dynamic_image_size=True`) suits an image rescaled to
+    another size instead: it spreads the full table over the smaller grid.
     The position table and cls token start at the scale of the patch tokens: a unit normal with
     the Dual PatchNorm (vit-pytorch), std 0.02 without it (the paper, timm); see `init_tokens`.
     For variants: `attention`, `feedforward` and `patch_embedding` build the blocks, called
@@ -549,7 +558,7 @@ class ViT(TokenFace, nn.Module):
     def patch_tokens(self, img):
         """The checked image's patch tokens, before positions: (b, h * w, dim)."""
         check_images(img, channels=self.channels, patch_size=self.patch_size, dtype=self.pos_embedding.dtype,
-                     image_size=None if self.dynamic_image_size else self.image_size)
+                     max_image_size=None if self.dynamic_image_size else self.image_size)
         return self.to_patch_embedding(img)
 
     def prefix_tokens(self, batch_size):
@@ -557,8 +566,12 @@ class ViT(TokenFace, nn.Module):
         return repeat(self.cls_token, 'n d -> b n d', b=batch_size)
 
     def pos_embedding_for(self, grid):
-        """Position embeddings for an (h, w) patch grid, resampled in 2D when it differs from training."""
-        return resample_pos_embedding(self.pos_embedding, old_grid=self.grid_size, new_grid=grid,
+        """Position embeddings for an (h, w) patch grid: the table's top-left (h, w) sub-grid, or with
+        `dynamic_image_size` the table resampled in 2D (see the class docstring for why)."""
+        if self.dynamic_image_size:
+            return resample_pos_embedding(self.pos_embedding, old_grid=self.grid_size, new_grid=grid,
+                                          num_prefix_tokens=self.num_prefix_tokens)
+        return top_left_pos_embedding(self.pos_embedding, old_grid=self.grid_size, new_grid=grid,
                                       num_prefix_tokens=self.num_prefix_tokens)
 
     def embed_tokens(self, patches, grid, indices=None):
@@ -747,6 +760,16 @@ def resample_pos_embedding(pos_embedding, *, old_grid, new_grid, num_prefix_toke
     return torch.cat((prefix, grid))
 
 
+def top_left_pos_embedding(pos_embedding, *, old_grid, new_grid, num_prefix_tokens=0):
+    """The rows of a (num_prefix_tokens + h * w, d) position table for a grid no larger than (h, w): the prefix
+    rows, then the cells of the table's top-left `new_grid`, row-major."""
+    if tuple(new_grid) == tuple(old_grid):
+        return pos_embedding
+    prefix, grid = pos_embedding[:num_prefix_tokens], pos_embedding[num_prefix_tokens:]
+    grid = rearrange(grid, '(h w) d -> h w d', h=old_grid[0])[:new_grid[0], :new_grid[1]]
+    return torch.cat((prefix, rearrange(grid, 'h w d -> (h w) d')))
+
+
 def conv_output_size(size, kernel, stride, padding=0):
     """The length that a convolution or pooling (kernel, stride, padding) leaves of `size`."""
     return (size + 2 * padding - kernel) // stride + 1
@@ -902,11 +925,11 @@ def check_geometry(*, image_size, image_patch_size, frames, frame_patch_size):
         raise ValueError(f"frames ({frames}) must be divisible by frame_patch_size ({frame_patch_size})")
 
 
-def check_images(img, *, channels, patch_size, image_size=None, dtype=None):
+def check_images(img, *, channels, patch_size, image_size=None, max_image_size=None, dtype=None):
     """Validate a (b, c, h, w) image batch; returns its (h, w) patch grid.
 
-    `image_size=None` accepts any size divisible by `patch_size`; `dtype`, the model's
-    parameter dtype, is required of `img` outside autocast.
+    `image_size=None` accepts any size divisible by `patch_size`; `max_image_size` (h, w) any such size
+    no higher and no wider; `dtype`, the model's parameter dtype, is required of `img` outside autocast.
     """
     if not isinstance(img, torch.Tensor):
         hint = "; convert a numpy array with torch.from_numpy(array).float()" \
@@ -936,8 +959,15 @@ def check_images(img, *, channels, patch_size, image_size=None, dtype=None):
                   f"and then need dynamic_image_size=True)")
         raise ValueError(f"img must be {image_size[0]}x{image_size[1]} (h x w), the model's image_size, "
                          f"got {size[0]}x{size[1]}; {remedy}")
+    if max_image_size is not None and (size[0] > max_image_size[0] or size[1] > max_image_size[1]):
+        raise ValueError(f"img must be at most {max_image_size[0]}x{max_image_size[1]} (h x w), the model's "
+                         f"image_size, got {size[0]}x{size[1]}; build the model with dynamic_image_size=True to "
+                         f"resample position embeddings to larger sizes")
     if not divisible:
-        raise ValueError(f"img height and width {size} must be divisible by patch_size {tuple(patch_size)}")
+        example = f", e.g. {size[0] - size[0] % patch_size[0]}x{size[1] - size[1] % patch_size[1]}" \
+            if max_image_size is not None else ''
+        raise ValueError(f"img height and width {size} must be divisible by patch_size {tuple(patch_size)}"
+                         f"{example}")
     return size[0] // patch_size[0], size[1] // patch_size[1]
 
 

@@ -11,9 +11,10 @@ is cut into tubelets (section 3.2) and, instead of attending jointly over all sp
                                then over time (the same spatial position across slices), then
                                applies its MLP.
 
-The arguments are vit-pytorch's (`vit_pytorch.vivit.ViViT`, whose README example imports a `ViT`
-that module does not have; this one runs), and its checkpoints load through
-`vit_pytorch.pretrained.load_vit_pytorch`.
+The arguments are vit-pytorch's (`vit_pytorch.vivit.ViViT`), and its checkpoints load through
+`vit_pytorch.pretrained.load_vit_pytorch`. `ViT` is the same class under the name earlier
+vit-pytorch releases gave it, which its README example and public code still import (vit-pytorch
+1.26.14 itself has no `vivit.ViT`, so its own README example fails there).
 
     import torch
     from vit_pytorch.vivit import ViViT
@@ -185,6 +186,9 @@ class ViViT(vit.TokenFace, nn.Module):
         for module in self.modules():
             if isinstance(module, vit.Stack):
                 module.grad_checkpointing = enable
+
+
+ViT = ViViT     # the class's name in earlier vit-pytorch releases, still imported by its README
 
 
 def key_mask(kept):

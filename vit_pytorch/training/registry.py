@@ -113,8 +113,9 @@ SMALL_CONFIGS = {
     # 16 to 32 pixels (divisible by 8): patches of 2, 16 / 4 / 1 blocks of 2x2 tokens at 16 pixels (4x4 at 32)
     'nest': dict(patch_size=2, dim=32, heads=2, num_hierarchies=3, block_repeats=(1, 1, 2)),
     # 16 to 32 pixels (divisible by 8): embeddings of stride 2 (kernels 2, 4, 8, then 2, 4), maps 8, 4, 2 at 16 pixels;
-    # groups of 4, 2, 2 (one group once a map is no larger), LDA intervals 2, 2, 1
-    'crossformer': dict(dim=(32, 64, 128), depth=(2, 2, 2), local_window_size=(4, 2, 2), interval=(2, 2, 1),
+    # one (SDA, LDA) pair a stage: SDA groups of 4, 2, 2 (one group once a map is no larger), LDA groups of 2, 2, 1
+    # spread over the map (every map of a size divisible by 8 is even in the first two stages)
+    'crossformer': dict(dim=(32, 64, 128), depth=(1, 1, 1), local_window_size=(4, 2, 2), global_window_size=(2, 2, 1),
                         cross_embed_kernel_sizes=((2, 4, 8), (2, 4), (2, 4)), cross_embed_strides=(2, 2, 2)),
     # 16 or 32 pixels (square, maps 4, 2, 1, 1 or 8, 4, 2, 1): windows of 2x2, grouped windows of 4x4, each capped
     # at the map (one window there: global attention)
