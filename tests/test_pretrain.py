@@ -62,7 +62,7 @@ def test_each_method_writes_a_network_that_loads_as_the_model_it_pre_trained(met
         assert torch.equal(value, wrapper[prefix + key]), key
 
 
-@pytest.mark.parametrize('method', ['mae', 'dino'])
+@pytest.mark.parametrize('method', ['mae', 'dino', 'mp3'])
 def test_interrupted_run_resumed_matches_an_uninterrupted_run(method, tmp_path, monkeypatch):
     whole, broken = tmp_path / 'whole', tmp_path / 'broken'
     # 8-pixel digits (a 2x2 grid) in 3 batches an epoch keep it fast
