@@ -16,6 +16,7 @@ from vit_pytorch import pretrain, train
 from vit_pytorch.checkpoint import load_model
 from vit_pytorch.evaluate import load_digits
 from vit_pytorch.dino import Dino
+from vit_pytorch.models import build_model
 
 TINY = ['--threads', '1', '--dim', '32', '--depth', '2', '--heads', '2', '--dim-head', '16', '--mlp-dim', '64']
 FAST = ['--quiet', '--no-plots', '--batch-size', '256', '--warmup-epochs', '1'] + TINY
@@ -52,16 +53,16 @@ def test_each_method_writes_a_network_that_loads_as_the_model_it_pre_trained(met
     assert config['model'] == 'vit' and config['pretraining'] == dict(method=method)
     assert config['model_kwargs']['dim'] == 32 and config['data']['source'] == 'digits'
     assert model(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
-    # the network is the wrapper's own: MAE's encoder, MPP's model, DINO's teacher
+    # the network is the wrapper's own: MAE's encoder, MPP's model, DINO's teacher, MP3's ViT
     wrapper = weights_of(out / 'pretrainer')
-    prefix = dict(mae='encoder.', simmim='encoder.', mpp='transformer.', dino='teacher.net.')[method]
+    prefix = dict(mae='encoder.', simmim='encoder.', mpp='transformer.', dino='teacher.net.', mp3='vit.')[method]
     network = weights_of(out / 'checkpoint')
     assert network.keys() == {key[len(prefix):] for key in wrapper if key.startswith(prefix)}
     for key, value in network.items():
         assert torch.equal(value, wrapper[prefix + key]), key
 
 
-@pytest.mark.parametrize('method', ['mae', 'dino'])
+@pytest.mark.parametrize('method', ['mae', 'dino', 'mp3'])
 def test_interrupted_run_resumed_matches_an_uninterrupted_run(method, tmp_path, monkeypatch):
     whole, broken = tmp_path / 'whole', tmp_path / 'broken'
     # 8-pixel digits (a 2x2 grid) in 3 batches an epoch keep it fast
@@ -110,6 +111,37 @@ def test_masked_pre_training_lowers_the_loss_on_the_digits(tmp_path):
     assert run('--method', 'simmim', '--epochs', 4, '--out', out, *FAST, '--batch-size', 128, '--lr', 3e-3) == 0
     losses = [record['loss'] for record in log_of(out)]
     assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_mp3_pre_trains_the_vit_without_its_positions_and_the_trainer_fine_tunes_it(tmp_path):
+    out = tmp_path / 'mp3'
+    assert run('--method', 'mp3', '--epochs', 1, '--out', out, *FAST, '--image-size', 8) == 0
+    [record] = log_of(out)
+    assert 0 < record['loss'] < math.inf
+    pretrained = weights_of(out / 'checkpoint')
+    _, config = load_model(out / 'checkpoint')
+    torch.manual_seed(0)                                # --seed 0 built the ViT the run started from
+    untrained = build_model(config['model'], **config['model_kwargs']).state_dict()
+    # the positions are what MP3 predicts, never what it is given: the embedding is as initialised
+    assert torch.equal(pretrained['pos_embedding'], untrained['pos_embedding'])
+    [projection] = [key for key, value in untrained.items()
+                    if key.startswith('to_patch_embedding.') and value.ndim == 2]
+    assert not torch.equal(pretrained[projection], untrained[projection])      # the rest of the ViT learned
+
+    tuned = tmp_path / 'finetune'
+    assert train_run('--init', out / 'checkpoint', '--image-size', 8, '--label-fraction', 0.05, '--epochs', 1,
+                     '--out', tuned, '--quiet', '--no-plots', '--threads', 1) == 0
+    model, tuned_config = load_model(tuned / 'checkpoint')
+    assert tuned_config['model_kwargs'] == config['model_kwargs']
+    assert model(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
+    [record] = log_of(tuned)
+    assert 0 <= record['test_accuracy'] <= 1
+
+
+def test_mp3_refuses_a_masking_ratio_of_zero_by_name(tmp_path, capsys):
+    assert run('--method', 'mp3', '--masking-ratio', 0, '--epochs', 1, '--out', tmp_path / 'zero', *FAST,
+               '--image-size', 8) == 2
+    assert 'masking_ratio must be in (0, 1)' in capsys.readouterr().err
 
 
 def test_dino_schedules_follow_the_papers_formulas():

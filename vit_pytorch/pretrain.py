@@ -1,4 +1,5 @@
-"""Self-supervised pre-training in one command: MAE, SimMIM, masked patch prediction or DINO, without labels.
+"""Self-supervised pre-training in one command, without labels: MAE, SimMIM, masked patch prediction, DINO
+or MP3.
 
     python -m vit_pytorch.pretrain --method mae             # small ViT on the 1,347 training digits
     python -m vit_pytorch.pretrain --method dino --epochs 100
@@ -21,14 +22,15 @@ each process draws are its own, so 2 processes do not retrace the path of 1 exac
 
 The methods, the run and the pictures are `vit_pytorch.training.pretraining`'s (whose docstring says
 how a method is added); this module parses the command line and wires them together. The wrappers
-are `vit_pytorch.mae.MAE`, `vit_pytorch.simmim.SimMIM`, `vit_pytorch.mpp.MPP` and
-`vit_pytorch.dino.Dino`; their options have flags here (`--masking-ratio`, `--decoder-dim`,
-`--norm-pix-loss`, `--mask-prob`, `--num-local-crops`, `--teacher-temp`, ...). MAE, SimMIM and MPP
-take `ViT`, `SimpleViT` and the variants with their public face (see each wrapper); DINO takes
-every image model of the package. DINO's teacher temperature rises linearly from `--teacher-temp`
-to `--final-teacher-temp` over `--warmup-teacher-temp-epochs`, and its EMA decay from
-`--momentum-teacher` to 1 along a cosine, and its head's last layer is not updated during the first
-`--freeze-last-layer` epochs, as in the paper's code (its weight-decay schedule is left out).
+are `vit_pytorch.mae.MAE`, `vit_pytorch.simmim.SimMIM`, `vit_pytorch.mpp.MPP`,
+`vit_pytorch.dino.Dino` and `vit_pytorch.mp3.MP3` (position prediction); their options have flags
+here (`--masking-ratio`, `--decoder-dim`, `--norm-pix-loss`, `--mask-prob`, `--num-local-crops`,
+`--teacher-temp`, ...). MAE, SimMIM, MPP and MP3 take `ViT`, `SimpleViT` and the variants with
+their public face (see each wrapper); DINO takes every image model of the package. DINO's
+teacher temperature rises linearly from `--teacher-temp` to `--final-teacher-temp` over
+`--warmup-teacher-temp-epochs`, and its EMA decay from `--momentum-teacher` to 1 along a cosine,
+and its head's last layer is not updated during the first `--freeze-last-layer` epochs, as in the
+paper's code (its weight-decay schedule is left out).
 
 A resumed run takes its data, model, method and recipe from pretrainer/; `--epochs` may grow and
 `--lr` may change (the new peak for the remaining steps); any other option given with a value
@@ -44,7 +46,8 @@ Written to --out (default runs/<data>-<model>-<method>):
                 config.json, its classifier head as built and never trained): `python -m
                 vit_pytorch.train --init <out>/checkpoint` fine-tunes it (or `--linear-probe`
                 trains only a new head on its frozen features), `vit_pytorch.checkpoint.load_model`
-                loads it. For DINO it is the teacher's network, which the paper evaluates.
+                loads it. For DINO it is the teacher's network, which the paper evaluates; for MP3
+                the ViT, whose position embedding it never used (as initialised).
   pretrainer/   the whole wrapper (decoder, heads, DINO's student and teacher) with the optimizer
                 and the run's state, for --resume
   curves.png    the loss per epoch

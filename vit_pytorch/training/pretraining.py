@@ -100,10 +100,10 @@ class MaskedImageModelling(Method):
                                      title=f'{self.title}: {learner.masking_ratio:.0%} of the patches hidden')]
 
 
-MASKED_OPTIONS = 'MAE, SimMIM, MPP'
+MASKED_OPTIONS = 'MAE, SimMIM, MPP, MP3'
 MASKING_RATIO = ('--masking-ratio', dict(type=float, default=None,
-                                         help='MAE, SimMIM: the fraction of patches hidden (default: MAE 0.75, '
-                                              'SimMIM 0.5)'))
+                                         help='MAE, SimMIM, MP3: the fraction of patches hidden (default: MAE 0.75, '
+                                              'SimMIM 0.5, MP3 0.75)'))
 
 
 class MAEMethod(MaskedImageModelling):
@@ -157,6 +157,23 @@ class MPPMethod(Method):
 
     def network(self, learner):
         return learner.transformer
+
+
+class MP3Method(Method):
+    """MP3: the positions of the patch tokens, given without any, predicted from a context of the others; it
+    pre-trains the ViT it wraps (`learner.vit`), whose position embedding it never uses (fine-tuning learns it)."""
+
+    group = MASKED_OPTIONS
+    options = (MASKING_RATIO,)
+
+    def build(self, args, encoder, *, image_size, mean, std):
+        from vit_pytorch.mp3 import MP3
+
+        # `--masking-ratio 0` reaches MP3's check rather than turning into the default
+        return MP3(vit=encoder, masking_ratio=0.75 if args.masking_ratio is None else args.masking_ratio)
+
+    def network(self, learner):
+        return learner.vit
 
 
 class DinoMethod(Method):
@@ -235,7 +252,7 @@ class DinoMethod(Method):
                                         title="DINO teacher: the last layer's cls attention, per head")]
 
 
-METHODS = dict(mae=MAEMethod(), simmim=SimMIMMethod(), mpp=MPPMethod(), dino=DinoMethod())
+METHODS = dict(mae=MAEMethod(), simmim=SimMIMMethod(), mpp=MPPMethod(), dino=DinoMethod(), mp3=MP3Method())
 
 
 def option_groups():
