@@ -2,6 +2,7 @@
 order, defaults and the small public helpers its users import; where we follow the paper instead, the difference
 is named."""
 
+import importlib
 import inspect
 import json
 
@@ -395,3 +396,36 @@ def test_levit_readme_call_on_one_image_in_training_mode_says_to_call_eval():
     with pytest.raises(ValueError, match=r'batch of at least 2 images, got 1.*model\.eval\(\)'):
         model(img)
     assert model.eval()(img).shape == (1, 10)
+
+
+# names that code built on vit-pytorch imports from its modules stay importable there, with its keys
+
+
+@pytest.mark.parametrize('module, name', [
+    ('vit', 'Transformer'), ('vit', 'Attention'), ('vit', 'FeedForward'), ('simple_vit', 'Transformer'),
+    ('simple_vit', 'Attention'), ('simple_vit', 'FeedForward'), ('simple_vit', 'posemb_sincos_2d'),
+    ('simple_vit', 'pair'), ('cct', 'Tokenizer'), ('mobile_vit', 'MobileViTBlock'), ('mobile_vit', 'FeedForward'),
+    ('cross_vit', 'CrossTransformer'), ('dino', 'get_module_device'), ('dino', 'loss_fn'), ('vivit', 'ViT'),
+    ('deepvit', 'Transformer'), ('vit_with_patch_dropout', 'PatchDropout')])
+def test_a_name_public_code_imports_is_importable_at_vit_pytorchs_path(module, name):
+    assert callable(getattr(importlib.import_module(f'vit_pytorch.{module}'), name))
+
+
+def test_simple_vit_and_mobile_vit_feedforwards_have_vit_pytorchs_keys():
+    from vit_pytorch.mobile_vit import FeedForward as MobileFeedForward
+    from vit_pytorch.simple_vit import FeedForward
+
+    # vit-pytorch 1.26.14: SimpleViT's is LayerNorm, Linear, GELU, Linear; MobileViT's adds a Dropout after the
+    # SiLU and after the last Linear
+    assert list(FeedForward(8, 16).state_dict()) == [f'net.{i}.{p}' for i in (0, 1, 3) for p in ('weight', 'bias')]
+    assert list(MobileFeedForward(8, 16).state_dict()) == [f'net.{i}.{p}' for i in (0, 1, 4)
+                                                           for p in ('weight', 'bias')]
+    assert isinstance(MobileFeedForward(8, 16).net[2], torch.nn.SiLU)
+
+
+def test_vit_with_patch_dropout_patch_dropout_keeps_the_fraction_it_is_given():
+    from vit_pytorch.vit_with_patch_dropout import PatchDropout
+
+    tokens = torch.randn(2, 20, 4)
+    assert PatchDropout(0.25).train()(tokens).shape == (2, 15, 4)
+    assert torch.equal(PatchDropout(0.25).eval()(tokens), tokens)
