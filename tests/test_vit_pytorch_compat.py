@@ -203,11 +203,8 @@ def test_load_vit_pytorch_loads_simple_vit():
 
 def test_vit_pytorch_calling_styles_that_are_not_kept_are_type_errors():
     from vit_pytorch.cct import CCT
-    from vit_pytorch.recorder import Recorder
 
-    model = ViT(image_size=16, patch_size=4, num_classes=3, dim=16, depth=1, heads=2, mlp_dim=32)
-    with pytest.raises(TypeError, match="'vit'"):
-        Recorder(vit=model)
-    # Recorder(model, device) and CCT's positional call are vit-pytorch's now: tests/test_vit_pytorch_dropin.py
+    # Recorder(model, device), Recorder(vit=model) and CCT's positional call are vit-pytorch's now:
+    # tests/test_vit_pytorch_dropin.py and tests/test_recorder.py
     with pytest.raises(TypeError, match='seq_pool'):
         CCT(img_size=32, embedding_dim=16, num_layers=1, num_heads=2, seq_pool=False)
