@@ -282,6 +282,9 @@ CASES = {
     'ats_vit': Case(dict(VIT, max_tokens_per_depth=(8, 4)), IMAGES),
     # the 12 patch tokens merged into 4 after the first layer: the second attends over 4
     'vit_with_patch_merger': Case(dict(VIT, patch_merge_layer=1, patch_merge_num_tokens=4), IMAGES),
+    # the second layer mixes its values with the first's: learned per token and head, or fixed as the paper's 0.5
+    'simple_vit_with_value_residual': Case(VIT, IMAGES),
+    'simple_vit_with_value_residual[value_residual_mix=0.5]': Case(dict(VIT, value_residual_mix=0.5), IMAGES),
 }
 
 
