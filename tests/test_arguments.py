@@ -47,6 +47,7 @@ NOT_NUMBERS = {
     'augment_fn', 'augment_fn2',        # Dino: callables
     'moss',             # AcceptVideoWrapper: vit-pytorch's MOSS module, refused unless None
     'mask_generator',   # ViTDetPool: a module that maps images to object masks
+    'orthog_residual_update_kwargs',    # simple_vit_orthog_residual_update: a dict of options, None: {}
 }
 
 # (owner, argument, value) a constructor may accept, with the reason
