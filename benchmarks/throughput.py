@@ -200,6 +200,11 @@ REGISTRY = {
                 dict(S16, max_tokens_per_depth=(196,) * 3 + (128,) * 3 + (64,) * 3 + (32,) * 3), 224, 3, NUM_CLASSES),
     'vit_with_patch_merger': ('S/16, merged into 8 after layer 6', None,
                               dict(S16, patch_merge_layer=6, patch_merge_num_tokens=8), 224, 3, NUM_CLASSES),
+    # vit-pytorch's __main__ model (256 px, patches of 8, width 1024, depth 6) scaled to S/16 at 224
+    'simple_vit_with_value_residual': ('S/16', None, S16, 224, 3, NUM_CLASSES),
+    # vit-pytorch's __main__ model (256 px, patches of 16, learned modulation) scaled to S/16 at 224
+    'simple_vit_orthog_residual_update': ('S/16, learned', None, dict(S16, orthog_residual_update_kwargs=dict(learned=True)),
+                                          224, 3, NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -264,6 +269,14 @@ REFERENCES = {
     'vit_with_patch_merger': ('vit-pytorch 1.26.14 vit_with_patch_merger.ViT',
                               lambda ours: vit_pytorch_reference('vit_with_patch_merger', 'ViT', ours,
                                                                  **REGISTRY['vit_with_patch_merger'][2])),
+    'simple_vit_with_value_residual': (
+        'vit-pytorch 1.26.14 simple_vit_with_value_residual.SimpleViT',
+        lambda ours: vit_pytorch_reference('simple_vit_with_value_residual', 'SimpleViT', ours,
+                                           **REGISTRY['simple_vit_with_value_residual'][2])),
+    'simple_vit_orthog_residual_update': (
+        'vit-pytorch 1.26.14 simple_vit_orthog_residual_update.SimpleViT',
+        lambda ours: vit_pytorch_reference('simple_vit_orthog_residual_update', 'SimpleViT', ours,
+                                           **REGISTRY['simple_vit_orthog_residual_update'][2])),
 }
 # vit-pytorch 1.26.14's modules that compute our function at the preset's arguments: name -> (module, class)
 VIT_PYTORCH_REFERENCES = {

@@ -40,12 +40,14 @@ OPTIONAL_NUMBERS = {
     'proj_embed_to_dim',
     'specialize_qkv_depth',     # simple_vit_with_specialized_cls: depth // 3 when None
     'patch_merge_layer',    # the PatchMerger's layer: None merges halfway (depth // 2)
+    'value_residual_mix',   # simple_vit_with_value_residual: None learns the mix per token and head
 }
 NOT_NUMBERS = {
     'transformer',      # T2T-ViT: a custom backbone module
     'augment_fn', 'augment_fn2',        # Dino: callables
     'moss',             # AcceptVideoWrapper: vit-pytorch's MOSS module, refused unless None
     'mask_generator',   # ViTDetPool: a module that maps images to object masks
+    'orthog_residual_update_kwargs',    # simple_vit_orthog_residual_update: a dict of options, None: {}
 }
 
 # (owner, argument, value) a constructor may accept, with the reason

@@ -283,6 +283,13 @@ CASES = {
     'ats_vit': Case(dict(VIT, max_tokens_per_depth=(8, 4)), IMAGES),
     # the 12 patch tokens merged into 4 after the first layer: the second attends over 4
     'vit_with_patch_merger': Case(dict(VIT, patch_merge_layer=1, patch_merge_num_tokens=4), IMAGES),
+    # the second layer mixes its values with the first's: learned per token and head, or fixed as the paper's 0.5
+    'simple_vit_with_value_residual': Case(VIT, IMAGES),
+    'simple_vit_with_value_residual[value_residual_mix=0.5]': Case(dict(VIT, value_residual_mix=0.5), IMAGES),
+    # each branch adds its part orthogonal to the stream (in float64), or both parts modulated (learned)
+    'simple_vit_orthog_residual_update': Case(VIT, IMAGES),
+    'simple_vit_orthog_residual_update[learned]': Case(
+        dict(VIT, orthog_residual_update_kwargs=dict(learned=True)), IMAGES),
 }
 
 

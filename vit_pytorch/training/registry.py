@@ -70,6 +70,9 @@ MODELS = {
     'simple_vit_with_relative_proj_pos_bias': 'vit_pytorch.simple_vit_with_relative_proj_pos_bias:SimpleViT',
     'ats_vit': 'vit_pytorch.ats_vit:ViT',
     'vit_with_patch_merger': 'vit_pytorch.vit_with_patch_merger:ViT',
+    # research long tail: the block and the residual stream (issue 27)
+    'simple_vit_with_value_residual': 'vit_pytorch.simple_vit_with_value_residual:SimpleViT',
+    'simple_vit_orthog_residual_update': 'vit_pytorch.simple_vit_orthog_residual_update:SimpleViT',
 }
 
 # models whose input is not a batch of images (b, c, h, w): name -> what they take (`--data ucr:NAME` gives

@@ -1,0 +1,126 @@
+"""Orthogonal residual updates: what a branch adds to the stream is orthogonal to it, by the explicit projection;
+the stream's norm never shrinks; vit-pytorch's weights."""
+
+import pytest
+import torch
+
+from helpers import move_off_initialisation, reference_case, tiny_vit_kwargs
+from vit_pytorch.pretrained import load_vit_pytorch
+from vit_pytorch.simple_vit_orthog_residual_update import OrthogonalResidualUpdate, SimpleViT
+
+
+def model_of(dtype=torch.float64, **kwargs):
+    torch.manual_seed(0)
+    return move_off_initialisation(SimpleViT(**tiny_vit_kwargs(depth=3), **kwargs)).to(dtype).eval()
+
+
+def streams_and_updates(model, tokens):
+    """(stream before the branch, what the branch returned) for every branch in order, and the last stream."""
+    seen = []
+    hooks = [branch.register_forward_hook(lambda module, args, output: seen.append((args[0], output)))
+             for layer in model.transformer.layers for branch in layer]
+    try:
+        with torch.no_grad():
+            model.transformer(tokens)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen
+
+
+def test_the_update_added_to_the_stream_is_orthogonal_to_the_stream_per_token():
+    model = model_of()
+    seen = streams_and_updates(model, torch.randn(2, 12, 32, dtype=torch.float64))
+    for (stream, update), (next_stream, _) in zip(seen, seen[1:]):
+        torch.testing.assert_close(next_stream - stream, update, rtol=0, atol=1e-12)     # the stack adds it
+    for index, (stream, update) in enumerate(seen):
+        cosine = (stream * update).sum(-1) / (stream.norm(dim=-1) * update.norm(dim=-1))   # (b, n)
+        assert cosine.abs().max() < 1e-12, f'branch {index}'
+        assert update.norm(dim=-1).min() > 1e-3, f'branch {index} added nothing'
+
+
+def test_in_float32_the_projection_in_double_precision_is_orthogonal_to_float32_rounding():
+    """Rounding an exactly orthogonal float64 update to float32 moves each entry by at most 2^-24 of itself, so the
+    cosine with the (float32) stream stays below 2^-24 * |u| |x| / (|u| |x|) = 6e-8."""
+    branch = model_of(torch.float32).transformer.layers[1][0]
+    stream = torch.randn(2, 12, 32) * 10 + 3
+    with torch.no_grad():
+        update = branch(stream)
+    cosine = (stream.double() * update.double()).sum(-1) / (stream.double().norm(dim=-1) * update.double().norm(dim=-1))
+    assert cosine.abs().max() < 1e-7
+
+
+def test_the_update_equals_the_explicit_projection():
+    """u = f(x) - (<f(x), x> / <x, x>) x, per token."""
+    branch = model_of().transformer.layers[0][1]
+    x = torch.randn(2, 12, 32, dtype=torch.float64)
+    with torch.no_grad():
+        f = branch.block(x)
+        expected = f - (f * x).sum(-1, keepdim=True) / (x * x).sum(-1, keepdim=True) * x
+        torch.testing.assert_close(branch(x), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_the_learned_update_scales_the_parallel_and_orthogonal_parts_by_sigmoids_of_the_branch_output():
+    """u = sigmoid(a(f)) p + sigmoid(b(f)) (f - p), p = (<f, x> / <x, x>) x, (a, b) = Linear(f)."""
+    branch = model_of(orthog_residual_update_kwargs=dict(learned=True)).transformer.layers[1][0]
+    x = torch.randn(2, 12, 32, dtype=torch.float64)
+    with torch.no_grad():
+        f = branch.block(x)
+        parallel = (f * x).sum(-1, keepdim=True) / (x * x).sum(-1, keepdim=True) * x
+        gates = torch.sigmoid(f @ branch.to_modulation.weight.T + branch.to_modulation.bias)   # (b, n, 2)
+        expected = gates[..., :1] * parallel + gates[..., 1:] * (f - parallel)
+        torch.testing.assert_close(branch(x), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_a_tokens_stream_never_shrinks():
+    """|x + u|^2 = |x|^2 + |u|^2 for u orthogonal to x: each token's norm grows through every branch."""
+    seen = streams_and_updates(model_of(), torch.randn(2, 12, 32, dtype=torch.float64))
+    norms = torch.stack([stream.norm(dim=-1) for stream, _ in seen] + [(seen[-1][0] + seen[-1][1]).norm(dim=-1)])
+    assert (norms[1:] >= norms[:-1] * (1 - 1e-12)).all()
+    assert (norms[-1] > norms[0] * 1.01).all()
+
+
+def test_a_zero_stream_token_takes_the_whole_branch_output():
+    branch = model_of().transformer.layers[0][1]
+    x = torch.zeros(1, 3, 32, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(branch(x), branch.block(x), rtol=0, atol=0)
+
+
+# vit-pytorch 1.26.14's module (tests/fixtures/make_value_orthog_fixtures.py)
+
+
+@pytest.mark.parametrize('fixture', ['simple_vit_orthog_residual_update', 'simple_vit_orthog_residual_update_learned'])
+def test_vit_pytorchs_checkpoint_loads_strictly_and_gives_its_output(fixture):
+    config, state_dict, img, expected = reference_case(f'vit_pytorch_1.26.14_{fixture}', 'image_size')
+    model = load_vit_pytorch(SimpleViT(**config), state_dict).eval()
+    assert model.state_dict().keys() == state_dict.keys()
+    with torch.no_grad():
+        torch.testing.assert_close(model(img), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_vit_pytorchs_main_block_runs():
+    """Its `__main__` block: 256 pixels, patches of 16, width 512, depth 2, the learned modulation."""
+    model = SimpleViT(image_size=256, patch_size=16, num_classes=10, dim=512, depth=2, heads=4, mlp_dim=2048,
+                      orthog_residual_update_kwargs=dict(learned=True))
+    with torch.no_grad():
+        assert model(torch.randn(2, 3, 256, 256)).shape == (2, 10)
+
+
+# clear errors
+
+
+@pytest.mark.parametrize('value, error, match', [
+    ([('learned', True)], TypeError, 'must be a dict or None'),
+    (dict(learnt=True), ValueError, r"takes 'double_precision' and 'learned', got \['learnt'\]"),
+    (dict(dim=16), ValueError, r"got \['dim'\]"),
+    (dict(learned=1), TypeError, r"orthog_residual_update_kwargs\['learned'\] must be True or False"),
+])
+def test_bad_update_options_are_refused_by_name(value, error, match):
+    with pytest.raises(error, match=match):
+        SimpleViT(**tiny_vit_kwargs(orthog_residual_update_kwargs=value))
+
+
+def test_a_learned_update_without_dim_is_refused():
+    with pytest.raises(ValueError, match='dim must be given'):
+        OrthogonalResidualUpdate(torch.nn.Identity(), learned=True)

@@ -1,0 +1,118 @@
+"""SimpleViT with orthogonal residual updates.
+
+Oh et al., "Revisiting Residual Connections: Orthogonal Updates for Stable and Efficient Deep Networks",
+arXiv 2505.11881: a residual branch's output f(x) has a part parallel to the stream x, which only rescales what is
+already there, and a part orthogonal to it, which adds a new direction. Adding only the orthogonal part,
+x + f(x) - (<f(x), x> / <x, x>) x per token, makes every branch contribute something new to the stream; the paper
+reports more stable and faster training. A token's stream can then only grow: |x + u|^2 = |x|^2 + |u|^2.
+
+    import torch
+    from vit_pytorch.simple_vit_orthog_residual_update import SimpleViT
+
+    model = SimpleViT(image_size=256, patch_size=16, num_classes=10, dim=512, depth=2, heads=4, mlp_dim=2048,
+                      orthog_residual_update_kwargs=dict(learned=True))
+    logits = model(torch.randn(2, 3, 256, 256))   # (2, 10)
+
+`orthog_residual_update_kwargs` as in vit-pytorch 1.26.14 (whose checkpoints load unchanged, same keys):
+`double_precision` (default True) computes the projection in float64 and casts back; `learned=True` (vit-pytorch's
+refinement, not the paper's) adds both parts, each scaled by a sigmoid of a Linear of the branch's output per token.
+Where it differs from vit-pytorch: `orthog_residual_update_kwargs` defaults to None (vit-pytorch: an empty dict, the
+same model); an unknown key or a non-boolean value in that dict is refused by name (vit-pytorch
+passes it on, to a TypeError); and a zero stream token (norm below 1e-12) takes the whole branch output, as
+vit-pytorch's `F.normalize` gives.
+"""
+
+import functools
+
+import torch.nn.functional as F
+from torch import nn
+
+from vit_pytorch import simple_vit, vit
+
+
+class OrthogonalResidualUpdate(nn.Module):
+    """A residual branch `block` whose `forward(x)` returns the update to add to the stream x (b, n, dim): the part
+    of block(x) orthogonal to x per token (`learned`: both parts, each scaled by sigmoid(Linear(block(x))))."""
+
+    def __init__(self, block, dim=None, double_precision=True, learned=False):
+        super().__init__()
+        if learned and dim is None:
+            raise ValueError("dim must be given for a learned orthogonal residual update, got None")
+        self.block = block
+        self.double_precision = double_precision
+        self.learned = learned
+        if learned:
+            self.to_modulation = nn.Linear(dim, 2)
+
+    def orthog_proj(self, block_out, residual):
+        """(parallel, orthogonal) parts of `block_out` with respect to `residual`, per token; in float64 if asked."""
+        dtype = residual.dtype
+        if self.double_precision:
+            block_out, residual = block_out.double(), residual.double()
+        unit = F.normalize(residual, dim=-1)
+        parallel = (block_out * unit).sum(dim=-1, keepdim=True) * unit
+        return parallel.to(dtype), (block_out - parallel).to(dtype)
+
+    def forward(self, x):
+        block_out = self.block(x)
+        parallel, orthogonal = self.orthog_proj(block_out, x)
+        if not self.learned:
+            return orthogonal
+        parallel_mod, orthog_mod = self.to_modulation(block_out).sigmoid().chunk(2, dim=-1)   # (b, n, 1) each
+        return parallel * parallel_mod + orthogonal * orthog_mod
+
+
+class Transformer(vit.Stack):
+    """vit-pytorch's `Transformer` of this module: `depth` layers of (attention, feedforward), each branch wrapped in
+    an `OrthogonalResidualUpdate` (the stack adds what it returns), then a LayerNorm."""
+
+    def __init__(self, dim, depth, heads, dim_head, mlp_dim, orthog_residual_update_kwargs=None, *,
+                 attention=simple_vit.Attention):
+        kwargs = orthog_residual_update_kwargs or {}
+        super().__init__([
+            (OrthogonalResidualUpdate(attention(dim, heads, dim_head), dim=dim, **kwargs),
+             OrthogonalResidualUpdate(simple_vit.FeedForward(dim, mlp_dim), dim=dim, **kwargs))
+            for _ in range(depth)
+        ], norm=nn.LayerNorm(dim))
+
+
+class SimpleViT(simple_vit.SimpleViT):
+    """`vit_pytorch.simple_vit.SimpleViT` (same arguments and methods) whose branches add only their part orthogonal
+    to the stream; `orthog_residual_update_kwargs`: `double_precision` (True), `learned` (False).
+
+    `forward_features` returns all tokens after the final norm, (b, h * w, dim).
+    `num_classes=0` makes `forward` return the pooled embedding (b, dim).
+    """
+
+    def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, channels=3, dim_head=64,
+                 orthog_residual_update_kwargs=None):
+        check_arguments(**vit.arguments(locals()))
+        kwargs = dict(orthog_residual_update_kwargs or {})
+        super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim, depth=depth,
+                         heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head,
+                         transformer=functools.partial(Transformer, orthog_residual_update_kwargs=kwargs))
+
+
+# argument checks
+
+
+def check_arguments(*, orthog_residual_update_kwargs, **_):
+    if orthog_residual_update_kwargs is None:
+        return
+    if not isinstance(orthog_residual_update_kwargs, dict):
+        raise TypeError(f"orthog_residual_update_kwargs must be a dict or None, got "
+                        f"{orthog_residual_update_kwargs!r} ({type(orthog_residual_update_kwargs).__name__})")
+    unknown = set(orthog_residual_update_kwargs) - {'double_precision', 'learned'}
+    if unknown:
+        raise ValueError(f"orthog_residual_update_kwargs takes 'double_precision' and 'learned', got "
+                         f"{sorted(unknown)}")
+    for name, value in orthog_residual_update_kwargs.items():
+        vit.boolean(f'orthog_residual_update_kwargs[{name!r}]', value)
+
+
+# loading checkpoints
+
+
+def vit_pytorch_plan(model, keys):
+    """vit-pytorch's module has our parameter names and computes the same function."""
+    return None
