@@ -332,11 +332,6 @@ ANOTHER_FUNCTION = {
     'vit_for_small_dataset': 'moves the image by one pixel',
     'xcit': 'embeds patches with a Linear between LayerNorms',
 }
-# vit-pytorch's arguments that ours does not take, as they mean another function here (none since CrossFormer took
-# global_window_size)
-NOT_TAKEN = {}
-
-
 def as_tuples(value):
     return tuple(as_tuples(v) for v in value) if isinstance(value, list) else value
 
@@ -345,15 +340,14 @@ def ours_at(module):
     import importlib
 
     entry = KEYS['models'][module]
-    config = {name: value if module == 'mobile_vit' else as_tuples(value) for name, value in entry['config'].items()
-              if name != NOT_TAKEN.get(module)}
+    config = {name: value if module == 'mobile_vit' else as_tuples(value) for name, value in entry['config'].items()}
     torch.manual_seed(0)
     return getattr(importlib.import_module(f'vit_pytorch.{module}'), entry['class'])(**config), entry
 
 
 def test_every_module_at_vit_pytorchs_path_is_checked():
     assert len(KEYS['models']) == 38 and KEYS['vit_pytorch'] == '1.26.14'
-    assert set(ANOTHER_FUNCTION) < set(KEYS['models']) and set(NOT_TAKEN) <= set(ANOTHER_FUNCTION)
+    assert set(ANOTHER_FUNCTION) < set(KEYS['models'])
 
 
 @pytest.mark.parametrize('module', sorted(set(KEYS['models']) - set(ANOTHER_FUNCTION)))
@@ -373,16 +367,6 @@ def test_a_model_of_another_function_refuses_vit_pytorchs_state_dict_naming_the_
     model, entry = ours_at(module)
     with pytest.raises(CheckpointError, match=ANOTHER_FUNCTION[module]):
         load_vit_pytorch(model, {key: torch.zeros(shape) for key, shape in entry['keys'].items()})
-
-
-@pytest.mark.parametrize('module', sorted(NOT_TAKEN))
-def test_an_argument_that_means_another_function_is_refused_by_name(module):
-    entry = KEYS['models'][module]
-    import importlib
-
-    cls = getattr(importlib.import_module(f'vit_pytorch.{module}'), entry['class'])
-    with pytest.raises(TypeError, match=NOT_TAKEN[module]):
-        cls(**{name: as_tuples(value) for name, value in entry['config'].items()})
 
 
 # item D: LeViT's head is the paper's (BatchNorm, Linear): one image in training mode is refused, and says why
