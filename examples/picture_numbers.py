@@ -6,6 +6,7 @@ documented command writes:
     python examples/picture_numbers.py runs/digits-32/checkpoint
 """
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -51,4 +52,8 @@ def main(path):
 
 
 if __name__ == '__main__':
-    main(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('checkpoint', help='the checkpoint folder the training command wrote, e.g. '
+                                           'runs/digits-32/checkpoint')
+    main(parser.parse_args().checkpoint)
