@@ -381,11 +381,11 @@ def pretrain(args, model_kwargs, *, parser, rank, world_size, device, run, save=
         start_log(out, history)
         if not args.quiet:
             count = sum(p.numel() for p in encoder.parameters())
-            print(f"{args.method} pre-training of {args.model} ({count:,} parameters) on {len(train_set)} unlabelled "
+            write(f"{args.method} pre-training of {args.model} ({count:,} parameters) on {len(train_set)} unlabelled "
                   f"{args.data} images, {image_size}px; {world_size} process(es) on {device}; writing to {out}"
-                  + (f"; resumed after epoch {start_epoch}" if start_epoch else ''), flush=True)
+                  + (f"; resumed after epoch {start_epoch}" if start_epoch else ''))
             if merged:
-                print(f"note: {merged}", flush=True)
+                write(f"note: {merged}")
     # the masked methods' shifts and flips, drawn for the whole batch as the trainer draws them (no mixup)
     augmentation = type(args)(translate=args.translate, hflip=args.hflip, mixup=0)
 
