@@ -205,6 +205,9 @@ REGISTRY = {
     # vit-pytorch's __main__ model (256 px, patches of 16, learned modulation) scaled to S/16 at 224
     'simple_vit_orthog_residual_update': ('S/16, learned', None, dict(S16, orthog_residual_update_kwargs=dict(learned=True)),
                                           224, 3, NUM_CLASSES),
+    # vit-pytorch's defaults (every token of every block's normed input decorrelated) at S/16; the training step adds
+    # the loss (DecorrelatedLoss), as the training command does
+    'vit_with_decorr': ('S/16, decorrelation loss x 0.1', None, S16, 224, 3, NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -277,6 +280,9 @@ REFERENCES = {
         'vit-pytorch 1.26.14 simple_vit_orthog_residual_update.SimpleViT',
         lambda ours: vit_pytorch_reference('simple_vit_orthog_residual_update', 'SimpleViT', ours,
                                            **REGISTRY['simple_vit_orthog_residual_update'][2])),
+    'vit_with_decorr': ('vit-pytorch 1.26.14 vit_with_decorr.ViT',
+                        lambda ours: vit_pytorch_reference('vit_with_decorr', 'ViT', ours,
+                                                           **REGISTRY['vit_with_decorr'][2])),
 }
 # vit-pytorch 1.26.14's modules that compute our function at the preset's arguments: name -> (module, class)
 VIT_PYTORCH_REFERENCES = {
@@ -482,6 +488,18 @@ class DistillationLoss:
         return DistillWrapper(teacher=self.teacher, student=model, temperature=3.0, alpha=0.5)(img, labels)
 
 
+class DecorrelatedLoss:
+    """The training command's loss of a model with a decorrelation loss: cross-entropy + weight x that loss. Ours
+    (the registered class) and vit-pytorch's both return (logits, loss) when asked with `return_decorr_aux_loss`."""
+
+    def __init__(self, weight=0.1):
+        self.weight = weight
+
+    def __call__(self, model, img, labels):
+        logits, decorrelation = model(img, return_decorr_aux_loss=True)
+        return F.cross_entropy(logits, labels) + self.weight * decorrelation
+
+
 def timm_reference(timm_name, ours, **kwargs):
     """timm's `timm_name` (random weights; `kwargs` go to timm.create_model), its weights loaded into `ours`
     by vit_pytorch.pretrained.load_timm."""
@@ -660,7 +678,10 @@ def reference_workload(workload):
     img = torch.randn(2, workload['channels'], *input_dims(workload['image_size']))
     if name not in DIFFERENT_FUNCTION:
         with torch.no_grad():
-            torch.testing.assert_close(workload['model'].eval()(img), reference.eval()(img), atol=1e-4, rtol=0)
+            expected = reference.eval()(img)
+            if name in registry.AUX_LOSSES:                        # vit-pytorch's returns (logits, loss) always
+                expected = expected[0]
+            torch.testing.assert_close(workload['model'].eval()(img), expected, atol=1e-4, rtol=0)
     return dict(workload, name=f'{name}:ref', preset=label, model=reference,
                 params=sum(p.numel() for p in reference.parameters()))
 
@@ -687,7 +708,8 @@ def registry_workload(name, tiny=False):
         else:
             module = importlib.import_module(registry.MODELS[name].split(':')[0])
             model = getattr(module, constructor)(**kwargs)
-    loss = DistillationLoss(channels, num_classes) if name == 'distillable_vit' else classification_loss
+    loss = (DistillationLoss(channels, num_classes) if name == 'distillable_vit' else
+            DecorrelatedLoss() if name in registry.AUX_LOSSES else classification_loss)
     return dict(name=name, preset=preset, model=model, image_size=image_size, channels=channels,
                 num_classes=num_classes, loss=loss, params=sum(p.numel() for p in model.parameters()))
 

@@ -96,8 +96,10 @@ def test_the_empty_slots_of_an_earlier_layer_are_never_sampled_again():
 
 
 def test_the_sample_is_the_inverse_transform_of_the_scores():
-    """The paper's sample, written out: scores = cls attention summed over heads x the value vector's norm, sorted
-    ascending; the k-th of K points (k + 1/2) / K picks the first token whose cumulative share reaches it."""
+    """The official code's sample, written out: scores = cls attention summed over heads x the value vector's norm,
+    sorted ascending; their cumulative sums c min-max normalised, (c - c_1) / (c_n - c_1); K points evenly from the
+    least non-zero normalised value to 1, each picking the token of the nearest value among the K most
+    significant tokens; duplicates dropped."""
     torch.manual_seed(0)
     layer = move_off_initialisation(Attention(16, heads=2, dim_head=8, output_num_tokens=5), scale=0.5).eval()
     x = torch.randn(3, 13, 16, generator=torch.Generator().manual_seed(2))
@@ -113,20 +115,35 @@ def test_the_sample_is_the_inverse_transform_of_the_scores():
                             for h in range(2))
             scores.append(float(attention * v[b, j].norm()))
         order = sorted(range(12), key=lambda j: scores[j])
-        total, cumulative, shares, picks = sum(scores), 0., [], []
+        cumulative, sums = 0., []
         for j in order:
             cumulative += scores[j]
-            shares.append(cumulative / total)
-        for point in [(i + 0.5) / 5 for i in range(5)]:
-            picks.append(order[next(n for n, share in enumerate(shares) if share >= point)] + 1)
-        expected = sorted(set(picks))
-        assert sorted(ids[b, 1:][mask[b, 1:]].tolist()) == expected
+            sums.append(cumulative)
+        normalised = [(c - sums[0]) / (sums[-1] - sums[0]) for c in sums]
+        start = min(c for c in normalised if c > 0)
+        points = [start + (1 - start) * i / 4 for i in range(5)]
+        candidates = range(12 - 5, 12)
+        picks = [order[min(candidates, key=lambda n: abs(point - normalised[n]))] + 1 for point in points]
+        assert sorted(ids[b, 1:][mask[b, 1:]].tolist()) == sorted(set(picks))
         assert ids[b, 0] == 0 and mask[b, 0]
 
 
+def test_the_kept_tokens_are_the_official_samplers():
+    """tests/fixtures/make_ats_official_fixtures.py: the official AdaptiveTokenSampler (adaptivetokensampling/ATS
+    @ 9271257) with K points for a budget of K, on cls attention rows with tokens of zero score and one image whose
+    attention is on two tokens: the same tokens kept, in the same order (ascending significance; ours leaves a
+    duplicate's slot empty where the official code moves the empty slots last)."""
+    tensors = load_fixture('ats_official_sampler')[2]
+    for k in (3, 5, 8, 11):
+        ids, keep = AdaptiveTokenSampling(k)(tensors['attention'][:, :, 0], tensors['values'])
+        ours = [[i for i, kept in zip(row, flags) if kept] for row, flags in zip(ids.tolist(), keep.tolist())]
+        assert ours == [[i for i in row[1:] if i > 0] for row in tensors[f'kept.{k}'].tolist()], k
+
+
 def test_concentrated_scores_keep_fewer_tokens():
-    """Adaptive: K points on a distribution with all its mass on one token all pick that token, on a uniform one
-    K different tokens."""
+    """Adaptive: K = 4 points on a distribution with all its mass on one token all pick that token; on a uniform
+    one over 8 tokens (normalised cumulative values j / 7) the points 1/7, 3/7, 5/7, 1 pick among the top four
+    (4/7 .. 1) the values 4/7, 4/7, 5/7 and 1: 3 tokens."""
     sampler = AdaptiveTokenSampling(4)
     values = torch.ones(2, 1, 9, 3)
     peaked = torch.zeros(1, 1, 9)
@@ -134,7 +151,7 @@ def test_concentrated_scores_keep_fewer_tokens():
     uniform = torch.full((1, 1, 9), 1 / 9)
     ids, keep = sampler(torch.cat([peaked, uniform]), values)
     assert ids[0][keep[0]].tolist() == [5]
-    assert keep[1].sum() == 4
+    assert keep[1].sum() == 3
 
 
 def test_a_sampling_layer_gives_the_kept_tokens_the_full_layers_output():

@@ -290,6 +290,8 @@ CASES = {
     'simple_vit_orthog_residual_update': Case(VIT, IMAGES),
     'simple_vit_orthog_residual_update[learned]': Case(
         dict(VIT, orthog_residual_update_kwargs=dict(learned=True)), IMAGES),
+    # the registered class returns the logits alone unless asked for its loss (the trainer asks: AUX_LOSSES)
+    'vit_with_decorr': Case(VIT, IMAGES),
 }
 
 

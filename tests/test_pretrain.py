@@ -138,10 +138,14 @@ def test_mp3_pre_trains_the_vit_without_its_positions_and_the_trainer_fine_tunes
     assert 0 <= record['test_accuracy'] <= 1
 
 
-def test_mp3_refuses_a_masking_ratio_of_zero_by_name(tmp_path, capsys):
-    assert run('--method', 'mp3', '--masking-ratio', 0, '--epochs', 1, '--out', tmp_path / 'zero', *FAST,
+@pytest.mark.parametrize('method', ['mae', 'simmim', 'mp3'])
+def test_a_masking_ratio_of_zero_is_refused_by_name_not_replaced_by_the_default(method, tmp_path, capsys):
+    assert run('--method', method, '--masking-ratio', 0, '--epochs', 1, '--out', tmp_path / 'zero', *FAST,
                '--image-size', 8) == 2
-    assert 'masking_ratio must be in (0, 1)' in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert 'masking_ratio must be in (0, 1)' in error and 'got 0' in error
+    assert len(error.strip().splitlines()) == 1                 # one line, not a traceback
+    assert not (tmp_path / 'zero' / 'checkpoint').exists()
 
 
 def test_dino_schedules_follow_the_papers_formulas():

@@ -185,3 +185,75 @@ def test_tokens_of_another_width_than_the_subspace_basis_are_refused():
 def test_bad_model_arguments_are_refused_by_name(name, value, error):
     with pytest.raises(error, match=name):
         tiny(**{name: value, 'decorr_use_subspace': name == 'decorr_dim_subspace'})
+
+
+# the training command: cross-entropy + --decorr-aux-loss-weight x the loss
+
+
+class OneStep(Exception):
+    """Stops the training command after the loss of its first batch."""
+
+
+def first_step_of_training(monkeypatch, tmp_path, *options):
+    """The training command's loss on its first batch (16 digits), the images its model saw and the model."""
+    import random
+
+    from vit_pytorch import train
+
+    seen = {}
+
+    def one_step(network, optimizer, step_loss, **_):
+        images = []
+        hook = network.register_forward_pre_hook(lambda module, args: images.append(args[0].clone()))
+        seen['index'] = torch.arange(16)
+        seen['loss'] = step_loss(seen['index'], torch.Generator().manual_seed(0), random.Random(0), 0)[0].item()
+        hook.remove()
+        seen.update(images=images[0], model=network)
+        raise OneStep
+
+    monkeypatch.setattr(train, 'train_epoch', one_step)
+    with pytest.raises(OneStep):
+        train.main([str(option) for option in (
+            '--model', 'vit_with_decorr', '--image-size', 8, '--dim', 32, '--depth', 2, '--heads', 2, '--dim-head',
+            16, '--mlp-dim', 64, '--label-smoothing', 0.1, '--quiet', '--no-plots', '--threads', 1,
+            '--out', tmp_path / 'run', *options)])
+    return seen
+
+
+def test_the_trainers_loss_is_the_cross_entropy_plus_the_weighted_decorrelation_loss(monkeypatch, tmp_path):
+    import torch.nn.functional as F
+
+    from vit_pytorch.evaluate import load_digits
+
+    seen = first_step_of_training(monkeypatch, tmp_path, '--decorr-aux-loss-weight', 5)
+    labels = load_digits('train', image_size=8).labels[seen['index']]
+    with torch.no_grad():
+        logits, decorr = seen['model'](seen['images'], return_decorr_aux_loss=True)
+    cross_entropy = F.cross_entropy(logits, labels, label_smoothing=0.1)
+    assert 5 * decorr > 0.01 * cross_entropy                     # the weighted loss is a visible part of the sum
+    assert seen['loss'] == pytest.approx((cross_entropy + 5 * decorr).item(), rel=1e-5)
+
+
+def test_a_weight_of_zero_trains_on_the_cross_entropy_alone(monkeypatch, tmp_path):
+    import torch.nn.functional as F
+
+    from vit_pytorch.evaluate import load_digits
+
+    seen = first_step_of_training(monkeypatch, tmp_path, '--decorr-aux-loss-weight', 0)
+    labels = load_digits('train', image_size=8).labels[seen['index']]
+    with torch.no_grad():
+        logits = seen['model'](seen['images'])
+    assert seen['loss'] == pytest.approx(F.cross_entropy(logits, labels, label_smoothing=0.1).item(), rel=1e-5)
+
+
+@pytest.mark.parametrize('options, message', [
+    (['--model', 'vit', '--decorr-aux-loss-weight', 1], '--model vit has none'),
+    (['--model', 'vit_with_decorr', '--decorr-aux-loss-weight', -1], 'must be a finite number >= 0, got -1'),
+])
+def test_a_decorrelation_weight_for_another_model_or_below_zero_is_refused(options, message, tmp_path, capsys):
+    from vit_pytorch import train
+
+    assert train.main([str(option) for option in (*options, '--image-size', 8, '--depth', 1, '--epochs', 1,
+                                                  '--quiet', '--no-plots', '--out', tmp_path / 'run')]) == 2
+    error = capsys.readouterr().err
+    assert message in error and len(error.strip().splitlines()) == 1

@@ -4,8 +4,8 @@
 a layer scores every patch token by how much the cls token reads from it, its cls attention (summed
 over heads) times the norm of its value vector, normalised to a distribution over the patches; it
 then keeps an inverse-transform sample of K of them (K evenly spaced points read through the scores'
-cumulative distribution), duplicates removed. Only the kept tokens (and the cls token) go on: a
-layer keeps at most K, fewer for an image whose scores are concentrated. The sampler has no
+cumulative distribution, as in the official code), duplicates removed. Only the kept tokens (and the cls token)
+go on: a layer keeps at most K, fewer for an image whose scores are concentrated. The sampler has no
 parameters. `max_tokens_per_depth` gives K for each layer; a layer with no more tokens than its K
 keeps them all.
 
@@ -23,10 +23,15 @@ The arguments, parameter names and return values are vit-pytorch's (1.26.14), wh
 unchanged (`load_state_dict`, or `vit_pytorch.pretrained.load_vit_pytorch`): the sampler has no
 parameters, so its weights are a plain ViT's. Where ours differs, it follows the paper (and its
 official code, github.com/adaptivetokensampling/ATS):
-  - the sample is the paper's deterministic inverse transform sampling of the sorted scores, here at K evenly
-    spaced points (k + 1/2) / K (the official code spaces its points over the first layer's token count and
-    keeps the first K distinct picks), so a model is a function of its input, in training and evaluation alike;
-    vit-pytorch draws a Gumbel-max sample instead, a different random set of tokens on every call. A
+  - the sample is the paper's deterministic inverse transform sampling of the sorted scores, as the official
+    sampler computes it for a budget of K (its `inverse_transform_sampling` with n_tokens = n_ref_tokens = K + 1;
+    a test checks the kept tokens against its own on a fixture): the cumulative scores min-max normalised (the
+    least significant token at 0), K points evenly from the least non-zero value to 1, each picking the token of
+    the nearest value among the K most significant, duplicates dropped. (The official configurations pass the
+    first layer's token count as n_ref_tokens to every layer, which samples 196 points at 224 pixels whatever the
+    layer's budget; vit-pytorch's `max_tokens_per_depth` is a budget per layer, so ours takes K points.) A model
+    is a function of its input, in training and evaluation alike; vit-pytorch draws a Gumbel-max sample instead,
+    a different random set of tokens on every call. A
     layer that samples therefore keeps other tokens than vit-pytorch's; where no layer samples (every K
     at least the patch count) the two give the same output (a test checks it on a vit-pytorch fixture).
   - the score is the official code's: the heads' cls attention summed, times the norm of the whole value
@@ -67,15 +72,17 @@ class AdaptiveTokenSampling(nn.Module):
         scores = reduce(cls_attention[..., 1:], 'b h n -> b n', 'sum') * value_norms
         sorted_scores, order = scores.sort(dim=-1)
         cdf = sorted_scores.cumsum(dim=-1)
-        # dividing by the last entry makes it exactly 1, above every sampling point: each point finds a token
-        cdf = cdf / cdf[:, -1:].clamp_min(self.eps)
+        # the official code's normalisation: the least significant token at 0, the whole at 1
+        cdf = (cdf - cdf[:, :1]) / (cdf[:, -1:] - cdf[:, :1]).clamp_min(self.eps)
         k = self.output_num_tokens
-        points = (torch.arange(k, device=cdf.device, dtype=cdf.dtype) + 0.5) / k
-        # the first token whose cumulative score reaches a point, i.e. the count of those below it (a comparison,
-        # not searchsorted, which ONNX lacks): a token of score 0 adds nothing to the distribution, so the token
-        # before it (or none, at the start) reaches every point it would
-        picks = (rearrange(cdf, 'b n -> b 1 n') < rearrange(points, 'k -> 1 k 1')).sum(dim=-1)
-        picks = picks.clamp_max(cdf.shape[-1] - 1)
+        # K points evenly from the least non-zero value of the normalised distribution to 1 (all at 1 where there is
+        # none), each picking the token of the nearest value among the K most significant (the official code
+        # compares the points with these only); not searchsorted, which ONNX lacks
+        start = cdf.masked_fill(cdf == 0, float('inf')).amin(dim=-1, keepdim=True).clamp_max(1.)
+        points = start + (1 - start) * torch.linspace(0, 1, k, device=cdf.device, dtype=cdf.dtype)
+        candidates = cdf[:, -k:]
+        picks = (rearrange(points, 'b k -> b k 1') - rearrange(candidates, 'b n -> b 1 n')).abs().argmin(dim=-1)
+        picks = picks + (cdf.shape[-1] - k)
         # the points rise, so repeated picks are neighbours: keep each token's first slot
         keep = F.pad(picks[:, 1:] != picks[:, :-1], (1, 0), value=True)
         return order.gather(-1, picks) + 1, keep

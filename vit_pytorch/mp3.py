@@ -25,7 +25,9 @@ Differences from vit-pytorch 1.26.14, whose MP3 gives every layer the first laye
 embeddings) as keys and values: as the paper, the keys and values of each layer are that layer's own tokens
 of the context patches (self-attention with the masked patches left out), so context tokens are updated
 from layer to layer. vit-pytorch's `ViT` checkpoints load (`load_vit_pytorch`; its separate query and key-value
-projections become one). `masking_ratio` in (0, 1) is a ValueError outside, not an assert.
+projections become one). `masking_ratio` in (0, 1) is a ValueError outside, not an assert. It has no default,
+as vit-pytorch's has none; 0.75, the pre-training command's default (`--masking-ratio`), is the value of
+vit-pytorch's README example. The paper's own choice was not checked against its text or official code.
 """
 
 import math

@@ -135,6 +135,9 @@ def build_parser():
                              "multiples of the model's patch size, and pass the batch as a list of images: a model "
                              f"that takes images of mixed sizes ({', '.join(MIXED_SIZES)}) (default: off)")
     recipe.add_argument('--amp', action='store_true', help='bf16 autocast, mixed precision (default: off)')
+    recipe.add_argument('--decorr-aux-loss-weight', type=float, default=0.1,
+                        help="vit_with_decorr: the weight of its decorrelation loss in the training loss, "
+                             "cross-entropy + weight x loss (default: 0.1, the module example's; 0: off)")
     recipe.add_argument('--seed', type=int, default=0,
                         help="seeds the initialisation and each epoch's order and augmentation")
     start = parser.add_argument_group('starting point')
@@ -377,6 +380,9 @@ def _train(args, model_kwargs, rank, world_size, device, run):
         if merged and not args.quiet:
             print(f"note: {merged}", flush=True)
 
+    aux_loss = registry.AUX_LOSSES.get(args.model)              # (forward keyword, weight option) or None
+    aux_weight = check_aux_weight(args, aux_loss)
+
     def step_loss(index, generator, rng, global_step):
         images, targets = augment(train_set.floats(index), train_set.labels[index], args, generator, rng,
                                   num_classes)
@@ -386,16 +392,22 @@ def _train(args, model_kwargs, rank, world_size, device, run):
         if args.random_size:
             images = random_sizes(images, args.random_size, multiple=patch, generator=generator)
         with autocast(device, args.amp):
-            outputs = network(images)
+            if aux_loss is None:
+                outputs, aux = network(images), None
+            else:
+                *outputs, aux = network(images, **{aux_loss[0]: True})
         # a model with two heads (DeiT's distillation token) trains both on the labels
-        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        outputs = tuple(outputs) if isinstance(outputs, (tuple, list)) else (outputs,)
         loss_sum = sum(F.cross_entropy(output.float(), targets, label_smoothing=args.label_smoothing,
                                        reduction='sum') for output in outputs) / len(outputs)
+        # the auxiliary loss is a mean over this process's images: weighted by their count, as the sums are
+        aux_sum = loss_sum.new_zeros(()) if aux is None else aux.float() * len(labels)
         logits = sum(output.detach().float() for output in outputs)
-        sums = torch.tensor([loss_sum.item(), (logits.argmax(-1) == labels).sum().item(), len(labels)],
-                            dtype=torch.float64)
+        sums = torch.tensor([loss_sum.item(), (logits.argmax(-1) == labels).sum().item(), len(labels),
+                             aux_sum.item()], dtype=torch.float64)
+        total = loss_sum + aux_weight * aux_sum
         # DDP averages the processes' gradients: this makes them the gradient of the whole batch's mean loss
-        return loss_sum * (world_size / len(index)), loss_sum.item(), sums
+        return total * (world_size / len(index)), total.item(), sums
 
     record = None
     for epoch in range(start_epoch, args.epochs):
@@ -424,6 +436,7 @@ def _train(args, model_kwargs, rank, world_size, device, run):
         elapsed += seconds
         record = dict(epoch=epoch + 1, lr=lr, train_loss=totals[0].item() / totals[2].item(),
                       train_accuracy=totals[1].item() / totals[2].item(), train_images=int(totals[2].item()),
+                      **({} if aux_loss is None else {'train_aux_loss': totals[3].item() / totals[2].item()}),
                       test_loss=tested['loss'], test_accuracy=tested['accuracy'], epoch_seconds=seconds,
                       images_per_second=len(train_set) / seconds, elapsed_seconds=elapsed)
         check_weights(model, epoch=epoch, args=args, kept=out / 'checkpoint', test_loss=tested['loss'])
@@ -449,6 +462,19 @@ def _train(args, model_kwargs, rank, world_size, device, run):
         pictures += draw_inside(model, test_set, mean=mean, std=std, device=device, out=out)
     return dict(record, out=str(out), checkpoint=str(out / 'checkpoint'), test_split=test_split,
                 pictures=[str(path) for path in pictures])
+
+
+def check_aux_weight(args, aux_loss):
+    """The weight of the model's auxiliary loss (0 without one); a ValueError for a weight that is negative or not
+    finite, or given for a model that has no such loss (it would silently do nothing)."""
+    for model, (_, option) in registry.AUX_LOSSES.items():
+        weight = getattr(args, option)
+        if not math.isfinite(weight) or weight < 0:
+            raise ValueError(f"{option_flag(option)} must be a finite number >= 0, got {weight:g}")
+        if option in getattr(args, 'given', ()) and (aux_loss is None or aux_loss[1] != option):
+            raise ValueError(f"{option_flag(option)} weights the auxiliary loss of --model {model}; --model "
+                             f"{args.model} has none")
+    return 0. if aux_loss is None else getattr(args, aux_loss[1])
 
 
 def _check_init(config, args, *, image_size, channels):

@@ -157,6 +157,20 @@ class ViT(vit.ViT):
         return (tokens if self.mlp_head is None else self.forward_head(tokens)), loss
 
 
+class RegisteredViT(ViT):
+    """The model the package's registry builds as 'vit_with_decorr' (`vit_pytorch.models`): this module's `ViT`
+    whose forward returns the logits alone, as every registered classifier's does, unless asked for the loss:
+    `forward(img, return_decorr_aux_loss=False)` -> logits; `True` -> (logits, loss). The training command asks
+    for it (the registry's `AUX_LOSSES`) and adds `--decorr-aux-loss-weight` times it to the cross-entropy.
+    The same arguments, state_dict and `forward_features` (all tokens after the final norm, (b, prefix + h * w,
+    dim)) as `ViT`; `num_classes=0` makes `forward` return those tokens (and the loss when asked for).
+    """
+
+    def forward(self, img, return_decorr_aux_loss=False):
+        logits, loss = super().forward(img, return_decorr_aux_loss=return_decorr_aux_loss)
+        return (logits, loss) if return_decorr_aux_loss else logits
+
+
 # argument checks
 
 

@@ -106,6 +106,11 @@ MASKING_RATIO = ('--masking-ratio', dict(type=float, default=None,
                                               'SimMIM 0.5, MP3 0.75)'))
 
 
+def masking_ratio(args, default):
+    """The user's `--masking-ratio`, 0 included (the method's check refuses it by name), else the method's default."""
+    return default if args.masking_ratio is None else args.masking_ratio
+
+
 class MAEMethod(MaskedImageModelling):
     title = 'MAE'
     group = MASKED_OPTIONS
@@ -119,7 +124,7 @@ class MAEMethod(MaskedImageModelling):
         from vit_pytorch.mae import MAE
 
         decoder_dim = args.decoder_dim or getattr(encoder, 'embed_dim', 64)   # MAE names a missing face
-        return MAE(encoder=encoder, decoder_dim=decoder_dim, masking_ratio=args.masking_ratio or 0.75,
+        return MAE(encoder=encoder, decoder_dim=decoder_dim, masking_ratio=masking_ratio(args, 0.75),
                    decoder_depth=args.decoder_depth, decoder_heads=args.decoder_heads,
                    decoder_dim_head=max(1, decoder_dim // args.decoder_heads), norm_pix_loss=args.norm_pix_loss)
 
@@ -137,7 +142,7 @@ class SimMIMMethod(MaskedImageModelling):
     def build(self, args, encoder, *, image_size, mean, std):
         from vit_pytorch.simmim import SimMIM
 
-        return SimMIM(encoder=encoder, masking_ratio=args.masking_ratio or 0.5)
+        return SimMIM(encoder=encoder, masking_ratio=masking_ratio(args, 0.5))
 
     @staticmethod
     def mask(learner, images, noise):
@@ -169,8 +174,7 @@ class MP3Method(Method):
     def build(self, args, encoder, *, image_size, mean, std):
         from vit_pytorch.mp3 import MP3
 
-        # `--masking-ratio 0` reaches MP3's check rather than turning into the default
-        return MP3(vit=encoder, masking_ratio=0.75 if args.masking_ratio is None else args.masking_ratio)
+        return MP3(vit=encoder, masking_ratio=masking_ratio(args, 0.75))
 
     def network(self, learner):
         return learner.vit

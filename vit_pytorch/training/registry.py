@@ -73,6 +73,14 @@ MODELS = {
     # research long tail: the block and the residual stream (issue 27)
     'simple_vit_with_value_residual': 'vit_pytorch.simple_vit_with_value_residual:SimpleViT',
     'simple_vit_orthog_residual_update': 'vit_pytorch.simple_vit_orthog_residual_update:SimpleViT',
+    # research long tail I, wired into the trainer: its decorrelation loss (AUX_LOSSES)
+    'vit_with_decorr': 'vit_pytorch.vit_with_decorr:RegisteredViT',
+}
+
+# models with an auxiliary loss that the training command adds to the cross-entropy: name -> (the forward's
+# keyword that makes it return (logits, loss), the training command's option that weights the loss)
+AUX_LOSSES = {
+    'vit_with_decorr': ('return_decorr_aux_loss', 'decorr_aux_loss_weight'),
 }
 
 # models whose input is not a batch of images (b, c, h, w): name -> what they take (`--data ucr:NAME` gives
