@@ -3,7 +3,7 @@ no private name used across modules.
 
     tier 0  vit                      the ViT, its token blocks, checks and old layouts: one copyable file
     tier 1  multiscale, pretrained   the blocks the multi-scale models share; the ViT's checkpoint plans and the
-                                     plan runner, which other models' plans build on (distill, learnable_memory_vit)
+                                     plan runner, which other models' plans build on (deit, learnable_memory_vit)
     tier 2  models and wrappers      every module not named below (and the package's __init__)
     tier 3  recorder, extractor, analysis, flops, plots
     tier 4  vit_pytorch.training.*   loop, checkpoints, data sources, extras, registry, run folders
