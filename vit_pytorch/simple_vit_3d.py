@@ -118,10 +118,8 @@ def check_arguments(*, image_size, image_patch_size, frames, frame_patch_size, n
                     mlp_dim, channels, dim_head):
     vit.check_geometry(image_size=image_size, image_patch_size=image_patch_size, frames=frames,
                        frame_patch_size=frame_patch_size)
-    for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels,
-                            dim_head=dim_head).items():
-        vit.positive_int(name, value)
-    vit.non_negative_int('num_classes', num_classes)
+    vit.check_transformer_arguments(num_classes=num_classes, dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim,
+                                    channels=channels, dim_head=dim_head)
     if dim < 12:
         raise ValueError(f"dim must be at least 12 for the 3D sin-cos position table (two frequencies per "
                          f"axis), got {dim}")
