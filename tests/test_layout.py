@@ -31,7 +31,7 @@ MODEL_TIER = 2
 
 # model modules that import more than one other model module today (a model may build on one family base);
 # the list may only shrink
-SEVERAL_BASES = {'cct_3d', 'distill', 'simple_flash_attn_vit_3d', 'simple_vit_1d', 'simple_vit_3d'}
+SEVERAL_BASES = {'distill'}
 
 
 def module_names():
