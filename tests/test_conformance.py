@@ -213,10 +213,11 @@ CASES = {
              tokenize_local_3_conv=False), (2, 3, 32, 32),
         no_gradient={'stages.1.transformer.layers.1.attention.relative_position_bias':
                      "the logits read the last stage's regional tokens only (as in 'regionvit')"}),
-    # 40x56 images: MobileViT blocks on maps 5x7, 3x4, 2x2 (2x2 patches: attention over 4+ patches); every
-    # BatchNorm over at least 2 x 2 x 2 values a channel
-    'mobile_vit': Case(dict(image_size=(40, 56), dims=(8, 16, 24), widths=(8, 8, 8, 8, 8, 8, 16, 16, 16, 16, 32),
-                            num_classes=5, expansion=2, depths=(1, 2, 1)), (2, 3, 40, 56),
+    # 40x72 images: MobileViT blocks on maps 5x9, 3x5, 2x3 (2x2 patches, the maps rounded up to whole patches:
+    # attention over 15, 6 and 2 patches; a 2x2 last map would leave one key); every BatchNorm over at least
+    # 2 x 2 x 3 values a channel
+    'mobile_vit': Case(dict(image_size=(40, 72), dims=(8, 16, 24), widths=(8, 8, 8, 8, 8, 8, 16, 16, 16, 16, 32),
+                            num_classes=5, expansion=2, depths=(1, 2, 1)), (2, 3, 40, 72),
                        no_gradient={'stages.1.*.net.7.bias': BEFORE_BATCHNORM, 'stages.0.0.net.7.bias': BEFORE_BATCHNORM,
                                     '*.transformer.norm.bias': BEFORE_BATCHNORM}),
     # a batch as one tensor; packing and token dropout: tests/test_na_vit.py

@@ -423,9 +423,17 @@ def test_a_state_dict_of_our_old_distillable_vit_is_told_to_load_into_deit():
     # compat_distill: this package's DistillableViT (the DeiT student, before issue 25), as saved then
     tensors = read_checkpoint(os.path.join(FIXTURES, 'compat_distill.safetensors'))
     img, expected = tensors.pop('compat:input'), tensors.pop('compat:output')
-    with pytest.raises(ValueError, match=r'has distill_token: it is a DeiT.*load it into vit_pytorch\.distill\.DeiT'):
+    with pytest.raises(ValueError, match=r'has distill_token: it is a DeiT.*load it into vit_pytorch\.deit\.DeiT'):
         DistillableViT(**TINY_COMPAT).load_state_dict(tensors)
     model = DeiT(**TINY_COMPAT).eval()
     model.load_state_dict(tensors)
     with torch.no_grad():
         torch.testing.assert_close(model(img), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_distill_re_exports_the_papers_deit_and_its_constructors_as_the_same_objects():
+    from vit_pytorch import deit
+    assert distill.DeiT is deit.DeiT
+    for name in ('deit_tiny_distilled_patch16_224', 'deit_small_distilled_patch16_224',
+                 'deit_base_distilled_patch16_224', 'deit_base_distilled_patch16_384'):
+        assert getattr(distill, name) is getattr(deit, name), name

@@ -3,7 +3,7 @@ no private name used across modules.
 
     tier 0  vit                      the ViT, its token blocks, checks and old layouts: one copyable file
     tier 1  multiscale, pretrained   the blocks the multi-scale models share; the ViT's checkpoint plans and the
-                                     plan runner, which other models' plans build on (distill, learnable_memory_vit)
+                                     plan runner, which other models' plans build on (deit, learnable_memory_vit)
     tier 2  models and wrappers      every module not named below (and the package's __init__)
     tier 3  recorder, extractor, analysis, flops, plots
     tier 4  vit_pytorch.training.*   loop, checkpoints, data sources, extras, registry, run folders
@@ -31,7 +31,7 @@ MODEL_TIER = 2
 
 # model modules that import more than one other model module today (a model may build on one family base);
 # the list may only shrink
-SEVERAL_BASES = {'cct_3d', 'distill', 'simple_flash_attn_vit_3d', 'simple_vit_1d', 'simple_vit_3d'}
+SEVERAL_BASES = {'distill'}
 
 
 def module_names():

@@ -116,7 +116,7 @@ def test_hf_deit_tokens_without_the_heads():
 
 def test_hf_deit_into_a_plain_vit_names_the_distillation_token():
     with pytest.raises(CheckpointError, match=r'a distilled DeiT \(it has deit\.embeddings\.distillation_token\): '
-                                              r'load it into vit_pytorch\.distill\.DeiT'):
+                                              r'load it into vit_pytorch\.deit\.DeiT'):
         load_hf(ViT(**DEIT), FIXTURES / 'hf_deit_distilled.safetensors')
 
 

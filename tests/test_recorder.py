@@ -447,6 +447,16 @@ def test_recorded_maps_are_distributions_over_the_keys(case_id):
 
 
 @pytest.mark.parametrize('case_id', conformance_rows())
+def test_every_recorded_attention_of_a_conformance_row_weighs_at_least_two_keys(case_id):
+    """The rows' rule (tests/test_conformance.py): a softmax over one key is 1 whatever the query, so the query
+    projection would get no gradient; a key masked out (weight 0) does not count."""
+    _, _, recorder = recorded_run(case_id)
+    for name, attn in zip(recorder.names, recorder.maps, strict=True):
+        keys = (attn != 0).sum(dim=-1).min().item()
+        assert keys >= 2, f'{case_id}: {name} (map {tuple(attn.shape)}) weighs {keys} key(s) for some query'
+
+
+@pytest.mark.parametrize('case_id', conformance_rows())
 def test_recorded_maps_equal_the_attention_recomputed_from_each_modules_input(case_id):
     """For the attention classes with a formula in `explicit_formulas` (ViT's, SimpleViT's, QK-norm, LSA, class
     attention, re-attention): the i-th map of a module is its formula on the module's input of its i-th call. The

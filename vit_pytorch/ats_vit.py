@@ -221,13 +221,9 @@ class ViT(vit.TokenFace, vit.NormedHead, nn.Module):
 
 def check_arguments(*, image_size, patch_size, num_classes, dim, depth, max_tokens_per_depth, heads, mlp_dim,
                     channels, dim_head, dropout, emb_dropout):
-    vit.patch_grid(vit.positive_pair('image_size', image_size), vit.positive_pair('patch_size', patch_size))
-    for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels,
-                            dim_head=dim_head).items():
-        vit.positive_int(name, value)
-    vit.non_negative_int('num_classes', num_classes)
-    for name, value in dict(dropout=dropout, emb_dropout=emb_dropout).items():
-        vit.probability(name, value)
+    vit.check_patches(image_size, patch_size)
+    vit.check_transformer_arguments(num_classes=num_classes, dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim,
+                                    channels=channels, dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout)
     if not isinstance(max_tokens_per_depth, (tuple, list)):
         raise TypeError(f"max_tokens_per_depth must be a tuple of {depth} token counts, one per layer, got "
                         f"{type(max_tokens_per_depth).__name__} {max_tokens_per_depth!r}")

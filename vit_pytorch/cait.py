@@ -184,7 +184,7 @@ class CaiT(vit.TokenFace, nn.Module):
 
 def check_arguments(*, image_size, patch_size, num_classes, dim, depth, cls_depth, heads, mlp_dim, dim_head,
                     dropout, emb_dropout, layer_dropout, channels, layer_scale_init, patch_norm, qkv_bias, norm_eps):
-    vit.patch_grid(vit.positive_pair('image_size', image_size), vit.positive_pair('patch_size', patch_size))
+    vit.check_patches(image_size, patch_size)
     for name, value in dict(dim=dim, depth=depth, cls_depth=cls_depth, heads=heads, mlp_dim=mlp_dim,
                             dim_head=dim_head, channels=channels).items():
         vit.positive_int(name, value)

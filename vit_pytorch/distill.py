@@ -14,8 +14,8 @@ Two homes for that token, the same function:
     (`student(img, distill_token=...)`). `student(img)` returns the cls head's logits in any mode,
     and `student.to_vit()` gives the plain model with the same weights and outputs. vit-pytorch
     1.26.14's checkpoints of both load with `load_vit_pytorch` and give its outputs.
-  `DeiT` (the paper, timm's `VisionTransformerDistilled`, Hugging Face's
-    `DeiTForImageClassificationWithTeacher`): the token and its head live in the student, which
+  `DeiT` (`vit_pytorch.deit`, re-exported here with its named constructors; the paper, timm's
+    `VisionTransformerDistilled`, Hugging Face's `DeiTForImageClassificationWithTeacher`): the token and its head live in the student, which
     returns both heads' logits in training and their average in eval mode, as the paper predicts
     at test time. The named constructors `deit_*_distilled_*` build it; timm's and Hugging
     Face's distilled checkpoints load into it. `DistillWrapper` takes it as a student too.
@@ -55,7 +55,8 @@ What differs from vit-pytorch 1.26.14, and why:
     deit = DeiT(image_size=32, patch_size=8, num_classes=10, dim=64, depth=2, heads=4, mlp_dim=128)
     loss = DistillWrapper(teacher=teacher, student=deit, temperature=3.0)(img, labels)
 
-This file needs only torch, einops, `vit_pytorch.vit`, `vit_pytorch.t2t` and `vit_pytorch.efficient`.
+This file needs only torch, einops, `vit_pytorch.vit`, `vit_pytorch.deit`, `vit_pytorch.t2t` and
+`vit_pytorch.efficient` (its loaders also `vit_pytorch.pretrained`).
 """
 
 import copy
@@ -65,16 +66,10 @@ import torch.nn.functional as F
 from einops import repeat
 from torch import nn
 
-from vit_pytorch import efficient, t2t, vit
-from vit_pytorch.vit import ViT, init_tokens, zero_linear
-
-# the DeiT configurations (Touvron et al., Table 1); the paper's ViT numerics of `vit_pytorch.pretrained`
-_PAPER_VIT = dict(patch_size=16, dim_head=64, patch_norm=False, qkv_bias=True, norm_eps=1e-6)
-_DEIT = {
-    'tiny': dict(dim=192, depth=12, heads=3, mlp_dim=768),
-    'small': dict(dim=384, depth=12, heads=6, mlp_dim=1536),
-    'base': dict(dim=768, depth=12, heads=12, mlp_dim=3072),
-}
+from vit_pytorch import deit, efficient, t2t, vit
+from vit_pytorch.deit import (DeiT, deit_base_distilled_patch16_224, deit_base_distilled_patch16_384,
+                              deit_small_distilled_patch16_224, deit_tiny_distilled_patch16_224)
+from vit_pytorch.vit import ViT
 
 __all__ = [
     'DistillMixin', 'DistillableViT', 'DistillableT2TViT', 'DistillableEfficientViT', 'DistillWrapper', 'DeiT',
@@ -132,7 +127,7 @@ class DistillableViT(DistillMixin, ViT):
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         if f'{prefix}distill_token' in state_dict:
             raise ValueError(f"the state_dict has {prefix}distill_token: it is a DeiT's (this package's DistillableViT "
-                             f"before it took vit-pytorch's meaning, issue 25); load it into vit_pytorch.distill.DeiT")
+                             f"before it took vit-pytorch's meaning, issue 25); load it into vit_pytorch.deit.DeiT")
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
@@ -176,66 +171,6 @@ class DistillableEfficientViT(DistillMixin, efficient.ViT):
 
 
 VIT_PYTORCH_STUDENTS = (DistillableViT, DistillableT2TViT, DistillableEfficientViT)
-
-
-# the paper's student: the distillation token and its head in the model
-
-
-class DeiT(ViT):
-    """DeiT's distilled ViT: a distillation token after the cls token and a second head on it.
-
-    Takes the keyword arguments of `ViT` (only `pool='cls'`, and no pre-logits layer).
-    Token order `[cls, distill, patches]`, with a position embedding for each,
-    as in DeiT and timm's `VisionTransformerDistilled`.
-
-    In training mode `forward` returns `(logits, distill_logits)`, the cls head and the
-    distillation head separately; in eval mode their average. `forward_distill` returns
-    the pair in either mode. `num_classes=0` returns the tokens, like `ViT`.
-
-    `forward_features` returns [cls, distill, patches] after the final norm, (b, 2 + h * w, dim).
-    """
-
-    extra_tokens = 1
-
-    def __init__(self, *, pool='cls', pre_logits_dim=None, **kwargs):
-        if pool != 'cls':
-            raise ValueError(f"DeiT needs pool='cls' (it reads the cls and distillation tokens), got {pool!r}")
-        if pre_logits_dim is not None:
-            raise ValueError(f"DeiT has no pre-logits layer (the paper has none), got pre_logits_dim={pre_logits_dim!r}")
-        super().__init__(pool=pool, **kwargs)
-        dim = self.pos_embedding.shape[-1]
-        self.distill_token = nn.Parameter(torch.zeros(1, dim))
-        init_tokens(self.distill_token, patch_norm=kwargs.get('patch_norm', True))
-        self.distill_head = nn.Linear(dim, self.num_classes) if self.num_classes > 0 else None
-
-    def reset_classifier(self, num_classes):
-        """New zero-initialised cls and distillation heads for `num_classes` (0 removes both)."""
-        super().reset_classifier(num_classes)
-        self.distill_head = zero_linear(self.pos_embedding.shape[-1], num_classes, like=self.pos_embedding) \
-            if num_classes > 0 else None
-
-    def prefix_tokens(self, batch_size):
-        """The cls and distillation tokens, before positions: (b, 2, dim)."""
-        return repeat(torch.cat((self.cls_token, self.distill_token)), 'n d -> b n d', b=batch_size)
-
-    def _heads(self, tokens):
-        if self.mlp_head is None:
-            raise ValueError("this DeiT has no heads (num_classes=0); call reset_classifier(num_classes) first")
-        return self.mlp_head(tokens[:, 0]), self.distill_head(tokens[:, 1])
-
-    def forward_head(self, tokens, pre_logits=False):
-        """The averaged embedding of both tokens (`pre_logits=True`), the logits pair
-        in training, or the average of both heads' logits in eval mode."""
-        if pre_logits or self.mlp_head is None:
-            return (tokens[:, 0] + tokens[:, 1]) / 2
-        logits, distill_logits = self._heads(tokens)
-        if self.training:
-            return logits, distill_logits
-        return (logits + distill_logits) / 2
-
-    def forward_distill(self, img):
-        """`(logits, distill_logits)` from the cls and distillation heads, in any mode."""
-        return self._heads(self.forward_features(img))
 
 
 # the loss
@@ -311,25 +246,6 @@ class DistillWrapper(nn.Module):
         return (1 - alpha) * label_loss + alpha * distill_loss
 
 
-# named DeiT configurations (timm's names); keyword arguments override, e.g. num_classes=10
-
-
-def deit_tiny_distilled_patch16_224(**kwargs):
-    return DeiT(**{**_PAPER_VIT, **_DEIT['tiny'], 'image_size': 224, 'num_classes': 1000, **kwargs})
-
-
-def deit_small_distilled_patch16_224(**kwargs):
-    return DeiT(**{**_PAPER_VIT, **_DEIT['small'], 'image_size': 224, 'num_classes': 1000, **kwargs})
-
-
-def deit_base_distilled_patch16_224(**kwargs):
-    return DeiT(**{**_PAPER_VIT, **_DEIT['base'], 'image_size': 224, 'num_classes': 1000, **kwargs})
-
-
-def deit_base_distilled_patch16_384(**kwargs):
-    return DeiT(**{**_PAPER_VIT, **_DEIT['base'], 'image_size': 384, 'num_classes': 1000, **kwargs})
-
-
 # argument checks
 
 
@@ -360,18 +276,7 @@ def check_wrapper_arguments(*, teacher, student, temperature, alpha, hard, mlp_l
                          "student brings its own head (a Linear, as in the paper): use DistillableViT for it")
 
 
-# loading checkpoints: a vit-pytorch student loads what its plain model loads; DeiT takes the paper
-# ViT's plans (vit_pytorch.pretrained) with the distillation token and head
-
-
-def _with_distillation(planned, model, *, token, head):
-    plan, head_prefixes = planned
-    dim = model.pos_embedding.shape[-1]
-    plan['distill_token'] = ({token: (1, 1, dim)}, lambda t: t[0])
-    if model.distill_head is not None:
-        plan['distill_head.weight'] = ({f'{head}.weight': tuple(model.distill_head.weight.shape)}, lambda t: t)
-        plan['distill_head.bias'] = ({f'{head}.bias': tuple(model.distill_head.bias.shape)}, lambda t: t)
-    return plan, (*head_prefixes, f'{head}.')
+# loading checkpoints: a vit-pytorch student loads what its plain model loads (DeiT's plans are in vit_pytorch.deit)
 
 
 def _plain_plan(fmt, model, keys):
@@ -385,58 +290,41 @@ def _plain_plan(fmt, model, keys):
     return plan(model, keys)
 
 
-def _not_for(fmt, model):
+def _not_for_the_wrapper(fmt, model):
     from vit_pytorch import pretrained
-    what = 'load them into its student' if isinstance(model, DistillWrapper) else 'they hold no DeiT'
-    return TypeError(f"no {pretrained.FORMATS[fmt]} checkpoints exist for {type(model).__name__}: {what}")
+    return TypeError(f"no {pretrained.FORMATS[fmt]} checkpoints exist for {type(model).__name__}: "
+                     f"load them into its student")
 
 
 def timm_plan(model, keys):
-    """timm's `VisionTransformerDistilled` (`deit_*_distilled_*`, and DeiT's own `.pth` files) -> DeiT."""
-    from vit_pytorch import pretrained
-    if isinstance(model, VIT_PYTORCH_STUDENTS):
-        return _plain_plan('timm', model, keys)
+    """timm's ViTs into a vit-pytorch student (a plain ViT); timm's distilled DeiTs go into `DeiT`."""
     if isinstance(model, DistillWrapper):
-        raise _not_for('timm', model)
-    return _with_distillation(pretrained.timm_plan(model, keys), model, token='dist_token', head='head_dist')
+        raise _not_for_the_wrapper('timm', model)
+    return _plain_plan('timm', model, keys)
 
 
 def hf_plan(model, keys):
-    """Hugging Face `DeiTForImageClassificationWithTeacher` (or `DeiTModel`, with load_head=False) -> DeiT."""
-    from vit_pytorch import pretrained
-    if isinstance(model, VIT_PYTORCH_STUDENTS):
-        return _plain_plan('hf', model, keys)
+    """Hugging Face ViTs into a vit-pytorch student (a plain ViT); distilled DeiTs go into `DeiT`."""
     if isinstance(model, DistillWrapper):
-        raise _not_for('hf', model)
-    plan, head_prefixes = pretrained.hf_plan(model, keys)
-    for kind in ('weight', 'bias'):     # DeiT's cls head is `cls_classifier`, ViT's `classifier`
-        if f'mlp_head.{kind}' in plan:
-            sources, convert = plan[f'mlp_head.{kind}']
-            plan[f'mlp_head.{kind}'] = ({f'cls_classifier.{kind}': shape for shape in sources.values()}, convert)
-    head_prefixes = tuple(prefix for prefix in head_prefixes if prefix != 'classifier.') + ('cls_classifier.',)
-    encoder = 'deit.' if any(key.startswith('deit.') for key in keys) else ''    # DeiTModel has no prefix
-    return _with_distillation((plan, head_prefixes), model, token=f'{encoder}embeddings.distillation_token',
-                              head='distillation_classifier')
+        raise _not_for_the_wrapper('hf', model)
+    return _plain_plan('hf', model, keys)
 
 
 def jax_plan(model, keys):
     """The paper's JAX ViT checkpoints, into a vit-pytorch `DistillableViT` (a plain ViT)."""
-    if isinstance(model, VIT_PYTORCH_STUDENTS):
-        return _plain_plan('jax', model, keys)
-    raise _not_for('jax', model)
+    if isinstance(model, DistillWrapper):
+        raise _not_for_the_wrapper('jax', model)
+    return _plain_plan('jax', model, keys)
 
 
 def vit_pytorch_plan(model, keys):
     """vit-pytorch's students have their plain model's keys; its wrapper's are ours (`student.`, `teacher.`,
-    `distillation_token`, `distill_mlp.`): both load as their plain model does."""
-    if isinstance(model, VIT_PYTORCH_STUDENTS):
-        return _plain_plan('vit_pytorch', model, keys)
-    if isinstance(model, DistillWrapper) and model.distill_mlp is not None:
+    `distillation_token`, `distill_mlp.`): both load as their plain model does. A wrapper around a `DeiT` has
+    no vit-pytorch checkpoints (`deit.vit_pytorch_plan` says why)."""
+    if isinstance(model, DistillWrapper):
+        if model.distill_mlp is None:
+            return deit.vit_pytorch_plan(model.student, keys)
         prefix = 'student.'
         _plain_plan('vit_pytorch', model.student, [key[len(prefix):] for key in keys if key.startswith(prefix)])
         return None
-    raise ValueError(
-        "vit-pytorch has no DeiT: its DistillableViT is a plain ViT, and the distillation token (which joins "
-        "after the patches, without a position embedding) and its head live in its DistillWrapper. Load a "
-        "DistillableViT's state_dict into vit_pytorch.distill.DistillableViT (or ViT), a DistillWrapper's into "
-        "DistillWrapper(teacher=..., student=DistillableViT(...)), with the same arguments")
+    return _plain_plan('vit_pytorch', model, keys)

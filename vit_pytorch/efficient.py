@@ -83,7 +83,7 @@ class ViT(vit.NormedHead, nn.Module):
 
 
 def check_arguments(*, image_size, patch_size, num_classes, dim, transformer, pool, channels):
-    vit.patch_grid(vit.positive_pair('image_size', image_size), vit.positive_pair('patch_size', patch_size))
+    vit.check_patches(image_size, patch_size)
     vit.positive_int('dim', dim)
     vit.positive_int('channels', channels)
     vit.non_negative_int('num_classes', num_classes)

@@ -150,7 +150,7 @@ def jumbo_vit(variant, *, image_size=224, num_classes=1000, **overrides):
 
 def check_arguments(*, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, num_jumbo_cls, jumbo_cls_k,
                     jumbo_ff_mult, channels, dim_head):
-    vit.patch_grid(vit.positive_pair('image_size', image_size), vit.positive_pair('patch_size', patch_size))
+    vit.check_patches(image_size, patch_size)
     for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, num_jumbo_cls=num_jumbo_cls,
                             jumbo_cls_k=jumbo_cls_k, channels=channels, dim_head=dim_head).items():
         vit.positive_int(name, value)

@@ -156,12 +156,9 @@ def check_arguments(**arguments):
 
 def check_vit_arguments(*, num_classes, image_size, patch_size, dim, depth, heads, mlp_dim, channels, dim_head,
                         dropout):
-    vit.patch_grid(vit.positive_pair('image_size', image_size), vit.positive_pair('patch_size', patch_size))
-    for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels,
-                            dim_head=dim_head).items():
-        vit.positive_int(name, value)
-    vit.non_negative_int('num_classes', num_classes)
-    vit.probability('dropout', dropout)
+    vit.check_patches(image_size, patch_size)
+    vit.check_transformer_arguments(num_classes=num_classes, dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim,
+                                    channels=channels, dim_head=dim_head, dropout=dropout)
     if dim % 4 or dim < 8:
         raise ValueError(f"dim must be a multiple of 4 and at least 8 for the sin-cos position table, got {dim}")
 

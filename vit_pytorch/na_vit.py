@@ -417,13 +417,9 @@ class NaViT(vit.TokenFace, vit.NormedHead, nn.Module):
 
 def check_arguments(*, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, channels, dim_head, dropout,
                     emb_dropout, token_dropout_prob, packing):
-    vit.patch_grid(vit.positive_pair('image_size', image_size), vit.positive_pair('patch_size', patch_size))
-    for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels,
-                            dim_head=dim_head).items():
-        vit.positive_int(name, value)
-    vit.non_negative_int('num_classes', num_classes)
-    vit.probability('dropout', dropout)
-    vit.probability('emb_dropout', emb_dropout)
+    vit.check_patches(image_size, patch_size)
+    vit.check_transformer_arguments(num_classes=num_classes, dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim,
+                                    channels=channels, dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout)
     if token_dropout_prob is not None and not callable(token_dropout_prob):
         vit.probability('token_dropout_prob', token_dropout_prob)
     if packing not in ('varlen', 'mask'):

@@ -196,7 +196,7 @@ class NaViT(PackedNaViT):
 
 def check_arguments(*, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, channels, dim_head, dropout,
                     emb_dropout, qk_rmsnorm, token_dropout_prob):
-    vit.patch_grid(vit.positive_pair('image_size', image_size), vit.positive_pair('patch_size', patch_size))
+    vit.check_patches(image_size, patch_size)
     check_common(num_classes=num_classes, dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels,
                  dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout, qk_rmsnorm=qk_rmsnorm,
                  token_dropout_prob=token_dropout_prob)
@@ -204,12 +204,8 @@ def check_arguments(*, image_size, patch_size, num_classes, dim, depth, heads, m
 
 def check_common(*, num_classes, dim, depth, heads, mlp_dim, channels, dim_head, dropout, emb_dropout, qk_rmsnorm,
                  token_dropout_prob):
-    for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels,
-                            dim_head=dim_head).items():
-        vit.positive_int(name, value)
-    vit.non_negative_int('num_classes', num_classes)
-    vit.probability('dropout', dropout)
-    vit.probability('emb_dropout', emb_dropout)
+    vit.check_transformer_arguments(num_classes=num_classes, dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim,
+                                    channels=channels, dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout)
     vit.boolean('qk_rmsnorm', qk_rmsnorm)
     if token_dropout_prob is not None:
         vit.probability('token_dropout_prob', token_dropout_prob)

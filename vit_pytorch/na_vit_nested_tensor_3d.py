@@ -84,7 +84,7 @@ class NaViT(na_vit_nested_tensor.PackedNaViT):
 
 def check_arguments(*, image_size, max_frames, patch_size, frame_patch_size, num_classes, dim, depth, heads, mlp_dim,
                     channels, dim_head, dropout, emb_dropout, num_registers, qk_rmsnorm, token_dropout_prob):
-    vit.patch_grid(vit.positive_pair('image_size', image_size), vit.positive_pair('patch_size', patch_size))
+    vit.check_patches(image_size, patch_size)
     vit.positive_int('max_frames', max_frames)
     vit.positive_int('frame_patch_size', frame_patch_size)
     if max_frames % frame_patch_size:

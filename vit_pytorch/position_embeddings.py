@@ -145,4 +145,4 @@ def check_arguments(*, image_size, patch_size, dim, position, dynamic_image_size
                          f"position={position!r} is built for one patch grid")
     if attention is not None and position == 'relative':
         raise ValueError("attention cannot be given with position='relative', which builds its own attention")
-    vit.patch_grid(vit.positive_pair('image_size', image_size), vit.positive_pair('patch_size', patch_size))
+    vit.check_patches(image_size, patch_size)

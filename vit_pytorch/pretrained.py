@@ -414,7 +414,7 @@ def _one_checkpoint(fmt):
 def load_timm(model, checkpoint, *, resample='timm', load_head=True, checkpoint_grid=None):
     """Load a timm state_dict (or file) into `model`; returns the model.
 
-    `model` is the matching model of this package: `ViT` for `vit_*` / `deit_*`, `distill.DeiT`
+    `model` is the matching model of this package: `ViT` for `vit_*` / `deit_*`, `deit.DeiT`
     for `deit_*_distilled_*`, `CaiT`, `XCiT`, `CrossViT`, or the parallel `ViT` for
     `vit_*_18x2_*`. `load_head=False` leaves the checkpoint's head(s) and pre-logits layer out
     (fine-tuning on other classes); `checkpoint_grid=(h, w)` is the patch grid the checkpoint
@@ -426,7 +426,7 @@ def load_timm(model, checkpoint, *, resample='timm', load_head=True, checkpoint_
 
 def load_hf(model, checkpoint, *, resample='hf', load_head=True, checkpoint_grid=None):
     """Load a Hugging Face `ViTModel` / `ViTForImageClassification` (into `ViT`) or a
-    `DeiTForImageClassificationWithTeacher` (into `distill.DeiT`): a `save_pretrained` folder,
+    `DeiTForImageClassificationWithTeacher` (into `deit.DeiT`): a `save_pretrained` folder,
     its `model.safetensors`, or a state_dict.
 
     A folder's config.json gives the checkpoint's grid and is checked against the model: its
@@ -823,7 +823,7 @@ def _head_plan(m, names, *, transposed=False):
 def _refuse_distilled(model, keys, token):
     if token in keys and getattr(model, 'distill_token', None) is None:
         raise ValueError(f"the checkpoint is a distilled DeiT (it has {token}): load it into "
-                         f"vit_pytorch.distill.DeiT, which has the distillation token and head")
+                         f"vit_pytorch.deit.DeiT, which has the distillation token and head")
 
 
 def timm_plan(model, keys):

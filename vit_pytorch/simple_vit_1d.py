@@ -95,10 +95,8 @@ class SimpleViT(vit.TokenFace, nn.Module):
 
 def check_arguments(*, seq_len, patch_size, num_classes, dim, depth, heads, mlp_dim, channels, dim_head):
     vit_1d.check_length(seq_len=seq_len, patch_size=patch_size)
-    for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels,
-                            dim_head=dim_head).items():
-        vit.positive_int(name, value)
-    vit.non_negative_int('num_classes', num_classes)
+    vit.check_transformer_arguments(num_classes=num_classes, dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim,
+                                    channels=channels, dim_head=dim_head)
     if dim % 2 or dim < 4:
         raise ValueError(f"dim must be even and at least 4 for the 1D sin-cos position table, got {dim}")
 

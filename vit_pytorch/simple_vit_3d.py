@@ -52,12 +52,13 @@ class SimpleViT(vit.TokenFace, nn.Module):
     """SimpleViT on tubelets; `num_classes=0` makes `forward` return the pooled embedding (b, dim).
 
     `forward_features` returns all tokens after the final norm, (b, f * h * w, dim).
+    For variants: `transformer` builds the encoder from (dim, depth, heads, dim_head, mlp_dim).
     """
 
     num_prefix_tokens = 0
 
     def __init__(self, *, image_size, image_patch_size, frames, frame_patch_size, num_classes, dim, depth, heads,
-                 mlp_dim, channels=3, dim_head=64):
+                 mlp_dim, channels=3, dim_head=64, transformer=vit.SimpleTransformer):
         check_arguments(**vit.arguments(locals()))
         super().__init__()
         self.image_size, self.patch_size = vit.pair(image_size), vit.pair(image_patch_size)
@@ -69,7 +70,8 @@ class SimpleViT(vit.TokenFace, nn.Module):
                                                        frame_patch_size=frame_patch_size, dim=dim)
         # fixed, so not saved; a buffer so that it follows .to(device)
         self.register_buffer('pos_embedding', posemb_sincos_3d(*self.grid_size, dim), persistent=False)
-        self.transformer = vit.SimpleTransformer(dim, depth, heads, dim_head, mlp_dim)
+        self.transformer = transformer(dim, depth, heads, dim_head, mlp_dim)
+        self.to_latent = nn.Identity()
         self.num_features = dim
         self.linear_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
 
@@ -91,12 +93,12 @@ class SimpleViT(vit.TokenFace, nn.Module):
         return x + self.pos_embedding_for(self.token_grid(video.shape[2:])).to(x.dtype)
 
     def forward_features(self, video):
-        """All tokens after the final norm: (b, f * h * w, dim)."""
+        """The encoder's tokens: (b, f * h * w, dim)."""
         return self.transformer(self.embed(video))
 
     def forward_head(self, tokens, pre_logits=False):
         """Mean of the tokens, then the head."""
-        x = tokens.mean(dim=1)
+        x = self.to_latent(tokens.mean(dim=1))
         return x if pre_logits else self.linear_head(x)
 
     def forward(self, video):
@@ -115,16 +117,16 @@ class SimpleViT(vit.TokenFace, nn.Module):
 
 
 def check_arguments(*, image_size, image_patch_size, frames, frame_patch_size, num_classes, dim, depth, heads,
-                    mlp_dim, channels, dim_head):
+                    mlp_dim, channels, dim_head, transformer=vit.SimpleTransformer):
     vit.check_geometry(image_size=image_size, image_patch_size=image_patch_size, frames=frames,
                        frame_patch_size=frame_patch_size)
-    for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels,
-                            dim_head=dim_head).items():
-        vit.positive_int(name, value)
-    vit.non_negative_int('num_classes', num_classes)
+    vit.check_transformer_arguments(num_classes=num_classes, dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim,
+                                    channels=channels, dim_head=dim_head)
     if dim < 12:
         raise ValueError(f"dim must be at least 12 for the 3D sin-cos position table (two frequencies per "
                          f"axis), got {dim}")
+    if not callable(transformer):
+        raise TypeError(f"transformer must be a callable that builds the encoder, got {transformer!r}")
 
 
 # loading checkpoints

@@ -877,27 +877,41 @@ def boolean(name, value):
     return value
 
 
-def patch_grid(image_size, patch_size):
+def patch_grid(image_size, patch_size, *, patch_name='patch_size'):
     """(h, w) patch grid of an image, or a ValueError when the sides do not divide."""
     (image_height, image_width), (patch_height, patch_width) = image_size, patch_size
     if image_height % patch_height or image_width % patch_width:
         raise ValueError(
-            f"image_size {image_size} must be divisible by patch_size {patch_size} "
+            f"image_size {image_size} must be divisible by {patch_name} {patch_size} "
             f"in both height and width"
         )
     return image_height // patch_height, image_width // patch_width
 
 
-def check_vit_arguments(*, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, pool, channels,
-                        dim_head, dropout, emb_dropout, patch_norm, qkv_bias, norm_eps, pre_logits_dim,
-                        gelu_approximate, dynamic_image_size, **blocks):
-    patch_grid(positive_pair('image_size', image_size), positive_pair('patch_size', patch_size))
+def check_patches(image_size, patch_size, *, patch_name='patch_size'):
+    """The (h, w) patch grid of a constructor's `image_size` and `patch_size` (each an int or an (h, w) pair of
+    positive ints, the image divisible by the patch); a TypeError/ValueError naming the argument otherwise."""
+    return patch_grid(positive_pair('image_size', image_size), positive_pair(patch_name, patch_size),
+                      patch_name=patch_name)
+
+
+def check_transformer_arguments(*, num_classes, dim, depth, heads, mlp_dim, channels, dim_head, **rates):
+    """The sizes every ViT-like constructor takes: positive ints `dim` ... `dim_head`, a non-negative
+    `num_classes`, and each of `rates` (`dropout`, `emb_dropout`, ...) in [0, 1)."""
     for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels,
                             dim_head=dim_head).items():
         positive_int(name, value)
     non_negative_int('num_classes', num_classes)
-    probability('dropout', dropout)
-    probability('emb_dropout', emb_dropout)
+    for name, value in rates.items():
+        probability(name, value)
+
+
+def check_vit_arguments(*, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, pool, channels,
+                        dim_head, dropout, emb_dropout, patch_norm, qkv_bias, norm_eps, pre_logits_dim,
+                        gelu_approximate, dynamic_image_size, **blocks):
+    check_patches(image_size, patch_size)
+    check_transformer_arguments(num_classes=num_classes, dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim,
+                                channels=channels, dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout)
     positive_float('norm_eps', norm_eps)
     for name, value in dict(patch_norm=patch_norm, qkv_bias=qkv_bias, dynamic_image_size=dynamic_image_size).items():
         boolean(name, value)
@@ -914,11 +928,7 @@ def check_vit_arguments(*, image_size, patch_size, num_classes, dim, depth, head
 
 def check_geometry(*, image_size, image_patch_size, frames, frame_patch_size):
     """The video geometry every video model shares: sides and frames divisible by the tubelet."""
-    (height, width), (patch_height, patch_width) = (positive_pair('image_size', image_size),
-                                                    positive_pair('image_patch_size', image_patch_size))
-    if height % patch_height or width % patch_width:
-        raise ValueError(f"image_size {(height, width)} must be divisible by image_patch_size "
-                         f"{(patch_height, patch_width)} in both height and width")
+    check_patches(image_size, image_patch_size, patch_name='image_patch_size')
     positive_int('frames', frames)
     positive_int('frame_patch_size', frame_patch_size)
     if frames % frame_patch_size:

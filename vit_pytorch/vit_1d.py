@@ -99,12 +99,8 @@ class ViT(vit.TokenFace, nn.Module):
 def check_arguments(*, seq_len, patch_size, num_classes, dim, depth, heads, mlp_dim, channels, dim_head, dropout,
                     emb_dropout):
     check_length(seq_len=seq_len, patch_size=patch_size)
-    for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels,
-                            dim_head=dim_head).items():
-        vit.positive_int(name, value)
-    vit.non_negative_int('num_classes', num_classes)
-    vit.probability('dropout', dropout)
-    vit.probability('emb_dropout', emb_dropout)
+    vit.check_transformer_arguments(num_classes=num_classes, dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim,
+                                    channels=channels, dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout)
 
 
 def check_length(*, seq_len, patch_size):

@@ -139,12 +139,8 @@ def check_arguments(*, image_size, image_patch_size, frames, frame_patch_size, n
                     gelu_approximate):
     vit.check_geometry(image_size=image_size, image_patch_size=image_patch_size, frames=frames,
                        frame_patch_size=frame_patch_size)
-    for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels,
-                            dim_head=dim_head).items():
-        vit.positive_int(name, value)
-    vit.non_negative_int('num_classes', num_classes)
-    vit.probability('dropout', dropout)
-    vit.probability('emb_dropout', emb_dropout)
+    vit.check_transformer_arguments(num_classes=num_classes, dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim,
+                                    channels=channels, dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout)
     vit.positive_float('norm_eps', norm_eps)
     vit.boolean('patch_norm', patch_norm)
     vit.boolean('qkv_bias', qkv_bias)

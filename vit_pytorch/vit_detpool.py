@@ -146,13 +146,9 @@ class ViTDetPool(vit.TokenFace, nn.Module):
 
 def check_arguments(*, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, use_cls_token, channels,
                     dim_head, dropout, emb_dropout, mask_generator):
-    vit.patch_grid(vit.positive_pair('image_size', image_size), vit.positive_pair('patch_size', patch_size))
-    for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels,
-                            dim_head=dim_head).items():
-        vit.positive_int(name, value)
-    vit.non_negative_int('num_classes', num_classes)
-    vit.probability('dropout', dropout)
-    vit.probability('emb_dropout', emb_dropout)
+    vit.check_patches(image_size, patch_size)
+    vit.check_transformer_arguments(num_classes=num_classes, dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim,
+                                    channels=channels, dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout)
     vit.boolean('use_cls_token', use_cls_token)
     if mask_generator is not None and not isinstance(mask_generator, nn.Module):
         raise TypeError(f"mask_generator must be a torch.nn.Module that maps images to object masks, or None, "

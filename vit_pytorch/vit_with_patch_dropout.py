@@ -91,13 +91,10 @@ class ViT(vit.TokenFace, vit.NormedHead, nn.Module):
 
 def check_arguments(*, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, pool, channels, dim_head,
                     dropout, emb_dropout, patch_dropout):
-    vit.patch_grid(vit.positive_pair('image_size', image_size), vit.positive_pair('patch_size', patch_size))
-    for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels,
-                            dim_head=dim_head).items():
-        vit.positive_int(name, value)
-    vit.non_negative_int('num_classes', num_classes)
-    for name, value in dict(dropout=dropout, emb_dropout=emb_dropout, patch_dropout=patch_dropout).items():
-        vit.probability(name, value)
+    vit.check_patches(image_size, patch_size)
+    vit.check_transformer_arguments(num_classes=num_classes, dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim,
+                                    channels=channels, dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout,
+                                    patch_dropout=patch_dropout)
     if pool not in ('cls', 'mean'):
         raise ValueError(f"pool must be 'cls' (cls token) or 'mean' (mean of all tokens), got {pool!r}")
 

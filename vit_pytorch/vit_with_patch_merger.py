@@ -146,13 +146,10 @@ def check_merger_arguments(*, dim, num_tokens_out):
 
 def check_arguments(*, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, patch_merge_layer,
                     patch_merge_num_tokens, channels, dim_head, dropout, emb_dropout):
-    vit.patch_grid(vit.positive_pair('image_size', image_size), vit.positive_pair('patch_size', patch_size))
-    for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels,
-                            dim_head=dim_head, patch_merge_num_tokens=patch_merge_num_tokens).items():
-        vit.positive_int(name, value)
-    vit.non_negative_int('num_classes', num_classes)
-    for name, value in dict(dropout=dropout, emb_dropout=emb_dropout).items():
-        vit.probability(name, value)
+    vit.check_patches(image_size, patch_size)
+    vit.check_transformer_arguments(num_classes=num_classes, dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim,
+                                    channels=channels, dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout)
+    vit.positive_int('patch_merge_num_tokens', patch_merge_num_tokens)
     layer = depth // 2 if patch_merge_layer is None else vit.positive_int('patch_merge_layer', patch_merge_layer)
     if not 1 <= layer <= depth:
         raise ValueError(f"patch_merge_layer must be a layer of the encoder, 1 to depth={depth} (None: depth // 2), "

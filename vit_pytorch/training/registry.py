@@ -29,7 +29,7 @@ MODELS = {
     'small_dataset_vit': 'vit_pytorch.vit_for_small_dataset:ViT',
     'parallel_vit': 'vit_pytorch.parallel_vit:ViT',
     'learnable_memory_vit': 'vit_pytorch.learnable_memory_vit:ViT',
-    'distillable_vit': 'vit_pytorch.distill:DeiT',
+    'distillable_vit': 'vit_pytorch.deit:DeiT',
     'simple_vit_with_register_tokens': 'vit_pytorch.simple_vit_with_register_tokens:SimpleViT',
     'simple_vit_with_qk_norm': 'vit_pytorch.simple_vit_with_qk_norm:SimpleViT',
     'simple_vit_with_patch_dropout': 'vit_pytorch.simple_vit_with_patch_dropout:SimpleViT',
