@@ -2,7 +2,7 @@
 
 "ViT-5: Vision Transformers for The Mid-2020s", Wang et al., arXiv 2602.08071: keep the ViT's attention and MLP
 blocks and bring the rest up to date: RMSNorm for every norm, the queries and keys RMS-normed per head before their
-dot product (QK-norm), LayerScale on both residual branches (starting at 1e-4), register tokens, and 2D axial
+dot product (QK-norm), LayerScale on both residual branches (starting at 1e-4: `layer_scale_init`), register tokens, and 2D axial
 rotary positions (RoPE) on top of the learned absolute table. The cls token is not turned; the registers are turned
 by low frequencies of their own, so they keep an order without sitting on the image.
 
@@ -29,6 +29,7 @@ a learned token, the same functions). `vit_5(variant)` builds the paper's models
 counts are the official code's plus those (1 + registers) table rows.
 """
 
+import functools
 import re
 
 import torch
@@ -37,7 +38,6 @@ from torch import nn
 
 from vit_pytorch import vit
 
-LAYER_SCALE_INIT = 1e-4     # the paper's LayerScale start (its code's init_scale)
 PATCH_THETA = 100_000       # vit-pytorch's base of the patches' frequencies (the official code: 10,000)
 REGISTER_THETA = 100        # the registers' base (reg_theta of the official code)
 
@@ -70,9 +70,9 @@ class Transformer(vit.Stack):
     `forward(x, angles=...)` hands the rotary angles to every attention. `vit.ViT`'s options of its own blocks
     (LayerNorm epsilon, qkv bias, GELU approximation, block builders) are not ViT-5's: `_` takes them."""
 
-    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout=0., **_):
+    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout=0., *, layer_scale_init=1e-4, **_):
         def scaled(block):
-            return vit.LayerScale(dim, block, LAYER_SCALE_INIT)
+            return vit.LayerScale(dim, block, layer_scale_init)
         super().__init__([
             (scaled(Attention(dim, heads, dim_head, dropout)),
              scaled(vit.FeedForward(dim, mlp_dim, dropout, norm=nn.RMSNorm(dim))))
@@ -88,15 +88,19 @@ class ViT(vit.ViT):
     `num_classes=0` makes `forward` return them too, as in vit-pytorch; `forward_head(tokens, pre_logits=True)` is
     the cls token. `dim_head` must be divisible by 4 (each of the two axes turns a quarter of its channels' pairs).
     Recorded attention maps: one (b, heads, n, n) map per layer over [cls, registers, patches].
+
+    `layer_scale_init` (keyword only, ours; the official code's `init_scale`): the LayerScales' start, the paper's
+    1e-4 by default.
     """
 
     def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, channels=3, dim_head=64,
-                 dropout=0., emb_dropout=0., num_registers=4):
+                 dropout=0., emb_dropout=0., num_registers=4, layer_scale_init=1e-4):
         check_arguments(**vit.arguments(locals()))
         self.extra_tokens = num_registers        # after the cls token, before the patches (read by vit.ViT)
         super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim, depth=depth,
                          heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head, dropout=dropout,
-                         emb_dropout=emb_dropout, patch_norm=False, transformer=Transformer)
+                         emb_dropout=emb_dropout, patch_norm=False,
+                         transformer=functools.partial(Transformer, layer_scale_init=layer_scale_init))
         if num_registers:
             self.register_tokens = nn.Parameter(torch.zeros(num_registers, dim))
             vit.init_tokens(self.register_tokens, patch_norm=False)
@@ -136,8 +140,9 @@ def vit_5(variant, *, image_size=224, num_classes=1000, **overrides):
 # argument checks
 
 
-def check_arguments(*, dim_head, num_registers, **_):
+def check_arguments(*, dim_head, num_registers, layer_scale_init, **_):
     vit.non_negative_int('num_registers', num_registers)
+    vit.positive_float('layer_scale_init', layer_scale_init)
     vit.positive_int('dim_head', dim_head)
     if dim_head % 4:
         raise ValueError(f"dim_head must be divisible by 4 (a quarter of each head's channel pairs turns by each "

@@ -73,6 +73,8 @@ MODELS = {
     # research long tail: the block and the residual stream (issue 27)
     'simple_vit_with_value_residual': 'vit_pytorch.simple_vit_with_value_residual:SimpleViT',
     'simple_vit_orthog_residual_update': 'vit_pytorch.simple_vit_orthog_residual_update:SimpleViT',
+    'vit_5': 'vit_pytorch.vit_5:ViT',
+    'rvt': 'vit_pytorch.rvt:RvT',
 }
 
 # models whose input is not a batch of images (b, c, h, w): name -> what they take (`--data ucr:NAME` gives
