@@ -283,7 +283,8 @@ REFERENCES = {
                                            **REGISTRY['simple_vit_orthog_residual_update'][2])),
     'vit_5': ('vit-pytorch 1.26.14 vit_5.ViT',
               lambda ours: vit_pytorch_reference('vit_5', 'ViT', ours, **REGISTRY['vit_5'][2])),
-    'rvt': ('vit-pytorch 1.26.14 rvt.RvT', lambda ours: vit_pytorch_reference('rvt', 'RvT', ours, **REGISTRY['rvt'][2])),
+    'rvt': ('vit-pytorch 1.26.14 rvt.RvT',
+            lambda ours: vit_pytorch_reference('rvt', 'RvT', ours, **REGISTRY['rvt'][2])),
 }
 # vit-pytorch 1.26.14's modules that compute our function at the preset's arguments: name -> (module, class)
 VIT_PYTORCH_REFERENCES = {

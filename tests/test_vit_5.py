@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from helpers import move_off_initialisation, reference_case
-from vit_pytorch.pretrained import load_vit_pytorch
+from vit_pytorch.pretrained import CheckpointError, load_vit_pytorch
 from vit_pytorch.recorder import Recorder
 from vit_pytorch.vit_5 import CONFIGS, ViT, vit_5
 
@@ -108,3 +108,10 @@ def test_a_bad_argument_is_refused_by_name(name, value, error):
 def test_an_unknown_variant_is_refused_naming_the_known_ones():
     with pytest.raises(ValueError, match=r"variant must be one of \['B', 'L', 'S', 'XL'\], got 'M'"):
         vit_5('M')
+
+
+def test_a_checkpoint_of_a_deeper_model_is_refused_naming_the_keys_no_layer_takes():
+    config, state_dict, _, _ = reference_case('vit_pytorch_1.26.14_vit_5')
+    refusal = r"no part of this ViT-5 takes transformer\.layers\.1\..*build it with the checkpoint's depth"
+    with pytest.raises(CheckpointError, match=refusal):
+        load_vit_pytorch(ViT(**{**config, 'depth': 1}), state_dict)

@@ -25,8 +25,6 @@ of an (h, w) grid gets its own positions. `emb_dropout` is taken and never appli
 tokens, as in the other ViTs (0 by default: the same model). `patch_size` may be an (h, w) pair here.
 """
 
-import re
-
 import torch
 from einops import rearrange, repeat
 from torch import nn
@@ -159,20 +157,10 @@ VIT_PYTORCH_KEYS = [
 def vit_pytorch_plan(model, keys):
     """vit-pytorch's `rvt.RvT`: renamed by VIT_PYTORCH_KEYS; its cls token loses a leading axis, its frequencies
     (`scales`, one vector for both axes) gain the axis dimension of ours."""
-    state = model.state_dict()
-    plan, unknown = {}, []
-    for key in keys:
-        ours = next((re.sub(pattern, replacement, key) for pattern, replacement in VIT_PYTORCH_KEYS
-                     if re.match(pattern, key)), key)
-        if ours not in state:
-            unknown.append(key)
-        elif ours == 'cls_token':
-            plan[ours] = ({key: (1, *state[ours].shape)}, lambda t: t[0])
-        elif ours == 'rotary.frequencies':
-            axes, count = state[ours].shape
-            plan[ours] = ({key: (count,)}, lambda t, axes=axes: repeat(t, 'f -> axes f', axes=axes))
-        else:
-            plan[ours] = ({key: tuple(state[ours].shape)}, lambda t: t)
+    axes, count = model.rotary.frequencies.shape
+    plan, unknown = vit.renamed_plan(model, keys, VIT_PYTORCH_KEYS, {
+        'cls_token': ((1, *model.cls_token.shape), lambda t: t[0]),
+        'rotary.frequencies': ((count,), lambda t: repeat(t, 'f -> axes f', axes=axes))})
     if unknown:
         raise ValueError(f"no part of this RvT takes {', '.join(unknown[:5])}: build it with the checkpoint's "
                          f"depth, use_ds_conv and use_glu")

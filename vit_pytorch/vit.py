@@ -29,6 +29,7 @@ The blocks of multi-scale models (windows, stages, spatial reduction) live in
 
 import inspect
 import math
+import re
 from types import MappingProxyType
 
 import torch
@@ -1091,3 +1092,21 @@ def fix_old_vit_pytorch_layout(state_dict, prefix, *, pool):
         state_dict[cls_key] = state_dict[cls_key][0]
     if pos_key in state_dict and state_dict[pos_key].ndim == 3:
         state_dict[pos_key] = state_dict[pos_key][0]
+
+
+def renamed_plan(model, keys, renames, reshaped=()):
+    """A loader plan (see `vit_pytorch.pretrained`) for a checkpoint whose keys differ from `model`'s by names:
+    each of `keys` becomes ours by the first (pattern, replacement) of `renames` that matches it (else itself) and
+    is copied as it is, or, for our keys in `reshaped` ({ours: (the checkpoint's shape, convert)}), converted.
+    Returns (plan, the keys no tensor of `model` takes)."""
+    state, reshaped = model.state_dict(), dict(reshaped)
+    plan, unknown = {}, []
+    for key in keys:
+        ours = next((re.sub(pattern, replacement, key) for pattern, replacement in renames if re.match(pattern, key)),
+                    key)
+        if ours not in state:
+            unknown.append(key)
+        else:
+            shape, convert = reshaped.get(ours, (tuple(state[ours].shape), lambda t: t))
+            plan[ours] = ({key: shape}, convert)
+    return plan, unknown

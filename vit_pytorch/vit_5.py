@@ -2,9 +2,9 @@
 
 "ViT-5: Vision Transformers for The Mid-2020s", Wang et al., arXiv 2602.08071: keep the ViT's attention and MLP
 blocks and bring the rest up to date: RMSNorm for every norm, the queries and keys RMS-normed per head before their
-dot product (QK-norm), LayerScale on both residual branches (starting at 1e-4: `layer_scale_init`), register tokens, and 2D axial
-rotary positions (RoPE) on top of the learned absolute table. The cls token is not turned; the registers are turned
-by low frequencies of their own, so they keep an order without sitting on the image.
+dot product (QK-norm), LayerScale on both residual branches (starting at 1e-4: `layer_scale_init`), register tokens,
+and 2D axial rotary positions (RoPE) on top of the learned absolute table. The cls token is not turned; the
+registers are turned by low frequencies of their own, so they keep an order without sitting on the image.
 
     import torch
     from vit_pytorch.vit_5 import ViT, vit_5
@@ -30,7 +30,6 @@ counts are the official code's plus those (1 + registers) table rows.
 """
 
 import functools
-import re
 
 import torch
 from einops import repeat
@@ -168,18 +167,11 @@ VIT_PYTORCH_KEYS = [
 def vit_pytorch_plan(model, keys):
     """vit-pytorch's `vit_5.ViT`: renamed by VIT_PYTORCH_KEYS; its frequencies, one vector for both image axes
     (and one for the registers), gain the axis dimension of ours."""
-    state = model.state_dict()
-    plan, unknown = {}, []
-    for key in keys:
-        ours = next((re.sub(pattern, replacement, key) for pattern, replacement in VIT_PYTORCH_KEYS
-                     if re.match(pattern, key)), key)
-        if ours not in state:
-            unknown.append(key)
-        elif ours.endswith('rotary.frequencies'):
-            axes, count = state[ours].shape
-            plan[ours] = ({key: (count,)}, lambda t, axes=axes: repeat(t, 'f -> axes f', axes=axes))
-        else:
-            plan[ours] = ({key: tuple(state[ours].shape)}, lambda t: t)
+    reshaped = {}
+    for name in ('patch_rotary', 'register_rotary'):
+        axes, count = model.get_submodule(name).frequencies.shape
+        reshaped[f'{name}.frequencies'] = ((count,), lambda t, axes=axes: repeat(t, 'f -> axes f', axes=axes))
+    plan, unknown = vit.renamed_plan(model, keys, VIT_PYTORCH_KEYS, reshaped)
     if unknown:
         raise ValueError(f"no part of this ViT-5 takes {', '.join(unknown[:5])}: build it with the checkpoint's "
                          f"depth, num_registers and num_classes")
