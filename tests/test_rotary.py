@@ -98,3 +98,12 @@ def test_rotary_attention_without_angles_is_the_cores_attention():
     torch.testing.assert_close(rotary(x), plain(x), rtol=1e-12, atol=1e-12)
     angles = torch.full((5, 4), math.pi / 3, dtype=torch.float64)        # every token turned alike: q . k unchanged
     torch.testing.assert_close(rotary(x, angles=angles), plain(x), rtol=1e-10, atol=1e-10)
+
+
+def test_a_bfloat16_model_computes_its_angles_in_float32():
+    """In bfloat16 (8 significant bits) an angle near 350 radians, RvT's largest at 224 pixels, is off by up to 1."""
+    embedding = vit.AxialRotaryEmbedding(torch.tensor([[112.]])).to(torch.bfloat16)
+    positions = torch.tensor([[math.pi], [math.pi * 0.99]])
+    angles = embedding(positions)
+    assert angles.dtype == torch.float32
+    torch.testing.assert_close(angles, positions * 112., rtol=1e-6, atol=0)

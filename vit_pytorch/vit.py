@@ -707,8 +707,9 @@ class AxialRotaryEmbedding(nn.Module):
         self.register_buffer('frequencies', frequencies.contiguous())     # an expanded view cannot be loaded into
 
     def forward(self, positions):
-        positions = positions.to(self.frequencies)
-        return rearrange(positions[:, :, None] * self.frequencies, 'n a f -> n (a f)')
+        # angles in float32 at least: in bfloat16 an angle of a few hundred radians (RvT's) is off by up to one
+        frequencies = self.frequencies.to(torch.promote_types(self.frequencies.dtype, torch.float32))
+        return rearrange(positions.to(frequencies)[:, :, None] * frequencies, 'n a f -> n (a f)')
 
 
 def rotate(x, angles):
