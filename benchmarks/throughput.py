@@ -208,6 +208,10 @@ REGISTRY = {
     # vit-pytorch's defaults (every token of every block's normed input decorrelated) at S/16; the training step adds
     # the loss (DecorrelatedLoss), as the training command does
     'vit_with_decorr': ('S/16, decorrelation loss x 0.1', None, S16, 224, 3, NUM_CLASSES),
+    # vit-pytorch's README model (256 px, patches of 16, width 512, depth 6, 4 registers) scaled to S/16 at 224
+    'vit_5': ('S/16, 4 registers', None, dict(S16, num_registers=4), 224, 3, NUM_CLASSES),
+    # vit-pytorch has no README model for RvT: S/16 at 224 with its defaults (convolutional queries, GEGLU)
+    'rvt': ('S/16', None, S16, 224, 3, NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -283,6 +287,10 @@ REFERENCES = {
     'vit_with_decorr': ('vit-pytorch 1.26.14 vit_with_decorr.ViT',
                         lambda ours: vit_pytorch_reference('vit_with_decorr', 'ViT', ours,
                                                            **REGISTRY['vit_with_decorr'][2])),
+    'vit_5': ('vit-pytorch 1.26.14 vit_5.ViT',
+              lambda ours: vit_pytorch_reference('vit_5', 'ViT', ours, **REGISTRY['vit_5'][2])),
+    'rvt': ('vit-pytorch 1.26.14 rvt.RvT',
+            lambda ours: vit_pytorch_reference('rvt', 'RvT', ours, **REGISTRY['rvt'][2])),
 }
 # vit-pytorch 1.26.14's modules that compute our function at the preset's arguments: name -> (module, class)
 VIT_PYTORCH_REFERENCES = {

@@ -293,6 +293,14 @@ CASES = {
         dict(VIT, orthog_residual_update_kwargs=dict(learned=True)), IMAGES),
     # the registered class returns the logits alone unless asked for its loss (the trainer asks: AUX_LOSSES)
     'vit_with_decorr': Case(VIT, IMAGES),
+    # a cls token, 2 registers and the 4x3 patches; every token but the cls token turned by its rotary angles; the
+    # LayerScales start at 0.1, not the paper's 1e-4 (which leaves the cls token's output 4e-4 from constant at init)
+    'vit_5': Case(dict(VIT, num_registers=2, layer_scale_init=0.1), IMAGES),
+    # no position table: the 4x3 grid's rotary angles; convolutional queries and GEGLU, or linear queries and GELU
+    'rvt': Case(dict(VIT, image_size=24), IMAGES,
+                no_gradient={'transformer.layers.1.0.to_q.conv.*': "the last layer's queries of the patch tokens: " +
+                             CLS_CLASSIFIES}),
+    'rvt[plain]': Case(dict(VIT, image_size=24, use_ds_conv=False, use_glu=False), IMAGES),
 }
 
 

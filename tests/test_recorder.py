@@ -380,12 +380,57 @@ def re_attention(module, x):
     return rearrange(explicit_layer_norm(mixed, module.reattn_norm[1]), 'b i j h -> b h i j')
 
 
+def explicit_rms_norm(x, norm):
+    """RMSNorm over the last dimension, written out: x / sqrt(mean(x^2) + eps) * weight (eps None: the dtype's)."""
+    eps = torch.finfo(x.dtype).eps if norm.eps is None else norm.eps
+    return x / torch.sqrt((x ** 2).mean(dim=-1, keepdim=True) + eps) * norm.weight
+
+
+def turned(t, angles):
+    """Each channel pair (2i, 2i + 1) of t (b, h, n, d) as the complex number t_2i + j t_2i+1, times e^(j angle);
+    the channels after the angles' pairs unchanged."""
+    pairs = angles.shape[-1]
+    z = torch.view_as_complex(rearrange(t[..., :2 * pairs].contiguous(), '... (p two) -> ... p two', two=2))
+    z = torch.view_as_real(z * torch.polar(torch.ones_like(angles), angles))
+    return torch.cat((rearrange(z, '... p two -> ... (p two)'), t[..., 2 * pairs:]), dim=-1)
+
+
+def vit_5_attention(module, x, *, angles):
+    """ViT-5: softmax(R RMS(q) (R RMS(k))^T / sqrt(dim_head)), q, k of the RMS-normed tokens, R the rotary turn."""
+    q, k, _ = explicit_linear(explicit_rms_norm(x, module.norm), module.to_qkv).chunk(3, dim=-1)
+    q, k = (turned(explicit_rms_norm(split_heads(t, module.heads), norm), angles)
+            for t, norm in ((q, module.q_norm), (k, module.k_norm)))
+    return (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).softmax(dim=-1)
+
+
+def rvt_attention(module, x, *, angles, grid):
+    """RvT: softmax(R q (R k)^T / sqrt(dim_head)); the patches' queries a depthwise then a pointwise convolution
+    over the grid of the layer-normed tokens, the cls token's a Linear (or none), keys a Linear."""
+    h = explicit_layer_norm(x, module.norm)
+    if module.use_ds_conv:
+        depthwise, pointwise = module.to_q.conv
+        patches = rearrange(h[:, 1:], 'b (y x) d -> b d y x', y=grid[0])
+        patches = nn.functional.conv2d(patches, depthwise.weight, padding=depthwise.padding, groups=patches.shape[1])
+        patches = torch.einsum('bdyx,ed->beyx', patches, pointwise.weight[:, :, 0, 0])
+        cls_proj = module.to_q.cls_proj
+        cls_query = h[:, :1] if isinstance(cls_proj, nn.Identity) else explicit_linear(h[:, :1], cls_proj)
+        q = torch.cat((cls_query, rearrange(patches, 'b e y x -> b (y x) e')), dim=1)
+    else:
+        q = explicit_linear(h, module.to_q)
+    k = explicit_linear(h, module.to_kv).chunk(2, dim=-1)[0]
+    q, k = (split_heads(t, module.heads) for t in (q, k))
+    if angles is not None:
+        q, k = turned(q, angles), turned(k, angles)
+    return (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).softmax(dim=-1)
+
+
 def explicit_formulas():
     """Attention class (exactly: a subclass may change the formula) -> its map recomputed from the module's input."""
-    from vit_pytorch import deepvit, simple_vit, simple_vit_with_qk_norm, vit, vit_for_small_dataset
+    from vit_pytorch import deepvit, rvt, simple_vit, simple_vit_with_qk_norm, vit, vit_5, vit_for_small_dataset
     return {vit.Attention: core_attention, simple_vit.Attention: core_attention,
             simple_vit_with_qk_norm.Attention: qk_norm_attention, vit_for_small_dataset.LSA: locality_attention,
-            vit.ClassAttention: class_attention, deepvit.ReAttention: re_attention}
+            vit.ClassAttention: class_attention, deepvit.ReAttention: re_attention,
+            vit_5.Attention: vit_5_attention, rvt.Attention: rvt_attention}
 
 
 # the recorded map is not a distribution over keys by design: DeepViT records the re-attention map (mixed and
@@ -459,7 +504,7 @@ def test_every_recorded_attention_of_a_conformance_row_weighs_at_least_two_keys(
 @pytest.mark.parametrize('case_id', conformance_rows())
 def test_recorded_maps_equal_the_attention_recomputed_from_each_modules_input(case_id):
     """For the attention classes with a formula in `explicit_formulas` (ViT's, SimpleViT's, QK-norm, LSA, class
-    attention, re-attention): the i-th map of a module is its formula on the module's input of its i-th call. The
+    attention, re-attention, ViT-5's and RvT's rotary attention): the i-th map of a module is its formula on the module's input of its i-th call. The
     other classes add what only their own code defines and get the distribution check alone: relative-position
     biases over windows (Swin, MaxViT, CrossFormer, SepViT, ScalableViT, RegionViT, Twins) or per offset (LeViT),
     convolutional or spatially reduced keys (CvT, PVT, Twins), talking heads (CaiT), cross-covariance over channels

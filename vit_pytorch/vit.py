@@ -20,7 +20,7 @@ norm_eps=1e-6` give the paper's model exactly (see `vit_pytorch.pretrained`).
 This file needs only torch and einops; copy it as is. It reads top to bottom: the
 attention primitive, the FeedForward and Attention blocks, the Stack and the Transformer (and
 SimpleViT's), the patch and tubelet embeddings and the ViT; then the blocks the token-level
-variants share (drop-path, LayerScale, class attention, patch dropout, NaViT's packed
+variants share (drop-path, LayerScale, class attention, rotary positions, patch dropout, NaViT's packed
 sequences, the zero head, the Linear initialisation, position-table resampling, stage
 selection); then the argument checks and the compatibility with old checkpoint layouts.
 The blocks of multi-scale models (windows, stages, spatial reduction) live in
@@ -29,6 +29,7 @@ The blocks of multi-scale models (windows, stages, spatial reduction) live in
 
 import inspect
 import math
+import re
 from types import MappingProxyType
 
 import torch
@@ -64,20 +65,23 @@ class FeedForward(nn.Module):
 
     The layouts of vit-pytorch's other MLPs, so that their keys load unchanged: `dropout=None` leaves the
     Dropout layers out (SimpleViT's: keys net.0, net.1, net.3), `activation` replaces the GELU (MobileViT's
-    SiLU), `norm_bias=False` gives a LayerNorm without bias (NaViT's). NaViT and MobileViT hold the MLP as a
-    bare Sequential: they take this module's `net`.
+    SiLU), `norm_bias=False` gives a LayerNorm without bias (NaViT's), `norm` replaces the LayerNorm (ViT-5's
+    RMSNorm), `gated=True` makes the first Linear twice as wide and its second half, through the activation,
+    gate the first (GEGLU, Shazeer, arXiv 2002.05202; RvT's). NaViT and MobileViT hold the MLP as a bare
+    Sequential: they take this module's `net`.
     """
 
     def __init__(self, dim, hidden_dim, dropout=0., *, norm_eps=1e-5, gelu_approximate='none', norm_bias=True,
-                 activation=None):
+                 activation=None, norm=None, gated=False):
         super().__init__()
 
         def drop():
             return [] if dropout is None else [nn.Dropout(dropout)]
+        activation = nn.GELU(approximate=gelu_approximate) if activation is None else activation
         self.net = nn.Sequential(
-            nn.LayerNorm(dim, eps=norm_eps, bias=norm_bias),
-            nn.Linear(dim, hidden_dim),
-            nn.GELU(approximate=gelu_approximate) if activation is None else activation,
+            nn.LayerNorm(dim, eps=norm_eps, bias=norm_bias) if norm is None else norm,
+            nn.Linear(dim, hidden_dim * 2 if gated else hidden_dim),
+            Gated(activation) if gated else activation,
             *drop(),
             nn.Linear(hidden_dim, dim),
             *drop(),
@@ -85,6 +89,18 @@ class FeedForward(nn.Module):
 
     def forward(self, x):
         return self.net(x)
+
+
+class Gated(nn.Module):
+    """(..., 2 d) -> (..., d): the first half times `activation` of the second (a gated linear unit's gate)."""
+
+    def __init__(self, activation):
+        super().__init__()
+        self.activation = activation
+
+    def forward(self, x):
+        x, gates = x.chunk(2, dim=-1)
+        return self.activation(gates) * x
 
 
 class Attention(nn.Module):
@@ -671,6 +687,59 @@ class ClassAttention(nn.Module):
         return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
 
 
+def rope_frequencies(pairs, theta):
+    """RoFormer's geometric frequencies (Su et al., arXiv 2104.09864) for `pairs` channel pairs:
+    theta^(-2i / (2 pairs)), i < pairs, from 1 down towards 1 / theta (radians per unit of position)."""
+    return 1. / theta ** (torch.arange(0, 2 * pairs, 2).float() / (2 * pairs))
+
+
+class AxialRotaryEmbedding(nn.Module):
+    """Rotary position angles (RoPE) for tokens on a grid of any number of axes, each axis turning its own pairs.
+
+    `frequencies` (axes, f), a buffer saved with the model; `forward(positions)` turns (n, axes) positions into
+    (n, axes * f) angles, axis a driving each head's channel pairs a f .. (a + 1) f - 1 (the rows' pairs, then the
+    columns', as vit-pytorch lays them out). A 1D sequence is one axis. `RotaryAttention` turns queries and keys by
+    the angles (`rotate`); a token given angle 0 (a cls token) is not turned.
+    """
+
+    def __init__(self, frequencies):
+        super().__init__()
+        self.register_buffer('frequencies', frequencies.contiguous())     # an expanded view cannot be loaded into
+
+    def forward(self, positions):
+        # angles in float32 at least: in bfloat16 an angle of a few hundred radians (RvT's) is off by up to one
+        frequencies = self.frequencies.to(torch.promote_types(self.frequencies.dtype, torch.float32))
+        return rearrange(positions.to(frequencies)[:, :, None] * frequencies, 'n a f -> n (a f)')
+
+
+def rotate(x, angles):
+    """x (..., n, d) with each channel pair (2i, 2i + 1), i < p, turned by angles (n, p) in radians; channels from
+    2p on pass unturned. Queries and keys turned alike give q . k that depends on their angles' difference alone."""
+    pairs = angles.shape[-1]
+    turned, rest = x[..., :2 * pairs], x[..., 2 * pairs:]
+    first, second = rearrange(turned, '... (p two) -> two ... p', two=2)
+    cos, sin = angles.cos(), angles.sin()
+    turned = rearrange([first * cos - second * sin, first * sin + second * cos], 'two ... p -> ... (p two)')
+    turned = turned.to(x.dtype)
+    return torch.cat((turned, rest), dim=-1) if rest.shape[-1] else turned
+
+
+class RotaryAttention(Attention):
+    """`Attention` whose queries and keys are turned by rotary angles before q k^T (RoPE), so that a query and a key
+    interact through the difference of their positions alone.
+
+    `forward(x, *, angles=None, mask=None, **kwargs)`: `angles` (n, pairs) for the n tokens, from
+    `AxialRotaryEmbedding` (None: nothing turned); other keyword arguments go to `qkv` (RvT's convolutional queries
+    take the patch grid). A subclass that norms q and k does it in `qkv`, before the turn (ViT-5's QK-norm).
+    """
+
+    def forward(self, x, *, angles=None, mask=None, **kwargs):
+        q, k, v = self.qkv(x, **kwargs)
+        if angles is not None:
+            q, k = rotate(q, angles), rotate(k, angles)
+        return self.to_out(rearrange(self.attend(q, k, v, mask=mask), 'b h n d -> b n (h d)'))
+
+
 class PatchDropout(nn.Module):
     """In training, keep max(1, int(n (1 - prob))) random tokens of each sample; (b, n, d) -> (b, keep, d)."""
 
@@ -1034,3 +1103,21 @@ def fix_old_vit_pytorch_layout(state_dict, prefix, *, pool):
         state_dict[cls_key] = state_dict[cls_key][0]
     if pos_key in state_dict and state_dict[pos_key].ndim == 3:
         state_dict[pos_key] = state_dict[pos_key][0]
+
+
+def renamed_plan(model, keys, renames, reshaped=()):
+    """A loader plan (see `vit_pytorch.pretrained`) for a checkpoint whose keys differ from `model`'s by names:
+    each of `keys` becomes ours by the first (pattern, replacement) of `renames` that matches it (else itself) and
+    is copied as it is, or, for our keys in `reshaped` ({ours: (the checkpoint's shape, convert)}), converted.
+    Returns (plan, the keys no tensor of `model` takes)."""
+    state, reshaped = model.state_dict(), dict(reshaped)
+    plan, unknown = {}, []
+    for key in keys:
+        ours = next((re.sub(pattern, replacement, key) for pattern, replacement in renames if re.match(pattern, key)),
+                    key)
+        if ours not in state:
+            unknown.append(key)
+        else:
+            shape, convert = reshaped.get(ours, (tuple(state[ours].shape), lambda t: t))
+            plan[ours] = ({key: shape}, convert)
+    return plan, unknown

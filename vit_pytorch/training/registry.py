@@ -75,6 +75,9 @@ MODELS = {
     'simple_vit_orthog_residual_update': 'vit_pytorch.simple_vit_orthog_residual_update:SimpleViT',
     # research long tail I, wired into the trainer: its decorrelation loss (AUX_LOSSES)
     'vit_with_decorr': 'vit_pytorch.vit_with_decorr:RegisteredViT',
+    # research long tail II: rotary positions (issue 27)
+    'vit_5': 'vit_pytorch.vit_5:ViT',
+    'rvt': 'vit_pytorch.rvt:RvT',
 }
 
 # models with an auxiliary loss that the training command adds to the cross-entropy: name -> (the forward's
