@@ -205,6 +205,8 @@ REGISTRY = {
     # vit-pytorch's __main__ model (256 px, patches of 16, learned modulation) scaled to S/16 at 224
     'simple_vit_orthog_residual_update': ('S/16, learned', None, dict(S16, orthog_residual_update_kwargs=dict(learned=True)),
                                           224, 3, NUM_CLASSES),
+    # vit-pytorch's __main__ model (256 px, patches of 16, width 1024, depth 6) scaled to S/16 at 224
+    'normalized_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -277,6 +279,9 @@ REFERENCES = {
         'vit-pytorch 1.26.14 simple_vit_orthog_residual_update.SimpleViT',
         lambda ours: vit_pytorch_reference('simple_vit_orthog_residual_update', 'SimpleViT', ours,
                                            **REGISTRY['simple_vit_orthog_residual_update'][2])),
+    'normalized_vit': ('vit-pytorch 1.26.14 normalized_vit.nViT',
+                       lambda ours: vit_pytorch_reference('normalized_vit', 'nViT', ours,
+                                                          **REGISTRY['normalized_vit'][2])),
 }
 # vit-pytorch 1.26.14's modules that compute our function at the preset's arguments: name -> (module, class)
 VIT_PYTORCH_REFERENCES = {

@@ -290,6 +290,8 @@ CASES = {
     'simple_vit_orthog_residual_update': Case(VIT, IMAGES),
     'simple_vit_orthog_residual_update[learned]': Case(
         dict(VIT, orthog_residual_update_kwargs=dict(learned=True)), IMAGES),
+    # every hidden state and weight vector on the unit sphere; the SwiGLU 21 wide (int(32 * 2 / 3))
+    'normalized_vit': Case(VIT, IMAGES),
 }
 
 

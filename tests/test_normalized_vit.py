@@ -146,11 +146,13 @@ def test_the_learned_factors_start_where_the_paper_starts_them_stored_at_its_sca
     torch.testing.assert_close(other.transformer.layers[0][1].alpha(), torch.full((dim,), 0.05))
 
 
-def test_a_new_classifier_has_unit_rows_and_s_z_at_one():
+def test_a_new_classifier_has_unit_rows_and_starts_at_zero_logits_through_s_z():
     model = model_of(torch.float32)
     model.reset_classifier(7)
     torch.testing.assert_close(model.to_pred.weight.norm(dim=1), torch.ones(7))
-    torch.testing.assert_close(model.s_z(), torch.ones(7))
+    torch.testing.assert_close(model.s_z(), torch.zeros(7))
+    model(torch.randn(2, 3, 16, 24)).sum().backward()
+    assert model.s_z.param.grad.abs().min() > 0                    # it learns from the first step
     model.reset_classifier(0)
     assert model(torch.randn(2, 3, 16, 24)).shape == (2, 32)
 

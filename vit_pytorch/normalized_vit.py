@@ -184,7 +184,7 @@ class nViT(vit.TokenFace, nn.Module):
         self.abs_pos_emb = NormLinear(dim, self.grid_size[0] * self.grid_size[1])    # its rows: the positions
         alpha_init = 1 / depth if residual_lerp_scale_init is None else residual_lerp_scale_init
         self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout, alpha_init=alpha_init)
-        self.reset_classifier(num_classes)
+        self.build_head(num_classes)
 
     def token_grid(self, image_size):
         """The (h, w) grid of patch tokens for images of `image_size` (h, w)."""
@@ -206,9 +206,8 @@ class nViT(vit.TokenFace, nn.Module):
     def forward(self, img):
         return self.forward_head(self.forward_features(img))
 
-    def reset_classifier(self, num_classes):
-        """A new head for `num_classes` (0: `forward` returns the pooled embedding): random unit rows, not zero ones
-        (a zero row has no direction to normalise), and s_z back at 1."""
+    def build_head(self, num_classes):
+        """`to_pred` (random unit rows) and s_z (at 1) for `num_classes`; none for 0."""
         vit.non_negative_int('num_classes', num_classes)
         self.num_classes = num_classes
         self.to_pred = self.s_z = None
@@ -216,6 +215,13 @@ class nViT(vit.TokenFace, nn.Module):
             like = self.abs_pos_emb.weight
             self.to_pred = NormLinear(self.embed_dim, num_classes).to(like)
             self.s_z = Scale((num_classes,), init=1., scale=self.embed_dim ** -0.5).to(like)
+
+    def reset_classifier(self, num_classes):
+        """A new head for `num_classes` (0: `forward` returns the pooled embedding) whose logits start at zero, as
+        the house transfers: random unit rows (a zero row has no direction to normalise) and s_z stored at 0."""
+        self.build_head(num_classes)
+        if num_classes > 0:
+            nn.init.zeros_(self.s_z.param)
 
     @torch.no_grad()
     def norm_weights_(self):
