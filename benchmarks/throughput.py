@@ -207,6 +207,8 @@ REGISTRY = {
                                           224, 3, NUM_CLASSES),
     # vit-pytorch's __main__ model (256 px, patches of 16, width 1024, depth 6) scaled to S/16 at 224
     'normalized_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
+    # vit-pytorch's __main__ model (256 px, patches of 32, width 1024, depth 6) scaled to S/16 at 224
+    'vit_with_keel_post_ln': ('S/16', None, S16, 224, 3, NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -282,6 +284,9 @@ REFERENCES = {
     'normalized_vit': ('vit-pytorch 1.26.14 normalized_vit.nViT',
                        lambda ours: vit_pytorch_reference('normalized_vit', 'nViT', ours,
                                                           **REGISTRY['normalized_vit'][2])),
+    'vit_with_keel_post_ln': ('vit-pytorch 1.26.14 vit_with_keel_post_ln.ViT',
+                              lambda ours: vit_pytorch_reference('vit_with_keel_post_ln', 'ViT', ours,
+                                                                 **REGISTRY['vit_with_keel_post_ln'][2])),
 }
 # vit-pytorch 1.26.14's modules that compute our function at the preset's arguments: name -> (module, class)
 VIT_PYTORCH_REFERENCES = {

@@ -292,6 +292,9 @@ CASES = {
         dict(VIT, orthog_residual_update_kwargs=dict(learned=True)), IMAGES),
     # every hidden state and weight vector on the unit sphere; the SwiGLU 21 wide (int(32 * 2 / 3))
     'normalized_vit': Case(VIT, IMAGES),
+    # 4 sub-layers: a pre-LN residual, then three LN(4 x + F(x)); cls and mean pooling
+    'vit_with_keel_post_ln': Case(VIT, IMAGES),
+    'vit_with_keel_post_ln[pool=mean]': Case(dict(VIT, pool='mean'), IMAGES),
 }
 
 

@@ -74,6 +74,7 @@ MODELS = {
     'simple_vit_with_value_residual': 'vit_pytorch.simple_vit_with_value_residual:SimpleViT',
     'simple_vit_orthog_residual_update': 'vit_pytorch.simple_vit_orthog_residual_update:SimpleViT',
     'normalized_vit': 'vit_pytorch.normalized_vit:nViT',
+    'vit_with_keel_post_ln': 'vit_pytorch.vit_with_keel_post_ln:ViT',
 }
 
 # models whose input is not a batch of images (b, c, h, w): name -> what they take (`--data ucr:NAME` gives
