@@ -209,6 +209,9 @@ REGISTRY = {
     'normalized_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
     # vit-pytorch's __main__ model (256 px, patches of 32, width 1024, depth 6) scaled to S/16 at 224
     'vit_with_keel_post_ln': ('S/16', None, S16, 224, 3, NUM_CLASSES),
+    # the paper's LocalViT-S (DeiT-S with the locality feed-forward); no vit-pytorch reference: its LocalViT runs
+    # only when the grid is as wide as dim (14 != 384 here)
+    'local_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)

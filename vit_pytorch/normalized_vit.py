@@ -137,7 +137,7 @@ class HypersphereStep(nn.Module):
         self.alpha = Scale((dim,), init=alpha_init, scale=dim ** -0.5)
 
     def forward(self, h):
-        return l2norm(h + self.alpha() * (l2norm(self.block(h)) - h))
+        return l2norm(torch.lerp(h, l2norm(self.block(h)), self.alpha()))     # h + alpha (end - h), fused
 
 
 class Transformer(vit.Stack):

@@ -75,6 +75,7 @@ MODELS = {
     'simple_vit_orthog_residual_update': 'vit_pytorch.simple_vit_orthog_residual_update:SimpleViT',
     'normalized_vit': 'vit_pytorch.normalized_vit:nViT',
     'vit_with_keel_post_ln': 'vit_pytorch.vit_with_keel_post_ln:ViT',
+    'local_vit': 'vit_pytorch.local_vit:LocalViT',
 }
 
 # models whose input is not a batch of images (b, c, h, w): name -> what they take (`--data ucr:NAME` gives
