@@ -212,6 +212,13 @@ REGISTRY = {
     'vit_5': ('S/16, 4 registers', None, dict(S16, num_registers=4), 224, 3, NUM_CLASSES),
     # vit-pytorch has no README model for RvT: S/16 at 224 with its defaults (convolutional queries, GEGLU)
     'rvt': ('S/16', None, S16, 224, 3, NUM_CLASSES),
+    # vit-pytorch's __main__ model (256 px, patches of 16, width 1024, depth 6) scaled to S/16 at 224
+    'normalized_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
+    # vit-pytorch's __main__ model (256 px, patches of 32, width 1024, depth 6) scaled to S/16 at 224
+    'vit_with_keel_post_ln': ('S/16', None, S16, 224, 3, NUM_CLASSES),
+    # the paper's LocalViT-S (DeiT-S with the locality feed-forward); no vit-pytorch reference: its LocalViT runs
+    # only when the grid is as wide as dim (14 != 384 here)
+    'local_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -291,6 +298,12 @@ REFERENCES = {
               lambda ours: vit_pytorch_reference('vit_5', 'ViT', ours, **REGISTRY['vit_5'][2])),
     'rvt': ('vit-pytorch 1.26.14 rvt.RvT',
             lambda ours: vit_pytorch_reference('rvt', 'RvT', ours, **REGISTRY['rvt'][2])),
+    'normalized_vit': ('vit-pytorch 1.26.14 normalized_vit.nViT',
+                       lambda ours: vit_pytorch_reference('normalized_vit', 'nViT', ours,
+                                                          **REGISTRY['normalized_vit'][2])),
+    'vit_with_keel_post_ln': ('vit-pytorch 1.26.14 vit_with_keel_post_ln.ViT',
+                              lambda ours: vit_pytorch_reference('vit_with_keel_post_ln', 'ViT', ours,
+                                                                 **REGISTRY['vit_with_keel_post_ln'][2])),
 }
 # vit-pytorch 1.26.14's modules that compute our function at the preset's arguments: name -> (module, class)
 VIT_PYTORCH_REFERENCES = {

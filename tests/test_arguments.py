@@ -41,6 +41,8 @@ OPTIONAL_NUMBERS = {
     'specialize_qkv_depth',     # simple_vit_with_specialized_cls: depth // 3 when None
     'patch_merge_layer',    # the PatchMerger's layer: None merges halfway (depth // 2)
     'value_residual_mix',   # simple_vit_with_value_residual: None learns the mix per token and head
+    'residual_lerp_scale_init',     # normalized_vit: alpha's init, None: 1 / depth
+    'keel_residual_scale',      # vit_with_keel_post_ln: alpha, None: the number of sub-layers (2 * depth)
 }
 NOT_NUMBERS = {
     'transformer',      # T2T-ViT: a custom backbone module

@@ -301,6 +301,15 @@ CASES = {
                 no_gradient={'transformer.layers.1.0.to_q.conv.*': "the last layer's queries of the patch tokens: " +
                              CLS_CLASSIFIES}),
     'rvt[plain]': Case(dict(VIT, image_size=24, use_ds_conv=False, use_glu=False), IMAGES),
+    # every hidden state and weight vector on the unit sphere; the SwiGLU 21 wide (int(32 * 2 / 3))
+    'normalized_vit': Case(VIT, IMAGES),
+    # 4 sub-layers: a pre-LN residual, then three LN(4 x + F(x)); cls and mean pooling
+    'vit_with_keel_post_ln': Case(VIT, IMAGES),
+    'vit_with_keel_post_ln[pool=mean]': Case(dict(VIT, pool='mean'), IMAGES),
+    # the 12 patch tokens' feed-forward convolves their 4x3 grid; the cls token bypasses it
+    'local_vit': Case(VIT, IMAGES, no_gradient={
+        'transformer.layers.1.1.*': "the last feed-forward changes only the patch tokens, and the head reads the cls "
+                                    "token, which bypasses it (the paper's design, as vit-pytorch's)"}),
 }
 
 

@@ -172,7 +172,8 @@ def train_epoch(network, optimizer, step_loss, *, epoch, seed, images, batch_siz
     """One epoch of training, as every command trains: seeded from `seed` (torch's global generator too, for
     dropout, masks and crops), the shuffled order of `images` cut into batches (`epoch_batches`), the learning
     rate of each step from `learning_rate`, the gradient norm of `clipped` (default: `network`) measured and
-    clipped to `clip_grad` (0: measured only), then the optimizer's step. Returns (totals, last learning rate).
+    clipped to `clip_grad` (0: measured only), then the optimizer's step, then `norm_weights_()` of every module
+    of `network` that has one (nViT's weights back on the unit sphere). Returns (totals, last learning rate).
 
     `step_loss(index, generator, rng, global_step)` -> (loss, checked, sums): the loss to back-propagate for the
     global batch `index` (drawing its augmentation from `generator` and `rng`, in that order every run), the
@@ -186,6 +187,9 @@ def train_epoch(network, optimizer, step_loss, *, epoch, seed, images, batch_siz
     generator, rng = torch.Generator().manual_seed(seed), random.Random(seed)
     order = torch.randperm(images, generator=generator)
     clipped = network if clipped is None else clipped
+    # a model whose weights live on the unit sphere (nViT, nGPT) puts them back there after every step
+    renormalise = [module.norm_weights_ for module in network.modules()
+                   if callable(getattr(module, 'norm_weights_', None))]
     totals = lr = None
     for step, index in enumerate(epoch_batches(order, batch_size, least)):
         global_step = epoch * steps + step
@@ -202,6 +206,8 @@ def train_epoch(network, optimizer, step_loss, *, epoch, seed, images, batch_siz
         if divergence is not None:
             check_step(checked, grad_norm.item(), epoch=epoch, step=step, steps=steps, lr=lr, **divergence)
         optimizer.step()
+        for norm_weights_ in renormalise:
+            norm_weights_()
         if after_step is not None:
             after_step(global_step)
         totals = sums if totals is None else totals + sums

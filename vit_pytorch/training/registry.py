@@ -78,6 +78,10 @@ MODELS = {
     # research long tail II: rotary positions (issue 27)
     'vit_5': 'vit_pytorch.vit_5:ViT',
     'rvt': 'vit_pytorch.rvt:RvT',
+    # research long tail II: the norm and the feed-forward (issue 27)
+    'normalized_vit': 'vit_pytorch.normalized_vit:nViT',
+    'vit_with_keel_post_ln': 'vit_pytorch.vit_with_keel_post_ln:ViT',
+    'local_vit': 'vit_pytorch.local_vit:LocalViT',
 }
 
 # models with an auxiliary loss that the training command adds to the cross-entropy: name -> (the forward's
