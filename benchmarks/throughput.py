@@ -205,6 +205,9 @@ REGISTRY = {
     # vit-pytorch's __main__ model (256 px, patches of 16, learned modulation) scaled to S/16 at 224
     'simple_vit_orthog_residual_update': ('S/16, learned', None, dict(S16, orthog_residual_update_kwargs=dict(learned=True)),
                                           224, 3, NUM_CLASSES),
+    # vit-pytorch's __main__ model (256 px, patches of 32, width 1024, 4 registers, dim_mask 4) scaled to S/16 at 224
+    'simple_vit_with_sparse_gating': ('S/16, 4 registers', None, dict(S16, num_register_tokens=4, dim_mask=4), 224, 3,
+                                      NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -277,6 +280,10 @@ REFERENCES = {
         'vit-pytorch 1.26.14 simple_vit_orthog_residual_update.SimpleViT',
         lambda ours: vit_pytorch_reference('simple_vit_orthog_residual_update', 'SimpleViT', ours,
                                            **REGISTRY['simple_vit_orthog_residual_update'][2])),
+    'simple_vit_with_sparse_gating': (
+        'vit-pytorch 1.26.14 simple_vit_with_sparse_gating.SimpleViTWithSparseGating',
+        lambda ours: vit_pytorch_reference('simple_vit_with_sparse_gating', 'SimpleViTWithSparseGating', ours,
+                                           load=False, **REGISTRY['simple_vit_with_sparse_gating'][2])),
 }
 # vit-pytorch 1.26.14's modules that compute our function at the preset's arguments: name -> (module, class)
 VIT_PYTORCH_REFERENCES = {
@@ -523,17 +530,19 @@ def vit_pytorch_module(module):
         sys.modules.update(ours)
 
 
-def vit_pytorch_reference(module, class_name, ours, **kwargs):
+def vit_pytorch_reference(module, class_name, ours, *, load=True, **kwargs):
     """vit-pytorch's `module.class_name`, built with the preset's own keyword arguments (`kwargs`: at vit-pytorch's
     import path our call means what vit-pytorch's means), its random weights loaded into `ours` by
-    vit_pytorch.pretrained.load_vit_pytorch; None where vit_pytorch_module finds no source."""
+    vit_pytorch.pretrained.load_vit_pytorch (`load=False`: not, for a module that computes another function, whose
+    checkpoints ours refuses); None where vit_pytorch_module finds no source."""
     from vit_pytorch.pretrained import load_vit_pytorch
 
     reference_module = vit_pytorch_module(module)
     if reference_module is None:
         return None
     reference = getattr(reference_module, class_name)(**kwargs)
-    load_vit_pytorch(ours, reference.state_dict())
+    if load:
+        load_vit_pytorch(ours, reference.state_dict())
     return reference
 
 
@@ -644,7 +653,10 @@ def scalable_vit_official_reference(ours):
 
 # references that compute another function than ours by design, timed at the same sizes without the output check
 DIFFERENT_FUNCTION = {'ats_vit': "vit-pytorch's ATS draws a random Gumbel-max sample of tokens, ours the paper's "
-                                 "deterministic inverse transform sample, at the same token budget"}
+                                 "deterministic inverse transform sample, at the same token budget",
+                      'simple_vit_with_sparse_gating': "vit-pytorch's gates the attention scores by a low-rank "
+                                                       "sigmoid(q_mask . k_mask), ours each head's attention output "
+                                                       "(the paper's G1 gate)"}
 
 
 def reference_workload(workload):

@@ -290,6 +290,8 @@ CASES = {
     'simple_vit_orthog_residual_update': Case(VIT, IMAGES),
     'simple_vit_orthog_residual_update[learned]': Case(
         dict(VIT, orthog_residual_update_kwargs=dict(learned=True)), IMAGES),
+    # the G1 gate on each head's attention output; forward(img) gives the logits (return_loss=True adds the loss)
+    'simple_vit_with_sparse_gating': Case(dict(VIT, num_register_tokens=2), IMAGES),
 }
 
 
