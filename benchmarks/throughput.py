@@ -208,6 +208,10 @@ REGISTRY = {
     # vit-pytorch's __main__ model (256 px, patches of 32, width 1024, 4 registers, dim_mask 4) scaled to S/16 at 224
     'simple_vit_with_sparse_gating': ('S/16, 4 registers', None, dict(S16, num_register_tokens=4, dim_mask=4), 224, 3,
                                       NUM_CLASSES),
+    # vit-pytorch's README inference model (224 px, patches of 16, width 512, depth 6, MLP 3072, windows of 7) at S/16's
+    # width and depth, its layers LA, LA, WA, FA, LA, FA twice
+    'jet_vit': ('S/16, attention LA LA WA FA LA FA x2, windows 7', None,
+                dict(S16, window_size=7, attn_layers=['LA', 'LA', 'WA', 'FA', 'LA', 'FA'] * 2), 224, 3, NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -284,6 +288,8 @@ REFERENCES = {
         'vit-pytorch 1.26.14 simple_vit_with_sparse_gating.SimpleViTWithSparseGating',
         lambda ours: vit_pytorch_reference('simple_vit_with_sparse_gating', 'SimpleViTWithSparseGating', ours,
                                            load=False, **REGISTRY['simple_vit_with_sparse_gating'][2])),
+    'jet_vit': ('vit-pytorch 1.26.14 jet_vit.JetViT',
+                lambda ours: vit_pytorch_reference('jet_vit', 'JetViT', ours, **REGISTRY['jet_vit'][2])),
 }
 # vit-pytorch 1.26.14's modules that compute our function at the preset's arguments: name -> (module, class)
 VIT_PYTORCH_REFERENCES = {

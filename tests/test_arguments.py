@@ -48,6 +48,7 @@ NOT_NUMBERS = {
     'moss',             # AcceptVideoWrapper: vit-pytorch's MOSS module, refused unless None
     'mask_generator',   # ViTDetPool: a module that maps images to object masks
     'orthog_residual_update_kwargs',    # simple_vit_orthog_residual_update: a dict of options, None: {}
+    'attn_layers',      # jet_vit: one attention choice a layer, None: full attention everywhere
 }
 
 # (owner, argument, value) a constructor may accept, with the reason

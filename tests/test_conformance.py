@@ -91,6 +91,7 @@ BEFORE_BATCHNORM = ('a per-channel shift whose every path to the output passes a
 SEQUENCE_POOLING = 'sequence pooling is a softmax over the tokens of one linear score, whose bias is the same for all'
 CLS_CLASSIFIES = ('the logits read the cls token only; what acts on the patch tokens alone after their last '
                   'attention reaches forward_features, not the logits')
+JET_UNUSED = "a JetViT layer runs the one attention its attn_layers entry chooses; the others wait for the search"
 MAX_VIT_BEFORE_BATCHNORM = {'conv_stem.0.bias': BEFORE_BATCHNORM, '*.conv.net.0.bias': BEFORE_BATCHNORM}
 
 
@@ -292,6 +293,11 @@ CASES = {
         dict(VIT, orthog_residual_update_kwargs=dict(learned=True)), IMAGES),
     # the G1 gate on each head's attention output; forward(img) gives the logits (return_loss=True adds the loss)
     'simple_vit_with_sparse_gating': Case(dict(VIT, num_register_tokens=2), IMAGES),
+    # one layer of each kind on a 4x6 grid (windows of 2x2: 4 keys); a layer's two other attentions do not run
+    'jet_vit': Case(dict(VIT, patch_size=4, window_size=2, depth=3, attn_layers=['LA', 'WA', 'FA']), IMAGES,
+                    no_gradient={f'transformer.layers.{layer}.0.options.{kind}.*': JET_UNUSED
+                                 for layer, kinds in enumerate((('WA', 'FA'), ('LA', 'FA'), ('WA', 'LA')))
+                                 for kind in kinds}),
 }
 
 

@@ -55,7 +55,7 @@ def test_the_gate_is_query_dependent_a_token_changes_only_its_own_gate():
     changed = x.clone()
     changed[:, 3] += torch.randn(2, 32, dtype=torch.float64)   # not a shift, which the norm removes
     with torch.no_grad():
-        before, after = attn.gated(x)[1], attn.gated(changed)[1]                # (b, h, n, d)
+        before, after = attn(x, return_gate=True)[1], attn(changed, return_gate=True)[1]                # (b, h, n, d)
     moved = (after - before).abs().amax(dim=(0, 1, 3))
     assert moved[3] > 1e-3 and moved[torch.arange(14) != 3].max() == 0
 

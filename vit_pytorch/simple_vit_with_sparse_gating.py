@@ -38,22 +38,20 @@ SPARSITY_LOSS_TYPES = ('l1', 'thresholded_l1')
 
 class GatedAttention(vit.SimpleAttention):
     """SimpleViT's attention with the G1 gate: the attended values of each head times sigmoid(LN(x) W_theta), one
-    gate per token, head and channel, before the output projection. `gated(x)` returns (output (b, n, dim), gate
-    scores (b, heads, n, dim_head))."""
+    gate per token, head and channel, before the output projection. `forward(x, return_gate=True)` returns (output
+    (b, n, dim), gate scores (b, heads, n, dim_head))."""
 
     def __init__(self, dim, heads=8, dim_head=64):
         super().__init__(dim, heads, dim_head)
         self.to_gate = nn.Linear(dim, heads * dim_head, bias=False)
 
-    def gated(self, x):
+    def forward(self, x, return_gate=False):
         normed = self.norm(x)
         q, k, v = rearrange(self.to_qkv(normed), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=self.heads)
         gate = rearrange(self.to_gate(normed), 'b n (h d) -> b h n d', h=self.heads).sigmoid()
         out = self.attend(q, k, v) * gate
-        return self.to_out(rearrange(out, 'b h n d -> b n (h d)')), gate
-
-    def forward(self, x):
-        return self.gated(x)[0]
+        out = self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
+        return (out, gate) if return_gate else out
 
 
 class Transformer(vit.SimpleTransformer):
@@ -65,7 +63,7 @@ class Transformer(vit.SimpleTransformer):
 
     def step(self, entry, x, state):
         attn, ff = entry
-        out, gate = attn.gated(x)
+        out, gate = attn(x, return_gate=True)
         x = out + x
         means = state.get('gate_means', ()) + (gate.mean(dim=(1, 2, 3)),)
         return ff(x) + x, {'gate_means': means}
