@@ -212,6 +212,12 @@ REGISTRY = {
     # width and depth, its layers LA, LA, WA, FA, LA, FA twice
     'jet_vit': ('S/16, attention LA LA WA FA LA FA x2, windows 7', None,
                 dict(S16, window_size=7, attn_layers=['LA', 'LA', 'WA', 'FA', 'LA', 'FA'] * 2), 224, 3, NUM_CLASSES),
+    # vit-pytorch's __main__ model (256 px, patches of 16, width 512, 6 + 5 x 4 + 6 layers, the exit gate) at 224 px
+    # and S/16's width: 4 + 4 x 2 + 4 layers run, 12 as S/16
+    'looped_vit': ('S/16 wide, 4 + 4 x 2 + 4 layers, exit gate', None, dict(
+        image_size=224, patch_size=16, num_classes=NUM_CLASSES, dim=384, heads=6, dim_head=64, mlp_dim=1536,
+        pre_loop_depth=4, num_looped_blocks=2, post_loop_depth=4, loop_depth=2, adaptive_loop=True), 224, 3,
+        NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -290,6 +296,8 @@ REFERENCES = {
                                            load=False, **REGISTRY['simple_vit_with_sparse_gating'][2])),
     'jet_vit': ('vit-pytorch 1.26.14 jet_vit.JetViT',
                 lambda ours: vit_pytorch_reference('jet_vit', 'JetViT', ours, **REGISTRY['jet_vit'][2])),
+    'looped_vit': ('vit-pytorch 1.26.14 looped_vit.LoopedViT',
+                   lambda ours: vit_pytorch_reference('looped_vit', 'LoopedViT', ours, **REGISTRY['looped_vit'][2])),
 }
 # vit-pytorch 1.26.14's modules that compute our function at the preset's arguments: name -> (module, class)
 VIT_PYTORCH_REFERENCES = {

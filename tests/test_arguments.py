@@ -41,6 +41,7 @@ OPTIONAL_NUMBERS = {
     'specialize_qkv_depth',     # simple_vit_with_specialized_cls: depth // 3 when None
     'patch_merge_layer',    # the PatchMerger's layer: None merges halfway (depth // 2)
     'value_residual_mix',   # simple_vit_with_value_residual: None learns the mix per token and head
+    'input_shape', 'image_size',    # looped_vit: the input's size (either one), an int or one a dimension
 }
 NOT_NUMBERS = {
     'transformer',      # T2T-ViT: a custom backbone module

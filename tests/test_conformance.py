@@ -298,6 +298,9 @@ CASES = {
                     no_gradient={f'transformer.layers.{layer}.0.options.{kind}.*': JET_UNUSED
                                  for layer, kinds in enumerate((('WA', 'FA'), ('LA', 'FA'), ('WA', 'LA')))
                                  for kind in kinds}),
+    # one pre-loop layer, one looped layer run twice, one post-loop layer; the cls token classifies
+    'looped_vit': Case(dict({key: value for key, value in VIT.items() if key != 'depth'}, pre_loop_depth=1,
+                            num_looped_blocks=1, post_loop_depth=1, loop_depth=2), IMAGES),
 }
 
 
