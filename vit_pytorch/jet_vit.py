@@ -46,13 +46,15 @@ class SqueezeDynamicConv(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(dim, dim // 4), nn.SiLU(), nn.Linear(dim // 4, dim * kernel_size ** 2))
 
     def forward(self, v):
-        heads, k = v.shape[1], self.kernel_size
-        kernels = rearrange(self.mlp(reduce(v, 'b h n d -> b (h d)', 'mean')), 'b (c kk) -> b c kk', kk=k * k)
-        maps = rearrange(v, 'b h (y x) d -> b (h d) y x', y=self.grid[0])
-        # every pixel's k x k neighbourhood (zero padded), so each image convolves with its own kernels
-        neighbours = rearrange(F.unfold(maps, k, padding=k // 2), 'b (c kk) n -> b c kk n', kk=k * k)
-        out = einsum(neighbours, kernels, 'b c kk n, b c kk -> b c n')
-        return rearrange(out, 'b (h d) n -> b h n d', h=heads)
+        b, heads, k = v.shape[0], v.shape[1], self.kernel_size
+        if b == 0:
+            return torch.zeros_like(v)             # no kernels to convolve with, and conv2d needs a group
+        kernels = rearrange(self.mlp(reduce(v, 'b h n d -> b (h d)', 'mean')), 'b (c k1 k2) -> (b c) 1 k1 k2',
+                            k1=k, k2=k)
+        # every image's channels one group each, so each image convolves with its own kernels
+        maps = rearrange(v, 'b h (y x) d -> 1 (b h d) y x', y=self.grid[0])
+        out = F.conv2d(maps, kernels, padding=k // 2, groups=kernels.shape[0])
+        return rearrange(out, '1 (b h d) y x -> b h (y x) d', b=b, h=heads)
 
 
 class LinearAttention(vit.Attention):
