@@ -515,7 +515,10 @@ def test_compiles_as_one_graph_forward_and_backward_and_matches_eager(case_id):
     compiled = torch.compile(model, fullgraph=True, backend='eager')
     out = compiled(x, **forward)
     out.sum().backward()
-    assert [name for name, p in model.named_parameters() if p.grad is None] == []
+    # a parameter the row declares without gradient by design may not be reached at all (JetViT's unchosen attentions)
+    declared = CASES[case_id].no_gradient
+    assert [name for name, p in model.named_parameters()
+            if p.grad is None and not any(fnmatch.fnmatch(name, pattern) for pattern in declared)] == []
     with torch.no_grad():
         torch.testing.assert_close(out.detach(), model(x, **forward))
 
