@@ -27,8 +27,8 @@ that predicted gain is at most `exit_threshold` for every image of the batch.
 As vit-pytorch 1.26.14, whose checkpoints load unchanged (same keys, same outputs): inputs of 1 to 7 spatial
 dimensions (`input_shape`, or `image_size` for images), a cls token, and vit-pytorch's attention: each head's output
 with its component along the token's own value removed (exclusive self-attention), times a sigmoid gate per head and
-token. Where it differs: `num_classes=0` makes `forward` return the pooled embedding (as vit-pytorch's, through its
-Identity head), and bad arguments are refused by name where vit-pytorch asserts.
+token; `num_classes=0` returns the pooled embedding (its Identity head). Where it differs: bad arguments are refused
+by name where vit-pytorch asserts, and `forward_intermediates` gives the stream after each loop.
 """
 
 from math import prod
