@@ -219,6 +219,19 @@ REGISTRY = {
     # the paper's LocalViT-S (DeiT-S with the locality feed-forward); no vit-pytorch reference: its LocalViT runs
     # only when the grid is as wide as dim (14 != 384 here)
     'local_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
+    # vit-pytorch's __main__ model (256 px, patches of 32, width 1024, 4 registers, dim_mask 4) scaled to S/16 at 224
+    'simple_vit_with_sparse_gating': ('S/16, 4 registers', None, dict(S16, num_register_tokens=4, dim_mask=4), 224, 3,
+                                      NUM_CLASSES),
+    # vit-pytorch's README inference model (224 px, patches of 16, width 512, depth 6, MLP 3072, windows of 7) at S/16's
+    # width and depth, its layers LA, LA, WA, FA, LA, FA twice
+    'jet_vit': ('S/16, attention LA LA WA FA LA FA x2, windows 7', None,
+                dict(S16, window_size=7, attn_layers=['LA', 'LA', 'WA', 'FA', 'LA', 'FA'] * 2), 224, 3, NUM_CLASSES),
+    # vit-pytorch's __main__ model (256 px, patches of 16, width 512, 6 + 5 x 4 + 6 layers, the exit gate) at 224 px
+    # and S/16's width: 4 + 4 x 2 + 4 layers run, 12 as S/16
+    'looped_vit': ('S/16 wide, 4 + 4 x 2 + 4 layers, exit gate', None, dict(
+        image_size=224, patch_size=16, num_classes=NUM_CLASSES, dim=384, heads=6, dim_head=64, mlp_dim=1536,
+        pre_loop_depth=4, num_looped_blocks=2, post_loop_depth=4, loop_depth=2, adaptive_loop=True), 224, 3,
+        NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -304,6 +317,14 @@ REFERENCES = {
     'vit_with_keel_post_ln': ('vit-pytorch 1.26.14 vit_with_keel_post_ln.ViT',
                               lambda ours: vit_pytorch_reference('vit_with_keel_post_ln', 'ViT', ours,
                                                                  **REGISTRY['vit_with_keel_post_ln'][2])),
+    'simple_vit_with_sparse_gating': (
+        'vit-pytorch 1.26.14 simple_vit_with_sparse_gating.SimpleViTWithSparseGating',
+        lambda ours: vit_pytorch_reference('simple_vit_with_sparse_gating', 'SimpleViTWithSparseGating', ours,
+                                           load=False, **REGISTRY['simple_vit_with_sparse_gating'][2])),
+    'jet_vit': ('vit-pytorch 1.26.14 jet_vit.JetViT',
+                lambda ours: vit_pytorch_reference('jet_vit', 'JetViT', ours, **REGISTRY['jet_vit'][2])),
+    'looped_vit': ('vit-pytorch 1.26.14 looped_vit.LoopedViT',
+                   lambda ours: vit_pytorch_reference('looped_vit', 'LoopedViT', ours, **REGISTRY['looped_vit'][2])),
 }
 # vit-pytorch 1.26.14's modules that compute our function at the preset's arguments: name -> (module, class)
 VIT_PYTORCH_REFERENCES = {
@@ -562,17 +583,19 @@ def vit_pytorch_module(module):
         sys.modules.update(ours)
 
 
-def vit_pytorch_reference(module, class_name, ours, **kwargs):
+def vit_pytorch_reference(module, class_name, ours, *, load=True, **kwargs):
     """vit-pytorch's `module.class_name`, built with the preset's own keyword arguments (`kwargs`: at vit-pytorch's
     import path our call means what vit-pytorch's means), its random weights loaded into `ours` by
-    vit_pytorch.pretrained.load_vit_pytorch; None where vit_pytorch_module finds no source."""
+    vit_pytorch.pretrained.load_vit_pytorch (`load=False`: not, for a module that computes another function, whose
+    checkpoints ours refuses); None where vit_pytorch_module finds no source."""
     from vit_pytorch.pretrained import load_vit_pytorch
 
     reference_module = vit_pytorch_module(module)
     if reference_module is None:
         return None
     reference = getattr(reference_module, class_name)(**kwargs)
-    load_vit_pytorch(ours, reference.state_dict())
+    if load:
+        load_vit_pytorch(ours, reference.state_dict())
     return reference
 
 
@@ -683,7 +706,10 @@ def scalable_vit_official_reference(ours):
 
 # references that compute another function than ours by design, timed at the same sizes without the output check
 DIFFERENT_FUNCTION = {'ats_vit': "vit-pytorch's ATS draws a random Gumbel-max sample of tokens, ours the paper's "
-                                 "deterministic inverse transform sample, at the same token budget"}
+                                 "deterministic inverse transform sample, at the same token budget",
+                      'simple_vit_with_sparse_gating': "vit-pytorch's gates the attention scores by a low-rank "
+                                                       "sigmoid(q_mask . k_mask), ours each head's attention output "
+                                                       "(the paper's G1 gate)"}
 
 
 def reference_workload(workload):

@@ -43,6 +43,7 @@ OPTIONAL_NUMBERS = {
     'value_residual_mix',   # simple_vit_with_value_residual: None learns the mix per token and head
     'residual_lerp_scale_init',     # normalized_vit: alpha's init, None: 1 / depth
     'keel_residual_scale',      # vit_with_keel_post_ln: alpha, None: the number of sub-layers (2 * depth)
+    'input_shape', 'image_size',    # looped_vit: the input's size (either one), an int or one a dimension
 }
 NOT_NUMBERS = {
     'transformer',      # T2T-ViT: a custom backbone module
@@ -50,6 +51,7 @@ NOT_NUMBERS = {
     'moss',             # AcceptVideoWrapper: vit-pytorch's MOSS module, refused unless None
     'mask_generator',   # ViTDetPool: a module that maps images to object masks
     'orthog_residual_update_kwargs',    # simple_vit_orthog_residual_update: a dict of options, None: {}
+    'attn_layers',      # jet_vit: one attention choice a layer, None: full attention everywhere
 }
 
 # (owner, argument, value) a constructor may accept, with the reason

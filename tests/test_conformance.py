@@ -91,6 +91,7 @@ BEFORE_BATCHNORM = ('a per-channel shift whose every path to the output passes a
 SEQUENCE_POOLING = 'sequence pooling is a softmax over the tokens of one linear score, whose bias is the same for all'
 CLS_CLASSIFIES = ('the logits read the cls token only; what acts on the patch tokens alone after their last '
                   'attention reaches forward_features, not the logits')
+JET_UNUSED = "a JetViT layer runs the one attention its attn_layers entry chooses; the others wait for the search"
 MAX_VIT_BEFORE_BATCHNORM = {'conv_stem.0.bias': BEFORE_BATCHNORM, '*.conv.net.0.bias': BEFORE_BATCHNORM}
 
 
@@ -310,6 +311,16 @@ CASES = {
     'local_vit': Case(VIT, IMAGES, no_gradient={
         'transformer.layers.1.1.*': "the last feed-forward changes only the patch tokens, and the head reads the cls "
                                     "token, which bypasses it (the paper's design, as vit-pytorch's)"}),
+    # the G1 gate on each head's attention output; forward(img) gives the logits (return_loss=True adds the loss)
+    'simple_vit_with_sparse_gating': Case(dict(VIT, num_register_tokens=2), IMAGES),
+    # one layer of each kind on a 4x6 grid (windows of 2x2: 4 keys); a layer's two other attentions do not run
+    'jet_vit': Case(dict(VIT, patch_size=4, window_size=2, depth=3, attn_layers=['LA', 'WA', 'FA']), IMAGES,
+                    no_gradient={f'transformer.layers.{layer}.0.options.{kind}.*': JET_UNUSED
+                                 for layer, kinds in enumerate((('WA', 'FA'), ('LA', 'FA'), ('WA', 'LA')))
+                                 for kind in kinds}),
+    # one pre-loop layer, one looped layer run twice, one post-loop layer; the cls token classifies
+    'looped_vit': Case(dict({key: value for key, value in VIT.items() if key != 'depth'}, pre_loop_depth=1,
+                            num_looped_blocks=1, post_loop_depth=1, loop_depth=2), IMAGES),
 }
 
 
@@ -524,7 +535,10 @@ def test_compiles_as_one_graph_forward_and_backward_and_matches_eager(case_id):
     compiled = torch.compile(model, fullgraph=True, backend='eager')
     out = compiled(x, **forward)
     out.sum().backward()
-    assert [name for name, p in model.named_parameters() if p.grad is None] == []
+    # a parameter the row declares without gradient by design may not be reached at all (JetViT's unchosen attentions)
+    declared = CASES[case_id].no_gradient
+    assert [name for name, p in model.named_parameters()
+            if p.grad is None and not any(fnmatch.fnmatch(name, pattern) for pattern in declared)] == []
     with torch.no_grad():
         torch.testing.assert_close(out.detach(), model(x, **forward))
 

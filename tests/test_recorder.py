@@ -349,6 +349,11 @@ def core_attention(module, x, mask=None):
     return masked(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), mask).softmax(dim=-1)
 
 
+def gated_attention(module, x, return_gate=False):
+    """The G1 gate multiplies the attended values, after the softmax: the map is the core's."""
+    return core_attention(module, x)
+
+
 def qk_norm_attention(module, x, mask=None):
     """softmax(LN(q) LN(k)^T / sqrt(dim_head)): q and k layer-normed per head."""
     q, k = self_attention_q_k(module, x)
@@ -427,10 +432,12 @@ def rvt_attention(module, x, *, angles, grid):
 def explicit_formulas():
     """Attention class (exactly: a subclass may change the formula) -> its map recomputed from the module's input."""
     from vit_pytorch import deepvit, rvt, simple_vit, simple_vit_with_qk_norm, vit, vit_5, vit_for_small_dataset
+    from vit_pytorch import looped_vit, simple_vit_with_sparse_gating
     return {vit.Attention: core_attention, simple_vit.Attention: core_attention,
             simple_vit_with_qk_norm.Attention: qk_norm_attention, vit_for_small_dataset.LSA: locality_attention,
             vit.ClassAttention: class_attention, deepvit.ReAttention: re_attention,
-            vit_5.Attention: vit_5_attention, rvt.Attention: rvt_attention}
+            vit_5.Attention: vit_5_attention, rvt.Attention: rvt_attention,
+            simple_vit_with_sparse_gating.GatedAttention: gated_attention, looped_vit.Attention: core_attention}
 
 
 # the recorded map is not a distribution over keys by design: DeepViT records the re-attention map (mixed and

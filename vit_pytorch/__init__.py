@@ -1,11 +1,11 @@
 from vit_pytorch.vit import ViT
 from vit_pytorch.simple_vit import SimpleViT
 
-__all__ = ['ViT', 'SimpleViT', 'MAE', 'Dino']
+__all__ = ['ViT', 'SimpleViT', 'MAE', 'Dino', 'LoopedViT']
 __version__ = '0.1.0'
 
 # vit-pytorch's README imports these from the package; loaded on first use so `import vit_pytorch` stays light
-_LAZY = {'MAE': 'vit_pytorch.mae', 'Dino': 'vit_pytorch.dino'}
+_LAZY = {'MAE': 'vit_pytorch.mae', 'Dino': 'vit_pytorch.dino', 'LoopedViT': 'vit_pytorch.looped_vit'}
 
 
 def __getattr__(name):

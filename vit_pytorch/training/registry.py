@@ -82,6 +82,10 @@ MODELS = {
     'normalized_vit': 'vit_pytorch.normalized_vit:nViT',
     'vit_with_keel_post_ln': 'vit_pytorch.vit_with_keel_post_ln:ViT',
     'local_vit': 'vit_pytorch.local_vit:LocalViT',
+    # research long tail II: the attention and the loop (issue 27)
+    'simple_vit_with_sparse_gating': 'vit_pytorch.simple_vit_with_sparse_gating:SimpleViTWithSparseGating',
+    'jet_vit': 'vit_pytorch.jet_vit:JetViT',
+    'looped_vit': 'vit_pytorch.looped_vit:LoopedViT',
 }
 
 # models with an auxiliary loss that the training command adds to the cross-entropy: name -> (the forward's
@@ -178,6 +182,9 @@ SMALL_CONFIGS = {
                      cross_attn_dim_head=16, patch_conv_kernel_size=3, dropout=0.),
     # 16 to 64 patches of 4 pixels (16 to 32-pixel images): the layers keep at most 32, 16, 8 and 4 of them
     'ats_vit': dict(patch_size=4, dim=64, depth=4, heads=4, dim_head=16, mlp_dim=128, max_tokens_per_depth=(32, 16, 8, 4)),
+    # 1 + 2 x 3 + 1 layers run (4 with their own weights): SMALL_MODEL's depth 4 and compute 8
+    'looped_vit': dict(patch_size=4, dim=64, heads=4, dim_head=16, mlp_dim=128, pre_loop_depth=1, num_looped_blocks=2,
+                       post_loop_depth=1, loop_depth=3),
 }
 
 # 'Ti/16', 'S/16', 'B/32', ...: the paper's table, built by vit_pytorch.pretrained.vit

@@ -1,0 +1,169 @@
+"""Looped ViT: one set of weights for every loop, one output a loop under deep supervision, the adaptive exit's
+criterion, the losses' formulas; vit-pytorch's weights and `__main__` block."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import count, load_fixture, move_off_initialisation
+from vit_pytorch import LoopedViT
+from vit_pytorch.looped_vit import adaptive_exit_targets, deep_supervision_loss
+from vit_pytorch.pretrained import load_vit_pytorch
+
+TINY = dict(image_size=(16, 24), patch_size=4, num_classes=5, dim=16, heads=2, dim_head=8, mlp_dim=32,
+            pre_loop_depth=1, num_looped_blocks=2, post_loop_depth=1, loop_depth=3)
+
+
+def tiny(**overrides):
+    torch.manual_seed(0)
+    return move_off_initialisation(LoopedViT(**dict(TINY, **overrides))).eval()
+
+
+def images(batch=3):
+    return torch.randn(batch, 3, 16, 24, generator=torch.Generator().manual_seed(1))
+
+
+def looped_calls(model, fn):
+    """How many times the looped block ran during `fn()`, and fn's result."""
+    calls = []
+    hook = model.looped.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        with torch.no_grad():
+            result = fn()
+    finally:
+        hook.remove()
+    return len(calls), result
+
+
+def test_the_looped_blocks_parameters_are_shared_across_loops():
+    """The parameter count does not grow with the loops, and each loop runs the same module."""
+    counts = {loops: count(LoopedViT(**dict(TINY, loop_depth=loops))) for loops in (1, 3, 8)}
+    assert len(set(counts.values())) == 1
+    model = tiny()
+    block = count(model.looped)
+    assert block == 2 * count(model.pre_loop) and block > 0
+    runs, _ = looped_calls(model, lambda: model(images(), loop_depth=7))
+    assert runs == 7
+
+
+def test_deep_supervision_returns_one_output_a_loop_each_the_model_stopped_there():
+    model = tiny()
+    img = images()
+    with torch.no_grad():
+        every = model(img, return_all_logits=True)
+        assert every.shape == (3, 3, 5)
+        for loop in range(3):
+            torch.testing.assert_close(every[loop], model(img, loop_depth=loop + 1), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize('stop_after', [0, 1])
+def test_the_adaptive_exit_stops_after_the_first_loop_whose_predicted_gains_are_all_at_most_the_threshold(stop_after):
+    """The threshold is the largest predicted gain after loop `stop_after`: the exit comes at the first loop whose
+    predictions over the batch are all at most it, which is loop `stop_after` or earlier."""
+    model = tiny(adaptive_loop=True, loop_depth=5)
+    img = images()
+    with torch.no_grad():
+        logits, benefits = model(img, return_all_logits=True, return_exit_benefits=True)    # (5, b, c), (4, b)
+    threshold = benefits[stop_after].max().item()
+    first = next(loop for loop in range(4) if benefits[loop].max() <= threshold)
+    runs, out = looped_calls(model, lambda: model(img, adaptive_exit=True, exit_threshold=threshold))
+    assert runs == first + 1
+    torch.testing.assert_close(out, logits[first], rtol=1e-6, atol=1e-6)
+
+
+def test_the_adaptive_exit_runs_every_loop_when_every_prediction_is_above_the_threshold():
+    model = tiny(adaptive_loop=True, loop_depth=5)
+    img = images()
+    with torch.no_grad():
+        _, benefits = model(img, return_exit_benefits=True)
+    runs, _ = looped_calls(model, lambda: model(img, adaptive_exit=True,
+                                                exit_threshold=benefits.min().item() - 1.0))
+    assert runs == 5
+
+
+def test_the_deep_supervision_loss_weights_each_loops_cross_entropy():
+    """final_mean: the last loop's cross-entropy at 1, the earlier ones' at 1 / (loops - 1); exponential: 2^(l - L + 1)."""
+    logits = torch.randn(4, 6, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    labels = torch.tensor([0, 1, 2, 3, 4, 0])
+    ce = torch.stack([F.cross_entropy(logits[loop], labels, reduction='none') for loop in range(4)])    # (4, b)
+    weights = {'final_mean': torch.tensor([1 / 3, 1 / 3, 1 / 3, 1.]), 'final': torch.tensor([0., 0., 0., 1.]),
+               'exponential': torch.tensor([1 / 8, 1 / 4, 1 / 2, 1.])}
+    for name, w in weights.items():
+        expected = (ce * w.double()[:, None]).sum(dim=0).mean()
+        torch.testing.assert_close(deep_supervision_loss(logits, labels, weighting=name), expected, msg=name)
+
+
+def test_the_exit_targets_are_the_largest_gain_per_further_loop():
+    logits = torch.randn(4, 6, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    labels = torch.tensor([0, 1, 2, 3, 4, 0])
+    ce = torch.stack([F.cross_entropy(logits[loop], labels, reduction='none') for loop in range(4)])
+    expected = torch.stack([torch.stack([(ce[r] - ce[k]) / (k - r) for k in range(r + 1, 4)]).amax(dim=0).clamp(min=0)
+                            for r in range(3)])
+    torch.testing.assert_close(adaptive_exit_targets(logits, labels), expected)
+
+
+def test_inputs_of_other_dimensions_loop_too():
+    """input_shape with three dimensions (clips), patches per dimension."""
+    torch.manual_seed(0)
+    model = LoopedViT(input_shape=(4, 8, 8), patch_size=(2, 4, 4), channels=2, num_classes=5, dim=16, heads=2,
+                      dim_head=8, mlp_dim=32, pre_loop_depth=1, num_looped_blocks=1, post_loop_depth=1, loop_depth=2)
+    with torch.no_grad():
+        assert model(torch.randn(2, 2, 4, 8, 8), return_all_logits=True).shape == (2, 2, 5)
+
+
+# vit-pytorch 1.26.14 (tests/fixtures/make_gate_jet_looped_fixtures.py)
+
+
+def test_vit_pytorchs_checkpoint_loads_strictly_and_gives_its_outputs():
+    """The logits, every loop's logits and the exit gate's predictions."""
+    metadata, state_dict, tensors = load_fixture('vit_pytorch_1.26.14_looped_vit')
+    config = dict(metadata['config'], image_size=tuple(metadata['config']['image_size']))
+    model = load_vit_pytorch(LoopedViT(**config), state_dict).eval()
+    assert model.state_dict().keys() == state_dict.keys()
+    with torch.no_grad():
+        torch.testing.assert_close(model(tensors['input']), tensors['output'], rtol=1e-4, atol=1e-5)
+        every, benefits = model(tensors['input'], return_all_logits=True, return_exit_benefits=True)
+    torch.testing.assert_close(every, tensors['all_logits'], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(benefits, tensors['exit_benefits'], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_vit_pytorchs_main_block_runs():
+    """Its `__main__` block: 256 pixels, patches of 16, width 512, 6 + 5 x 4 + 6 layers, the gate trained."""
+    model = LoopedViT(image_size=256, patch_size=16, num_classes=1000, dim=512, heads=8, dim_head=64, mlp_dim=2048,
+                      pre_loop_depth=6, num_looped_blocks=5, post_loop_depth=6, loop_depth=4,
+                      deep_supervision_weighting='final_mean', adaptive_loop=True)
+    img, labels = torch.randn(2, 3, 256, 256), torch.randint(0, 1000, (2,))
+    logits, exit_benefits = model(img, return_all_logits=True, return_exit_benefits=True)
+    loss = deep_supervision_loss(logits, labels, weighting='final_mean')
+    gate_loss = F.mse_loss(exit_benefits, adaptive_exit_targets(logits, labels))
+    (loss + gate_loss).backward()
+    with torch.no_grad():
+        assert model(img, loop_depth=8).shape == (2, 1000)
+        assert model(img, adaptive_exit=True, exit_threshold=0.05).shape == (2, 1000)
+
+
+# clear errors
+
+
+@pytest.mark.parametrize('overrides, message', [
+    (dict(image_size=None), 'input_shape'),
+    (dict(patch_size=5), 'divisible'),
+    (dict(pool='max'), 'pool'),
+    (dict(deep_supervision_weighting='linear'), 'weighting'),
+    (dict(deep_supervision_weighting=[1., 2.]), 'weighting'),
+    (dict(loop_depth=0), 'loop_depth'),
+])
+def test_a_bad_argument_is_refused_by_name(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        LoopedViT(**dict(TINY, **overrides))
+
+
+def test_the_exit_needs_the_gate():
+    with pytest.raises(ValueError, match='adaptive_loop=True'):
+        tiny()(images(), adaptive_exit=True)
+
+
+def test_an_input_of_another_shape_is_refused_naming_the_expected_one():
+    with pytest.raises(ValueError, match=r"\('b', 3, 16, 24\)"):
+        tiny()(torch.randn(2, 3, 16, 16))

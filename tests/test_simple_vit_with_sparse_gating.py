@@ -1,0 +1,131 @@
+"""Gated attention (arXiv 2505.06708, G1): a sigmoid gate of the normed input on each head's attention output, and
+the sparsity loss of the gate scores; vit-pytorch's module (a gate on the scores) refused."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import move_off_initialisation, reference_case, tiny_vit_kwargs
+from vit_pytorch.pretrained import CheckpointError, load_vit_pytorch
+from vit_pytorch.simple_vit_with_sparse_gating import SimpleViTWithSparseGating
+
+
+def tiny(**overrides):
+    torch.manual_seed(0)
+    return move_off_initialisation(SimpleViTWithSparseGating(**tiny_vit_kwargs(num_register_tokens=2, **overrides)))
+
+
+def explicit_gated_attention(attn, x):
+    """Y' = (softmax(q k^T / sqrt(d)) v) * sigmoid(LN(x) W_theta), per head, then the output projection."""
+    normed = F.layer_norm(x, x.shape[-1:], attn.norm.weight, attn.norm.bias, attn.norm.eps)
+
+    def heads(t):
+        return t.unflatten(-1, (attn.heads, -1)).transpose(1, 2)              # (b, h, n, d)
+    q, k, v = (heads(t) for t in (normed @ attn.to_qkv.weight.T).chunk(3, dim=-1))
+    attended = torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1) @ v
+    gate = torch.sigmoid(heads(normed @ attn.to_gate.weight.T))
+    return (attended * gate).transpose(1, 2).flatten(2) @ attn.to_out.weight.T
+
+
+def gate_scores(model, img):
+    """Every layer's gate scores (b, n, heads * dim_head), from the gate projections' outputs, and the model's
+    (logits, loss)."""
+    seen = []
+    hooks = [layer[0].to_gate.register_forward_hook(lambda module, args, output: seen.append(output.sigmoid()))
+             for layer in model.transformer.layers]
+    try:
+        returned = model(img, return_loss=True)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen, returned
+
+
+def test_the_gate_is_a_sigmoid_of_the_normed_input_on_each_heads_attention_output_before_the_projection():
+    attn = tiny().double().eval().transformer.layers[0][0]
+    x = torch.randn(2, 14, 32, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x), explicit_gated_attention(attn, x), rtol=1e-10, atol=1e-10)
+
+
+def test_the_gate_is_query_dependent_a_token_changes_only_its_own_gate():
+    """The gate reads the query's own token: changing token 3 changes the gate at token 3 and nowhere else."""
+    attn = tiny().double().eval().transformer.layers[0][0]
+    x = torch.randn(2, 14, 32, dtype=torch.float64)
+    changed = x.clone()
+    changed[:, 3] += torch.randn(2, 32, dtype=torch.float64)   # not a shift, which the norm removes
+    with torch.no_grad():
+        before, after = attn(x, return_gate=True)[1], attn(changed, return_gate=True)[1]                # (b, h, n, d)
+    moved = (after - before).abs().amax(dim=(0, 1, 3))
+    assert moved[3] > 1e-3 and moved[torch.arange(14) != 3].max() == 0
+
+
+@pytest.mark.parametrize('loss_type, threshold', [('l1', 0.05), ('thresholded_l1', 0.05), ('thresholded_l1', 0.5)])
+def test_the_sparsity_loss_is_its_formula_of_each_images_mean_gate_score(loss_type, threshold):
+    model = tiny(sparsity_loss_type=loss_type, sparsity_threshold=threshold).double().eval()
+    img = torch.randn(3, 3, 16, 24, dtype=torch.float64)
+    with torch.no_grad():
+        gates, (_, loss) = gate_scores(model, img)
+    p = torch.stack([gate.mean(dim=(1, 2)) for gate in gates]).mean(dim=0)      # (b,)
+    expected = p.mean() if loss_type == 'l1' else (p - threshold).relu().mean()
+    assert loss.ndim == 0
+    torch.testing.assert_close(loss, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_a_threshold_above_every_images_mean_gate_gives_a_zero_loss():
+    model = tiny(sparsity_threshold=1.0).eval()
+    with torch.no_grad():
+        assert model(torch.randn(2, 3, 16, 24), return_loss=True)[1] == 0
+
+
+def test_return_loss_adds_the_loss_and_leaves_the_logits_alone():
+    model = tiny().eval()
+    img = torch.randn(2, 3, 16, 24)
+    with torch.no_grad():
+        logits, _ = model(img, return_loss=True)
+        torch.testing.assert_close(logits, model(img), rtol=0, atol=0)
+
+
+def test_the_sparsity_loss_alone_trains_every_gate_projection():
+    model = tiny()
+    model(torch.randn(2, 3, 16, 24), return_loss=True)[1].backward()
+    for layer in model.transformer.layers:
+        assert layer[0].to_gate.weight.grad.abs().sum() > 0
+
+
+# vit-pytorch 1.26.14's module (tests/fixtures/make_gate_jet_looped_fixtures.py)
+
+
+def test_vit_pytorchs_checkpoint_is_refused_naming_its_gate_on_the_scores():
+    config, state_dict, _, _ = reference_case('vit_pytorch_1.26.14_simple_vit_with_sparse_gating', 'image_size')
+    with pytest.raises(CheckpointError, match=r'gates the attention weights .*q_mask . k_mask.*G1'):
+        load_vit_pytorch(SimpleViTWithSparseGating(**config), state_dict)
+
+
+@pytest.mark.slow
+def test_vit_pytorchs_main_block_runs():
+    """Its `__main__` block: 256 pixels, patches of 32, width 1024, depth 6, both loss types, a backward pass."""
+    img = torch.randn(2, 3, 256, 256)
+    for loss_type in ('thresholded_l1', 'l1'):
+        model = SimpleViTWithSparseGating(image_size=256, patch_size=32, num_classes=1000, dim=1024, depth=6,
+                                          heads=16, mlp_dim=2048, num_register_tokens=4, dim_mask=4,
+                                          sparsity_loss_type=loss_type, sparsity_threshold=0.05)
+        assert model(img).shape == (2, 1000)
+        logits, loss = model(img, return_loss=True)
+        assert logits.shape == (2, 1000) and loss.ndim == 0
+        loss.backward()
+
+
+# clear errors
+
+
+@pytest.mark.parametrize('overrides, error, name', [
+    (dict(sparsity_loss_type='l2'), ValueError, 'sparsity_loss_type'),
+    (dict(sparsity_threshold=1.5), ValueError, 'sparsity_threshold'),
+    (dict(sparsity_threshold='0.05'), TypeError, 'sparsity_threshold'),
+    (dict(dim_mask=0), ValueError, 'dim_mask'),
+    (dict(num_register_tokens=-1), ValueError, 'num_register_tokens'),
+])
+def test_a_bad_argument_is_refused_by_name(overrides, error, name):
+    with pytest.raises(error, match=name):
+        SimpleViTWithSparseGating(**tiny_vit_kwargs(**overrides))
