@@ -567,6 +567,7 @@ def build_wrapper(name):
     from vit_pytorch.accept_video_wrapper import AcceptVideoWrapper
     from vit_pytorch.dino import Dino
     from vit_pytorch.distill import DeiT, DistillWrapper
+    from vit_pytorch.lejepa import LeJEPA
     from vit_pytorch.mae import MAE
     from vit_pytorch.mp3 import MP3
     from vit_pytorch.mp3 import ViT as MP3ViT
@@ -588,6 +589,8 @@ def build_wrapper(name):
         'recorder': lambda: Recorder(tiny_vit()),
         'vit_with_decorr': lambda: ViTWithDecorr(**VIT),
         'mp3': lambda: MP3(MP3ViT(**VIT), 0.5),
+        'lejepa': lambda: LeJEPA(tiny_vit(), image_size=(16, 24), projection_hidden_size=32, num_classes_K=16,
+                                 sigreg_loss_kwargs=dict(num_slices=32)),
     }[name]()
 
 
@@ -603,6 +606,7 @@ WRAPPER_STEPS = {
     # in training the forward returns (logits, decorrelation loss), and a step adds them
     'vit_with_decorr': lambda wrapper: (lambda logits, loss: weighted(logits) + loss)(*wrapper(wrapped_images())),
     'mp3': lambda wrapper: wrapper(wrapped_images()),
+    'lejepa': lambda wrapper: wrapper(wrapped_images().sigmoid()),
 }
 
 # parameter (glob) -> why the wrapper's own design gives it no gradient from its loss
@@ -615,6 +619,7 @@ WRAPPER_NO_GRADIENT = {
     'dino': {'student.net.mlp_head.*': "the projection reads the student's latent (hidden_layer='to_latent'), "
                                        'before its classification head'},
     'mp3': {'vit.mlp_head.*': PRETRAINING},
+    'lejepa': {'net.mlp_head.*': "the projector reads the network's pre-logits embedding, before its head"},
 }
 
 
