@@ -34,8 +34,9 @@ torch), two global ones (from `global_lower_crop_scale` of the image up) and
 
 vit-pytorch's arguments are kept, in its order and with its defaults (projector hidden width 256, 4 layers,
 K = 65336 outputs, both loss weights 1, SIGReg over 1024 slices on 17 knots of [-5, 5]), and so is its
-projector (`MLP`: GELU layers, an L2 norm, a last linear layer), so its LeJEPA's state_dict loads as it is
-(`encoder.net` and `net` are the same network, as there). Where vit-pytorch's LeJEPA differs from the paper,
+projector (`MLP`: GELU layers, an L2 norm, a last linear layer), so its LeJEPA's state_dict loads
+(`load_vit_pytorch`; it holds the network twice, as `net` and `encoder.net`, ours once, as `net`, and the
+projector as `projector`). Where vit-pytorch's LeJEPA differs from the paper,
 ours follows the paper:
   - vit-pytorch computes its targets, the global views' projections, under `torch.no_grad()` (a
     stop-gradient) and pairs each local view with the other augmentation's global view; ours has no
@@ -80,29 +81,11 @@ class MLP(nn.Module):
         return self.net(x)
 
 
-class NetWrapper(nn.Module):
-    """The network and its projector: `forward(img)` is (projection, embedding), the embedding the pooled
-    pre-logits features."""
-
-    def __init__(self, net, projector):
-        super().__init__()
-        self.net, self.projector = net, projector
-
-    def embed(self, img):
-        return self.net.forward_head(self.net.forward_features(img), pre_logits=True)
-
-    def forward(self, img, return_projection=True):
-        embedding = self.embed(img)
-        if not return_projection:
-            return embedding
-        return self.projector(embedding), embedding
-
-
 class LeJEPA(nn.Module):
     """`forward(images)` returns the loss of one LeJEPA step: `target_loss_weight` times the prediction loss
     plus `sigreg_loss_weight` times SIGReg (`last_losses` keeps the two terms, detached).
 
-    `encoder` is the network with its projector; `net` the network (trained in place). `sigreg_loss_kwargs`:
+    `net` is the network (trained in place), `projector` its projector. `sigreg_loss_kwargs`:
     `num_slices` random directions, drawn anew at every step, and the trapezoidal rule's `num_knots` knots on
     `domain`.
     """
@@ -121,7 +104,7 @@ class LeJEPA(nn.Module):
                                     local_scale=(0.05, local_upper_crop_scale), num_local_crops=num_local_crops,
                                     augment_fn=augment_fn, augment_fn2=augment_fn2)
         width = dino.embedding_width(net, image_size)
-        self.encoder = NetWrapper(net, MLP(width, num_classes_K, projection_layers, projection_hidden_size))
+        self.projector = MLP(width, num_classes_K, projection_layers, projection_hidden_size)
         self.target_loss_weight, self.sigreg_loss_weight = target_loss_weight, sigreg_loss_weight
         self.sigreg_loss_kwargs = {**SIGREG, **sigreg_loss_kwargs}
         self.last_losses = None
@@ -130,6 +113,17 @@ class LeJEPA(nn.Module):
         else:
             self.register_buffer('mean', torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1), persistent=False)
             self.register_buffer('std', torch.tensor(std, dtype=torch.float32).view(-1, 1, 1), persistent=False)
+
+    def embed(self, img):
+        """The pooled pre-logits features of (normalised) images: (b, num_features)."""
+        return self.net.forward_head(self.net.forward_features(img), pre_logits=True)
+
+    def encoder(self, img, return_projection=True):
+        """(projection, embedding) of (normalised) images, or the embedding alone (vit-pytorch's `encoder`)."""
+        embedding = self.embed(img)
+        if not return_projection:
+            return embedding
+        return self.projector(embedding), embedding
 
     def normalise(self, views):
         return views if self.mean is None else (views - self.mean) / self.std
@@ -263,6 +257,16 @@ def check_sigreg_kwargs(kwargs):
 
 
 def vit_pytorch_plan(model, keys):
-    """vit-pytorch's LeJEPA has our names (`net.*`, the same network again as `encoder.net.*`, the projector as
-    `encoder.projector.net.*`): its checkpoints load where the network's keys agree with vit-pytorch's."""
-    return None
+    """vit-pytorch's LeJEPA holds its network twice, as `net.*` and `encoder.net.*` (one tensor under two
+    names), and its projector as `encoder.projector.*`: ours holds them once, as `net.*` and `projector.*`. It
+    loads where the network's keys agree with vit-pytorch's."""
+    if not isinstance(model, LeJEPA):
+        return None
+    plan = {}
+    for key, tensor in model.state_dict().items():
+        shape = tuple(tensor.shape)
+        if key.startswith('net.'):
+            plan[key] = ({key: shape, f'encoder.{key}': shape}, lambda net, same: net)
+        else:
+            plan[key] = ({f'encoder.{key}': shape}, lambda t: t)
+    return plan, ()
