@@ -368,3 +368,8 @@ def test_lejepa_logs_its_two_terms_which_make_its_loss(tmp_path):
     [record] = log_of(out)
     assert record['prediction_loss'] >= 0 and record['sigreg'] > 0
     assert record['loss'] == pytest.approx(0.75 * record['prediction_loss'] + 0.25 * record['sigreg'], rel=1e-5)
+
+
+def test_lejepa_refuses_a_lambda_outside_zero_one(tmp_path, capsys):
+    assert run('--method', 'lejepa', '--lejepa-lambda', 1.5, '--epochs', 1, '--out', tmp_path / 'run', *FAST) == 2
+    assert '--lejepa-lambda must be in [0, 1]' in capsys.readouterr().err

@@ -272,6 +272,9 @@ class LeJEPAMethod(Method):
     def build(self, args, encoder, *, image_size, mean, std):
         from vit_pytorch.lejepa import LeJEPA
 
+        if not 0 <= args.lejepa_lambda <= 1:
+            raise ValueError(f"--lejepa-lambda must be in [0, 1] (the weight of SIGReg; 1 - lambda the prediction "
+                             f"loss's), got {args.lejepa_lambda}")
         return LeJEPA(encoder, image_size, projection_hidden_size=args.projection_hidden_size,
                       num_classes_K=args.projection_dim, target_loss_weight=1 - args.lejepa_lambda,
                       sigreg_loss_weight=args.lejepa_lambda,
