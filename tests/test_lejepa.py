@@ -193,3 +193,22 @@ def test_vit_pytorchs_loss_on_fixed_views_is_its_pairing_and_our_sigreg():
         regulariser = sigreg_loss(torch.cat((local_one, local_two)), projections=tensors['directions'].T) / 8
         theirs = F.mse_loss(local_one, global_two) + F.mse_loss(local_two, global_one) + regulariser
     torch.testing.assert_close(theirs, tensors['loss'], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.slow            # vit-pytorch's sizes: a 6-layer ViT of width 1024 on 256-pixel images, K = 65336
+def test_vit_pytorchs_main_block_runs_and_its_ema_mode_is_refused():
+    def create_model():
+        return ViT(image_size=256, patch_size=32, num_classes=1000, dim=1024, depth=6, heads=8, mlp_dim=2048)
+
+    learner = LeJEPA(create_model(), image_size=256, hidden_layer='to_latent', projection_hidden_size=256,
+                     projection_layers=4, num_classes_K=65336, target_loss_weight=1.0, sigreg_loss_weight=1.0)
+    opt = torch.optim.Adam(learner.parameters(), lr=3e-4)
+    images = torch.randn(8, 3, 256, 256)
+    loss = learner(images)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    assert torch.isfinite(loss)
+    with pytest.raises(ValueError, match='LeJEPA has no teacher'):
+        LeJEPA(create_model(), image_size=256, hidden_layer='to_latent', projection_hidden_size=256,
+               projection_layers=4, num_classes_K=65336, use_ema=True, moving_average_decay=0.99)
