@@ -143,8 +143,7 @@ class LeJEPA(nn.Module):
         `projections`: SIGReg's directions (K, num_slices), unit columns; drawn anew when None."""
         views = global_projections if local_projections is None else torch.cat((global_projections,
                                                                               local_projections))
-        center = global_projections.mean(dim=0)                               # (b, K), with its gradient
-        prediction = (views - center).square().mean()
+        prediction = prediction_loss(global_projections, local_projections)
         regulariser = sigreg_loss(views, **self.sigreg_loss_kwargs, projections=projections)
         self.last_losses = (prediction.detach(), regulariser.detach())
         return self.target_loss_weight * prediction + self.sigreg_loss_weight * regulariser
@@ -161,6 +160,13 @@ class LeJEPA(nn.Module):
             # local views may have their own size: they go through the network as their own batch
             local = self.project(local_views)
         return self.loss(self.project(global_views), local, projections=projections)
+
+
+def prediction_loss(global_projections, local_projections=None):
+    """The paper's prediction loss of projections (views, b, K): the mean squared distance of every view, global
+    and local, to the centre of the global views, with the gradient through the centre too (no stop-gradient)."""
+    views = global_projections if local_projections is None else torch.cat((global_projections, local_projections))
+    return (views - global_projections.mean(dim=0)).square().mean()
 
 
 def random_projections(dim, num_slices, *, device=None, dtype=None, generator=None):

@@ -64,18 +64,18 @@ class FeedForward(nn.Module):
 
     The layouts of vit-pytorch's other MLPs, so that their keys load unchanged: `dropout=None` leaves the
     Dropout layers out (SimpleViT's: keys net.0, net.1, net.3), `activation` replaces the GELU (MobileViT's
-    SiLU), `norm_bias=False` gives a LayerNorm without bias (NaViT's). NaViT and MobileViT hold the MLP as a
-    bare Sequential: they take this module's `net`.
+    SiLU), `norm_bias=False` gives a LayerNorm without bias (NaViT's), `norm` replaces the LayerNorm (LeVJEPA's
+    RMSNorm). NaViT and MobileViT hold the MLP as a bare Sequential: they take this module's `net`.
     """
 
     def __init__(self, dim, hidden_dim, dropout=0., *, norm_eps=1e-5, gelu_approximate='none', norm_bias=True,
-                 activation=None):
+                 activation=None, norm=None):
         super().__init__()
 
         def drop():
             return [] if dropout is None else [nn.Dropout(dropout)]
         self.net = nn.Sequential(
-            nn.LayerNorm(dim, eps=norm_eps, bias=norm_bias),
+            nn.LayerNorm(dim, eps=norm_eps, bias=norm_bias) if norm is None else norm,
             nn.Linear(dim, hidden_dim),
             nn.GELU(approximate=gelu_approximate) if activation is None else activation,
             *drop(),
