@@ -59,6 +59,10 @@ from vit_pytorch import dino, vit
 
 SIGREG = dict(num_slices=1024, domain=(-5, 5), num_knots=17)
 
+# the augmentations are DINO's, one draw per image; LeVJEPA (`levjepa`, built on this module) takes them from here
+color_jitter, random_grayscale, gaussian_blur = dino.color_jitter, dino.random_grayscale, dino.gaussian_blur
+random_resized_crop = dino.random_resized_crop
+
 
 class L2Norm(nn.Module):
     def forward(self, x):

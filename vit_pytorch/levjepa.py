@@ -28,7 +28,7 @@ function's signature to count its arguments; the compiled wrapper shows `(*args,
 dense boolean matrix for `vit.attend` (scaled_dot_product_attention), so it runs and trains on any device.
 Where ours differs from vit-pytorch's:
   - the crops and the photometric augmentation are drawn per clip (every frame of a clip gets the same crop and
-    the same colour change), in torch (`dino`'s crops and jitter); vit-pytorch's torchvision transforms draw one
+    the same colour change), in torch (DINO's crops and jitter, through `lejepa`); vit-pytorch's torchvision transforms draw one
     crop and one jitter for the whole batch (torchvision draws once per call). Crops are resampled bilinearly
     without antialiasing (vit-pytorch: bicubic with antialiasing);
   - the global view and the local views go through the encoder as two batches, so `local_size` may differ from
@@ -47,7 +47,7 @@ from einops import rearrange, repeat
 from einops.layers.torch import Rearrange
 from torch import nn
 
-from vit_pytorch import dino, lejepa, vit
+from vit_pytorch import lejepa, vit
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -205,9 +205,9 @@ class PhotometricAugment(nn.Module):
         x = rearrange(video, 'b c t h w -> (b t) c h w')
         # one draw per clip: the clip's frames side by side as one image (the blur then crosses their edges)
         x = rearrange(x, '(b t) c h w -> b c h (t w)', t=frames)
-        x = dino.color_jitter(x, p=self.color_jitter_prob, brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1)
-        x = dino.random_grayscale(x, p=self.grayscale_prob)
-        x = dino.gaussian_blur(x, p=self.gaussian_blur_prob, sigma=(0.1, 2.0))
+        x = lejepa.color_jitter(x, p=self.color_jitter_prob, brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1)
+        x = lejepa.random_grayscale(x, p=self.grayscale_prob)
+        x = lejepa.gaussian_blur(x, p=self.gaussian_blur_prob, sigma=(0.1, 2.0))
         return self.normalize(rearrange(x, 'b c h (t w) -> b c t h w', t=frames))
 
 
@@ -215,7 +215,7 @@ def video_crop(video, size, scale, ratio, flip_p=0.):
     """A random resized crop of each clip (b, c, t, h, w), the same for all its frames, resized to `size`."""
     frames = video.shape[2]
     folded = rearrange(video, 'b c t h w -> b (c t) h w')
-    cropped = dino.random_resized_crop(folded, vit.pair(size), scale, ratio=ratio, flip_p=flip_p)
+    cropped = lejepa.random_resized_crop(folded, vit.pair(size), scale, ratio=ratio, flip_p=flip_p)
     return rearrange(cropped, 'b (c t) h w -> b c t h w', t=frames)
 
 
