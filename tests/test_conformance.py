@@ -568,6 +568,7 @@ def build_wrapper(name):
     from vit_pytorch.dino import Dino
     from vit_pytorch.distill import DeiT, DistillWrapper
     from vit_pytorch.lejepa import LeJEPA
+    from vit_pytorch.levjepa import LeVJEPA, VideoTransformer
     from vit_pytorch.mae import MAE
     from vit_pytorch.mp3 import MP3
     from vit_pytorch.mp3 import ViT as MP3ViT
@@ -591,6 +592,10 @@ def build_wrapper(name):
         'mp3': lambda: MP3(MP3ViT(**VIT), 0.5),
         'lejepa': lambda: LeJEPA(tiny_vit(), image_size=(16, 24), projection_hidden_size=32, num_classes_K=16,
                                  sigreg_loss_kwargs=dict(num_slices=32)),
+        'levjepa': lambda: LeVJEPA(VideoTransformer(image_size=(16, 24), patch_size=8, frames=2, dim=16, depth=2,
+                                                    heads=2, dim_head=8, mlp_dim=32),
+                                   (16, 24), local_size=(8, 16), num_local_views=2, num_classes_K=8,
+                                   projection_hidden=16, drop_ratio=0.5, sigreg_loss_kwargs=dict(num_proj=16)),
     }[name]()
 
 
@@ -607,6 +612,7 @@ WRAPPER_STEPS = {
     'vit_with_decorr': lambda wrapper: (lambda logits, loss: weighted(logits) + loss)(*wrapper(wrapped_images())),
     'mp3': lambda wrapper: wrapper(wrapped_images()),
     'lejepa': lambda wrapper: wrapper(wrapped_images().sigmoid()),
+    'levjepa': lambda wrapper: wrapper(torch.rand(2, 3, 2, 16, 24, generator=torch.Generator().manual_seed(1))),
 }
 
 # parameter (glob) -> why the wrapper's own design gives it no gradient from its loss

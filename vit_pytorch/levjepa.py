@@ -355,3 +355,11 @@ def check_arguments(*, encoder, image_size, local_size, num_local_views, num_cla
     for name, value in dict(local_augment_fn=local_augment_fn, global_augment_fn=global_augment_fn).items():
         if value is not None and not callable(value):
             raise TypeError(f"{name} must be a callable on clips (b, c, t, h, w) or None, got {value!r}")
+
+
+# loading checkpoints
+
+
+def vit_pytorch_plan(model, keys):
+    """vit-pytorch's `VideoTransformer` and `LeVJEPA` have our names: their checkpoints load as they are."""
+    return None
