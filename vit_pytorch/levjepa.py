@@ -33,7 +33,11 @@ Where ours differs from vit-pytorch's:
     without antialiasing (vit-pytorch: bicubic with antialiasing);
   - the global view and the local views go through the encoder as two batches, so `local_size` may differ from
     `image_size` (vit-pytorch concatenates them into one batch, which fails unless the sizes agree); the
-    projector (its BatchNorm too) sees all the views together, as in vit-pytorch.
+    projector (its BatchNorm too) sees all the views together, as in vit-pytorch;
+  - vit-pytorch concatenates [every clip's global view, every clip's local views] and reads the rows back as
+    (clip, view) with `'(b v) d -> b v d'`, so for a batch of more than one clip the view it takes as a clip's
+    global view, and the local views it pulls to it, are mostly other clips' (its loss on fixed views is ours on
+    that arrangement: tests/test_levjepa.py); ours pulls each clip's local views to its own global view.
 SIGReg is `lejepa.sigreg_loss`, the Epps-Pulley statistic with the factor N as vit-pytorch's (and the official
 code's): vit-pytorch's `knots` on [0, 3] doubled is the same trapezoidal rule as 2 * knots - 1 knots on [-3, 3].
 """
