@@ -59,15 +59,16 @@ LeVJEPALosses = namedtuple('LeVJEPALosses', ['invariance_loss', 'sigreg_loss'])
 
 
 class VideoRotaryEmbedding(nn.Module):
-    """A factorised rotary embedding of (frame, row, column) coordinates in [-1, 1]: `dim // 6` frequencies per
-    axis (from 1 to `max_freq / 2`, times pi), each turning one pair of a head's channels; the rest pass."""
+    """A factorised rotary embedding of (frame, row, column) coordinates in [-1, 1] (of any `axes` coordinates):
+    `dim // (2 * axes)` frequencies per axis (from 1 to `max_freq / 2`, times pi), each turning one pair of a head's
+    channels; the rest pass."""
 
-    def __init__(self, dim, max_freq=10):
+    def __init__(self, dim, max_freq=10, *, axes=3):
         super().__init__()
-        self.register_buffer('scales', torch.linspace(1., max_freq / 2, (dim - dim % 6) // 6))
+        self.register_buffer('scales', torch.linspace(1., max_freq / 2, (dim - dim % (2 * axes)) // (2 * axes)))
 
     def forward(self, coords):
-        """(sin, cos) of coords (b, n, 3): each (b, n, 6 * (dim // 6)), one angle per channel pair, repeated."""
+        """(sin, cos) of coords (b, n, axes): each (b, n, 2 * axes * frequencies), one angle per channel pair."""
         theta = rearrange(coords[..., None] * self.scales * pi, 'b n i f -> b n (i f)')
         return (repeat(t, 'b n d -> b n (d pair)', pair=2) for t in (theta.sin(), theta.cos()))
 
@@ -144,16 +145,21 @@ class VideoTransformer(nn.Module):
         coords, frame = repeat(coords, 'n i -> b n i', b=batch), repeat(frame, 'n -> b n', b=batch)
 
         if drop_ratio is not None and self.training:
-            kept = max(1, int((x.shape[1] - 1) * (1 - drop_ratio)))
-            patches = torch.rand(batch, x.shape[1] - 1, device=video.device).topk(kept, dim=-1).indices + 1
-            keep = torch.cat((patches.new_zeros(batch, 1), patches), dim=1)        # the cls token is never dropped
-            x = x.gather(1, repeat(keep, 'b n -> b n d', d=x.shape[-1]))
-            coords = coords.gather(1, repeat(keep, 'b n -> b n i', i=3))
-            frame = frame.gather(1, keep)
+            x, coords, frame = keep_random_tokens(drop_ratio, x, coords, frame)
 
         mask = block_causal_mask(frame) if self.block_causal else None
         sin, cos = self.rotary_emb(coords)
         return self.norm(self.transformer(x, sin=sin, cos=cos, mask=mask))
+
+
+def keep_random_tokens(drop_ratio, *tokens):
+    """The cls token and a random `max(1, int(n * (1 - drop_ratio)))` of the n others, the same for each of
+    `tokens` ((b, 1 + n, ...) each, the cls token first), in random order."""
+    batch, count = tokens[0].shape[:2]
+    kept = max(1, int((count - 1) * (1 - drop_ratio)))
+    patches = torch.rand(batch, count - 1, device=tokens[0].device).topk(kept, dim=-1).indices + 1
+    keep = torch.cat((patches.new_zeros(batch, 1), patches), dim=1)            # the cls token is never dropped
+    return [t.gather(1, keep.view(batch, -1, *[1] * (t.ndim - 2)).expand(-1, -1, *t.shape[2:])) for t in tokens]
 
 
 def block_causal_mask(frame):
@@ -243,10 +249,8 @@ class LeVJEPA(nn.Module):
         self.global_augment = NormalizeVideo() if global_augment_fn is None else global_augment_fn
         self.local_augment = PhotometricAugment() if local_augment_fn is None else local_augment_fn
 
-        norm_fn = (nn.BatchNorm1d if use_batch_norm else nn.RMSNorm) if norm_fn is None else norm_fn
-        linear = WeightStandardizedLinear if use_weight_standardization else nn.Linear
-        self.projector = nn.Sequential(linear(encoder.dim, projection_hidden), norm_fn(projection_hidden), nn.GELU(),
-                                       nn.Linear(projection_hidden, num_classes_K))
+        self.projector = projector(encoder.dim, projection_hidden, num_classes_K, use_batch_norm=use_batch_norm,
+                                   norm_fn=norm_fn, use_weight_standardization=use_weight_standardization)
         self.num_local_views, self.drop_ratio = num_local_views, drop_ratio
         self.invariance_loss_weight, self.sigreg_loss_weight = invariance_loss_weight, sigreg_loss_weight
         self.sigreg_loss_kwargs = {**dict(num_proj=1024, knots=17), **sigreg_loss_kwargs}
@@ -274,13 +278,7 @@ class LeVJEPA(nn.Module):
 
     def loss(self, projections, *, projections_directions=None):
         """(weighted invariance loss, weighted SIGReg) of projections (b, views, K), the global view's first."""
-        invariance = lejepa.prediction_loss(rearrange(projections[:, :1], 'b v d -> v b d'),
-                                            rearrange(projections[:, 1:], 'b v d -> v b d'))
-        knots = self.sigreg_loss_kwargs['knots']
-        sigreg = lejepa.sigreg_loss(rearrange(projections, 'b v d -> v b d'),
-                                    num_slices=self.sigreg_loss_kwargs['num_proj'], domain=(-3., 3.),
-                                    num_knots=2 * knots - 1, projections=projections_directions)
-        return invariance * self.invariance_loss_weight, sigreg * self.sigreg_loss_weight
+        return losses(self, projections, projections_directions)
 
     def forward(self, video, return_embedding=False, return_loss_breakdown=False, *, projections_directions=None):
         if return_embedding:
@@ -288,6 +286,25 @@ class LeVJEPA(nn.Module):
         invariance, sigreg = self.loss(self.project(*self.views(video)), projections_directions=projections_directions)
         total = invariance + sigreg
         return (total, LeVJEPALosses(invariance, sigreg)) if return_loss_breakdown else total
+
+
+def projector(dim, hidden, dim_out, *, use_batch_norm, norm_fn, use_weight_standardization):
+    """vit-pytorch's small projector, discarded after pre-training: linear, norm, GELU, linear."""
+    norm_fn = (nn.BatchNorm1d if use_batch_norm else nn.RMSNorm) if norm_fn is None else norm_fn
+    linear = WeightStandardizedLinear if use_weight_standardization else nn.Linear
+    return nn.Sequential(linear(dim, hidden), norm_fn(hidden), nn.GELU(), nn.Linear(hidden, dim_out))
+
+
+def losses(learner, projections, directions=None):
+    """(weighted invariance loss, weighted SIGReg) of projections (b, views, K), the first view the target: every
+    view pulled to it (`lejepa.prediction_loss`), SIGReg per view with the learner's `sigreg_loss_kwargs`
+    (vit-pytorch's `knots` on [0, 3] doubled: 2 * knots - 1 on [-3, 3]) and `directions` (K, num_proj) if given."""
+    views = rearrange(projections, 'b v d -> v b d')
+    invariance = lejepa.prediction_loss(views[:1], views[1:])
+    knots = learner.sigreg_loss_kwargs['knots']
+    sigreg = lejepa.sigreg_loss(views, num_slices=learner.sigreg_loss_kwargs['num_proj'], domain=(-3., 3.),
+                                num_knots=2 * knots - 1, projections=directions)
+    return invariance * learner.invariance_loss_weight, sigreg * learner.sigreg_loss_weight
 
 
 def check_clip(video, *, channels, patch):
@@ -320,14 +337,15 @@ def check_arguments(*, encoder, image_size, local_size, num_local_views, num_cla
                     local_crop_scale, global_crop_scale, drop_ratio, use_batch_norm, norm_fn,
                     use_weight_standardization, invariance_loss_weight, sigreg_loss_weight, sigreg_loss_kwargs,
                     local_augment_fn, global_augment_fn, crop_ratio_range):
-    if not isinstance(getattr(encoder, 'dim', None), int) or not callable(encoder):
-        raise TypeError(f"encoder must be a video encoder with a `dim` whose forward(video, drop_ratio) gives tokens "
-                        f"(b, 1 + n, dim), the cls token first (a VideoTransformer), got {type(encoder).__name__}")
+    check_learner_arguments(encoder=encoder, num_classes_K=num_classes_K, projection_hidden=projection_hidden,
+                            drop_ratio=drop_ratio, use_batch_norm=use_batch_norm, norm_fn=norm_fn,
+                            use_weight_standardization=use_weight_standardization,
+                            invariance_loss_weight=invariance_loss_weight, sigreg_loss_weight=sigreg_loss_weight,
+                            sigreg_loss_kwargs=sigreg_loss_kwargs,
+                            augment=dict(local_augment_fn=local_augment_fn, global_augment_fn=global_augment_fn))
     vit.positive_pair('image_size', image_size)
     vit.positive_pair('local_size', local_size)
     vit.non_negative_int('num_local_views', num_local_views)
-    vit.positive_int('num_classes_K', num_classes_K)
-    vit.positive_int('projection_hidden', projection_hidden)
     for name, value in dict(local_crop_scale=local_crop_scale, global_crop_scale=global_crop_scale).items():
         if not isinstance(value, (tuple, list)) or len(value) != 2 or not \
                 0 < vit.finite_number(name, value[0], 'a (low, high) pair in (0, 1]') <= \
@@ -339,6 +357,17 @@ def check_arguments(*, encoder, image_size, local_size, num_local_views, num_cla
             vit.finite_number('crop_ratio_range', crop_ratio_range[1]):
         raise ValueError(f"crop_ratio_range must be a (low, high) aspect ratio range with 0 < low <= high, got "
                          f"{crop_ratio_range!r}")
+
+
+def check_learner_arguments(*, encoder, num_classes_K, projection_hidden, drop_ratio, use_batch_norm, norm_fn,
+                            use_weight_standardization, invariance_loss_weight, sigreg_loss_weight,
+                            sigreg_loss_kwargs, augment):
+    """The checks LeVJEPA and LeVJEPAND share; `augment`: {name: an augmentation callable or None}."""
+    if not isinstance(getattr(encoder, 'dim', None), int) or not callable(encoder):
+        raise TypeError(f"encoder must have a `dim` and a forward(x, drop_ratio) giving tokens (b, 1 + n, dim), the "
+                        f"cls token first (a VideoTransformer, an NDTransformer), got {type(encoder).__name__}")
+    vit.positive_int('num_classes_K', num_classes_K)
+    vit.positive_int('projection_hidden', projection_hidden)
     if drop_ratio is not None:
         vit.probability('drop_ratio', drop_ratio)
     vit.boolean('use_batch_norm', use_batch_norm)
@@ -356,9 +385,9 @@ def check_arguments(*, encoder, image_size, local_size, num_local_views, num_cla
     vit.positive_int('sigreg_loss_kwargs num_proj', kwargs['num_proj'])
     if vit.positive_int('sigreg_loss_kwargs knots', kwargs['knots']) < 2:
         raise ValueError(f"sigreg_loss_kwargs knots must be at least 2, got {kwargs['knots']}")
-    for name, value in dict(local_augment_fn=local_augment_fn, global_augment_fn=global_augment_fn).items():
+    for name, value in augment.items():
         if value is not None and not callable(value):
-            raise TypeError(f"{name} must be a callable on clips (b, c, t, h, w) or None, got {value!r}")
+            raise TypeError(f"{name} must be a callable on input batches or None, got {value!r}")
 
 
 # loading checkpoints
