@@ -569,6 +569,7 @@ def build_wrapper(name):
     from vit_pytorch.distill import DeiT, DistillWrapper
     from vit_pytorch.lejepa import LeJEPA
     from vit_pytorch.levjepa import LeVJEPA, VideoTransformer
+    from vit_pytorch.levjepa_nd import LeVJEPAND, NDTransformer
     from vit_pytorch.mae import MAE
     from vit_pytorch.mp3 import MP3
     from vit_pytorch.mp3 import ViT as MP3ViT
@@ -596,6 +597,10 @@ def build_wrapper(name):
                                                     heads=2, dim_head=8, mlp_dim=32),
                                    (16, 24), local_size=(8, 16), num_local_views=2, num_classes_K=8,
                                    projection_hidden=16, drop_ratio=0.5, sigreg_loss_kwargs=dict(num_proj=16)),
+        'levjepa_nd': lambda: LeVJEPAND(NDTransformer(ndim=2, input_shape=(8, 12), patch_size=(2, 4), dim=16, depth=2,
+                                                      heads=2, dim_head=8, mlp_dim=32, channels=2),
+                                        input_shape=(8, 12), augment_tgt=lambda x: x.flip(-1), num_classes_K=8,
+                                        projection_hidden=16, drop_ratio=0.5, sigreg_loss_kwargs=dict(num_proj=16)),
     }[name]()
 
 
@@ -613,6 +618,7 @@ WRAPPER_STEPS = {
     'mp3': lambda wrapper: wrapper(wrapped_images()),
     'lejepa': lambda wrapper: wrapper(wrapped_images().sigmoid()),
     'levjepa': lambda wrapper: wrapper(torch.rand(2, 3, 2, 16, 24, generator=torch.Generator().manual_seed(1))),
+    'levjepa_nd': lambda wrapper: wrapper(torch.randn(2, 2, 8, 12, generator=torch.Generator().manual_seed(1))),
 }
 
 # parameter (glob) -> why the wrapper's own design gives it no gradient from its loss
