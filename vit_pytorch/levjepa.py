@@ -24,8 +24,10 @@ vit-pytorch 1.26.14's classes, arguments, defaults, state_dict keys and return v
 `VideoTransformer` and `LeVJEPA` weights load as they are). Its own example fails: it compiles the block-causal
 mask function with `torch.compile` before handing it to flex attention's `create_block_mask`, which reads the
 function's signature to count its arguments; the compiled wrapper shows `(*args, **kwargs)`, so it stops with
-"AssertionError: Expected 4 or 5 positional args, got 0" (torch 2.14.1, on the CPU). Ours builds the same mask as a
-dense boolean matrix for `vit.attend` (scaled_dot_product_attention), so it runs and trains on any device.
+"AssertionError: Expected 4 or 5 positional args, got 0" (torch 2.14.1, on the CPU). Past that (torch.compile
+made the identity), its backward stops with "NotImplementedError: FlexAttention does not support backward on CPU":
+it cannot train on a CPU at all. Ours builds the same mask as a dense boolean matrix for `vit.attend`
+(scaled_dot_product_attention), so it runs and trains on any device.
 Where ours differs from vit-pytorch's:
   - the crops and the photometric augmentation are drawn per clip (every frame of a clip gets the same crop and
     the same colour change), in torch (DINO's crops and jitter, through `lejepa`); vit-pytorch's torchvision transforms draw one
