@@ -121,9 +121,7 @@ class VideoTransformer(nn.Module):
         )
         self.cls_token = nn.Parameter(torch.randn(dim))
         self.rotary_emb = VideoRotaryEmbedding(dim_head, max_freq=rotary_max_freq)
-        self.transformer = vit.Stack([(Attention(dim, heads, dim_head, dropout),
-                                       vit.FeedForward(dim, mlp_dim, dropout, norm=nn.RMSNorm(dim)))
-                                      for _ in range(depth)])
+        self.transformer = encoder_stack(dim, depth, heads, dim_head, mlp_dim, dropout)
         self.norm = nn.RMSNorm(dim)
         self.dropout = nn.Dropout(emb_dropout)
 
@@ -137,14 +135,10 @@ class VideoTransformer(nn.Module):
         grid = (frames, height // self.patch_h, width // self.patch_w)
         x = self.dropout(self.to_patch_embedding(video))
 
-        # (frame, row, column) of each patch: in [-1, 1) for the rotary angles (the cls token at 0), and the
-        # frame index for the mask (the cls token's -1)
-        index = torch.cartesian_prod(*(torch.arange(n, device=video.device) for n in grid))
-        coords = (index / torch.tensor(grid, device=video.device) - 0.5) * 2
-        coords = torch.cat((coords.new_zeros(1, 3), coords))
-        frame = torch.cat((index.new_full((1,), -1), index[:, 0]))
+        # (frame, row, column) of each patch: in [-1, 1) for the rotary angles, the frame index for the mask
+        coords, index = grid_coordinates(grid, batch, device=video.device)
+        frame = index[..., 0]
         x = torch.cat((repeat(self.cls_token, 'd -> b 1 d', b=batch), x), dim=1)
-        coords, frame = repeat(coords, 'n i -> b n i', b=batch), repeat(frame, 'n -> b n', b=batch)
 
         if drop_ratio is not None and self.training:
             x, coords, frame = keep_random_tokens(drop_ratio, x, coords, frame)
@@ -152,6 +146,23 @@ class VideoTransformer(nn.Module):
         mask = block_causal_mask(frame) if self.block_causal else None
         sin, cos = self.rotary_emb(coords)
         return self.norm(self.transformer(x, sin=sin, cos=cos, mask=mask))
+
+
+def encoder_stack(dim, depth, heads, dim_head, mlp_dim, dropout):
+    """The encoder's layers: RMSNorm pre-norm rotary attention and feed-forward, no final norm (the model's)."""
+    return vit.Stack([(Attention(dim, heads, dim_head, dropout),
+                       vit.FeedForward(dim, mlp_dim, dropout, norm=nn.RMSNorm(dim))) for _ in range(depth)])
+
+
+def grid_coordinates(grid, batch, *, device=None):
+    """(scaled, index) of the cls token and the patches of a `grid` (row-major), each (batch, 1 + n, len(grid)):
+    the patches' integer coordinates and the same scaled to [-1, 1) for the rotary angles; the cls token's are
+    all -1 (no patch index) and all 0."""
+    index = torch.cartesian_prod(*(torch.arange(n, device=device) for n in grid)).view(-1, len(grid))
+    scaled = (index / torch.tensor(grid, device=device) - 0.5) * 2
+    scaled = torch.cat((scaled.new_zeros(1, len(grid)), scaled))
+    index = torch.cat((index.new_full((1, len(grid)), -1), index))
+    return (repeat(t, 'n i -> b n i', b=batch) for t in (scaled, index))
 
 
 def keep_random_tokens(drop_ratio, *tokens):

@@ -81,9 +81,7 @@ class NDTransformer(nn.Module):
         )
         self.cls_token = nn.Parameter(torch.randn(dim))
         self.rotary_emb = levjepa.VideoRotaryEmbedding(dim_head, max_freq=rotary_max_freq, axes=ndim)
-        self.transformer = vit.Stack([(levjepa.Attention(dim, heads, dim_head, dropout),
-                                       vit.FeedForward(dim, mlp_dim, dropout, norm=nn.RMSNorm(dim)))
-                                      for _ in range(depth)])
+        self.transformer = levjepa.encoder_stack(dim, depth, heads, dim_head, mlp_dim, dropout)
         self.norm = nn.RMSNorm(dim)
         self.dropout = nn.Dropout(emb_dropout)
 
@@ -96,15 +94,9 @@ class NDTransformer(nn.Module):
         batch = x.shape[0]
         x = self.dropout(self.to_patch_embedding(x))
 
-        # each patch's integer coordinates (the cls token's all -1, for the mask) and the same in [-1, 1) for
-        # the rotary angles (the cls token's all 0)
-        index = torch.cartesian_prod(*(torch.arange(n, device=x.device) for n in self.num_patches_per_dim))
-        index = index.view(-1, self.ndim)                              # cartesian_prod of one axis is flat
-        scaled = (index / torch.tensor(self.num_patches_per_dim, device=x.device) - 0.5) * 2
-        scaled = torch.cat((scaled.new_zeros(1, self.ndim), scaled))
-        index = torch.cat((index.new_full((1, self.ndim), -1), index))
+        # each patch's integer coordinates for the mask, and the same in [-1, 1) for the rotary angles
+        scaled, index = levjepa.grid_coordinates(self.num_patches_per_dim, batch, device=x.device)
         x = torch.cat((repeat(self.cls_token, 'd -> b 1 d', b=batch), x), dim=1)
-        scaled, index = (repeat(t, 'n i -> b n i', b=batch) for t in (scaled, index))
 
         if drop_ratio is not None and self.training:
             x, scaled, index = levjepa.keep_random_tokens(drop_ratio, x, scaled, index)
