@@ -3,7 +3,7 @@
     python examples/label_efficiency.py --out runs/label_efficiency
 
 1. Pre-train the trainer's default small ViT on the 1,347 training digits without their labels, once
-   per method (`python -m vit_pytorch.pretrain --method mae|simmim|mpp|dino|mp3`, seed 0).
+   per method (`python -m vit_pytorch.pretrain --method mae|simmim|mpp|dino|mp3|lejepa`, seed 0).
 2. Fine-tune each pre-trained network, and the same ViT from a random initialisation, on 5 % and
    10 % of the training labels (`python -m vit_pytorch.train --init ... --label-fraction ...`), seeds
    0, 1, 2 (the seed draws the labelled subset, the head and the order), with one recipe for all;
@@ -32,7 +32,7 @@ from vit_pytorch.checkpoint import load_model
 from vit_pytorch.evaluate import load_digits, normalise
 from vit_pytorch.models import build_model
 
-METHODS = ('mae', 'simmim', 'mpp', 'dino', 'mp3')
+METHODS = ('mae', 'simmim', 'mpp', 'dino', 'mp3', 'lejepa')
 
 
 def log_of(folder):

@@ -601,6 +601,9 @@ def build_wrapper(name):
     from vit_pytorch.accept_video_wrapper import AcceptVideoWrapper
     from vit_pytorch.dino import Dino
     from vit_pytorch.distill import DeiT, DistillWrapper
+    from vit_pytorch.lejepa import LeJEPA
+    from vit_pytorch.levjepa import LeVJEPA, VideoTransformer
+    from vit_pytorch.levjepa_nd import LeVJEPAND, NDTransformer
     from vit_pytorch.mae import MAE
     from vit_pytorch.mp3 import MP3
     from vit_pytorch.mp3 import ViT as MP3ViT
@@ -622,6 +625,16 @@ def build_wrapper(name):
         'recorder': lambda: Recorder(tiny_vit()),
         'vit_with_decorr': lambda: ViTWithDecorr(**VIT),
         'mp3': lambda: MP3(MP3ViT(**VIT), 0.5),
+        'lejepa': lambda: LeJEPA(tiny_vit(), image_size=(16, 24), projection_hidden_size=32, num_classes_K=16,
+                                 sigreg_loss_kwargs=dict(num_slices=32)),
+        'levjepa': lambda: LeVJEPA(VideoTransformer(image_size=(16, 24), patch_size=8, frames=2, dim=16, depth=2,
+                                                    heads=2, dim_head=8, mlp_dim=32),
+                                   (16, 24), local_size=(8, 16), num_local_views=2, num_classes_K=8,
+                                   projection_hidden=16, drop_ratio=0.5, sigreg_loss_kwargs=dict(num_proj=16)),
+        'levjepa_nd': lambda: LeVJEPAND(NDTransformer(ndim=2, input_shape=(8, 12), patch_size=(2, 4), dim=16, depth=2,
+                                                      heads=2, dim_head=8, mlp_dim=32, channels=2),
+                                        input_shape=(8, 12), augment_tgt=lambda x: x.flip(-1), num_classes_K=8,
+                                        projection_hidden=16, drop_ratio=0.5, sigreg_loss_kwargs=dict(num_proj=16)),
     }[name]()
 
 
@@ -637,6 +650,9 @@ WRAPPER_STEPS = {
     # in training the forward returns (logits, decorrelation loss), and a step adds them
     'vit_with_decorr': lambda wrapper: (lambda logits, loss: weighted(logits) + loss)(*wrapper(wrapped_images())),
     'mp3': lambda wrapper: wrapper(wrapped_images()),
+    'lejepa': lambda wrapper: wrapper(wrapped_images().sigmoid()),
+    'levjepa': lambda wrapper: wrapper(torch.rand(2, 3, 2, 16, 24, generator=torch.Generator().manual_seed(1))),
+    'levjepa_nd': lambda wrapper: wrapper(torch.randn(2, 2, 8, 12, generator=torch.Generator().manual_seed(1))),
 }
 
 # parameter (glob) -> why the wrapper's own design gives it no gradient from its loss
@@ -649,6 +665,7 @@ WRAPPER_NO_GRADIENT = {
     'dino': {'student.net.mlp_head.*': "the projection reads the student's latent (hidden_layer='to_latent'), "
                                        'before its classification head'},
     'mp3': {'vit.mlp_head.*': PRETRAINING},
+    'lejepa': {'net.mlp_head.*': "the projector reads the network's pre-logits embedding, before its head"},
 }
 
 

@@ -55,14 +55,15 @@ def test_each_method_writes_a_network_that_loads_as_the_model_it_pre_trained(met
     assert model(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
     # the network is the wrapper's own: MAE's encoder, MPP's model, DINO's teacher, MP3's ViT
     wrapper = weights_of(out / 'pretrainer')
-    prefix = dict(mae='encoder.', simmim='encoder.', mpp='transformer.', dino='teacher.net.', mp3='vit.')[method]
+    prefix = dict(mae='encoder.', simmim='encoder.', mpp='transformer.', dino='teacher.net.', mp3='vit.',
+                  lejepa='net.')[method]
     network = weights_of(out / 'checkpoint')
     assert network.keys() == {key[len(prefix):] for key in wrapper if key.startswith(prefix)}
     for key, value in network.items():
         assert torch.equal(value, wrapper[prefix + key]), key
 
 
-@pytest.mark.parametrize('method', ['mae', 'dino', 'mp3'])
+@pytest.mark.parametrize('method', ['mae', 'dino', 'mp3', 'lejepa'])
 def test_interrupted_run_resumed_matches_an_uninterrupted_run(method, tmp_path, monkeypatch):
     whole, broken = tmp_path / 'whole', tmp_path / 'broken'
     # 8-pixel digits (a 2x2 grid) in 3 batches an epoch keep it fast
@@ -362,3 +363,17 @@ def test_init_from_a_network_for_other_images_is_refused_naming_the_size(pretrai
     assert '--image-size 16, this data gives 8' in capsys.readouterr().err
     assert train_run('--init', tmp_path / 'nothing', '--epochs', 1, '--out', tmp_path / 'y', '--quiet') == 2
     assert 'no checkpoint at' in capsys.readouterr().err
+
+
+def test_lejepa_logs_its_two_terms_which_make_its_loss(tmp_path):
+    out = tmp_path / 'run'
+    assert run('--method', 'lejepa', '--lejepa-lambda', 0.25, '--epochs', 1, '--out', out, *FAST,
+               '--image-size', 8) == 0
+    [record] = log_of(out)
+    assert record['prediction_loss'] >= 0 and record['sigreg'] > 0
+    assert record['loss'] == pytest.approx(0.75 * record['prediction_loss'] + 0.25 * record['sigreg'], rel=1e-5)
+
+
+def test_lejepa_refuses_a_lambda_outside_zero_one(tmp_path, capsys):
+    assert run('--method', 'lejepa', '--lejepa-lambda', 1.5, '--epochs', 1, '--out', tmp_path / 'run', *FAST) == 2
+    assert '--lejepa-lambda must be in [0, 1]' in capsys.readouterr().err

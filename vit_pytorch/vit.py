@@ -66,9 +66,9 @@ class FeedForward(nn.Module):
     The layouts of vit-pytorch's other MLPs, so that their keys load unchanged: `dropout=None` leaves the
     Dropout layers out (SimpleViT's: keys net.0, net.1, net.3), `activation` replaces the GELU (MobileViT's
     SiLU), `norm_bias=False` gives a LayerNorm without bias (NaViT's), `norm` replaces the LayerNorm (ViT-5's
-    RMSNorm), `gated=True` makes the first Linear twice as wide and its second half, through the activation,
-    gate the first (GEGLU, Shazeer, arXiv 2002.05202; RvT's). NaViT and MobileViT hold the MLP as a bare
-    Sequential: they take this module's `net`.
+    and LeVJEPA's RMSNorm), `gated=True` makes the first Linear twice as wide and its second half, through the
+    activation, gate the first (GEGLU, Shazeer, arXiv 2002.05202; RvT's). NaViT and MobileViT hold the MLP as a
+    bare Sequential: they take this module's `net`.
     """
 
     def __init__(self, dim, hidden_dim, dropout=0., *, norm_eps=1e-5, gelu_approximate='none', norm_bias=True,

@@ -256,7 +256,50 @@ class DinoMethod(Method):
                                         title="DINO teacher: the last layer's cls attention, per head")]
 
 
-METHODS = dict(mae=MAEMethod(), simmim=SimMIMMethod(), mpp=MPPMethod(), dino=DinoMethod(), mp3=MP3Method())
+
+class LeJEPAMethod(Method):
+    """LeJEPA: DINO's crops without a teacher, the prediction loss and SIGReg weighed by lambda (the official
+    minimal example's defaults: lambda 0.02, 16 projection outputs, 256 slices, its quadrature on [0, 3] doubled,
+    which is [-3, 3] on 33 knots); the two terms in the log, as the paper's figures show them."""
+
+    masked = False                                             # LeJEPA makes its own views of the pixels
+    betas = (0.9, 0.999)                                       # the official example's AdamW
+    group = 'LeJEPA'
+    options = (
+        ('--lejepa-lambda', dict(type=float, default=0.02, help="the weight of SIGReg, the prediction loss's "
+                                                                "being 1 - lambda")),
+        ('--projection-dim', dict(type=int, default=16, help='outputs of the projector (SIGReg tests them)')),
+        ('--sigreg-slices', dict(type=int, default=256, help='random directions SIGReg tests at each step')),
+        ('--projection-hidden-size', dict(type=int, default=256, help='width of the head MLP')),
+        ('--num-local-crops', dict(type=int, default=2, help='small crops the student sees')))
+
+    def build(self, args, encoder, *, image_size, mean, std):
+        from vit_pytorch.lejepa import LeJEPA
+
+        if not 0 <= args.lejepa_lambda <= 1:
+            raise ValueError(f"--lejepa-lambda must be in [0, 1] (the weight of SIGReg; 1 - lambda the prediction "
+                             f"loss's), got {args.lejepa_lambda}")
+        return LeJEPA(encoder, image_size, projection_hidden_size=args.projection_hidden_size,
+                      num_classes_K=args.projection_dim, target_loss_weight=1 - args.lejepa_lambda,
+                      sigreg_loss_weight=args.lejepa_lambda,
+                      sigreg_loss_kwargs=dict(num_slices=args.sigreg_slices, domain=(-3, 3), num_knots=33),
+                      num_local_crops=args.num_local_crops, mean=mean, std=std)
+
+    def network(self, learner):
+        return learner.net
+
+    def sums(self, learner, count):
+        return [term.item() * count for term in learner.last_losses]
+
+    def record(self, args, sums, global_step, steps, total_steps):
+        prediction, sigreg = sums
+        return dict(prediction_loss=prediction, sigreg=sigreg)
+
+    def line(self, record):
+        return f", prediction {record['prediction_loss']:.4f}, SIGReg {record['sigreg']:.3f}"
+
+METHODS = dict(mae=MAEMethod(), simmim=SimMIMMethod(), mpp=MPPMethod(), dino=DinoMethod(), mp3=MP3Method(),
+               lejepa=LeJEPAMethod())
 
 
 def option_groups():

@@ -1,0 +1,214 @@
+"""LeJEPA (arXiv 2511.08544): SIGReg is the Epps-Pulley statistic over random 1-D projections, ~0 (per sample)
+for Gaussian embeddings and large for a collapsed one; the prediction loss pulls every view to the global views'
+centre with no stop-gradient; vit-pytorch's LeJEPA loads and gives its projections and its SIGReg."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.helpers import load_fixture
+from vit_pytorch import ViT
+from vit_pytorch.lejepa import LeJEPA, random_projections, sigreg, sigreg_loss
+from vit_pytorch.pretrained import load_vit_pytorch
+
+TINY = dict(image_size=16, patch_size=4, num_classes=5, dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32)
+
+
+def tiny_lejepa(**overrides):
+    torch.manual_seed(0)
+    return LeJEPA(ViT(**TINY), 16, projection_hidden_size=16, num_classes_K=8,
+                  sigreg_loss_kwargs=dict(num_slices=32), **overrides)
+
+
+def epps_pulley_by_quadrature(samples, low, high, knots):
+    """N * integral_low^high |ecf(t) - phi(t)|^2 phi(t) dt of 1-D `samples` (float64), the complex ecf written out
+    and the trapezoidal rule summed knot by knot."""
+    t = [low + (high - low) * k / (knots - 1) for k in range(knots)]
+    values = []
+    for tk in t:
+        ecf = sum(complex(math.cos(tk * x), math.sin(tk * x)) for x in samples) / len(samples)
+        phi = math.exp(-tk * tk / 2)
+        values.append(abs(ecf - phi) ** 2 * phi)
+    step = (high - low) / (knots - 1)
+    return len(samples) * step * (sum(values) - (values[0] + values[-1]) / 2)
+
+
+def test_sigreg_is_the_epps_pulley_integral_of_each_projection():
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 3, generator=generator, dtype=torch.float64) * 1.5 + 0.3
+    directions = random_projections(3, 4, dtype=torch.float64, generator=generator)
+    statistics = sigreg(x, directions, domain=(-2.5, 4.0), num_knots=9)
+    for m in range(4):
+        expected = epps_pulley_by_quadrature((x @ directions[:, m]).tolist(), -2.5, 4.0, 9)
+        assert statistics[m].item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_random_projections_are_unit_directions():
+    directions = random_projections(5, 100, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(directions.norm(dim=0), torch.ones(100))
+
+
+def test_sigreg_is_invariant_to_the_sign_of_the_projections():
+    # |ecf(-t) - phi| = |conj(ecf(t)) - phi|: phi is real, so a direction and its opposite test the same
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(16, 6, generator=generator)
+    directions = random_projections(6, 8, generator=generator)
+    torch.testing.assert_close(sigreg(x, -directions), sigreg(x, directions), rtol=1e-6, atol=0)
+
+
+def test_sigreg_of_gaussian_samples_is_its_null_expectation():
+    # For N(0, I) samples, E N |ecf(t) - phi(t)|^2 = 1 - phi(t)^2 (the variance of exp(itX)), so E T is the
+    # quadrature of (1 - e^{-t^2}) e^{-t^2/2}: a constant, whatever N; per sample it is ~0 (T / N -> 0).
+    t = torch.linspace(-5, 5, 17, dtype=torch.float64)
+    expected = torch.trapezoid((1 - (-t.square()).exp()) * (-t.square() / 2).exp(), t).item()
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(400, 64, 32, generator=generator, dtype=torch.float64)      # 400 draws of N = 64 samples
+    draws = sigreg(x, random_projections(32, 16, dtype=torch.float64, generator=generator))
+    # 6400 nearly independent statistics of variance < 1.3: the mean's standard error is under 0.015
+    assert draws.mean().item() == pytest.approx(expected, abs=0.1)
+    assert (draws / 64).mean().item() < 0.03
+
+
+def test_sigreg_of_a_collapsed_embedding_is_large():
+    # every sample at one point c: ecf = exp(itc), so T = N * integral |exp(itc) - phi|^2 phi, at c = 0 the
+    # closed form N * integral (1 - phi)^2 phi = 0.409 N: at N = 256, 104.7, against ~1.06 for Gaussian samples
+    collapsed = torch.zeros(256, 32, dtype=torch.float64)
+    t = torch.linspace(-5, 5, 17, dtype=torch.float64)
+    phi = (-t.square() / 2).exp()
+    closed_form = 256 * torch.trapezoid((1 - phi).square() * phi, t).item()
+    statistic = sigreg_loss(collapsed, num_slices=16)
+    assert statistic.item() == pytest.approx(closed_form, rel=1e-12)
+    gaussian = sigreg_loss(torch.randn(256, 32, generator=torch.Generator().manual_seed(3), dtype=torch.float64),
+                           num_slices=16)
+    assert statistic > 20 * gaussian
+
+
+def test_sigreg_averages_the_views():
+    generator = torch.Generator().manual_seed(4)
+    views = torch.randn(3, 10, 6, generator=generator)
+    directions = random_projections(6, 5, generator=generator)
+    per_view = torch.stack([sigreg_loss(view, projections=directions) for view in views])
+    torch.testing.assert_close(sigreg_loss(views, projections=directions), per_view.mean())
+
+
+def test_prediction_loss_pulls_every_view_to_the_global_centre():
+    learner = tiny_lejepa(target_loss_weight=1., sigreg_loss_weight=0.)
+    generator = torch.Generator().manual_seed(5)
+    global_projections, local_projections = torch.randn(2, 3, 8, generator=generator), torch.randn(
+        3, 3, 8, generator=generator)
+    center = global_projections.mean(dim=0)
+    expected = sum((view - center).square().sum() for view in [*global_projections, *local_projections]) / (5 * 3 * 8)
+    torch.testing.assert_close(learner.loss(global_projections, local_projections), expected)
+
+
+def test_the_loss_weighs_its_two_terms():
+    learner = tiny_lejepa(target_loss_weight=0.75, sigreg_loss_weight=0.25)
+    generator = torch.Generator().manual_seed(6)
+    global_projections = torch.randn(2, 6, 8, generator=generator)
+    directions = random_projections(8, 32, generator=generator)
+    loss = learner.loss(global_projections, projections=directions)
+    prediction, regulariser = learner.last_losses
+    torch.testing.assert_close(regulariser, sigreg_loss(global_projections, projections=directions))
+    torch.testing.assert_close(loss, 0.75 * prediction + 0.25 * regulariser)
+
+
+def test_gradients_flow_through_the_global_views_targets():
+    # no stop-gradient: the centre the views are pulled to carries the gradient too. With SIGReg off, the
+    # gradient of the prediction loss on a global view is its own pull minus its share of every view's pull
+    learner = tiny_lejepa(target_loss_weight=1., sigreg_loss_weight=0.)
+    generator = torch.Generator().manual_seed(7)
+    global_projections = torch.randn(2, 3, 8, generator=generator, requires_grad=True)
+    local_projections = torch.randn(2, 3, 8, generator=generator, requires_grad=True)
+    learner.loss(global_projections, local_projections).backward()
+    views = torch.cat((global_projections, local_projections)).detach()
+    pulls = 2 * (views - global_projections.detach().mean(dim=0)) / views.numel()
+    torch.testing.assert_close(local_projections.grad, pulls[2:])
+    torch.testing.assert_close(global_projections.grad, pulls[:2] - pulls.sum(dim=0) / 2)
+    assert global_projections.grad.abs().sum() > 0
+
+
+def test_the_prediction_loss_of_the_global_views_alone_trains_the_network():
+    # with a stop-gradient on the targets (vit-pytorch's torch.no_grad) this loss would have no gradient at all
+    learner = tiny_lejepa(target_loss_weight=1., sigreg_loss_weight=0.).train()
+    generator = torch.Generator().manual_seed(8)
+    views = [torch.rand(4, 3, 16, 16, generator=generator) for _ in range(2)]
+    learner.loss(learner.project(views)).backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in learner.net.transformer.parameters())
+
+
+def test_use_ema_is_refused_naming_the_paper():
+    for given in (dict(use_ema=True), dict(moving_average_decay=0.99), dict(use_sigreg=False)):
+        with pytest.raises(ValueError, match='LeJEPA has no teacher'):
+            tiny_lejepa(**given)
+
+
+@pytest.mark.parametrize('kwargs, match', [(dict(num_knots=1), 'num_knots'), (dict(domain=(3, -3)), 'domain'),
+                                           (dict(num_slice=4), 'sigreg_loss_kwargs'), (dict(num_slices=0), 'num_slices')])
+def test_bad_sigreg_kwargs_are_refused(kwargs, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        LeJEPA(ViT(**TINY), 16, num_classes_K=8, sigreg_loss_kwargs=kwargs)
+
+
+def test_images_of_the_wrong_shape_are_refused():
+    with pytest.raises(ValueError, match=r'takes images \(b, 3, h, w\)'):
+        tiny_lejepa()(torch.rand(2, 1, 16, 16))
+
+
+# vit-pytorch 1.26.14 (tests/fixtures/make_lejepa_fixtures.py)
+
+
+def vit_pytorch_lejepa():
+    metadata, state_dict, tensors = load_fixture('vit_pytorch_1.26.14_lejepa')
+    config = metadata['config']['lejepa']
+    config['sigreg_loss_kwargs']['domain'] = tuple(config['sigreg_loss_kwargs']['domain'])
+    learner = LeJEPA(ViT(**metadata['config']['vit']), **config)
+    return load_vit_pytorch(learner, state_dict).train(), tensors
+
+
+def test_vit_pytorchs_lejepa_loads_and_gives_its_projections():
+    learner, tensors = vit_pytorch_lejepa()
+    with torch.no_grad():
+        projection, embedding = learner(tensors['input'], return_embedding=True)
+    torch.testing.assert_close(embedding, tensors['embedding'], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(projection, tensors['projection'], rtol=1e-5, atol=1e-6)
+
+
+def test_vit_pytorchs_sigreg_is_ours_without_the_factor_n():
+    learner, tensors = vit_pytorch_lejepa()
+    with torch.no_grad():
+        local = learner.project([tensors['local_one'], tensors['local_two']]).flatten(0, 1)   # its pooled batch
+    ours = sigreg_loss(local, projections=tensors['directions'].T)
+    torch.testing.assert_close(ours / len(local), tensors['sigreg'], rtol=1e-5, atol=1e-7)
+
+
+def test_vit_pytorchs_loss_on_fixed_views_is_its_pairing_and_our_sigreg():
+    # what vit-pytorch computes: each local view against the other augmentation's global view, plus SIGReg
+    # without the factor N; the paper's loss (ours) pulls all four to the centre of the global ones instead
+    learner, tensors = vit_pytorch_lejepa()
+    with torch.no_grad():
+        local_one, local_two, global_one, global_two = learner.project(
+            [tensors[name] for name in ('local_one', 'local_two', 'global_one', 'global_two')])
+        regulariser = sigreg_loss(torch.cat((local_one, local_two)), projections=tensors['directions'].T) / 8
+        theirs = F.mse_loss(local_one, global_two) + F.mse_loss(local_two, global_one) + regulariser
+    torch.testing.assert_close(theirs, tensors['loss'], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.slow            # vit-pytorch's sizes: a 6-layer ViT of width 1024 on 256-pixel images, K = 65336
+def test_vit_pytorchs_main_block_runs_and_its_ema_mode_is_refused():
+    def create_model():
+        return ViT(image_size=256, patch_size=32, num_classes=1000, dim=1024, depth=6, heads=8, mlp_dim=2048)
+
+    learner = LeJEPA(create_model(), image_size=256, hidden_layer='to_latent', projection_hidden_size=256,
+                     projection_layers=4, num_classes_K=65336, target_loss_weight=1.0, sigreg_loss_weight=1.0)
+    opt = torch.optim.Adam(learner.parameters(), lr=3e-4)
+    images = torch.randn(8, 3, 256, 256)
+    loss = learner(images)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    assert torch.isfinite(loss)
+    with pytest.raises(ValueError, match='LeJEPA has no teacher'):
+        LeJEPA(create_model(), image_size=256, hidden_layer='to_latent', projection_hidden_size=256,
+               projection_layers=4, num_classes_K=65336, use_ema=True, moving_average_decay=0.99)

@@ -1,0 +1,161 @@
+"""LeVJEPA (arXiv 2608.27395): the block-causal video transformer (a frame's patches see their own and earlier
+frames, the cls token sees all and no patch sees it), its rotary embedding (scores depend on coordinate
+differences), token dropping, the views of a clip kept together, and vit-pytorch's weights and loss, from a fixture
+it wrote with its failing torch.compile step bypassed."""
+
+import pytest
+import torch
+from einops import rearrange
+
+from tests.helpers import load_fixture
+from vit_pytorch.lejepa import sigreg_loss
+from vit_pytorch.levjepa import LeVJEPA, VideoTransformer, rotate
+from vit_pytorch.pretrained import load_vit_pytorch
+
+ENCODER = dict(image_size=16, patch_size=8, frames=3, dim=32, depth=2, heads=2, dim_head=16, mlp_dim=64)
+
+
+def tiny_encoder(**overrides):
+    torch.manual_seed(0)
+    return VideoTransformer(**{**ENCODER, **overrides}).eval()
+
+
+def test_patches_see_only_their_own_and_earlier_frames():
+    encoder, video = tiny_encoder(), torch.randn(1, 3, 3, 16, 16)
+    changed = video.clone()
+    changed[:, :, 2] = torch.randn(1, 3, 16, 16)            # the last frame (a constant shift would be normed away)
+    with torch.no_grad():
+        before, after = encoder(video), encoder(changed)
+    # tokens: cls, then 4 patches per frame
+    torch.testing.assert_close(after[:, 1:9], before[:, 1:9], rtol=0, atol=0)
+    assert (after[:, 9:] - before[:, 9:]).abs().max() > 0.1
+    assert (after[:, 0] - before[:, 0]).abs().max() > 0.01     # the cls token reads every frame
+
+
+def test_no_patch_attends_to_the_cls_token():
+    encoder, video = tiny_encoder(), torch.randn(1, 3, 3, 16, 16)
+    with torch.no_grad():
+        before = encoder(video)
+        encoder.cls_token.add_(1.)
+        after = encoder(video)
+    torch.testing.assert_close(after[:, 1:], before[:, 1:], rtol=0, atol=0)
+
+
+def test_without_block_causality_the_first_frame_sees_the_last():
+    encoder, video = tiny_encoder(block_causal=False), torch.randn(1, 3, 3, 16, 16)
+    changed = video.clone()
+    changed[:, :, 2] = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        assert (encoder(changed)[:, 1:5] - encoder(video)[:, 1:5]).abs().max() > 0.01
+
+
+def test_rotary_scores_depend_on_the_angle_difference_only():
+    # q rotated by a and k by b score as q rotated by a - b against k as it is: R(a)^T R(b) = R(b - a)
+    generator = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 1, 5, 16, generator=generator), torch.randn(2, 1, 5, 16, generator=generator)
+    a, b = torch.randn(2, 5, 6, generator=generator), torch.randn(2, 5, 6, generator=generator)
+    pairs = lambda t: t.repeat_interleave(2, dim=-1)
+    score = lambda x, y: (x * y).sum(-1)
+    rotated = score(rotate(q, pairs(a.sin()), pairs(a.cos())), rotate(k, pairs(b.sin()), pairs(b.cos())))
+    relative = score(rotate(q, pairs((a - b).sin()), pairs((a - b).cos())), k)
+    torch.testing.assert_close(rotated, relative, rtol=1e-5, atol=1e-5)
+    # the 4 channels past the 12 rotated ones pass unchanged
+    torch.testing.assert_close(rotate(q, pairs(a.sin()), pairs(a.cos()))[..., 12:], q[..., 12:])
+
+
+def test_training_keeps_the_cls_token_and_a_share_of_the_patches():
+    encoder, video = tiny_encoder(), torch.randn(2, 3, 3, 16, 16)
+    encoder.train()
+    tokens = encoder(video, drop_ratio=0.75)
+    assert tokens.shape == (2, 1 + 3, 32)                   # int(12 * 0.25) = 3 patches kept
+    assert encoder(video, drop_ratio=0.999).shape == (2, 2, 32)      # never fewer than one
+    encoder.eval()
+    assert encoder(video, drop_ratio=0.75).shape == (2, 13, 32)      # nothing dropped outside training
+
+
+def test_each_clips_local_views_are_pulled_to_its_own_global_view():
+    # local views equal to their clip's global view: nothing to pull. vit-pytorch's reshape pairs rows of other
+    # clips (see the fixture test), which would not give zero
+    torch.manual_seed(0)
+    learner = LeVJEPA(tiny_encoder(), 16, local_size=16, num_local_views=2, num_classes_K=8, projection_hidden=16,
+                      drop_ratio=None).train()
+    video = torch.randn(3, 3, 3, 16, 16)
+    projections = learner.project(video, rearrange(video[:, None].expand(-1, 2, -1, -1, -1, -1),
+                                                   'b v c t h w -> (b v) c t h w'))
+    invariance, _ = learner.loss(projections)
+    assert invariance.item() == pytest.approx(0, abs=1e-10)
+    assert not torch.allclose(projections[0, 0], projections[1, 0])
+
+
+def test_local_views_may_be_smaller_than_the_global_view():
+    learner = LeVJEPA(tiny_encoder(), 16, local_size=8, num_local_views=2, num_classes_K=8, projection_hidden=16,
+                      drop_ratio=0.5).train()
+    loss, (invariance, sigreg) = learner(torch.rand(2, 3, 3, 16, 16), return_loss_breakdown=True)
+    assert torch.isfinite(loss) and loss == invariance + sigreg
+
+
+def test_bad_video_is_refused():
+    with pytest.raises(ValueError, match='video must be'):
+        tiny_encoder()(torch.randn(1, 3, 3, 15, 16))
+
+
+# vit-pytorch 1.26.14 (tests/fixtures/make_levjepa_fixtures.py)
+
+
+def vit_pytorch_levjepa():
+    metadata, state_dict, tensors = load_fixture('vit_pytorch_1.26.14_levjepa')
+    config = metadata['config']
+    learner = LeVJEPA(VideoTransformer(**config['encoder']), **config['levjepa'])
+    return load_vit_pytorch(learner, state_dict), tensors
+
+
+def test_vit_pytorchs_video_transformer_loads_and_gives_its_tokens():
+    learner, tensors = vit_pytorch_levjepa()
+    encoder = learner.encoder.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(encoder(tensors['video']), tensors['tokens'], rtol=1e-4, atol=1e-5)
+        encoder.block_causal = False
+        torch.testing.assert_close(encoder(tensors['video']), tensors['tokens_full'], rtol=1e-4, atol=1e-5)
+
+
+def test_vit_pytorchs_loss_is_ours_on_its_mixed_up_pairing_of_the_views():
+    # vit-pytorch concatenates [every global view, every local view] and reads the rows back as (clip, view),
+    # so a clip's "global" view and its local views come from other clips; on its arrangement of our
+    # projections, our loss is its loss (SIGReg: its 5 knots on [0, 3] doubled are our 9 on [-3, 3])
+    learner, tensors = vit_pytorch_levjepa()
+    learner.train()
+    with torch.no_grad():
+        tokens = learner.encoder(torch.cat((tensors['global_view'], tensors['local_views'])))[:, 0]
+        theirs = rearrange(learner.projector(tokens), '(b v) d -> b v d', v=4)
+        invariance, sigreg = learner.loss(theirs, projections_directions=tensors['directions'])
+    torch.testing.assert_close(invariance, tensors['invariance_loss'], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(sigreg, tensors['sigreg_loss'], rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(invariance + sigreg, tensors['loss'], rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        ours = learner.loss(learner.project(tensors['global_view'], tensors['local_views']),
+                            projections_directions=tensors['directions'])[0]
+    assert not torch.isclose(ours, invariance)               # the views of each clip kept together
+
+
+def test_vit_pytorchs_sigreg_quadrature_is_ours_on_the_symmetric_grid():
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 10, 8, generator=generator, dtype=torch.float64)
+    directions = torch.randn(8, 16, generator=generator, dtype=torch.float64)
+    directions = directions / directions.norm(dim=0)
+    t = torch.linspace(0, 3, 17, dtype=torch.float64)        # vit-pytorch's levjepa.sigreg_loss, written out
+    xt = (x @ directions)[..., None] * t
+    err = (xt.cos().mean(-3) - (-t.square() / 2).exp()).square() + xt.sin().mean(-3).square()
+    half = torch.trapezoid(err * (-t.square() / 2).exp(), t, dim=-1).mean() * 10 * 2
+    ours = sigreg_loss(x, projections=directions, domain=(-3, 3), num_knots=33)
+    torch.testing.assert_close(ours, half, rtol=1e-12, atol=0)
+
+
+def test_vit_pytorchs_main_block_runs_on_ours():
+    # vit-pytorch's own example, which stops in vit-pytorch at create_block_mask (see the module docstring)
+    encoder = VideoTransformer(image_size=96, patch_size=16, frames=8, dim=256, depth=3, heads=8, mlp_dim=512)
+    learner = LeVJEPA(encoder, image_size=96)
+    video = torch.randn(2, 3, 8, 96, 96)
+    loss = learner(video)
+    loss.backward()
+    embed = learner(video, return_embedding=True)
+    assert embed.shape == (2, 256) and torch.isfinite(loss)
