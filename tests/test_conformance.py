@@ -290,6 +290,11 @@ CASES = {
     'simple_vit_orthog_residual_update': Case(VIT, IMAGES),
     'simple_vit_orthog_residual_update[learned]': Case(
         dict(VIT, orthog_residual_update_kwargs=dict(learned=True)), IMAGES),
+    # research long tail III (issue 28). The clips as a 3-D input of 2 x 4 x 3 tubelets, or with time causal
+    'vit_nd': Case(dict(ndim=3, input_shape=(4, 16, 24), patch_size=(2, 4, 8), num_classes=5, dim=16, depth=2, heads=2,
+                        dim_head=8, mlp_dim=32), CLIPS),
+    'vit_nd[causal_dims=0]': Case(dict(ndim=3, input_shape=(4, 16, 24), patch_size=(2, 4, 8), num_classes=5, dim=16,
+                                       depth=2, heads=2, dim_head=8, mlp_dim=32, causal_dims=0), CLIPS),
 }
 
 

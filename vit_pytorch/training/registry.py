@@ -73,6 +73,8 @@ MODELS = {
     # research long tail: the block and the residual stream (issue 27)
     'simple_vit_with_value_residual': 'vit_pytorch.simple_vit_with_value_residual:SimpleViT',
     'simple_vit_orthog_residual_update': 'vit_pytorch.simple_vit_orthog_residual_update:SimpleViT',
+    # research long tail: beyond classification (issue 28)
+    'vit_nd': 'vit_pytorch.vit_nd:ViTND',
 }
 
 # models whose input is not a batch of images (b, c, h, w): name -> what they take (`--data ucr:NAME` gives
@@ -86,6 +88,7 @@ INPUTS = {
     'cct_3d': 'clips (b, c, frames, h, w)',
     'simple_flash_attn_vit_3d': 'clips (b, c, frames, h, w)',
     'na_vit_nested_tensor_3d': 'clips (b, c, frames, h, w)',
+    'vit_nd': 'clips (b, c, frames, h, w)',    # any (b, c, *input_shape); the trainer's clips are its 3-D input
 }
 
 # the trainer's default sizes for a model whose arguments are not the ViT's (multi-scale models): name ->
@@ -163,6 +166,10 @@ SMALL_CONFIGS = {
                      cross_attn_dim_head=16, patch_conv_kernel_size=3, dropout=0.),
     # 16 to 64 patches of 4 pixels (16 to 32-pixel images): the layers keep at most 32, 16, 8 and 4 of them
     'ats_vit': dict(patch_size=4, dim=64, depth=4, heads=4, dim_head=16, mlp_dim=128, max_tokens_per_depth=(32, 16, 8, 4)),
+    # the default clips (8 frames of 32 pixels) as a 3-D input, time causal: tubelets of 2 x 8 x 8, 4 x 4 x 4 tokens
+    # (input_shape is fixed: it takes no image_size, so another --image-size needs --input-shape '(8, 16, 16)')
+    'vit_nd': dict(ndim=3, input_shape=(8, 32, 32), patch_size=(2, 8, 8), dim=64, depth=4, heads=4, dim_head=16,
+                   mlp_dim=128, causal_dims=(0,)),
 }
 
 # 'Ti/16', 'S/16', 'B/32', ...: the paper's table, built by vit_pytorch.pretrained.vit
