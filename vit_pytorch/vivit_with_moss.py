@@ -49,8 +49,9 @@ class ChanLayerNorm(nn.Module):
         self.gamma = nn.Parameter(torch.ones(1, dim, 1, 1))
 
     def forward(self, x):
-        var, mean = torch.var_mean(x, dim=1, unbiased=False, keepdim=True)
-        return (x - mean) * (var + self.eps).rsqrt() * self.gamma
+        centred = x - x.mean(dim=1, keepdim=True)
+        # the biased variance written out: var_mean warns of zero degrees of freedom on an empty batch
+        return centred * (centred.square().mean(dim=1, keepdim=True) + self.eps).rsqrt() * self.gamma
 
 
 class STSSEncoder(nn.Module):
