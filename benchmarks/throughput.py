@@ -232,6 +232,17 @@ REGISTRY = {
         image_size=224, patch_size=16, num_classes=NUM_CLASSES, dim=384, heads=6, dim_head=64, mlp_dim=1536,
         pre_loop_depth=4, num_looped_blocks=2, post_loop_depth=4, loop_depth=2, adaptive_loop=True), 224, 3,
         NUM_CLASSES),
+    # research long tail III (issue 28). vit-pytorch's __main__ ViTND (4-D occupancy over time, time causal, 1024
+    # patches of width 512, depth 6) scaled to S/16: 256 patches of 2 x 4 x 8 x 8, width 384, depth 12
+    'vit_nd': ('4-D 8 x 16 x 32 x 32 / 2 x 4 x 8 x 8, S/16 wide, time causal', None, dict(
+        ndim=4, input_shape=(8, 16, 32, 32), patch_size=(2, 4, 8, 8), num_classes=NUM_CLASSES, dim=384, depth=12,
+        heads=6, mlp_dim=1536, causal_dims=(0,)), (8, 16, 32, 32), 3, NUM_CLASSES),
+    # vit-pytorch's __main__ ViViT with MOSS (8 x 256 px, tubelets 2 x 32, width 512, 2 + 2 layers), time causal;
+    # mean pooling, since its cls-pooled causal model's logits ignore the video (ours refuses those weights)
+    'vivit_with_moss': ('8 x 256 px / 2 x 32, width 512, 2 + 2 layers, causal, mean pool', None, dict(
+        image_size=256, image_patch_size=32, frames=8, frame_patch_size=2, num_classes=NUM_CLASSES, dim=512,
+        spatial_depth=2, temporal_depth=2, heads=4, mlp_dim=2048, pool='mean', moss_causal=True), (8, 256, 256), 3,
+        NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -339,7 +350,23 @@ VIT_PYTORCH_REFERENCES = {
     'simple_flash_attn_vit_3d': ('simple_flash_attn_vit_3d', 'SimpleViT'),
     'na_vit': ('na_vit', 'NaViT'), 'na_vit_nested_tensor': ('na_vit_nested_tensor', 'NaViT'),
     'na_vit_nested_tensor_3d': ('na_vit_nested_tensor_3d', 'NaViT'),
+    'vivit_with_moss': ('vivit_with_moss', 'ViViT'),
 }
+
+
+def vit_nd_reference(ours):
+    """vit-pytorch's causal ViTND at the preset, its random weights copied into `ours` (load_vit_pytorch refuses a
+    causal model: vit-pytorch's patches attend to the cls token, ours do not, see DIFFERENT_FUNCTION)."""
+    reference_module = vit_pytorch_module('vit_nd')
+    if reference_module is None:
+        return None
+    reference = reference_module.ViTND(**REGISTRY['vit_nd'][2])
+    ours.load_state_dict({key: value[0] if key in ('cls_token', 'pos_embedding') else value
+                          for key, value in reference.state_dict().items()}, strict=True)
+    return reference
+
+
+REFERENCES['vit_nd'] = ('vit-pytorch 1.26.14 vit_nd.ViTND', vit_nd_reference)
 REFERENCES.update({
     name: (f'vit-pytorch 1.26.14 {module}.{cls}',
            lambda ours, name=name, module=module, cls=cls: vit_pytorch_reference(module, cls, ours,
@@ -709,7 +736,9 @@ DIFFERENT_FUNCTION = {'ats_vit': "vit-pytorch's ATS draws a random Gumbel-max sa
                                  "deterministic inverse transform sample, at the same token budget",
                       'simple_vit_with_sparse_gating': "vit-pytorch's gates the attention scores by a low-rank "
                                                        "sigmoid(q_mask . k_mask), ours each head's attention output "
-                                                       "(the paper's G1 gate)"}
+                                                       "(the paper's G1 gate)",
+                      'vit_nd': "vit-pytorch's causal ViTND lets every patch attend to the cls token (which has read "
+                                "later slices), ours does not: the same weights and attention sizes, another mask"}
 
 
 def reference_workload(workload):
@@ -744,6 +773,8 @@ def registry_workload(name, tiny=False):
         image_size = TINY['image_size']
         if registry.INPUTS.get(name, '').startswith('signals'):
             image_size = (image_size,)
+        elif 'input_shape' in kwargs:        # an N-D model (vit_nd) takes no image size: its own input shape
+            image_size = tuple(kwargs['input_shape'])
         elif registry.INPUTS.get(name, '').startswith('clips'):
             frames = next(kwargs[key] for key in ('frames', 'num_frames', 'max_frames') if key in kwargs)
             image_size = (frames, image_size, image_size)

@@ -321,6 +321,17 @@ CASES = {
     # one pre-loop layer, one looped layer run twice, one post-loop layer; the cls token classifies
     'looped_vit': Case(dict({key: value for key, value in VIT.items() if key != 'depth'}, pre_loop_depth=1,
                             num_looped_blocks=1, post_loop_depth=1, loop_depth=2), IMAGES),
+    # research long tail III (issue 28). The clips as a 3-D input of 2 x 4 x 3 tubelets, or with time causal
+    'vit_nd': Case(dict(ndim=3, input_shape=(4, 16, 24), patch_size=(2, 4, 8), num_classes=5, dim=16, depth=2, heads=2,
+                        dim_head=8, mlp_dim=32), CLIPS),
+    'vit_nd[causal_dims=0]': Case(dict(ndim=3, input_shape=(4, 16, 24), patch_size=(2, 4, 8), num_classes=5, dim=16,
+                                       depth=2, heads=2, dim_head=8, mlp_dim=32, causal_dims=0), CLIPS),
+    # MOSS over each of the 2 slices' 4 x 3 patch tokens; time causal (the default), or not with mean pooling
+    'vivit_with_moss': Case(dict(VIDEO, num_classes=5, dim=16, spatial_depth=2, temporal_depth=2, heads=2, dim_head=8,
+                                 mlp_dim=32, moss_hidden_dim=8), CLIPS),
+    'vivit_with_moss[pool=mean,moss_causal=False]': Case(
+        dict(VIDEO, num_classes=5, dim=16, spatial_depth=2, temporal_depth=2, heads=2, dim_head=8, mlp_dim=32,
+             moss_hidden_dim=8, pool='mean', moss_causal=False), CLIPS),
 }
 
 

@@ -86,6 +86,9 @@ MODELS = {
     'simple_vit_with_sparse_gating': 'vit_pytorch.simple_vit_with_sparse_gating:SimpleViTWithSparseGating',
     'jet_vit': 'vit_pytorch.jet_vit:JetViT',
     'looped_vit': 'vit_pytorch.looped_vit:LoopedViT',
+    # research long tail: beyond classification (issue 28)
+    'vit_nd': 'vit_pytorch.vit_nd:ViTND',
+    'vivit_with_moss': 'vit_pytorch.vivit_with_moss:ViViT',
 }
 
 # models with an auxiliary loss that the training command adds to the cross-entropy: name -> (the forward's
@@ -105,6 +108,8 @@ INPUTS = {
     'cct_3d': 'clips (b, c, frames, h, w)',
     'simple_flash_attn_vit_3d': 'clips (b, c, frames, h, w)',
     'na_vit_nested_tensor_3d': 'clips (b, c, frames, h, w)',
+    'vit_nd': 'clips (b, c, frames, h, w)',    # any (b, c, *input_shape); the trainer's clips are its 3-D input
+    'vivit_with_moss': 'clips (b, c, frames, h, w)',
 }
 
 # the trainer's default sizes for a model whose arguments are not the ViT's (multi-scale models): name ->
@@ -185,6 +190,13 @@ SMALL_CONFIGS = {
     # 1 + 2 x 3 + 1 layers run (4 with their own weights): SMALL_MODEL's depth 4 and compute 8
     'looped_vit': dict(patch_size=4, dim=64, heads=4, dim_head=16, mlp_dim=128, pre_loop_depth=1, num_looped_blocks=2,
                        post_loop_depth=1, loop_depth=3),
+    # the default clips (8 frames of 32 pixels) as a 3-D input, time causal: tubelets of 2 x 8 x 8, 4 x 4 x 4 tokens
+    # (input_shape is fixed: it takes no image_size, so another --image-size needs --input-shape '(8, 16, 16)')
+    'vit_nd': dict(ndim=3, input_shape=(8, 32, 32), patch_size=(2, 8, 8), dim=64, depth=4, heads=4, dim_head=16,
+                   mlp_dim=128, causal_dims=(0,)),
+    # as 'vivit', with MOSS over each slice's 4 x 4 patch tokens (2 x 2 at 16 pixels), time causal (the default)
+    'vivit_with_moss': dict(frames=8, image_patch_size=8, frame_patch_size=2, dim=64, spatial_depth=3,
+                            temporal_depth=1, heads=4, dim_head=16, mlp_dim=128, moss_hidden_dim=16),
 }
 
 # 'Ti/16', 'S/16', 'B/32', ...: the paper's table, built by vit_pytorch.pretrained.vit

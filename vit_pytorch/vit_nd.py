@@ -1,0 +1,198 @@
+"""A Vision Transformer over inputs of any number of dimensions, with causal dimensions (vit-pytorch's `vit_nd`).
+
+The ViT of "An Image is Worth 16x16 Words", Dosovitskiy et al., arXiv 2010.11929, cut into N-dimensional
+patches: an input (b, c, d_0, ..., d_{N-1}) becomes a grid of patches of `patch_size`, each flattened and
+projected, with a learned position table over the grid and a cls token. Dimensions named in `causal_dims`
+are causal: a patch attends only to patches at its own index or earlier along each of them (time in an
+occupancy video, `vit_nd_masking`), so what a patch computes never depends on a later slice.
+
+    import torch
+    from vit_pytorch.vit_nd import ViTND
+
+    model = ViTND(ndim=4, input_shape=(8, 16, 32, 64), patch_size=(2, 4, 4, 8), num_classes=1000,
+                  dim=128, depth=2, heads=4, mlp_dim=256, causal_dims=(0,))   # time is causal
+    occupancy_time = torch.randn(2, 3, 8, 16, 32, 64)
+    logits = model(occupancy_time)                                             # (2, 1000)
+    cls_token, patches = model(occupancy_time, return_nd_patches=True)        # (2, 128), (2, 128, 4, 4, 8, 8)
+
+As vit-pytorch's: its arguments and outputs, the patch projection (a Linear, then a LayerNorm), a cls
+token that is always there (`pool='mean'` averages the patch tokens beside it), and its checkpoints
+load through `vit_pytorch.pretrained.load_vit_pytorch` with equal outputs when `causal_dims` is None.
+Where it differs from vit-pytorch:
+  - the causal mask goes to `vit.attend` (scaled_dot_product_attention with a dense boolean mask), so the
+    model trains on any device; vit-pytorch's flex attention has no CPU backward.
+  - with causal dimensions no patch attends to the cls token: vit-pytorch lets every patch attend to it,
+    and after the first layer the cls token has read every slice, so from depth 2 on a patch there sees
+    later slices through it (its causal dimensions are causal only for depth 1). A causal model therefore
+    refuses vit-pytorch's checkpoints by name.
+  - `ndim` is any positive number (vit-pytorch names the axes with single letters and stops at 7).
+The recorder sees (b, heads, 1 + prod(grid), same) maps, the cls token first, the patches row-major.
+"""
+
+import math
+
+import torch
+from einops import rearrange
+from einops.layers.torch import Rearrange
+from torch import nn
+
+from vit_pytorch import vit
+from vit_pytorch import vit_nd_masking as masking
+
+
+def axis_names(ndim):
+    return [f'd{i}' for i in range(ndim)]
+
+
+def patch_pattern(ndim):
+    """(b, c, d_0 * p_0, ...) -> (b, prod(d), p_0 ... p_{N-1} c) as an einops pattern."""
+    axes = axis_names(ndim)
+    sides = ' '.join(f'({axis} p{i})' for i, axis in enumerate(axes))
+    patch = ' '.join(f'p{i}' for i in range(ndim))
+    return f"b c {sides} -> b ({' '.join(axes)}) ({patch} c)"
+
+
+class ViTND(vit.TokenFace, nn.Module):
+    """ViT over `ndim`-dimensional inputs (b, channels, *input_shape), with optional causal dimensions.
+
+    `forward(x)` gives the logits; `forward(x, return_nd_patches=True)` the normed cls token (b, dim) and
+    the patch tokens on their grid (b, dim, *grid). `num_classes=0` makes `forward` return the pooled
+    embedding (b, dim). `forward_features` returns all tokens after the final norm, (b, 1 + prod(grid), dim),
+    the cls token first; `forward_intermediates(output='maps')` lays each block's patches on the N-D grid.
+    """
+
+    num_prefix_tokens = 1
+
+    def __init__(self, *, ndim, input_shape, patch_size, num_classes, dim, depth, heads, mlp_dim, pool='cls',
+                 channels=3, dim_head=64, dropout=0., emb_dropout=0., causal_dims=None):
+        check_arguments(**vit.arguments(locals()))
+        super().__init__()
+        self.ndim, self.pool, self.channels, self.num_classes = ndim, pool, channels, num_classes
+        self.input_shape, self.patch_size = as_tuple(input_shape, ndim), as_tuple(patch_size, ndim)
+        self.grid_size = tuple(side // patch for side, patch in zip(self.input_shape, self.patch_size))
+        self.num_features = self.embed_dim = dim
+        self.causal_dims = None if causal_dims is None else masking.check_causal_dims(causal_dims, ndim)
+
+        self.to_patch_embedding = nn.Sequential(
+            Rearrange(patch_pattern(ndim), **{f'p{i}': p for i, p in enumerate(self.patch_size)}),
+            nn.Linear(channels * math.prod(self.patch_size), dim),
+            nn.LayerNorm(dim),
+        )
+        self.to_nd_patches = Rearrange(f"b ({' '.join(axis_names(ndim))}) d -> b d {' '.join(axis_names(ndim))}",
+                                       **dict(zip(axis_names(ndim), self.grid_size)))
+        self.cls_token = nn.Parameter(torch.zeros(1, dim))
+        self.pos_embedding = nn.Parameter(torch.zeros(1 + math.prod(self.grid_size), dim))
+        vit.init_tokens(self.pos_embedding, self.cls_token, patch_norm=True)
+        self.dropout = nn.Dropout(emb_dropout)
+
+        mask_fn = masking.get_nd_causal_mask_fn(self.grid_size, self.causal_dims, ndim=ndim, has_cls=True,
+                                                patches_attend_cls=False)
+        self.register_buffer('causal_mask', None if mask_fn is None else masking.create_nd_block_mask(
+            mask_fn, heads, self.pos_embedding.shape[0], device=None), persistent=False)
+
+        self.transformer = vit.Transformer(dim, depth, heads, dim_head, mlp_dim, dropout)
+        self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
+
+    def token_grid(self, input_shape):
+        """The grid of patch tokens of an input of `input_shape` (its last `ndim` sides)."""
+        return tuple(side // patch for side, patch in zip(tuple(input_shape)[-self.ndim:], self.patch_size))
+
+    def forward_features(self, x):
+        """All tokens after the final norm: (b, 1 + prod(grid), dim), the cls token first."""
+        check_input(x, channels=self.channels, input_shape=self.input_shape, dtype=self.pos_embedding.dtype)
+        patches = self.to_patch_embedding(x)
+        cls_tokens = self.cls_token.expand(patches.shape[0], 1, -1)
+        x = self.dropout(torch.cat((cls_tokens, patches), dim=1) + self.pos_embedding)
+        return self.transformer(x, mask=self.causal_mask)
+
+    def forward_head(self, tokens, pre_logits=False):
+        """The cls token (or the mean of the patch tokens): the pre-logits embedding, or the logits."""
+        pooled = tokens[:, 1:].mean(dim=1) if self.pool == 'mean' else tokens[:, 0]
+        return pooled if pre_logits else self.mlp_head(pooled)
+
+    def forward(self, x, return_nd_patches=False):
+        tokens = self.forward_features(x)
+        if return_nd_patches:
+            return tokens[:, 0], self.to_nd_patches(tokens[:, 1:])
+        return self.forward_head(tokens)
+
+    def forward_intermediates(self, x, indices=None, *, output='tokens'):
+        """Each chosen block's output (see `TokenFace`); output 'maps' gives its patches on the grid,
+        (b, dim, *grid), for any `ndim`."""
+        if output != 'maps':
+            return super().forward_intermediates(x, indices, output=output)
+        return [self.to_nd_patches(tokens[:, 1:]) for tokens in super().forward_intermediates(x, indices)]
+
+    def reset_classifier(self, num_classes):
+        """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
+        vit.reset_head(self, num_classes, self.num_features, like=self.pos_embedding, removed=nn.Identity())
+
+    def set_grad_checkpointing(self, enable=True):
+        self.transformer.grad_checkpointing = enable
+
+
+def as_tuple(value, ndim):
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,) * ndim
+
+
+# argument checks
+
+
+def check_arguments(*, ndim, input_shape, patch_size, num_classes, dim, depth, heads, mlp_dim, pool, channels,
+                    dim_head, dropout, emb_dropout, causal_dims):
+    vit.positive_int('ndim', ndim)
+    sizes = {}
+    for name, value in dict(input_shape=input_shape, patch_size=patch_size).items():
+        sizes[name] = as_tuple(value, ndim)
+        if len(sizes[name]) != ndim:
+            raise ValueError(f"{name} must be an int or a tuple of ndim={ndim} ints, got {value!r}")
+        for side in sizes[name]:
+            vit.positive_int(name, side)
+    for i, (side, patch) in enumerate(zip(sizes['input_shape'], sizes['patch_size'])):
+        if side % patch:
+            raise ValueError(f"input_shape {sizes['input_shape']} must be divisible by patch_size "
+                             f"{sizes['patch_size']} (dimension {i}: {side} by {patch})")
+    for name, value in dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels,
+                            dim_head=dim_head).items():
+        vit.positive_int(name, value)
+    vit.non_negative_int('num_classes', num_classes)
+    vit.probability('dropout', dropout)
+    vit.probability('emb_dropout', emb_dropout)
+    if pool not in ('cls', 'mean'):
+        raise ValueError(f"pool must be 'cls' (cls token) or 'mean' (mean pooling), got {pool!r}")
+    if causal_dims is not None:
+        masking.check_causal_dims(causal_dims, ndim)
+
+
+def check_input(x, *, channels, input_shape, dtype):
+    expected = f"(b, {channels}, {', '.join(map(str, input_shape))})"
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor of shape {expected}, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a floating point tensor, got dtype {x.dtype}; convert with x.float()")
+    if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(f"x has dtype {x.dtype} but the model's parameters are {dtype}; convert with x.to({dtype}) "
+                        f"or run the model under torch.autocast")
+    if x.ndim != 2 + len(input_shape) or x.shape[1] != channels or tuple(x.shape[2:]) != tuple(input_shape):
+        raise ValueError(f"x must have shape {expected} (batch, channels, the model's input_shape), got "
+                         f"{tuple(x.shape)}")
+
+
+# loading checkpoints
+
+
+def vit_pytorch_plan(model, keys):
+    """vit-pytorch's `ViTND`: our names; its cls token and position table carry a leading batch axis. A causal
+    model is refused: vit-pytorch's lets patches attend to the cls token, which has read later slices."""
+    if model.causal_dims is not None:
+        raise ValueError(
+            f"vit-pytorch's ViTND with causal_dims lets every patch attend to the cls token, which has read every "
+            f"later slice after one layer, so its causal dimensions are not causal from depth 2 on; this "
+            f"ViTND(causal_dims={model.causal_dims}) keeps the cls token a readout no patch attends to and "
+            f"computes another function: load the checkpoint into a ViTND built with causal_dims=None"
+        )
+    batched = ('pos_embedding', 'cls_token')
+    plan = {key: ({key: (1, *tensor.shape) if key in batched else tuple(tensor.shape)},
+                  (lambda t: t[0]) if key in batched else (lambda t: t))
+            for key, tensor in model.state_dict().items()}
+    return plan, ('mlp_head.',)

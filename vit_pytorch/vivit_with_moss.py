@@ -1,0 +1,243 @@
+"""ViViT with MOSS: high-order space-time self-similarity features (vit-pytorch's `vivit_with_moss`).
+
+MOSS, "Exploring High-Order Self-Similarity for Video Understanding" (openreview Co6SCyBIjo), as applied in
+arXiv 2605.03269 (a policy's video encoder, where vit-pytorch's module cites both). A space-time self-similarity
+(STSS) describes each token by its cosine similarities to its local space-time neighbourhood, a window of
+`local_time` x `local_height` x `local_width` tokens: how the content around it moves, apart from what it is.
+The first order is the STSS of the tokens; an encoder (a Linear over the spatial offsets, two 3x3 convolutions
+over the token map, a Linear over the time offsets) turns it into features of the token width, and the STSS of
+those features is the second order, and so on for `moss_orders`. The orders' features, each projected, are added
+to a projection of the tokens. Here the MOSS block runs on ViViT's factorised encoder (Model 2 of arXiv
+2103.15691, `vit_pytorch.vivit`): after the spatial transformer on each time slice, its patch tokens pass
+through MOSS, their mean joins the slice's cls token, and the temporal transformer runs over the slices.
+
+    import torch
+    from vit_pytorch.vivit_with_moss import ViViT, MOSS
+
+    model = ViViT(image_size=64, image_patch_size=16, frames=8, frame_patch_size=2, num_classes=10, dim=64,
+                  spatial_depth=2, temporal_depth=2, heads=4, mlp_dim=128, moss_causal=True)
+    logits = model(torch.randn(2, 3, 8, 64, 64))                   # (2, 10)
+    moss = MOSS(dim=64, local_time=3, local_height=3, local_width=3, hidden_dim=16, orders=2, causal=True)
+    features = moss(torch.randn(2, 8, 4, 4, 64))                   # (batch, frames, h, w, dim) -> the same
+
+`moss_causal=True` (vit-pytorch's default) makes time causal: MOSS's windows reach back `local_time - 1` slices
+and not forward (a stream can be fed in chunks, `MOSS(..., causal=True)(x, cache=..., return_cache=True)`), and
+the temporal attention is causal. Where it differs from vit-pytorch: with causal time and `pool='cls'`,
+vit-pytorch's temporal cls token leads the sequence and causal attention lets it attend to itself only, so its
+logits do not depend on the video at all (its default configuration); ours keeps the cls token first but lets it
+attend to every slice, while no slice attends to it (as `vit_nd` does, so that no slice sees a later one through
+it). `load_vit_pytorch` loads vit-pytorch's checkpoints with equal outputs except those (refused by name).
+The frames must number `frames` (vit-pytorch also takes fewer, reading the first rows of its table).
+The recorder sees the spatial maps (b * slices, heads, 1 + h * w, same), then the temporal ones
+(b, heads, 1 + slices, same), as ViViT's.
+"""
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange, reduce, repeat
+from torch import nn
+
+from vit_pytorch import vit, vivit
+
+
+class ChanLayerNorm(nn.Module):
+    """LayerNorm over the channels of (b, c, h, w) maps, with a gain `gamma` (1, c, 1, 1) and no bias."""
+
+    def __init__(self, dim, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.gamma = nn.Parameter(torch.ones(1, dim, 1, 1))
+
+    def forward(self, x):
+        centred = x - x.mean(dim=1, keepdim=True)
+        # the biased variance written out: var_mean warns of zero degrees of freedom on an empty batch
+        return centred * (centred.square().mean(dim=1, keepdim=True) + self.eps).rsqrt() * self.gamma
+
+
+class STSSEncoder(nn.Module):
+    """An STSS (b, t, h, w, lt, lh, lw) -> features (b, t, h, w, dim): the spatial offsets of each time offset
+    projected to `hidden_dim`, two 3x3 convolutions over the token map, then all time offsets projected to `dim`."""
+
+    def __init__(self, dim, local_time=3, local_height=3, local_width=3, hidden_dim=64):
+        super().__init__()
+        self.spatial_to_hidden = nn.Linear(local_height * local_width, hidden_dim)
+        self.conv = nn.Sequential(
+            nn.Conv2d(hidden_dim, hidden_dim, 3, padding=1), ChanLayerNorm(hidden_dim), nn.GELU(),
+            nn.Conv2d(hidden_dim, hidden_dim, 3, padding=1), ChanLayerNorm(hidden_dim), nn.GELU(),
+        )
+        self.time_to_out = nn.Linear(local_time * hidden_dim, dim)
+
+    def forward(self, sim):
+        b, t, h, w, lt = sim.shape[:5]
+        x = self.spatial_to_hidden(rearrange(sim, 'b t h w lt lh lw -> (b t lt) h w (lh lw)'))
+        x = self.conv(rearrange(x, 'n h w d -> n d h w'))
+        return self.time_to_out(rearrange(x, '(b t lt) d h w -> b t h w (lt d)', b=b, t=t, lt=lt))
+
+
+class MOSS(nn.Module):
+    """High-order self-similarity features of (b, t, h, w, dim) tokens, the same shape out.
+
+    `to_out(x) + sum_k to_order_out[k](f_k)`, where f_1 = encoder_1(STSS(x)) and f_k = encoder_k(STSS(f_{k-1})).
+    STSS(x)[b, t, i, j, l, u, v] is the cosine similarity of token (t, i, j) to token (t + l - a, i + u - lh // 2,
+    j + v - lw // 2), 0 outside the clip; a = local_time // 2, or local_time - 1 when `causal` (only the past).
+    A causal MOSS takes `cache` (what `return_cache=True` returned for the frames before `x`: per order the
+    normalised last `local_time - 1` frames) and gives the features of a longer stream chunk by chunk.
+    """
+
+    def __init__(self, dim, local_time=3, local_height=3, local_width=3, hidden_dim=64, orders=2, causal=False):
+        super().__init__()
+        check_moss_arguments(**vit.arguments(locals()))
+        self.local_time, self.local_height, self.local_width = local_time, local_height, local_width
+        self.causal = causal
+        self.encoders = nn.ModuleList(STSSEncoder(dim, local_time, local_height, local_width, hidden_dim)
+                                      for _ in range(orders))
+        self.to_order_out = nn.ModuleList(nn.Linear(dim, dim) for _ in range(orders))
+        self.to_out = nn.Linear(dim, dim)
+
+    def stss_transform(self, x, cache=None, return_cache=False):
+        """STSS of (b, t, h, w, c) features: (b, t, h, w, lt, lh, lw) cosine similarities (and the next cache)."""
+        lt, lh, lw = self.local_time, self.local_height, self.local_width
+        h, w = x.shape[2:4]
+        x = rearrange(F.normalize(x, dim=-1), 'b t h w c -> b c t h w')
+        past, future = (lt - 1, 0) if self.causal else (lt // 2, lt // 2)
+        frames = x if cache is None else torch.cat((cache, x), dim=2)
+        padded = F.pad(frames, (lw // 2, lw // 2, lh // 2, lh // 2, 0 if cache is not None else past, future))
+        windows = padded.unfold(2, lt, 1).unfold(3, lh, 1).unfold(4, lw, 1)     # (b, c, t, h, w, lt, lh, lw)
+        sim = torch.einsum('bcthw,bcthwluv->bthwluv', x, windows)
+        if not return_cache:
+            return sim
+        kept = padded[:, :, padded.shape[2] - (lt - 1):, lh // 2:lh // 2 + h, lw // 2:lw // 2 + w]
+        return sim, (kept if self.causal else None)
+
+    def forward(self, x, cache=None, return_cache=False):
+        if cache is not None and not self.causal:
+            raise ValueError("cache is for a causal MOSS (causal=True), whose windows reach only into the past; "
+                             "this MOSS is not causal")
+        out = self.to_out(x)
+        caches = []
+        for k, (encoder, to_order_out) in enumerate(zip(self.encoders, self.to_order_out)):
+            sim, next_cache = self.stss_transform(x, None if cache is None else cache[k], return_cache=True)
+            caches.append(next_cache)
+            x = encoder(sim)
+            out = out + to_order_out(x)
+        return (out, tuple(caches)) if return_cache else out
+
+
+class ViViT(vivit.ViViT):
+    """ViViT's factorised encoder with a MOSS block between the spatial and the temporal transformer;
+    `num_classes=0` makes `forward` return the pooled embedding after the head's LayerNorm (b, dim).
+
+    `forward_features` returns the video's pooled embedding before the head, (b, dim): the temporal cls
+    token, or the mean of the slices. `mask` (b, frames) keeps the temporal attention off padded frames
+    (non-causal models only). The head is vit-pytorch's LayerNorm then Linear (`mlp_head`).
+    """
+
+    def __init__(self, *, image_size, image_patch_size, frames, frame_patch_size, num_classes, dim, spatial_depth,
+                 temporal_depth, heads, mlp_dim, pool='cls', channels=3, dim_head=64, dropout=0., emb_dropout=0.,
+                 use_flash_attn=True, moss_local_time=3, moss_local_height=3, moss_local_width=3, moss_hidden_dim=64,
+                 moss_orders=2, moss_causal=True):
+        check_arguments(**vit.arguments(locals()))
+        super().__init__(image_size=image_size, image_patch_size=image_patch_size, frames=frames,
+                         frame_patch_size=frame_patch_size, num_classes=num_classes, dim=dim,
+                         spatial_depth=spatial_depth, temporal_depth=temporal_depth, heads=heads, mlp_dim=mlp_dim,
+                         pool=pool, channels=channels, dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout,
+                         variant='factorized_encoder', use_flash_attn=use_flash_attn)
+        self.moss = MOSS(dim, local_time=moss_local_time, local_height=moss_local_height,
+                         local_width=moss_local_width, hidden_dim=moss_hidden_dim, orders=moss_orders,
+                         causal=moss_causal)
+        self.mlp_head = vit.normed_head(dim, num_classes)
+        slices = frames // frame_patch_size
+        self.register_buffer('causal_mask', temporal_causal_mask(slices, cls=pool == 'cls') if moss_causal else None,
+                             persistent=False)
+
+    def forward_features(self, video, mask=None):
+        """The video's embedding before the head: (b, dim)."""
+        if mask is not None and self.moss.causal:
+            raise ValueError("mask cannot be given to a causal model (moss_causal=True): its MOSS windows and "
+                             "temporal attention read every earlier frame; build it with moss_causal=False")
+        x = self.embed(video, mask)                                         # (b, slices, prefix + h * w, dim)
+        batch, slices = x.shape[:2]
+        kept = self.temporal_mask(mask, batch)
+        x = rearrange(self.spatial_transformer(rearrange(x, 'b f n d -> (b f) n d')), '(b f) n d -> b f n d',
+                      f=slices)
+        prefix, patches = x[:, :, :self.num_prefix_tokens], x[:, :, self.num_prefix_tokens:]
+        rows, columns = self.token_grid(self.image_size)
+        patches = self.moss(rearrange(patches, 'b f (h w) d -> b f h w d', h=rows, w=columns))
+        x = reduce(patches, 'b f h w d -> b f d', 'mean')
+        if self.pool == 'cls':
+            x = torch.cat((repeat(self.temporal_cls_token, '1 d -> b 1 d', b=batch), prefix[:, :, 0] + x), dim=1)
+        attend = self.causal_mask
+        if kept is not None:
+            attend = vivit.key_mask(torch.cat((kept.new_ones(batch, 1), kept), dim=1) if self.pool == 'cls' else kept)
+        x = self.temporal_transformer(x, mask=attend)
+        return x[:, 0] if self.pool == 'cls' else vivit.masked_mean(x, kept)
+
+    def forward_head(self, x, pre_logits=False):
+        """The head's LayerNorm (`pre_logits`: the normed embedding), then its Linear."""
+        x = self.mlp_head[0](x)
+        return x if pre_logits or self.num_classes == 0 else self.mlp_head[1](x)
+
+    def reset_classifier(self, num_classes):
+        """A new zero-initialised Linear for `num_classes` after the kept LayerNorm (0: forward returns the
+        normed embedding)."""
+        vit.non_negative_int('num_classes', num_classes)
+        self.num_classes = num_classes
+        norm = self.mlp_head[0]
+        self.mlp_head = nn.Sequential(norm, *([vit.zero_linear(norm.normalized_shape[0], num_classes, like=norm.weight)]
+                                             if num_classes > 0 else []))
+
+
+def temporal_causal_mask(slices, *, cls):
+    """(n, n) boolean mask of causal time: slice i attends to slices 0..i; with a leading cls token (`cls`), the
+    cls token attends to every slice and no slice attends to it (it has read the later slices)."""
+    mask = torch.ones(slices, slices, dtype=torch.bool).tril()
+    if not cls:
+        return mask
+    return torch.cat((torch.ones(1, slices + 1, dtype=torch.bool),
+                      torch.cat((torch.zeros(slices, 1, dtype=torch.bool), mask), dim=1)))
+
+
+# argument checks
+
+
+def check_moss_arguments(*, dim, local_time, local_height, local_width, hidden_dim, orders, causal):
+    vit.positive_int('dim', dim)
+    for name, value in dict(local_time=local_time, local_height=local_height, local_width=local_width).items():
+        vit.positive_int(name, value)
+        if value % 2 == 0:
+            raise ValueError(f"{name} must be odd (a window centred on the token), got {value}")
+    vit.positive_int('hidden_dim', hidden_dim)
+    vit.positive_int('orders', orders)
+    vit.boolean('causal', causal)
+
+
+def check_arguments(*, image_size, image_patch_size, frames, frame_patch_size, num_classes, dim, spatial_depth,
+                    temporal_depth, heads, mlp_dim, pool, channels, dim_head, dropout, emb_dropout, use_flash_attn,
+                    moss_local_time, moss_local_height, moss_local_width, moss_hidden_dim, moss_orders, moss_causal):
+    vivit.check_arguments(image_size=image_size, image_patch_size=image_patch_size, frames=frames,
+                          frame_patch_size=frame_patch_size, num_classes=num_classes, dim=dim,
+                          spatial_depth=spatial_depth, temporal_depth=temporal_depth, heads=heads, mlp_dim=mlp_dim,
+                          pool=pool, channels=channels, dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout,
+                          variant='factorized_encoder', use_flash_attn=use_flash_attn)
+    try:
+        check_moss_arguments(dim=dim, local_time=moss_local_time, local_height=moss_local_height,
+                             local_width=moss_local_width, hidden_dim=moss_hidden_dim, orders=moss_orders,
+                             causal=moss_causal)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"moss_{error}") from None
+
+
+# loading checkpoints
+
+
+def vit_pytorch_plan(model, keys):
+    """vit-pytorch's `vivit_with_moss.ViViT`: our names; its tokens and position table carry a leading batch axis.
+    Refused for causal time with a cls token, where vit-pytorch's logits do not depend on the video."""
+    if model.moss.causal and model.pool == 'cls':
+        raise ValueError(
+            "vit-pytorch's vivit_with_moss.ViViT with moss_causal=True and pool='cls' reads a temporal cls token "
+            "that causal attention lets attend to itself only, so its logits do not depend on the video; this "
+            "model's cls token attends to every slice and computes another function (pool='mean' or "
+            "moss_causal=False load with equal outputs)"
+        )
+    return vivit.vit_pytorch_plan(model, keys)
