@@ -107,7 +107,8 @@ def test_the_readme_lists_every_registered_model():
 def test_the_readme_lists_the_wrappers():
     models = readme_section('Models')
     for wrapper in ('mae.MAE', 'simmim.SimMIM', 'mpp.MPP', 'dino.Dino', 'distill.DistillWrapper',
-                    'accept_video_wrapper.AcceptVideoWrapper', 'recorder.Recorder'):
+                    'accept_video_wrapper.AcceptVideoWrapper', 'recorder.Recorder', 'mp3.MP3', 'lejepa.LeJEPA',
+                    'levjepa.LeVJEPA', 'levjepa_nd.LeVJEPAND'):
         assert f'`vit_pytorch.{wrapper}' in models, wrapper
 
 
