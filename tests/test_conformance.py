@@ -290,6 +290,10 @@ CASES = {
     'simple_vit_orthog_residual_update': Case(VIT, IMAGES),
     'simple_vit_orthog_residual_update[learned]': Case(
         dict(VIT, orthog_residual_update_kwargs=dict(learned=True)), IMAGES),
+    # three hyper-connected streams around each branch and two registers; dynamic, or the paper's static connections
+    'simple_vit_with_hyper_connections': Case(dict(VIT, num_residual_streams=3, num_register_tokens=2), IMAGES),
+    'simple_vit_with_hyper_connections[dynamic=False]': Case(
+        dict(VIT, num_residual_streams=3, num_register_tokens=2, dynamic=False), IMAGES),
 }
 
 

@@ -73,6 +73,7 @@ MODELS = {
     # research long tail: the block and the residual stream (issue 27)
     'simple_vit_with_value_residual': 'vit_pytorch.simple_vit_with_value_residual:SimpleViT',
     'simple_vit_orthog_residual_update': 'vit_pytorch.simple_vit_orthog_residual_update:SimpleViT',
+    'simple_vit_with_hyper_connections': 'vit_pytorch.simple_vit_with_hyper_connections:SimpleViT',
 }
 
 # models whose input is not a batch of images (b, c, h, w): name -> what they take (`--data ucr:NAME` gives
@@ -163,6 +164,9 @@ SMALL_CONFIGS = {
                      cross_attn_dim_head=16, patch_conv_kernel_size=3, dropout=0.),
     # 16 to 64 patches of 4 pixels (16 to 32-pixel images): the layers keep at most 32, 16, 8 and 4 of them
     'ats_vit': dict(patch_size=4, dim=64, depth=4, heads=4, dim_head=16, mlp_dim=128, max_tokens_per_depth=(32, 16, 8, 4)),
+    # SMALL_MODEL with 4 hyper-connected residual streams (num_residual_streams has no default) and 4 registers
+    'simple_vit_with_hyper_connections': dict(patch_size=4, dim=64, depth=4, heads=4, dim_head=16, mlp_dim=128,
+                                              num_residual_streams=4),
 }
 
 # 'Ti/16', 'S/16', 'B/32', ...: the paper's table, built by vit_pytorch.pretrained.vit
