@@ -205,6 +205,10 @@ REGISTRY = {
     # vit-pytorch's __main__ model (256 px, patches of 16, learned modulation) scaled to S/16 at 224
     'simple_vit_orthog_residual_update': ('S/16, learned', None, dict(S16, orthog_residual_update_kwargs=dict(learned=True)),
                                           224, 3, NUM_CLASSES),
+    # vit-pytorch's __main__ model (256 px, patches of 8, width 1024, depth 12, 8 streams) scaled to S/16 at 224
+    # with the paper's expansion rate n = 4 and vit-pytorch's 4 registers
+    'simple_vit_with_hyper_connections': ('S/16, 4 streams, 4 registers', None, dict(S16, num_residual_streams=4),
+                                          224, 3, NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -277,6 +281,10 @@ REFERENCES = {
         'vit-pytorch 1.26.14 simple_vit_orthog_residual_update.SimpleViT',
         lambda ours: vit_pytorch_reference('simple_vit_orthog_residual_update', 'SimpleViT', ours,
                                            **REGISTRY['simple_vit_orthog_residual_update'][2])),
+    'simple_vit_with_hyper_connections': (
+        'vit-pytorch 1.26.14 simple_vit_with_hyper_connections.SimpleViT',
+        lambda ours: vit_pytorch_reference('simple_vit_with_hyper_connections', 'SimpleViT', ours,
+                                           **REGISTRY['simple_vit_with_hyper_connections'][2])),
 }
 # vit-pytorch 1.26.14's modules that compute our function at the preset's arguments: name -> (module, class)
 VIT_PYTORCH_REFERENCES = {

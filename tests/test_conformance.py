@@ -294,6 +294,9 @@ CASES = {
     'simple_vit_with_hyper_connections': Case(dict(VIT, num_residual_streams=3, num_register_tokens=2), IMAGES),
     'simple_vit_with_hyper_connections[dynamic=False]': Case(
         dict(VIT, num_residual_streams=3, num_register_tokens=2, dynamic=False), IMAGES),
+    # every branch reads a softmax over depth of the outputs before it: a learned pseudo-query, or the latest output
+    'simple_vit_attn_residual': Case(VIT, IMAGES),
+    'simple_vit_attn_residual[learned_query=False]': Case(dict(VIT, learned_query=False), IMAGES),
 }
 
 
