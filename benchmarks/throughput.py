@@ -209,6 +209,8 @@ REGISTRY = {
     # with the paper's expansion rate n = 4 and vit-pytorch's 4 registers
     'simple_vit_with_hyper_connections': ('S/16, 4 streams, 4 registers', None, dict(S16, num_residual_streams=4),
                                           224, 3, NUM_CLASSES),
+    # vit-pytorch's __main__ model (256 px, patches of 32, width 1024, depth 6) scaled to S/16 at 224
+    'simple_vit_attn_residual': ('S/16', None, S16, 224, 3, NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -285,6 +287,10 @@ REFERENCES = {
         'vit-pytorch 1.26.14 simple_vit_with_hyper_connections.SimpleViT',
         lambda ours: vit_pytorch_reference('simple_vit_with_hyper_connections', 'SimpleViT', ours,
                                            **REGISTRY['simple_vit_with_hyper_connections'][2])),
+    'simple_vit_attn_residual': (
+        'vit-pytorch 1.26.14 simple_vit_attn_residual.SimpleViTAttnResidual',
+        lambda ours: vit_pytorch_unloaded('simple_vit_attn_residual', 'SimpleViTAttnResidual',
+                                          **REGISTRY['simple_vit_attn_residual'][2])),
 }
 # vit-pytorch 1.26.14's modules that compute our function at the preset's arguments: name -> (module, class)
 VIT_PYTORCH_REFERENCES = {
@@ -545,6 +551,13 @@ def vit_pytorch_reference(module, class_name, ours, **kwargs):
     return reference
 
 
+def vit_pytorch_unloaded(module, class_name, **kwargs):
+    """vit-pytorch's `module.class_name` with its own random weights, for a module whose function ours does not
+    compute (its checkpoints are refused; see DIFFERENT_FUNCTION); None where vit_pytorch_module finds no source."""
+    reference_module = vit_pytorch_module(module)
+    return None if reference_module is None else getattr(reference_module, class_name)(**kwargs)
+
+
 def crossformer_official_reference(ours):
     """The official CrossFormer-T (github cheerss/CrossFormer @ 7952010, checked out as
     $VIT_PYTORCH_OFFICIAL/CrossFormer), built by tests/fixtures/make_crossformer_fixtures.py's `official_model`
@@ -652,7 +665,9 @@ def scalable_vit_official_reference(ours):
 
 # references that compute another function than ours by design, timed at the same sizes without the output check
 DIFFERENT_FUNCTION = {'ats_vit': "vit-pytorch's ATS draws a random Gumbel-max sample of tokens, ours the paper's "
-                                 "deterministic inverse transform sample, at the same token budget"}
+                                 "deterministic inverse transform sample, at the same token budget",
+                      'simple_vit_attn_residual': "vit-pytorch mixes the depth outputs by a multi-head cross-attention "
+                                                  "with projections, ours by the paper's pseudo-query softmax"}
 
 
 def reference_workload(workload):
