@@ -211,6 +211,12 @@ REGISTRY = {
                                           224, 3, NUM_CLASSES),
     # vit-pytorch's __main__ model (256 px, patches of 32, width 1024, depth 6) scaled to S/16 at 224
     'simple_vit_attn_residual': ('S/16', None, S16, 224, 3, NUM_CLASSES),
+    # vit-pytorch's multi-way attention residuals at S/16 with two head groups (its __main__ tries 1, 2 and 4)
+    'attn_residual_with_dca_simple_vit': ('S/16, 2 head groups', None, dict(S16, head_groups=2), 224, 3,
+                                          NUM_CLASSES),
+    # vit-pytorch's __main__ model (256 px, patches of 32, width 1024, depth 7) scaled to S/16 at 224, depth 13 as
+    # the paper's U-ViT-S (6 shallow, 1 middle, 6 deep blocks), 4 registers
+    'simple_uvit': ('S/16, depth 13, 4 registers', None, dict(S16, depth=13), 224, 3, NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -291,6 +297,13 @@ REFERENCES = {
         'vit-pytorch 1.26.14 simple_vit_attn_residual.SimpleViTAttnResidual',
         lambda ours: vit_pytorch_unloaded('simple_vit_attn_residual', 'SimpleViTAttnResidual',
                                           **REGISTRY['simple_vit_attn_residual'][2])),
+    'attn_residual_with_dca_simple_vit': (
+        'vit-pytorch 1.26.14 attn_residual_with_dca_simple_vit.SimpleViT',
+        lambda ours: vit_pytorch_reference('attn_residual_with_dca_simple_vit', 'SimpleViT', ours,
+                                           **REGISTRY['attn_residual_with_dca_simple_vit'][2])),
+    'simple_uvit': (
+        'vit-pytorch 1.26.14 simple_uvit.SimpleUViT',
+        lambda ours: vit_pytorch_unloaded('simple_uvit', 'SimpleUViT', **REGISTRY['simple_uvit'][2])),
 }
 # vit-pytorch 1.26.14's modules that compute our function at the preset's arguments: name -> (module, class)
 VIT_PYTORCH_REFERENCES = {
@@ -667,7 +680,9 @@ def scalable_vit_official_reference(ours):
 DIFFERENT_FUNCTION = {'ats_vit': "vit-pytorch's ATS draws a random Gumbel-max sample of tokens, ours the paper's "
                                  "deterministic inverse transform sample, at the same token budget",
                       'simple_vit_attn_residual': "vit-pytorch mixes the depth outputs by a multi-head cross-attention "
-                                                  "with projections, ours by the paper's pseudo-query softmax"}
+                                                  "with projections, ours by the paper's pseudo-query softmax",
+                      'simple_uvit': "vit-pytorch's long skips carry the shallow blocks' inputs, ours (the paper's) "
+                                     "their outputs"}
 
 
 def reference_workload(workload):

@@ -300,6 +300,8 @@ CASES = {
     # separate query, key and value depth mixes, shared by the heads or one per group of heads and MLP head
     'attn_residual_with_dca_simple_vit': Case(VIT, IMAGES),
     'attn_residual_with_dca_simple_vit[head_groups=2]': Case(dict(VIT, head_groups=2, ffn_heads=2), IMAGES),
+    # depth 3: block 0's output reaches block 2 through its skip Linear around the middle block; two registers
+    'simple_uvit': Case(dict(VIT, depth=3, num_register_tokens=2), IMAGES),
 }
 
 

@@ -76,6 +76,7 @@ MODELS = {
     'simple_vit_with_hyper_connections': 'vit_pytorch.simple_vit_with_hyper_connections:SimpleViT',
     'simple_vit_attn_residual': 'vit_pytorch.simple_vit_attn_residual:SimpleViTAttnResidual',
     'attn_residual_with_dca_simple_vit': 'vit_pytorch.attn_residual_with_dca_simple_vit:SimpleViT',
+    'simple_uvit': 'vit_pytorch.simple_uvit:SimpleUViT',
 }
 
 # models whose input is not a batch of images (b, c, h, w): name -> what they take (`--data ucr:NAME` gives
