@@ -64,7 +64,7 @@ def test_the_mix_gives_weight_to_more_than_the_latest_output():
     with torch.no_grad():
         seen, _ = branch_inputs_and_outputs(model, img)
         tokens, attention_output, ff_input = model.embed(img), seen[0][1], seen[1][0]
-    weights = model.transformer.layers[0][2].weights(torch.stack((tokens, attention_output)))
+    weights = model.transformer.layers[0][2].weights([tokens, attention_output])
     assert weights.min() > 1e-3 and weights.max() < 1 - 1e-3
     for other in (tokens, attention_output, tokens + attention_output):
         assert (ff_input - other).abs().max() > 1e-2

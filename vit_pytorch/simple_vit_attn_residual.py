@@ -31,7 +31,7 @@ in vit-pytorch; the paper's Block AttnRes (mixing over blocks of layers, for mem
 import functools
 
 import torch
-from einops import einsum
+from einops import rearrange
 from torch import nn
 
 from vit_pytorch import simple_vit, vit
@@ -47,18 +47,17 @@ class DepthAttention(nn.Module):
         self.norm = nn.RMSNorm(dim, eps=eps)
         self.query = nn.Parameter(torch.zeros(dim)) if learned_query else None
 
-    def weights(self, values):
-        """Each output's weight for each token, (depth, b, n), from the stacked outputs (depth, b, n, dim)."""
-        keys = self.norm(values)
-        if self.query is None:
-            logits = einsum(keys, values[-1], 'l b n d, b n d -> l b n')
-        else:
-            logits = einsum(keys, self.query, 'l b n d, d -> l b n')
+    def weights(self, history):
+        """Each output's weight for each token, (depth, b, n). The norm's gain folds into the query,
+        q . RMSNorm(v) = (v . (g q)) / rms(v), so that no normed copy of the outputs is kept for the backward pass."""
+        query = self.norm.weight * (history[-1] if self.query is None else self.query)
+        logits = torch.stack([(v * query).sum(dim=-1) * torch.rsqrt(v.pow(2).mean(dim=-1) + self.norm.eps)
+                              for v in history])                                   # (depth, b, n)
         return logits.softmax(dim=0)
 
     def forward(self, history):
-        values = torch.stack(history)                                        # (depth, b, n, dim)
-        return einsum(self.weights(values), values, 'l b n, l b n d -> b n d')
+        # a sum over the outputs rather than one einsum over their stack: no (depth, b, n, dim) copy kept per branch
+        return sum(rearrange(weight, 'b n -> b n 1') * v for weight, v in zip(self.weights(history), history))
 
 
 class Transformer(vit.Stack):
