@@ -209,8 +209,10 @@ REGISTRY = {
     # with the paper's expansion rate n = 4 and vit-pytorch's 4 registers
     'simple_vit_with_hyper_connections': ('S/16, 4 streams, 4 registers', None, dict(S16, num_residual_streams=4),
                                           224, 3, NUM_CLASSES),
-    # vit-pytorch's __main__ model (256 px, patches of 32, width 1024, depth 6) scaled to S/16 at 224
-    'simple_vit_attn_residual': ('S/16', None, S16, 224, 3, NUM_CLASSES),
+    # vit-pytorch's __main__ model (256 px, patches of 32, width 1024, depth 6) at S's width: 7x7 patches of 32, depth
+    # 6 (vit-pytorch's cross-attention over depth projects every earlier output again in each branch: at S/16's 196
+    # tokens and depth 12 one training step of it takes minutes here)
+    'simple_vit_attn_residual': ('S/32 wide, depth 6', None, dict(S16, patch_size=32, depth=6), 224, 3, NUM_CLASSES),
     # vit-pytorch's multi-way attention residuals at S/16 with two head groups (its __main__ tries 1, 2 and 4)
     'attn_residual_with_dca_simple_vit': ('S/16, 2 head groups', None, dict(S16, head_groups=2), 224, 3,
                                           NUM_CLASSES),
