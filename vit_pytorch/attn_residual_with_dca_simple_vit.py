@@ -78,9 +78,13 @@ class DepthMix(nn.Module):
         self.merge_groups = merge_groups
 
     def forward(self, history):
-        values = torch.stack(history)                                           # (depth, b, n, dim)
-        logits = einsum(self.norm(values), self.pseudo_queries, 'l b n d, s g d -> s g l b n')
-        out = einsum(logits.softmax(dim=2), values, 's g l b n, l b n d -> s g b n d')
+        # the norm's gain folds into the queries, w . RMSNorm(v) = (v . (g w)) / rms(v), and the mix is a sum over the
+        # outputs, so that no (depth, b, n, dim) stack or normed copy of them is kept for the backward pass
+        queries = self.pseudo_queries * self.norm.weight                       # (streams, groups, dim)
+        logits = torch.stack([einsum(v, queries, 'b n d, s g d -> s g b n')
+                              * torch.rsqrt(v.pow(2).mean(dim=-1) + self.norm.eps) for v in history], dim=2)
+        out = sum(rearrange(weight, 's g b n -> s g b n 1') * v
+                  for weight, v in zip(logits.softmax(dim=2).unbind(dim=2), history))   # (streams, groups, b, n, dim)
         return tuple(rearrange(out, 's 1 b n d -> s b n d') if self.merge_groups else out)
 
 
