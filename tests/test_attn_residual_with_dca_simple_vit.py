@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import move_off_initialisation, reference_case
-from vit_pytorch.attn_residual_with_dca_simple_vit import SimpleViT
+from vit_pytorch.attn_residual_with_dca_simple_vit import DepthMix, SimpleViT
 from vit_pytorch.pretrained import load_vit_pytorch
 
 TINY = dict(image_size=(16, 24), patch_size=4, num_classes=5, dim=16, depth=3, heads=4, dim_head=8, mlp_dim=32)
@@ -77,6 +77,20 @@ def test_the_value_mix_is_the_attentions_residual(head_groups):
         residual = xv if head_groups == 1 else xv.mean(dim=0)
         torch.testing.assert_close(record['out'], record['attn'] + residual + record['ff'], rtol=1e-12, atol=1e-12)
         assert (record['ff_in'] - (record['attn'] + residual)).abs().max() == 0
+
+
+@pytest.mark.parametrize('groups, merge_groups', [(1, True), (2, False)])
+def test_the_depth_mix_is_the_same_with_and_without_gradients(groups, merge_groups):
+    """Without gradients the mix runs as one einsum over the stacked outputs, with them as a sum over the outputs
+    (nothing stacked kept for the backward pass): the same numbers."""
+    torch.manual_seed(0)
+    mix = move_off_initialisation(DepthMix(16, streams=3, groups=groups, merge_groups=merge_groups), scale=0.5).double()
+    history = [torch.randn(2, 5, 16, dtype=torch.float64) for _ in range(4)]
+    with torch.no_grad():
+        stacked = mix(history)
+    summed = mix(history)
+    for a, b in zip(stacked, summed, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
 
 
 def test_zero_pseudo_queries_give_every_input_the_mean_of_the_earlier_outputs():

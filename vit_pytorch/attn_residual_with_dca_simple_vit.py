@@ -78,6 +78,12 @@ class DepthMix(nn.Module):
         self.merge_groups = merge_groups
 
     def forward(self, history):
+        if not torch.is_grad_enabled():
+            # nothing is kept for a backward pass: one einsum over the stacked outputs is the faster way
+            values = torch.stack(history)                                       # (depth, b, n, dim)
+            logits = einsum(self.norm(values), self.pseudo_queries, 'l b n d, s g d -> s g l b n')
+            out = einsum(logits.softmax(dim=2), values, 's g l b n, l b n d -> s g b n d')
+            return tuple(rearrange(out, 's 1 b n d -> s b n d') if self.merge_groups else out)
         # the norm's gain folds into the queries, w . RMSNorm(v) = (v . (g w)) / rms(v), and the mix is a sum over the
         # outputs, so that no (depth, b, n, dim) stack or normed copy of them is kept for the backward pass
         queries = self.pseudo_queries * self.norm.weight                       # (streams, groups, dim)
