@@ -243,6 +243,20 @@ REGISTRY = {
         image_size=256, image_patch_size=32, frames=8, frame_patch_size=2, num_classes=NUM_CLASSES, dim=512,
         spatial_depth=2, temporal_depth=2, heads=4, mlp_dim=2048, pool='mean', moss_causal=True), (8, 256, 256), 3,
         NUM_CLASSES),
+    # vit-pytorch's __main__ model (256 px, patches of 8, width 1024, depth 12, 8 streams) scaled to S/16 at 224
+    # with the paper's expansion rate n = 4 and vit-pytorch's 4 registers
+    'simple_vit_with_hyper_connections': ('S/16, 4 streams, 4 registers', None, dict(S16, num_residual_streams=4),
+                                          224, 3, NUM_CLASSES),
+    # vit-pytorch's __main__ model (256 px, patches of 32, width 1024, depth 6) at S's width: 7x7 patches of 32, depth
+    # 6 (vit-pytorch's cross-attention over depth projects every earlier output again in each branch: at S/16's 196
+    # tokens and depth 12 one training step of it takes minutes here)
+    'simple_vit_attn_residual': ('S/32 wide, depth 6', None, dict(S16, patch_size=32, depth=6), 224, 3, NUM_CLASSES),
+    # vit-pytorch's multi-way attention residuals at S/16 with two head groups (its __main__ tries 1, 2 and 4)
+    'attn_residual_with_dca_simple_vit': ('S/16, 2 head groups', None, dict(S16, head_groups=2), 224, 3,
+                                          NUM_CLASSES),
+    # vit-pytorch's __main__ model (256 px, patches of 32, width 1024, depth 7) scaled to S/16 at 224, depth 13 as
+    # the paper's U-ViT-S (6 shallow, 1 middle, 6 deep blocks), 4 registers
+    'simple_uvit': ('S/16, depth 13, 4 registers', None, dict(S16, depth=13), 224, 3, NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -336,6 +350,21 @@ REFERENCES = {
                 lambda ours: vit_pytorch_reference('jet_vit', 'JetViT', ours, **REGISTRY['jet_vit'][2])),
     'looped_vit': ('vit-pytorch 1.26.14 looped_vit.LoopedViT',
                    lambda ours: vit_pytorch_reference('looped_vit', 'LoopedViT', ours, **REGISTRY['looped_vit'][2])),
+    'simple_vit_with_hyper_connections': (
+        'vit-pytorch 1.26.14 simple_vit_with_hyper_connections.SimpleViT',
+        lambda ours: vit_pytorch_reference('simple_vit_with_hyper_connections', 'SimpleViT', ours,
+                                           **REGISTRY['simple_vit_with_hyper_connections'][2])),
+    'simple_vit_attn_residual': (
+        'vit-pytorch 1.26.14 simple_vit_attn_residual.SimpleViTAttnResidual',
+        lambda ours: vit_pytorch_unloaded('simple_vit_attn_residual', 'SimpleViTAttnResidual',
+                                          **REGISTRY['simple_vit_attn_residual'][2])),
+    'attn_residual_with_dca_simple_vit': (
+        'vit-pytorch 1.26.14 attn_residual_with_dca_simple_vit.SimpleViT',
+        lambda ours: vit_pytorch_reference('attn_residual_with_dca_simple_vit', 'SimpleViT', ours,
+                                           **REGISTRY['attn_residual_with_dca_simple_vit'][2])),
+    'simple_uvit': (
+        'vit-pytorch 1.26.14 simple_uvit.SimpleUViT',
+        lambda ours: vit_pytorch_unloaded('simple_uvit', 'SimpleUViT', **REGISTRY['simple_uvit'][2])),
 }
 # vit-pytorch 1.26.14's modules that compute our function at the preset's arguments: name -> (module, class)
 VIT_PYTORCH_REFERENCES = {
@@ -626,6 +655,13 @@ def vit_pytorch_reference(module, class_name, ours, *, load=True, **kwargs):
     return reference
 
 
+def vit_pytorch_unloaded(module, class_name, **kwargs):
+    """vit-pytorch's `module.class_name` with its own random weights, for a module whose function ours does not
+    compute (its checkpoints are refused; see DIFFERENT_FUNCTION); None where vit_pytorch_module finds no source."""
+    reference_module = vit_pytorch_module(module)
+    return None if reference_module is None else getattr(reference_module, class_name)(**kwargs)
+
+
 def crossformer_official_reference(ours):
     """The official CrossFormer-T (github cheerss/CrossFormer @ 7952010, checked out as
     $VIT_PYTORCH_OFFICIAL/CrossFormer), built by tests/fixtures/make_crossformer_fixtures.py's `official_model`
@@ -738,7 +774,11 @@ DIFFERENT_FUNCTION = {'ats_vit': "vit-pytorch's ATS draws a random Gumbel-max sa
                                                        "sigmoid(q_mask . k_mask), ours each head's attention output "
                                                        "(the paper's G1 gate)",
                       'vit_nd': "vit-pytorch's causal ViTND lets every patch attend to the cls token (which has read "
-                                "later slices), ours does not: the same weights and attention sizes, another mask"}
+                                "later slices), ours does not: the same weights and attention sizes, another mask",
+                      'simple_vit_attn_residual': "vit-pytorch mixes the depth outputs by a multi-head cross-attention "
+                                                  "with projections, ours by the paper's pseudo-query softmax",
+                      'simple_uvit': "vit-pytorch's long skips carry the shallow blocks' inputs, ours (the paper's) "
+                                     "their outputs"}
 
 
 def reference_workload(workload):

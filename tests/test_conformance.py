@@ -332,6 +332,18 @@ CASES = {
     'vivit_with_moss[pool=mean,moss_causal=False]': Case(
         dict(VIDEO, num_classes=5, dim=16, spatial_depth=2, temporal_depth=2, heads=2, dim_head=8, mlp_dim=32,
              moss_hidden_dim=8, pool='mean', moss_causal=False), CLIPS),
+    # three hyper-connected streams around each branch and two registers; dynamic, or the paper's static connections
+    'simple_vit_with_hyper_connections': Case(dict(VIT, num_residual_streams=3, num_register_tokens=2), IMAGES),
+    'simple_vit_with_hyper_connections[dynamic=False]': Case(
+        dict(VIT, num_residual_streams=3, num_register_tokens=2, dynamic=False), IMAGES),
+    # every branch reads a softmax over depth of the outputs before it: a learned pseudo-query, or the latest output
+    'simple_vit_attn_residual': Case(VIT, IMAGES),
+    'simple_vit_attn_residual[learned_query=False]': Case(dict(VIT, learned_query=False), IMAGES),
+    # separate query, key and value depth mixes, shared by the heads or one per group of heads and MLP head
+    'attn_residual_with_dca_simple_vit': Case(VIT, IMAGES),
+    'attn_residual_with_dca_simple_vit[head_groups=2]': Case(dict(VIT, head_groups=2, ffn_heads=2), IMAGES),
+    # depth 3: block 0's output reaches block 2 through its skip Linear around the middle block; two registers
+    'simple_uvit': Case(dict(VIT, depth=3, num_register_tokens=2), IMAGES),
 }
 
 

@@ -270,16 +270,16 @@ class SimpleTransformer(Stack):
 
 class PatchEmbedding(nn.Sequential):
     """(b, c, h, w) -> (b, h/ph * w/pw, dim): patches flattened as (ph pw c), projected by a Linear,
-    between two LayerNorms when `patch_norm` (Dual PatchNorm)."""
+    between two LayerNorms when `patch_norm` (Dual PatchNorm; `norm_bias=False`: LayerNorms without bias)."""
 
-    def __init__(self, *, channels, patch_size, dim, patch_norm=True, norm_eps=1e-5):
+    def __init__(self, *, channels, patch_size, dim, patch_norm=True, norm_eps=1e-5, norm_bias=True):
         patch_height, patch_width = patch_size
         patch_dim = channels * patch_height * patch_width
         super().__init__(
             Rearrange('b c (h p1) (w p2) -> b (h w) (p1 p2 c)', p1=patch_height, p2=patch_width),
-            nn.LayerNorm(patch_dim, eps=norm_eps) if patch_norm else nn.Identity(),
+            nn.LayerNorm(patch_dim, eps=norm_eps, bias=norm_bias) if patch_norm else nn.Identity(),
             nn.Linear(patch_dim, dim),
-            nn.LayerNorm(dim, eps=norm_eps) if patch_norm else nn.Identity(),
+            nn.LayerNorm(dim, eps=norm_eps, bias=norm_bias) if patch_norm else nn.Identity(),
         )
 
 

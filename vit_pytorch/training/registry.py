@@ -89,6 +89,11 @@ MODELS = {
     # research long tail: beyond classification (issue 28)
     'vit_nd': 'vit_pytorch.vit_nd:ViTND',
     'vivit_with_moss': 'vit_pytorch.vivit_with_moss:ViViT',
+    # research long tail II: the residual stream across layers (issue 27)
+    'simple_vit_with_hyper_connections': 'vit_pytorch.simple_vit_with_hyper_connections:SimpleViT',
+    'simple_vit_attn_residual': 'vit_pytorch.simple_vit_attn_residual:SimpleViTAttnResidual',
+    'attn_residual_with_dca_simple_vit': 'vit_pytorch.attn_residual_with_dca_simple_vit:SimpleViT',
+    'simple_uvit': 'vit_pytorch.simple_uvit:SimpleUViT',
 }
 
 # models with an auxiliary loss that the training command adds to the cross-entropy: name -> (the forward's
@@ -197,6 +202,9 @@ SMALL_CONFIGS = {
     # as 'vivit', with MOSS over each slice's 4 x 4 patch tokens (2 x 2 at 16 pixels), time causal (the default)
     'vivit_with_moss': dict(frames=8, image_patch_size=8, frame_patch_size=2, dim=64, spatial_depth=3,
                             temporal_depth=1, heads=4, dim_head=16, mlp_dim=128, moss_hidden_dim=16),
+    # SMALL_MODEL with 4 hyper-connected residual streams (num_residual_streams has no default) and 4 registers
+    'simple_vit_with_hyper_connections': dict(patch_size=4, dim=64, depth=4, heads=4, dim_head=16, mlp_dim=128,
+                                              num_residual_streams=4),
 }
 
 # 'Ti/16', 'S/16', 'B/32', ...: the paper's table, built by vit_pytorch.pretrained.vit

@@ -1,0 +1,114 @@
+"""U-ViT's long skips: the i-th shallow block's output reaches the mirroring deep block (by perturbing it), joined
+by a Linear on [x, skip]; which blocks are shallow, middle and deep; vit-pytorch's other function refused."""
+
+import pytest
+import torch
+
+from helpers import move_off_initialisation, reference_case, tiny_vit_kwargs
+from vit_pytorch.pretrained import CheckpointError, load_vit_pytorch
+from vit_pytorch.simple_uvit import SimpleUViT
+
+
+def skip_inputs(model, tokens, perturb=None):
+    """Each deep block's skip Linear input [x, skip] (b, n, 2 dim) by block number, and every block's output; with
+    `perturb` (block number, delta) that block's output moved by delta (through its MLP's output)."""
+    seen, hooks = {}, []
+    for index, (combine_skip, _, ff) in enumerate(model.transformer.layers):
+        if combine_skip is not None:
+            hooks.append(combine_skip.register_forward_hook(
+                lambda module, args, output, index=index: seen.__setitem__(index, args[0])))
+        if perturb is not None and perturb[0] == index:
+            hooks.append(ff.register_forward_hook(lambda module, args, output: output + perturb[1]))
+    try:
+        _, outputs = model.transformer(tokens, return_layers=True)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen, outputs
+
+
+@pytest.mark.parametrize('depth', [5, 7, 6])
+def test_the_i_th_shallow_blocks_output_reaches_block_depth_minus_1_minus_i_through_its_skip_alone(depth):
+    """Moving shallow block i's output by delta moves the skip half of block depth - 1 - i's join by exactly delta,
+    and leaves the skips from the shallower blocks (i' < i) as they were."""
+    torch.manual_seed(0)
+    model = move_off_initialisation(SimpleUViT(**tiny_vit_kwargs(depth=depth, num_register_tokens=2))).double().eval()
+    tokens = torch.randn(2, 14, 32, dtype=torch.float64)
+    delta = torch.randn(2, 14, 32, dtype=torch.float64)
+    dim = 32
+    with torch.no_grad():
+        before, _ = skip_inputs(model, tokens)
+        for shallow in range(depth // 2):
+            after, _ = skip_inputs(model, tokens, perturb=(shallow, delta))
+            for other in range(depth // 2):
+                moved = after[depth - 1 - other][..., dim:] - before[depth - 1 - other][..., dim:]
+                if other == shallow:
+                    torch.testing.assert_close(moved, delta, rtol=1e-10, atol=1e-10)
+                elif other < shallow:
+                    assert moved.abs().max() == 0
+
+
+@pytest.mark.parametrize('depth', [5, 6])
+def test_a_deep_block_joins_the_stream_and_the_skip_by_a_linear_on_their_concatenation(depth):
+    """Block j's join is W [x; skip] + b with x the previous block's output and skip the output of block
+    depth - 1 - j."""
+    torch.manual_seed(0)
+    model = move_off_initialisation(SimpleUViT(**tiny_vit_kwargs(depth=depth))).double().eval()
+    tokens = torch.randn(2, 16, 32, dtype=torch.float64)
+    with torch.no_grad():
+        seen, outputs = skip_inputs(model, tokens)
+    assert sorted(seen) == list(range(depth - depth // 2, depth))
+    for block, joined in seen.items():
+        torch.testing.assert_close(joined[..., :32], outputs[block - 1], rtol=0, atol=0)
+        torch.testing.assert_close(joined[..., 32:], outputs[depth - 1 - block], rtol=0, atol=0)
+    linear = model.transformer.layers[depth - 1][0]
+    block = depth - 1
+    x = outputs[block - 1]
+    expected = x @ linear.weight[:, :32].T + outputs[0] @ linear.weight[:, 32:].T + linear.bias
+    attn, ff = model.transformer.layers[block][1:]
+    with torch.no_grad():
+        joined = expected
+        joined = attn(joined) + joined
+        torch.testing.assert_close(ff(joined) + joined, outputs[block], rtol=1e-10, atol=1e-10)
+
+
+def test_an_odd_depth_has_one_middle_block_without_a_skip_and_leaving_none():
+    model = SimpleUViT(**tiny_vit_kwargs(depth=7))
+    assert [layer[0] is not None for layer in model.transformer.layers] == [False] * 4 + [True] * 3
+    with torch.no_grad():
+        _, state = model.transformer(torch.randn(2, 16, 32), return_state=True)
+    assert state['skips'] == ()
+
+
+# vit-pytorch 1.26.14's module (tests/fixtures/make_stream_fixtures.py) computes another function
+
+
+def test_vit_pytorchs_checkpoint_is_refused_naming_the_skips_of_the_shallow_blocks_inputs():
+    config, state_dict, _, _ = reference_case('vit_pytorch_1.26.14_simple_uvit', 'image_size')
+    with pytest.raises(CheckpointError, match=r"shallow block's input .*output"):
+        load_vit_pytorch(SimpleUViT(**config), state_dict)
+
+
+def test_vit_pytorchs_keys_are_ours():
+    """Only the function differs: the same parameters under the same names."""
+    config, state_dict, _, _ = reference_case('vit_pytorch_1.26.14_simple_uvit', 'image_size')
+    model = SimpleUViT(**config)
+    assert {key: tuple(value.shape) for key, value in model.state_dict().items()} == \
+        {key: tuple(value.shape) for key, value in state_dict.items()}
+
+
+@pytest.mark.slow
+def test_vit_pytorchs_main_block_runs():
+    """Its `__main__` block less .cuda(): 256 pixels, patches of 32, width 1024, depth 7."""
+    model = SimpleUViT(image_size=256, patch_size=32, num_classes=1000, dim=1024, depth=7, heads=16, mlp_dim=2048)
+    with torch.no_grad():
+        assert model(torch.randn(2, 3, 256, 256)).shape == (2, 1000)
+
+
+# clear errors
+
+
+@pytest.mark.parametrize('value, error', [(-1, ValueError), (2.0, TypeError)])
+def test_a_bad_number_of_registers_is_refused_by_name(value, error):
+    with pytest.raises(error, match='num_register_tokens'):
+        SimpleUViT(**tiny_vit_kwargs(num_register_tokens=value))

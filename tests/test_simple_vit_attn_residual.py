@@ -1,0 +1,146 @@
+"""Attention residuals: every branch reads the paper's softmax over depth of all earlier outputs, written out by hand;
+a zero query is the mean over depth; an earlier run's history joins the mix; vit-pytorch's other function refused."""
+
+import pytest
+import torch
+
+from helpers import move_off_initialisation, reference_case, tiny_vit_kwargs
+from vit_pytorch.pretrained import CheckpointError, load_vit_pytorch
+from vit_pytorch.simple_vit_attn_residual import SimpleViTAttnResidual
+
+
+def branch_inputs_and_outputs(model, img, **kwargs):
+    """Every branch's input and output in order (attention, MLP, attention, ...), and the model's return."""
+    seen = []
+    hooks = []
+    for _, attn, _, ff in model.transformer.layers:
+        for branch in (attn, ff):
+            hooks.append(branch.register_forward_hook(lambda module, args, output: seen.append((args[0], output))))
+    try:
+        returned = model(img, **kwargs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen, returned
+
+
+def papers_mix(mix, values):
+    """h = sum_i alpha_i v_i, alpha_i = softmax_i(q . RMSNorm(v_i)), RMSNorm(v) = v / sqrt(mean(v^2) + eps) * g; q the
+    pseudo-query, or the token's latest output; per token, in a Python loop over depth."""
+    keys = [v / torch.sqrt(v.pow(2).mean(dim=-1, keepdim=True) + mix.norm.eps) * mix.norm.weight for v in values]
+    query = values[-1] if mix.query is None else mix.query
+    logits = torch.stack([(k * query).sum(dim=-1) for k in keys])                 # (depth, b, n)
+    alpha = logits.exp() / logits.exp().sum(dim=0)
+    return sum(a[..., None] * v for a, v in zip(alpha, values))
+
+
+@pytest.mark.parametrize('learned_query', [True, False])
+def test_each_branch_reads_the_softmax_over_depth_of_every_earlier_output(learned_query):
+    torch.manual_seed(0)
+    model = SimpleViTAttnResidual(**tiny_vit_kwargs(depth=3, learned_query=learned_query))
+    model = move_off_initialisation(model, scale=0.5).double().eval()
+    img = torch.randn(2, 3, 16, 24, dtype=torch.float64)
+    with torch.no_grad():
+        seen, (_, history) = branch_inputs_and_outputs(model, img, return_history=True)
+        values = [model.embed(img)]
+        mixes = [mix for attn_mix, _, ff_mix, _ in model.transformer.layers for mix in (attn_mix, ff_mix)]
+        for mix, (branch_input, branch_output) in zip(mixes, seen):
+            expected = values[0] if mix is None else papers_mix(mix, values)
+            torch.testing.assert_close(branch_input, expected, rtol=1e-10, atol=1e-10)
+            values.append(branch_output)
+        assert len(history) == len(values) == 1 + 2 * 3
+        for returned, value in zip(history, values):
+            torch.testing.assert_close(returned, value, rtol=0, atol=0)
+        features = model.transformer.final_norm(papers_mix(model.transformer.final_pool, values))
+        torch.testing.assert_close(model.forward_features(img), features, rtol=1e-10, atol=1e-10)
+
+
+def test_the_mix_gives_weight_to_more_than_the_latest_output():
+    """Off its initialisation the mix is no plain residual: the first MLP's input is neither the attention's output
+    nor the patch tokens, nor their sum."""
+    torch.manual_seed(0)
+    model = move_off_initialisation(SimpleViTAttnResidual(**tiny_vit_kwargs(depth=2)), scale=0.5).eval()
+    img = torch.randn(2, 3, 16, 24)
+    with torch.no_grad():
+        seen, _ = branch_inputs_and_outputs(model, img)
+        tokens, attention_output, ff_input = model.embed(img), seen[0][1], seen[1][0]
+    weights = model.transformer.layers[0][2].weights([tokens, attention_output])
+    assert weights.min() > 1e-3 and weights.max() < 1 - 1e-3
+    for other in (tokens, attention_output, tokens + attention_output):
+        assert (ff_input - other).abs().max() > 1e-2
+
+
+def test_a_zero_pseudo_query_reads_the_mean_of_the_earlier_outputs():
+    """The paper starts every w_l at zero: a uniform softmax, h_l = mean of v_0 .. v_(l-1)."""
+    torch.manual_seed(0)
+    model = SimpleViTAttnResidual(**tiny_vit_kwargs(depth=2)).double().eval()
+    img = torch.randn(2, 3, 16, 24, dtype=torch.float64)
+    with torch.no_grad():
+        seen, _ = branch_inputs_and_outputs(model, img)
+        values = [model.embed(img)] + [output for _, output in seen]
+    for index in (1, 2, 3):
+        torch.testing.assert_close(seen[index][0], torch.stack(values[:index + 1]).mean(dim=0), rtol=1e-12,
+                                   atol=1e-12)
+
+
+def test_an_earlier_runs_history_comes_first_in_the_mix():
+    torch.manual_seed(0)
+    model = move_off_initialisation(SimpleViTAttnResidual(**tiny_vit_kwargs(depth=2)), scale=0.5).double().eval()
+    img = torch.randn(2, 3, 16, 24, dtype=torch.float64)
+    with torch.no_grad():
+        _, earlier = model(img.flip(-1), return_history=True)
+        seen, (_, history) = branch_inputs_and_outputs(model, img, history=earlier, return_history=True)
+        alone = model(img)
+        again = model(img, history=earlier)
+    assert len(history) == len(earlier) + 1 + 2 * 2
+    for returned, given in zip(history, earlier):
+        assert returned is given
+    mix = model.transformer.layers[0][2]
+    values = [*earlier, model.embed(img), seen[0][1]]
+    torch.testing.assert_close(seen[1][0], papers_mix(mix, values), rtol=1e-10, atol=1e-10)
+    assert (again - alone).abs().max() > 1e-3
+
+
+# vit-pytorch 1.26.14's module (tests/fixtures/make_stream_fixtures.py) computes another function
+
+
+@pytest.mark.parametrize('name', ['simple_vit_attn_residual', 'simple_vit_attn_residual_token_query'])
+def test_vit_pytorchs_checkpoint_is_refused_naming_its_cross_attention_over_depth(name):
+    config, state_dict, _, _ = reference_case(f'vit_pytorch_1.26.14_{name}', 'image_size')
+    with pytest.raises(CheckpointError, match=r'cross-attention .*convex combination'):
+        load_vit_pytorch(SimpleViTAttnResidual(**config), state_dict)
+
+
+@pytest.mark.slow
+def test_vit_pytorchs_main_block_runs():
+    """Its `__main__` block: 256 pixels, patches of 32, width 1024, depth 6; a second run given the first's
+    history, with either query."""
+    for learned_query in (True, False):
+        model = SimpleViTAttnResidual(image_size=256, patch_size=32, num_classes=1000, dim=1024, depth=6, heads=16,
+                                      mlp_dim=2048, learned_query=learned_query)
+        img = torch.randn(2, 3, 256, 256)
+        with torch.no_grad():
+            preds, history = model(img, return_history=True)
+            assert preds.shape == (2, 1000)
+            preds, _ = model(img, history=history, return_history=True)
+        assert preds.shape == (2, 1000)
+
+
+# clear errors
+
+
+def test_a_history_that_is_not_a_list_of_tensors_is_refused_by_name():
+    model = SimpleViTAttnResidual(**tiny_vit_kwargs())
+    with pytest.raises(TypeError, match='history must be a list of tensors'):
+        model(torch.randn(2, 3, 16, 24), history=torch.randn(2, 12, 32))
+
+
+def test_a_history_of_another_shape_is_refused_naming_the_entry():
+    model = SimpleViTAttnResidual(**tiny_vit_kwargs())
+    with pytest.raises(ValueError, match=r'history\[1\] must have the shape .*\(2, 12, 32\), got \(2, 11, 32\)'):
+        model(torch.randn(2, 3, 16, 24), history=[torch.randn(2, 12, 32), torch.randn(2, 11, 32)])
+
+
+def test_a_bad_learned_query_is_refused_by_name():
+    with pytest.raises(TypeError, match='learned_query'):
+        SimpleViTAttnResidual(**tiny_vit_kwargs(learned_query='yes'))

@@ -1,0 +1,144 @@
+"""SimpleViT with attention residuals (AttnRes).
+
+Kimi Team, "Attention Residuals", arXiv 2603.15031: a pre-norm residual stream hands every layer the sum of all
+earlier layers' outputs with unit weights, so the stream grows with depth and each layer's share of it shrinks.
+AttnRes replaces the sum by attention over depth: each branch (attention or MLP) l reads
+h_l = sum_i alpha_(i -> l) v_i over the outputs v_0 .. v_(l-1) of the branches before it (v_0: the patch tokens), with
+alpha_(i -> l) = softmax_i(w_l . RMSNorm(v_i)) per token: a learned pseudo-query w_l per branch, starting at zero
+(a uniform mean over depth), against the normed outputs as keys and the outputs themselves as values. The encoder's
+output is one more such mix, then a LayerNorm.
+
+    import torch
+    from vit_pytorch.simple_vit_attn_residual import SimpleViTAttnResidual
+
+    model = SimpleViTAttnResidual(image_size=256, patch_size=32, num_classes=1000, dim=1024, depth=6, heads=16,
+                                  mlp_dim=2048)
+    img = torch.randn(2, 3, 256, 256)
+    logits, history = model(img, return_history=True)           # (2, 1000); 1 + 2 * depth outputs (2, 64, 1024)
+    logits, _ = model(img, history=history, return_history=True)   # the earlier outputs as more keys and values
+
+`learned_query=False` (vit-pytorch's option) makes each token's latest output its query instead of w_l. `history`
+(vit-pytorch's): depth outputs of an earlier run put before this run's, so its branches attend over them too.
+
+Where it differs from vit-pytorch 1.26.14, which does not compute the paper's function (its checkpoints are
+refused, naming it): vit-pytorch mixes the depth outputs through a multi-head cross-attention with LayerNorms and
+query, key-value and output projections, from a query drawn from a unit normal; a branch's input is then a learned
+projection of the outputs, not their convex combination. Ours is the paper's mix, without parameters besides w_l and
+the RMSNorm's weight. The first attention reads v_0 alone (a softmax over one output is 1), so it has no query, as
+in vit-pytorch; the paper's Block AttnRes (mixing over blocks of layers, for memory at scale) is left out.
+"""
+
+import functools
+
+import torch
+from einops import rearrange
+from torch import nn
+
+from vit_pytorch import simple_vit, vit
+
+
+class DepthAttention(nn.Module):
+    """`forward(history)`: sum_i softmax_i(q . RMSNorm(v_i)) v_i over the outputs v_i (b, n, dim) in `history`, per
+    token: (b, n, dim). The query q is the learned pseudo-query (zero at first), or with `learned_query=False` each
+    token's latest output."""
+
+    def __init__(self, dim, learned_query=True, eps=1e-6):
+        super().__init__()
+        self.norm = nn.RMSNorm(dim, eps=eps)
+        self.query = nn.Parameter(torch.zeros(dim)) if learned_query else None
+
+    def weights(self, history):
+        """Each output's weight for each token, (depth, b, n). The norm's gain folds into the query,
+        q . RMSNorm(v) = (v . (g q)) / rms(v), so that no normed copy of the outputs is kept for the backward pass."""
+        query = self.norm.weight * (history[-1] if self.query is None else self.query)
+        logits = torch.stack([(v * query).sum(dim=-1) * torch.rsqrt(v.pow(2).mean(dim=-1) + self.norm.eps)
+                              for v in history])                                   # (depth, b, n)
+        return logits.softmax(dim=0)
+
+    def forward(self, history):
+        # a sum over the outputs rather than one einsum over their stack: no (depth, b, n, dim) copy kept per branch
+        return sum(rearrange(weight, 'b n -> b n 1') * v for weight, v in zip(self.weights(history), history))
+
+
+class Transformer(vit.Stack):
+    """`depth` layers of (DepthAttention, attention, DepthAttention, feedforward): each branch reads the depth mix of
+    every output before it (the first attention the patch tokens alone: no mix). The outputs gather in the state as
+    'history' (a tuple, the tokens first); each layer returns its MLP's output; the encoder's output is the final
+    mix through a LayerNorm. `forward(x, history=...)` puts an earlier run's outputs before x."""
+
+    def __init__(self, dim, depth, heads, dim_head, mlp_dim, *, attention=simple_vit.Attention, learned_query=True):
+        super().__init__([
+            (DepthAttention(dim, learned_query) if index else None, attention(dim, heads, dim_head),
+             DepthAttention(dim, learned_query), simple_vit.FeedForward(dim, mlp_dim))
+            for index in range(depth)
+        ])
+        self.final_pool = DepthAttention(dim, learned_query)
+        self.final_norm = nn.LayerNorm(dim)
+
+    def step(self, entry, x, state, history=None):
+        outputs = state.get('history')
+        if outputs is None:
+            outputs = (*(history or ()), x)
+        attn_mix, attn, ff_mix, ff = entry
+        outputs = (*outputs, attn(outputs[-1] if attn_mix is None else attn_mix(outputs)))
+        out = ff(ff_mix(outputs))
+        return out, {'history': (*outputs, out)}
+
+    def run(self, x, **kwargs):
+        _, outputs, state = super().run(x, **kwargs)
+        return self.final_norm(self.final_pool(state['history'])), outputs, state
+
+
+class SimpleViTAttnResidual(simple_vit.SimpleViT):
+    """`vit_pytorch.simple_vit.SimpleViT` (same arguments and methods) with attention residuals; `learned_query`
+    (vit-pytorch's): False queries the depth outputs with each token's latest one.
+
+    `forward(img, history=None, return_history=False)`: `history` a list of depth outputs (b, h * w, dim) of an
+    earlier run; `return_history=True` returns (logits, every depth output: the given history, the patch tokens and
+    each branch's output). `forward_features` returns the final depth mix after its norm, (b, h * w, dim).
+    `num_classes=0` makes `forward` return the pooled embedding (b, dim).
+    """
+
+    def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, channels=3, dim_head=64,
+                 learned_query=True):
+        check_arguments(**vit.arguments(locals()))
+        super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim, depth=depth,
+                         heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head,
+                         transformer=functools.partial(Transformer, learned_query=learned_query))
+
+    def forward(self, img, history=None, return_history=False):
+        tokens = self.embed(img)
+        check_history(history, tokens)
+        features, state = self.transformer(tokens, history=history, return_state=True)
+        logits = self.forward_head(features)
+        return (logits, list(state['history'])) if return_history else logits
+
+
+# argument checks
+
+
+def check_arguments(*, learned_query, **_):
+    vit.boolean('learned_query', learned_query)
+
+
+def check_history(history, tokens):
+    if history is None:
+        return
+    if not isinstance(history, (list, tuple)) or not all(isinstance(t, torch.Tensor) for t in history):
+        raise TypeError(f"history must be a list of tensors (an earlier run's return_history), got "
+                        f"{type(history).__name__}")
+    for index, output in enumerate(history):
+        if output.shape != tokens.shape:
+            raise ValueError(f"history[{index}] must have the shape of this run's tokens {tuple(tokens.shape)}, got "
+                             f"{tuple(output.shape)}")
+
+
+# loading checkpoints
+
+
+def vit_pytorch_plan(model, keys):
+    raise ValueError("vit-pytorch's simple_vit_attn_residual mixes the depth outputs through a multi-head "
+                     "cross-attention with query, key-value and output projections (attn.to_q, attn.to_kv, "
+                     "attn.to_out, learned_query); the paper (arXiv 2603.15031) and this model mix them by a softmax "
+                     "over depth of a pseudo-query against the RMSNorm'd outputs, a convex combination of them: its "
+                     "checkpoints compute another function and cannot be loaded")
