@@ -138,6 +138,10 @@ def build_parser():
     recipe.add_argument('--decorr-aux-loss-weight', type=float, default=0.1,
                         help="vit_with_decorr: the weight of its decorrelation loss in the training loss, "
                              "cross-entropy + weight x loss (default: 0.1, the module example's; 0: off)")
+    recipe.add_argument('--sparsity-aux-loss-weight', type=float, default=0.1,
+                        help="simple_vit_with_sparse_gating: the weight of its gate sparsity loss in the training "
+                             "loss, cross-entropy + weight x loss (default: 0.1, assumed, not measured: vit-pytorch "
+                             "1.26.14's module and README give no weight; 0: off)")
     recipe.add_argument('--seed', type=int, default=0,
                         help="seeds the initialisation and each epoch's order and augmentation")
     start = parser.add_argument_group('starting point')

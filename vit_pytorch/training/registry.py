@@ -95,6 +95,7 @@ MODELS = {
 # keyword that makes it return (logits, loss), the training command's option that weights the loss)
 AUX_LOSSES = {
     'vit_with_decorr': ('return_decorr_aux_loss', 'decorr_aux_loss_weight'),
+    'simple_vit_with_sparse_gating': ('return_loss', 'sparsity_aux_loss_weight'),
 }
 
 # models whose input is not a batch of images (b, c, h, w): name -> what they take (`--data ucr:NAME` gives
