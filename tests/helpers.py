@@ -201,3 +201,36 @@ def install_fake_aeon(monkeypatch):
     monkeypatch.setitem(sys.modules, 'aeon', types.ModuleType('aeon'))
     monkeypatch.setitem(sys.modules, 'aeon.datasets', datasets)
     return splits
+
+
+class OneStep(Exception):
+    """Stops the training command after the loss of its first batch."""
+
+
+def first_training_step(monkeypatch, tmp_path, model, *options):
+    """The training command's loss on its first batch (16 digits of 8 pixels) with `--model model`, a small
+    size and label smoothing 0.1: dict(loss, index (the digits' indices), images (as the model saw them), model)."""
+    import random
+
+    import pytest
+
+    from vit_pytorch import train
+
+    seen = {}
+
+    def one_step(network, optimizer, step_loss, **_):
+        images = []
+        hook = network.register_forward_pre_hook(lambda module, args: images.append(args[0].clone()))
+        seen['index'] = torch.arange(16)
+        seen['loss'] = step_loss(seen['index'], torch.Generator().manual_seed(0), random.Random(0), 0)[0].item()
+        hook.remove()
+        seen.update(images=images[0], model=network)
+        raise OneStep
+
+    monkeypatch.setattr(train, 'train_epoch', one_step)
+    with pytest.raises(OneStep):
+        train.main([str(option) for option in (
+            '--model', model, '--image-size', 8, '--dim', 32, '--heads', 2, '--dim-head', 16, '--mlp-dim', 64,
+            '--label-smoothing', 0.1, '--quiet', '--no-plots', '--threads', 1, '--out', tmp_path / 'run',
+            *options)])
+    return seen

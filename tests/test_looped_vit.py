@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import count, load_fixture, move_off_initialisation
+from helpers import count, first_training_step, load_fixture, move_off_initialisation
 from vit_pytorch import LoopedViT
 from vit_pytorch.looped_vit import adaptive_exit_targets, deep_supervision_loss
 from vit_pytorch.pretrained import load_vit_pytorch
@@ -93,6 +93,17 @@ def test_the_deep_supervision_loss_weights_each_loops_cross_entropy():
         torch.testing.assert_close(deep_supervision_loss(logits, labels, weighting=name), expected, msg=name)
 
 
+def test_the_deep_supervision_loss_of_class_probabilities_is_linear_in_them():
+    """Mixup's soft targets: probabilities lam * a + (1 - lam) * b give lam * loss(a) + (1 - lam) * loss(b), and
+    one-hot probabilities the loss of their labels."""
+    logits = torch.randn(3, 6, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    a, b = torch.tensor([0, 1, 2, 3, 4, 0]), torch.tensor([4, 4, 1, 0, 2, 3])
+    one_hot_a, one_hot_b = F.one_hot(a, 5).double(), F.one_hot(b, 5).double()
+    torch.testing.assert_close(deep_supervision_loss(logits, one_hot_a), deep_supervision_loss(logits, a))
+    torch.testing.assert_close(deep_supervision_loss(logits, 0.3 * one_hot_a + 0.7 * one_hot_b),
+                               0.3 * deep_supervision_loss(logits, a) + 0.7 * deep_supervision_loss(logits, b))
+
+
 def test_the_exit_targets_are_the_largest_gain_per_further_loop():
     logits = torch.randn(4, 6, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     labels = torch.tensor([0, 1, 2, 3, 4, 0])
@@ -167,3 +178,43 @@ def test_the_exit_needs_the_gate():
 def test_an_input_of_another_shape_is_refused_naming_the_expected_one():
     with pytest.raises(ValueError, match=r"\('b', 3, 16, 24\)"):
         tiny()(torch.randn(2, 3, 16, 16))
+
+
+# the training command: --deep-supervision trains on every loop's logits
+
+
+@pytest.mark.parametrize('weighting', [None, 'exponential'])
+def test_the_trainers_loss_with_deep_supervision_is_the_deep_supervision_loss_of_every_loop(weighting, monkeypatch,
+                                                                                          tmp_path):
+    from vit_pytorch.evaluate import load_digits
+
+    chosen = () if weighting is None else ('--deep-supervision-weighting', weighting)
+    seen = first_training_step(monkeypatch, tmp_path, 'looped_vit', '--deep-supervision', *chosen)
+    labels = load_digits('train', image_size=8).labels[seen['index']]
+    with torch.no_grad():
+        logits = seen['model'](seen['images'], return_all_logits=True)              # (3 loops, b, classes)
+    expected = deep_supervision_loss(logits, labels, weighting=weighting or 'final_mean', label_smoothing=0.1)
+    last = F.cross_entropy(logits[-1], labels, label_smoothing=0.1)
+    assert logits.shape[0] == 3 and abs(expected - last) > 0.01 * last      # the earlier loops count visibly
+    assert seen['loss'] == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_without_deep_supervision_the_trainer_trains_on_the_last_loops_cross_entropy(monkeypatch, tmp_path):
+    from vit_pytorch.evaluate import load_digits
+
+    seen = first_training_step(monkeypatch, tmp_path, 'looped_vit')
+    labels = load_digits('train', image_size=8).labels[seen['index']]
+    with torch.no_grad():
+        logits = seen['model'](seen['images'])
+    assert seen['loss'] == pytest.approx(F.cross_entropy(logits, labels, label_smoothing=0.1).item(), rel=1e-5)
+
+
+def test_deep_supervision_for_a_model_without_loops_is_refused(tmp_path, capsys):
+    from vit_pytorch import train
+
+    assert train.main([str(option) for option in ('--model', 'vit', '--deep-supervision', '--image-size', 8,
+                                                  '--depth', 1, '--epochs', 1, '--quiet', '--no-plots',
+                                                  '--out', tmp_path / 'run')]) == 2
+    error = capsys.readouterr().err
+    assert '--deep-supervision trains --model looped_vit on its own loss; --model vit has none' in error
+    assert len(error.strip().splitlines()) == 1

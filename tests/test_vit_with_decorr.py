@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from helpers import load_fixture, tiny_vit_kwargs
+from helpers import first_training_step, load_fixture, tiny_vit_kwargs
 from vit_pytorch.pretrained import CheckpointError, load_vit_pytorch
 from vit_pytorch.vit_with_decorr import DecorrelationLoss, ViT
 
@@ -190,34 +190,8 @@ def test_bad_model_arguments_are_refused_by_name(name, value, error):
 # the training command: cross-entropy + --decorr-aux-loss-weight x the loss
 
 
-class OneStep(Exception):
-    """Stops the training command after the loss of its first batch."""
-
-
 def first_step_of_training(monkeypatch, tmp_path, *options):
-    """The training command's loss on its first batch (16 digits), the images its model saw and the model."""
-    import random
-
-    from vit_pytorch import train
-
-    seen = {}
-
-    def one_step(network, optimizer, step_loss, **_):
-        images = []
-        hook = network.register_forward_pre_hook(lambda module, args: images.append(args[0].clone()))
-        seen['index'] = torch.arange(16)
-        seen['loss'] = step_loss(seen['index'], torch.Generator().manual_seed(0), random.Random(0), 0)[0].item()
-        hook.remove()
-        seen.update(images=images[0], model=network)
-        raise OneStep
-
-    monkeypatch.setattr(train, 'train_epoch', one_step)
-    with pytest.raises(OneStep):
-        train.main([str(option) for option in (
-            '--model', 'vit_with_decorr', '--image-size', 8, '--dim', 32, '--depth', 2, '--heads', 2, '--dim-head',
-            16, '--mlp-dim', 64, '--label-smoothing', 0.1, '--quiet', '--no-plots', '--threads', 1,
-            '--out', tmp_path / 'run', *options)])
-    return seen
+    return first_training_step(monkeypatch, tmp_path, 'vit_with_decorr', '--depth', 2, *options)
 
 
 def test_the_trainers_loss_is_the_cross_entropy_plus_the_weighted_decorrelation_loss(monkeypatch, tmp_path):

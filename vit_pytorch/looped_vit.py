@@ -78,11 +78,12 @@ def deep_supervision_weights(num_loops, weighting='final_mean'):
 
 
 def per_loop_losses(logits, labels, label_smoothing=0.):
-    """(loops, b) cross-entropies of logits (loops, b, classes) (or (b, classes): one loop) against labels (b,)."""
+    """(loops, b) cross-entropies of logits (loops, b, classes) (or (b, classes): one loop) against labels (b,) or
+    class probabilities (b, classes) (mixup's soft targets)."""
     if logits.ndim == 2:
         logits = logits[None]
     loops = logits.shape[0]
-    losses = F.cross_entropy(rearrange(logits, 'l b c -> (l b) c'), repeat(labels, 'b -> (l b)', l=loops),
+    losses = F.cross_entropy(rearrange(logits, 'l b c -> (l b) c'), repeat(labels, 'b ... -> (l b) ...', l=loops),
                              reduction='none', label_smoothing=label_smoothing)
     return rearrange(losses, '(l b) -> l b', l=loops)
 
@@ -286,6 +287,12 @@ class LoopedViT(nn.Module):
                 break
         logits = torch.stack(logits) if return_all_logits else logits[-1]
         return (logits, torch.stack(benefits)) if return_exit_benefits else logits
+
+    def training_loss(self, logits, labels, label_smoothing=0.):
+        """The deep supervision loss of `forward(x, return_all_logits=True)`'s logits (loops, b, num_classes), each
+        loop's cross-entropy weighted as `deep_supervision_weighting` says: what the training command trains on with
+        --deep-supervision."""
+        return deep_supervision_loss(logits, labels, self.loop_weights, label_smoothing)
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""

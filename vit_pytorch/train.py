@@ -138,6 +138,15 @@ def build_parser():
     recipe.add_argument('--decorr-aux-loss-weight', type=float, default=0.1,
                         help="vit_with_decorr: the weight of its decorrelation loss in the training loss, "
                              "cross-entropy + weight x loss (default: 0.1, the module example's; 0: off)")
+    recipe.add_argument('--sparsity-aux-loss-weight', type=float, default=0.1,
+                        help="simple_vit_with_sparse_gating: the weight of its gate sparsity loss in the training "
+                             "loss, cross-entropy + weight x loss (default: 0.1, assumed, not measured: vit-pytorch "
+                             "1.26.14's module and README give no weight; 0: off)")
+    recipe.add_argument('--deep-supervision', action='store_true',
+                        help="looped_vit: train on every loop's logits, the loops' cross-entropies weighted by the "
+                             "model's --deep-supervision-weighting (final_mean, vit-pytorch's: the last loop 1, the "
+                             "earlier ones sharing 1; exponential; final) (default: off, the last loop's "
+                             "cross-entropy)")
     recipe.add_argument('--seed', type=int, default=0,
                         help="seeds the initialisation and each epoch's order and augmentation")
     start = parser.add_argument_group('starting point')
@@ -382,6 +391,7 @@ def _train(args, model_kwargs, rank, world_size, device, run):
 
     aux_loss = registry.AUX_LOSSES.get(args.model)              # (forward keyword, weight option) or None
     aux_weight = check_aux_weight(args, aux_loss)
+    own_loss = check_own_loss(args)                             # (forward keyword, switch) when switched on
 
     def step_loss(index, generator, rng, global_step):
         images, targets = augment(train_set.floats(index), train_set.labels[index], args, generator, rng,
@@ -392,14 +402,22 @@ def _train(args, model_kwargs, rank, world_size, device, run):
         if args.random_size:
             images = random_sizes(images, args.random_size, multiple=patch, generator=generator)
         with autocast(device, args.amp):
-            if aux_loss is None:
+            if own_loss is not None:
+                outputs, aux = network(images, **{own_loss[0]: True}), None
+            elif aux_loss is None:
                 outputs, aux = network(images), None
             else:
                 *outputs, aux = network(images, **{aux_loss[0]: True})
-        # a model with two heads (DeiT's distillation token) trains both on the labels
-        outputs = tuple(outputs) if isinstance(outputs, (tuple, list)) else (outputs,)
-        loss_sum = sum(F.cross_entropy(output.float(), targets, label_smoothing=args.label_smoothing,
-                                       reduction='sum') for output in outputs) / len(outputs)
+        if own_loss is not None:
+            # the model's own loss of all its outputs is a mean over this process's images, summed as the others
+            loss_sum = model.training_loss(outputs.float(), targets, label_smoothing=args.label_smoothing) * \
+                len(labels)
+            outputs = (outputs[-1],)
+        else:
+            # a model with two heads (DeiT's distillation token) trains both on the labels
+            outputs = tuple(outputs) if isinstance(outputs, (tuple, list)) else (outputs,)
+            loss_sum = sum(F.cross_entropy(output.float(), targets, label_smoothing=args.label_smoothing,
+                                           reduction='sum') for output in outputs) / len(outputs)
         # the auxiliary loss is a mean over this process's images: weighted by their count, as the sums are
         aux_sum = loss_sum.new_zeros(()) if aux is None else aux.float() * len(labels)
         logits = sum(output.detach().float() for output in outputs)
@@ -475,6 +493,17 @@ def check_aux_weight(args, aux_loss):
             raise ValueError(f"{option_flag(option)} weights the auxiliary loss of --model {model}; --model "
                              f"{args.model} has none")
     return 0. if aux_loss is None else getattr(args, aux_loss[1])
+
+
+def check_own_loss(args):
+    """The model's entry of registry.OWN_LOSSES when its switch is on, else None; a ValueError for a switch given
+    for a model that has no such loss (it would silently do nothing)."""
+    for model, (_, option) in registry.OWN_LOSSES.items():
+        if getattr(args, option) and model != args.model:
+            raise ValueError(f"{option_flag(option)} trains --model {model} on its own loss; --model {args.model} "
+                             f"has none")
+    own_loss = registry.OWN_LOSSES.get(args.model)
+    return own_loss if own_loss is not None and getattr(args, own_loss[1]) else None
 
 
 def _check_init(config, args, *, image_size, channels):

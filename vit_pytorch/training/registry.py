@@ -100,6 +100,15 @@ MODELS = {
 # keyword that makes it return (logits, loss), the training command's option that weights the loss)
 AUX_LOSSES = {
     'vit_with_decorr': ('return_decorr_aux_loss', 'decorr_aux_loss_weight'),
+    'simple_vit_with_sparse_gating': ('return_loss', 'sparsity_aux_loss_weight'),
+}
+
+# models whose training loss is their own function of all their outputs, in place of the cross-entropy of the
+# logits: name -> (the forward's keyword that returns every output, the training command's switch that trains on
+# the loss); `model.training_loss(outputs, targets, label_smoothing=...)` is the batch's mean loss and `outputs[-1]`
+# the logits that the model predicts with (the ones evaluated and counted for the training accuracy)
+OWN_LOSSES = {
+    'looped_vit': ('return_all_logits', 'deep_supervision'),        # every loop's logits, deep supervision
 }
 
 # models whose input is not a batch of images (b, c, h, w): name -> what they take (`--data ucr:NAME` gives
