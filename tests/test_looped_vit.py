@@ -218,3 +218,15 @@ def test_deep_supervision_for_a_model_without_loops_is_refused(tmp_path, capsys)
     error = capsys.readouterr().err
     assert '--deep-supervision trains --model looped_vit on its own loss; --model vit has none' in error
     assert len(error.strip().splitlines()) == 1
+
+
+def test_a_deep_supervision_weighting_without_deep_supervision_is_refused(tmp_path, capsys):
+    from vit_pytorch import train
+
+    assert train.main([str(option) for option in ('--model', 'looped_vit', '--deep-supervision-weighting',
+                                                  'exponential', '--image-size', 8, '--epochs', 1, '--quiet',
+                                                  '--no-plots', '--out', tmp_path / 'run')]) == 2
+    error = capsys.readouterr().err
+    assert '--deep-supervision-weighting shapes the loss of --deep-supervision, which is not given' in error
+    assert len(error.strip().splitlines()) == 1
+    assert not (tmp_path / 'run').exists()

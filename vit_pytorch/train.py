@@ -228,6 +228,11 @@ def check_command_line(args, model_kwargs, parser):
         raise ValueError(f"--random-size passes each batch as a list of images of mixed sizes, which --model "
                          f"{args.model} does not take; the models that do: {', '.join(MIXED_SIZES)}")
     check_model_options(model_kwargs, args.model, parser)
+    for name in registry.OWN_LOSS_OPTIONS.get(args.model, ()):
+        switch = registry.OWN_LOSSES[args.model][1]
+        if name in model_kwargs and not getattr(args, switch):
+            raise ValueError(f"{option_flag(name)} shapes the loss of {option_flag(switch)}, which is not given: "
+                             f"without it --model {args.model} trains on its last logits' cross-entropy alone")
     return notes
 
 

@@ -110,6 +110,10 @@ AUX_LOSSES = {
 OWN_LOSSES = {
     'looped_vit': ('return_all_logits', 'deep_supervision'),        # every loop's logits, deep supervision
 }
+# the model options that shape only that loss: given without the switch they would do nothing, so they are refused
+OWN_LOSS_OPTIONS = {
+    'looped_vit': ('deep_supervision_weighting',),
+}
 
 # models whose input is not a batch of images (b, c, h, w): name -> what they take (`--data ucr:NAME` gives
 # signals, `--data clips:TASK` clips); `image_size` is then the signal's length, or the side of a clip's frames
