@@ -218,10 +218,15 @@ def region_loss_fn(teacher_logits, student_logits, teacher_latent, student_laten
     return -(matched_probs * (student_logits / student_temp).log_softmax(dim=-1)).sum(dim=-1).mean()
 
 
+def input_channels(net):
+    """The network's input channels: `channels`, or timm's `in_chans` (Swin's)."""
+    return getattr(net, 'channels', getattr(net, 'in_chans', None))
+
+
 def region_width(net, image_size):
     """The width of `net`'s region tokens, from one image (in eval mode, without gradients)."""
     parameter = next(net.parameters(), None)
-    probe = torch.zeros(1, net.channels, *image_size, device=None if parameter is None else parameter.device,
+    probe = torch.zeros(1, input_channels(net), *image_size, device=None if parameter is None else parameter.device,
                         dtype=None if parameter is None else parameter.dtype)
     modes = {module: module.training for module in net.modules()}
     net.eval()
@@ -236,11 +241,11 @@ def region_width(net, image_size):
 # argument checks
 
 
-def check_arguments(*, net, hidden_layer, **arguments):
-    if not hasattr(net, 'forward_intermediates'):
-        raise TypeError(f"net must be a model of this package (forward_intermediates, channels); "
-                        f"{type(net).__name__} has no forward_intermediates")
+def check_arguments(*, net, hidden_layer, **settings):
+    if not hasattr(net, 'forward_intermediates') or input_channels(net) is None:
+        raise TypeError(f"net must be a model of this package (forward_intermediates, channels or in_chans); "
+                        f"{type(net).__name__} has not both")
     if hidden_layer not in ('layers', -2):
         raise ValueError(f"hidden_layer must be 'layers' (or -2): the region tokens are the last stage's output, "
                          f"the last entry of forward_intermediates, got {hidden_layer!r}")
-    dino.check_arguments(net=net, hidden_layer=-2, **arguments)
+    dino.check_training_arguments(channels=input_channels(net), **settings)
