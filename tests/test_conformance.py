@@ -568,8 +568,10 @@ def weighted(out):
 
 def build_wrapper(name):
     from vit_pytorch.accept_video_wrapper import AcceptVideoWrapper
+    from vit_pytorch.cvt import CvT
     from vit_pytorch.dino import Dino
     from vit_pytorch.distill import DeiT, DistillWrapper
+    from vit_pytorch.es_vit import EsViTTrainer
     from vit_pytorch.mae import MAE
     from vit_pytorch.mp3 import MP3
     from vit_pytorch.mp3 import ViT as MP3ViT
@@ -591,6 +593,8 @@ def build_wrapper(name):
         'recorder': lambda: Recorder(tiny_vit()),
         'vit_with_decorr': lambda: ViTWithDecorr(**VIT),
         'mp3': lambda: MP3(MP3ViT(**VIT), 0.5),
+        'es_vit': lambda: EsViTTrainer(CvT(**CASES['cvt'].kwargs), image_size=(16, 24), hidden_layer='layers',
+                                       projection_hidden_size=32, num_classes_K=64, bottleneck_dim=16),
     }[name]()
 
 
@@ -606,6 +610,7 @@ WRAPPER_STEPS = {
     # in training the forward returns (logits, decorrelation loss), and a step adds them
     'vit_with_decorr': lambda wrapper: (lambda logits, loss: weighted(logits) + loss)(*wrapper(wrapped_images())),
     'mp3': lambda wrapper: wrapper(wrapped_images()),
+    'es_vit': lambda wrapper: wrapper(wrapped_images()),
 }
 
 # parameter (glob) -> why the wrapper's own design gives it no gradient from its loss
@@ -618,6 +623,8 @@ WRAPPER_NO_GRADIENT = {
     'dino': {'student.net.mlp_head.*': "the projection reads the student's latent (hidden_layer='to_latent'), "
                                        'before its classification head'},
     'mp3': {'vit.mlp_head.*': PRETRAINING},
+    'es_vit': {pattern: "the region tokens are the last stage's map (forward_intermediates), before the final norm "
+                        'and the classification head' for pattern in ('student.net.norm.*', 'student.net.mlp_head.*')},
 }
 
 
