@@ -65,12 +65,11 @@ def test_region_matching_is_by_cosine_not_by_dot_product():
     teacher_latent = torch.tensor([[[10., 10.], [0.1, 0.]]])
     student_latent = torch.tensor([[[1., 0.]]])
     teacher_logits = torch.tensor([[[5., 0., 0.], [0., 5., 0.]]])
-    student_logits = torch.zeros(1, 1, 3)
-    centers = torch.zeros(3)
-    loss = region_loss_fn(teacher_logits, student_logits, teacher_latent, student_latent, 1., 1., centers)
-    target = teacher_logits[0, 1].softmax(dim=-1)
-    torch.testing.assert_close(loss, -(target * student_logits[0, 0].log_softmax(dim=-1)).sum())
-    assert not torch.allclose(teacher_logits[0, 0].softmax(-1), target)
+    student_logits = torch.tensor([[[3., 0., -3.]]])
+    loss = region_loss_fn(teacher_logits, student_logits, teacher_latent, student_latent, 1., 1., torch.zeros(3))
+    cross_entropy = lambda j: -(teacher_logits[0, j].softmax(dim=-1) * student_logits[0, 0].log_softmax(dim=-1)).sum()
+    torch.testing.assert_close(loss, cross_entropy(1))
+    assert not torch.isclose(cross_entropy(0), cross_entropy(1))
 
 
 def test_region_loss_gives_no_gradient_to_the_teacher():
@@ -209,6 +208,15 @@ def test_the_region_tokens_are_the_last_stage_of_each_network(build, image_size,
     assert view_logits.shape == (2, 64) and region_logits.shape == (2, regions, 64)
     assert features.shape[:2] == (2, regions)
     assert torch.isfinite(learner(images))
+
+
+def test_the_view_embedding_is_the_mean_of_the_last_stage_map():
+    learner = tiny_esvit().eval()
+    images = torch.rand(2, 3, 32, 32)
+    last_map = learner.net.forward_intermediates(images)[-1]                          # (b, c, h, w)
+    view_logits, region_logits, features = learner(images, return_embedding=True)
+    torch.testing.assert_close(features, last_map.flatten(2).transpose(1, 2))
+    torch.testing.assert_close(view_logits, learner.student.view_head(last_map.mean(dim=(2, 3))))
 
 
 @pytest.mark.slow
