@@ -14,6 +14,7 @@ from vit_pytorch import ViT
 from vit_pytorch.cvt import CvT
 from vit_pytorch.dino import Dino, batch_center
 from vit_pytorch.es_vit import EsViTTrainer, region_loss_fn, view_loss_fn
+from vit_pytorch.pretrained import CheckpointError, load_vit_pytorch
 from vit_pytorch.swin import SwinTransformer
 
 FIXTURES = Path(__file__).parent / 'fixtures'
@@ -190,6 +191,17 @@ def test_vit_pytorchs_step_loss_and_centres_on_fixed_views_are_reproduced():
     learner.update_moving_average()
     torch.testing.assert_close(learner.teacher_view_centers, t['view_centers_after'][0])
     torch.testing.assert_close(learner.teacher_region_centers, t['region_centers_after'][0])
+
+
+def test_vit_pytorchs_trainer_checkpoint_is_refused_with_what_differs():
+    state_dict = {key.removeprefix('state_dict.'): value for key, value in read('step').items()
+                  if key.startswith('state_dict.')}
+    learner = tiny_esvit(num_classes_K=16)
+    before = {key: value.clone() for key, value in learner.state_dict().items()}
+    with pytest.raises(CheckpointError, match="vit-pytorch's EsViTTrainer computes another loss than the paper's: "
+                                              "its region head L2-normalises each feature across the tokens"):
+        load_vit_pytorch(learner, state_dict)
+    assert all(torch.equal(value, before[key]) for key, value in learner.state_dict().items())
 
 
 # networks

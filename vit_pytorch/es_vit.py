@@ -42,7 +42,8 @@ ones); region tokens are matched by cosine similarity (vit-pytorch's dot product
 both heads L2-normalise each token's features (vit-pytorch's region head normalises each feature over the
 tokens: its `L2Norm` takes dim 1 of (b, n, c)); the heads are DINO's (a bottleneck, a weight-normalised last
 layer without bias) and `hidden_layer` names the last stage's output ('layers', -2) instead of hooking a
-module. Images come in [0, 1]; `mean`/`std` normalise every view before the network.
+module; `load_vit_pytorch` refuses vit-pytorch's trainer checkpoints naming these differences. Images come in
+[0, 1]; `mean`/`std` normalise every view before the network.
 """
 
 import copy
@@ -249,3 +250,15 @@ def check_arguments(*, net, hidden_layer, **settings):
         raise ValueError(f"hidden_layer must be 'layers' (or -2): the region tokens are the last stage's output, "
                          f"the last entry of forward_intermediates, got {hidden_layer!r}")
     dino.check_training_arguments(channels=input_channels(net), **settings)
+
+
+# loading checkpoints
+
+
+def vit_pytorch_plan(model, keys):
+    raise ValueError(
+        "vit-pytorch's EsViTTrainer computes another loss than the paper's: its region head "
+        "L2-normalises each feature across the tokens (dim 1 of (b, n, c)), not each token's features; it matches "
+        "regions by dot product, not cosine similarity; its heads have no bottleneck and no weight-normalised last "
+        "layer; and its student sees only the local crops. Load the network alone into the model "
+        "(load_vit_pytorch(net, ...) where the model's vit-pytorch checkpoints load)")
