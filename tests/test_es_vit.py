@@ -229,6 +229,9 @@ def test_the_view_embedding_is_the_mean_of_the_last_stage_map():
     view_logits, region_logits, features = learner(images, return_embedding=True)
     torch.testing.assert_close(features, last_map.flatten(2).transpose(1, 2))
     torch.testing.assert_close(view_logits, learner.student.view_head(last_map.mean(dim=(2, 3))))
+    embedding, regions = learner(images, return_embedding=True, return_projection=False)
+    torch.testing.assert_close(embedding, last_map.mean(dim=(2, 3)))
+    torch.testing.assert_close(regions, features)
 
 
 @pytest.mark.slow

@@ -58,7 +58,7 @@ from vit_pytorch import dino, vit
 
 class RegionProjector(nn.Module):
     """A network and its two heads: `forward(img)` is (view logits (b, K), region logits (b, n, K), region
-    features (b, n, c)); `regions(img)` the region features, `embed(img)` their mean (b, c)."""
+    features (b, n, c)); `regions(img)` the region features alone."""
 
     def __init__(self, net, view_head, region_head):
         super().__init__()
@@ -69,9 +69,6 @@ class RegionProjector(nn.Module):
         if features.ndim == 4:
             return rearrange(features, 'b c h w -> b (h w) c')
         return features[:, getattr(self.net, 'num_prefix_tokens', 0):]
-
-    def embed(self, img):
-        return self.regions(img).mean(dim=1)
 
     def forward(self, img):
         regions = self.regions(img)
@@ -161,10 +158,14 @@ class EsViTTrainer(nn.Module):
                 self.student_temp if student_temp is None else student_temp)
 
     def forward(self, x, return_embedding=False, return_projection=True, student_temp=None, teacher_temp=None):
+        """The step's loss; with `return_embedding` the student's (view logits, region logits, region features) of
+        `x`, or without `return_projection` (embedding (b, c), region features (b, n, c)): vit-pytorch's outputs,
+        except that its region features are a map (b, c, h, w)."""
         if return_embedding:
-            if not return_projection:
-                return self.student.embed(self.normalise(x)), self.student.regions(self.normalise(x))
-            return self.student(self.normalise(x))
+            if return_projection:
+                return self.student(self.normalise(x))
+            regions = self.student.regions(self.normalise(x))
+            return regions.mean(dim=1), regions
         global_views, local_views = self.crops(x)
         batches = [torch.cat([self.normalise(view) for view in views]) for views in (global_views, local_views)
                    if views]
