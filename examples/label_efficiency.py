@@ -3,7 +3,7 @@
     python examples/label_efficiency.py --out runs/label_efficiency
 
 1. Pre-train the trainer's default small ViT on the 1,347 training digits without their labels, once
-   per method (`python -m vit_pytorch.pretrain --method mae|simmim|mpp|dino|mp3|lejepa`, seed 0).
+   per method (`python -m vit_pytorch.pretrain --method mae|simmim|mpp|dino|mp3|lejepa|esvit`, seed 0).
 2. Fine-tune each pre-trained network, and the same ViT from a random initialisation, on 5 % and
    10 % of the training labels (`python -m vit_pytorch.train --init ... --label-fraction ...`), seeds
    0, 1, 2 (the seed draws the labelled subset, the head and the order), with one recipe for all;
@@ -32,7 +32,9 @@ from vit_pytorch.checkpoint import load_model
 from vit_pytorch.evaluate import load_digits, normalise
 from vit_pytorch.models import build_model
 
-METHODS = ('mae', 'simmim', 'mpp', 'dino', 'mp3', 'lejepa')
+METHODS = ('mae', 'simmim', 'mpp', 'dino', 'mp3', 'lejepa', 'esvit')
+# the methods of DINO's recipe (its epochs, learning rate and options)
+DINO_RECIPE = ('dino', 'esvit')
 
 
 def log_of(folder):
@@ -81,11 +83,11 @@ def main(argv=None):
     parser.add_argument('--out', default='runs/label_efficiency', help='folder of every run and the results')
     parser.add_argument('--methods', nargs='+', default=list(METHODS), choices=METHODS)
     parser.add_argument('--pretrain-epochs', type=int, default=30, help='MAE, SimMIM, MPP and MP3')
-    parser.add_argument('--dino-epochs', type=int, default=15, help='DINO (5 views an image, so 5x the cost)')
+    parser.add_argument('--dino-epochs', type=int, default=15, help='DINO and EsViT (5 views an image, so 5x the cost)')
     parser.add_argument('--dino-lr', type=float, default=1.25e-4,
-                        help="DINO's peak learning rate: the paper's 5e-4 x batch / 256")
+                        help="DINO's and EsViT's peak learning rate: the paper's 5e-4 x batch / 256")
     parser.add_argument('--dino-args', default='',
-                        help="more options of DINO's pre-training, e.g. '--momentum-teacher 0.95'")
+                        help="more options of DINO's and EsViT's pre-training, e.g. '--momentum-teacher 0.95'")
     parser.add_argument('--finetune-epochs', type=int, default=30)
     parser.add_argument('--fractions', nargs='+', type=float, default=[0.05, 0.1])
     parser.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
@@ -98,10 +100,10 @@ def main(argv=None):
 
     checkpoints = {'scratch': None}
     for method in args.methods:
-        epochs = args.dino_epochs if method == 'dino' else args.pretrain_epochs
+        epochs = args.dino_epochs if method in DINO_RECIPE else args.pretrain_epochs
         folder = out / f'pretrain-{method}'
         print(f"pre-training {method} for {epochs} epochs", flush=True)
-        recipe = ['--lr', args.dino_lr, *shlex.split(args.dino_args)] if method == 'dino' else []
+        recipe = ['--lr', args.dino_lr, *shlex.split(args.dino_args)] if method in DINO_RECIPE else []
         run_once(pretrain, folder, epochs, ['--method', method, '--epochs', epochs, '--seed', 0, *recipe, *common])
         checkpoints[method] = folder / 'checkpoint'
 

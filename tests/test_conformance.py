@@ -622,11 +622,13 @@ def weighted(out):
 
 def build_wrapper(name):
     from vit_pytorch.accept_video_wrapper import AcceptVideoWrapper
+    from vit_pytorch.cvt import CvT
     from vit_pytorch.dino import Dino
     from vit_pytorch.distill import DeiT, DistillWrapper
     from vit_pytorch.lejepa import LeJEPA
     from vit_pytorch.levjepa import LeVJEPA, VideoTransformer
     from vit_pytorch.levjepa_nd import LeVJEPAND, NDTransformer
+    from vit_pytorch.es_vit import EsViTTrainer
     from vit_pytorch.mae import MAE
     from vit_pytorch.mp3 import MP3
     from vit_pytorch.mp3 import ViT as MP3ViT
@@ -658,6 +660,8 @@ def build_wrapper(name):
                                                       heads=2, dim_head=8, mlp_dim=32, channels=2),
                                         input_shape=(8, 12), augment_tgt=lambda x: x.flip(-1), num_classes_K=8,
                                         projection_hidden=16, drop_ratio=0.5, sigreg_loss_kwargs=dict(num_proj=16)),
+        'es_vit': lambda: EsViTTrainer(CvT(**CASES['cvt'].kwargs), image_size=(16, 24), hidden_layer='layers',
+                                       projection_hidden_size=32, num_classes_K=64, bottleneck_dim=16),
     }[name]()
 
 
@@ -676,6 +680,7 @@ WRAPPER_STEPS = {
     'lejepa': lambda wrapper: wrapper(wrapped_images().sigmoid()),
     'levjepa': lambda wrapper: wrapper(torch.rand(2, 3, 2, 16, 24, generator=torch.Generator().manual_seed(1))),
     'levjepa_nd': lambda wrapper: wrapper(torch.randn(2, 2, 8, 12, generator=torch.Generator().manual_seed(1))),
+    'es_vit': lambda wrapper: wrapper(wrapped_images()),
 }
 
 # parameter (glob) -> why the wrapper's own design gives it no gradient from its loss
@@ -689,6 +694,8 @@ WRAPPER_NO_GRADIENT = {
                                        'before its classification head'},
     'mp3': {'vit.mlp_head.*': PRETRAINING},
     'lejepa': {'net.mlp_head.*': "the projector reads the network's pre-logits embedding, before its head"},
+    'es_vit': {pattern: "the region tokens are the last stage's map (forward_intermediates), before the final norm "
+                        'and the classification head' for pattern in ('student.net.norm.*', 'student.net.mlp_head.*')},
 }
 
 

@@ -39,8 +39,8 @@ def weights_of(folder):
 
 
 def method_args(method):
-    return ['--method', method] + (SMALL_DINO if method == 'dino' else ['--decoder-depth', '1'] if method == 'mae'
-                                   else [])
+    return ['--method', method] + (SMALL_DINO if method in ('dino', 'esvit') else ['--decoder-depth', '1']
+                                   if method == 'mae' else [])
 
 
 @pytest.mark.parametrize('method', pretrain.METHODS)
@@ -56,7 +56,7 @@ def test_each_method_writes_a_network_that_loads_as_the_model_it_pre_trained(met
     # the network is the wrapper's own: MAE's encoder, MPP's model, DINO's teacher, MP3's ViT
     wrapper = weights_of(out / 'pretrainer')
     prefix = dict(mae='encoder.', simmim='encoder.', mpp='transformer.', dino='teacher.net.', mp3='vit.',
-                  lejepa='net.')[method]
+                  lejepa='net.', esvit='teacher.net.')[method]
     network = weights_of(out / 'checkpoint')
     assert network.keys() == {key[len(prefix):] for key in wrapper if key.startswith(prefix)}
     for key, value in network.items():
@@ -209,6 +209,17 @@ def test_a_reconstruction_shows_the_input_where_visible_and_hides_the_drawn_shar
     assert hidden.float().mean(dim=(1, 2, 3)).tolist() == pytest.approx([share] * 3)
     assert torch.equal(reconstruction[~hidden], images[~hidden])
     assert torch.equal(masked[~hidden], images[~hidden]) and (masked[hidden] == 0).all()
+
+
+def test_esvit_pre_trains_a_multi_stage_model_and_saves_its_teacher(tmp_path):
+    out = tmp_path / 'esvit'
+    assert run(*method_args('esvit'), '--model', 'swin', '--epochs', 1, '--out', out, '--quiet', '--no-plots',
+               '--batch-size', 512, '--threads', 1, '--image-size', 16) == 0
+    model, config = load_model(out / 'checkpoint')
+    assert config['model'] == 'swin' and model(torch.zeros(2, 1, 16, 16)).shape == (2, 10)
+    wrapper, network = weights_of(out / 'pretrainer'), weights_of(out / 'checkpoint')
+    assert {f'teacher.net.{key}' for key in network} == {key for key in wrapper if key.startswith('teacher.net.')}
+    assert any(key.startswith('teacher.region_head.') for key in wrapper)
 
 
 def test_the_method_is_required_and_a_model_without_the_face_is_refused(tmp_path, capsys):

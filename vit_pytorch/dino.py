@@ -399,20 +399,26 @@ def random_solarize(x, p, threshold=0.5):
 # argument checks
 
 
-def check_arguments(*, net, image_size, hidden_layer, projection_hidden_size, num_classes_K, projection_layers,
-                    bottleneck_dim, student_temp, teacher_temp, local_upper_crop_scale, global_lower_crop_scale,
-                    moving_average_decay, center_moving_average_decay, num_local_crops, local_image_size,
-                    augment_fn, augment_fn2, mean, std):
+def check_arguments(*, net, hidden_layer, **settings):
     missing = [name for name in ('forward_features', 'forward_head', 'channels') if not hasattr(net, name)]
     if missing:
         raise TypeError(f"net must be a model of this package (forward_features, forward_head(pre_logits=True), "
                         f"channels); {type(net).__name__} has no {', '.join(missing)}")
-    vit.positive_pair('image_size', image_size)
-    if local_image_size is not None:
-        vit.positive_pair('local_image_size', local_image_size)
     if hidden_layer not in ('to_latent', -2):
         raise ValueError(f"hidden_layer must be 'to_latent' (or -2): the embedding is the pooled pre-logits "
                          f"features from forward_head(..., pre_logits=True), got {hidden_layer!r}")
+    check_training_arguments(channels=net.channels, **settings)
+
+
+def check_training_arguments(*, image_size, projection_hidden_size, num_classes_K, projection_layers,
+                             bottleneck_dim, student_temp, teacher_temp, local_upper_crop_scale,
+                             global_lower_crop_scale, moving_average_decay, center_moving_average_decay,
+                             num_local_crops, local_image_size, augment_fn, augment_fn2, mean, std, channels):
+    """The checks of every argument but the network's face and `hidden_layer` (EsViT shares them);
+    `channels`: the network's input channels."""
+    vit.positive_pair('image_size', image_size)
+    if local_image_size is not None:
+        vit.positive_pair('local_image_size', local_image_size)
     for name, value in dict(projection_hidden_size=projection_hidden_size, num_classes_K=num_classes_K,
                             projection_layers=projection_layers, bottleneck_dim=bottleneck_dim).items():
         vit.positive_int(name, value)
@@ -438,4 +444,4 @@ def check_arguments(*, net, image_size, hidden_layer, projection_hidden_size, nu
         raise ValueError("mean and std go together: give both (the network's input normalisation) or neither")
     for name, value in dict(mean=mean, std=std).items():
         if value is not None:
-            vit.per_channel(name, value, net.channels, positive=name == 'std')
+            vit.per_channel(name, value, channels, positive=name == 'std')

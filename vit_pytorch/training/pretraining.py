@@ -302,6 +302,25 @@ METHODS = dict(mae=MAEMethod(), simmim=SimMIMMethod(), mpp=MPPMethod(), dino=Din
                lejepa=LeJEPAMethod())
 
 
+class EsViTMethod(DinoMethod):
+    """EsViT: DINO's options, schedules, freeze and log, with the region-level loss added (`vit_pytorch.es_vit`): its
+    region tokens are the model's last `forward_intermediates` entry (a ViT's patch tokens, a multi-stage model's
+    last map); both heads' last layers are frozen together."""
+
+    def build(self, args, encoder, *, image_size, mean, std):
+        from vit_pytorch.es_vit import EsViTTrainer
+
+        return EsViTTrainer(encoder, image_size, hidden_layer='layers',
+                            projection_hidden_size=args.projection_hidden_size, num_classes_K=args.num_classes_k,
+                            bottleneck_dim=args.bottleneck_dim, student_temp=args.student_temp,
+                            teacher_temp=args.teacher_temp, moving_average_decay=args.momentum_teacher,
+                            global_lower_crop_scale=0.4, num_local_crops=args.num_local_crops,
+                            local_image_size=args.local_image_size, mean=mean, std=std)
+
+
+METHODS['esvit'] = EsViTMethod()
+
+
 def option_groups():
     """{group title: [(flag, argparse keyword arguments)]} of the methods' options, each flag once, in order."""
     groups, seen = {}, set()

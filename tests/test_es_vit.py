@@ -1,0 +1,284 @@
+"""EsViT (arXiv 2106.09785): the region-level loss against its formula, cosine matching, the view-level term is
+DINO's, the step's loss is the mean of both over every pair of views, the teacher and both centres follow their
+EMAs, vit-pytorch's losses reproduced, multi-stage models and vit-pytorch's README example."""
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import tiny_vit_kwargs
+from vit_pytorch import ViT
+from vit_pytorch.cvt import CvT
+from vit_pytorch.dino import Dino, batch_center
+from vit_pytorch.es_vit import EsViTTrainer, region_loss_fn, view_loss_fn
+from vit_pytorch.pretrained import CheckpointError, load_vit_pytorch
+from vit_pytorch.swin import SwinTransformer
+
+FIXTURES = Path(__file__).parent / 'fixtures'
+TINY_CVT = dict(num_classes=5, s1_emb_dim=8, s1_depth=1, s1_mlp_mult=2, s2_emb_dim=16, s2_heads=2, s2_depth=1,
+                s2_mlp_mult=2, s3_emb_dim=24, s3_heads=3, s3_depth=1, s3_mlp_mult=2)
+HEAD = dict(projection_hidden_size=32, num_classes_K=64, bottleneck_dim=16)
+
+
+def tiny_esvit(net=None, image_size=32, **overrides):
+    return EsViTTrainer(net or CvT(**TINY_CVT), image_size, **{'hidden_layer': 'layers', **HEAD, **overrides})
+
+
+def read(name):
+    from safetensors.torch import load_file
+    return load_file(FIXTURES / f'vit_pytorch_1.26.14_es_vit_{name}.safetensors')
+
+
+def region_loss_written_out(teacher_logits, student_logits, teacher_latent, student_latent, teacher_temp,
+                            student_temp, centers):
+    """Eq. 4, one image and one student region at a time."""
+    total, count = 0., 0
+    for b in range(len(student_logits)):
+        for i in range(student_logits.shape[1]):
+            cosines = [F.cosine_similarity(student_latent[b, i], teacher_latent[b, j], dim=0).item()
+                       for j in range(teacher_logits.shape[1])]
+            best = max(range(len(cosines)), key=cosines.__getitem__)
+            target = ((teacher_logits[b, best] - centers) / teacher_temp).softmax(dim=-1)
+            total += -(target * (student_logits[b, i] / student_temp).log_softmax(dim=-1)).sum()
+            count += 1
+    return total / count
+
+
+# the region-level loss
+
+
+def test_region_loss_is_the_cross_entropy_to_the_most_cosine_similar_teacher_region():
+    generator = torch.Generator().manual_seed(0)
+    teacher_logits, student_logits = torch.randn(2, 4, 6, generator=generator), torch.randn(2, 3, 6, generator=generator)
+    teacher_latent, student_latent = torch.randn(2, 4, 5, generator=generator), torch.randn(2, 3, 5, generator=generator)
+    centers = torch.randn(6, generator=generator)
+    expected = region_loss_written_out(teacher_logits, student_logits, teacher_latent, student_latent, 0.07, 0.1,
+                                       centers)
+    loss = region_loss_fn(teacher_logits, student_logits, teacher_latent, student_latent, 0.07, 0.1, centers)
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_region_matching_is_by_cosine_not_by_dot_product():
+    # teacher region 0 is long and 45 degrees off, region 1 short and aligned: the cosine picks region 1
+    teacher_latent = torch.tensor([[[10., 10.], [0.1, 0.]]])
+    student_latent = torch.tensor([[[1., 0.]]])
+    teacher_logits = torch.tensor([[[5., 0., 0.], [0., 5., 0.]]])
+    student_logits = torch.tensor([[[3., 0., -3.]]])
+    loss = region_loss_fn(teacher_logits, student_logits, teacher_latent, student_latent, 1., 1., torch.zeros(3))
+    cross_entropy = lambda j: -(teacher_logits[0, j].softmax(dim=-1) * student_logits[0, 0].log_softmax(dim=-1)).sum()
+    torch.testing.assert_close(loss, cross_entropy(1))
+    assert not torch.isclose(cross_entropy(0), cross_entropy(1))
+
+
+def test_region_loss_gives_no_gradient_to_the_teacher():
+    teacher_logits = torch.randn(2, 4, 6, requires_grad=True)
+    student_logits = torch.randn(2, 3, 6, requires_grad=True)
+    region_loss_fn(teacher_logits, student_logits, torch.randn(2, 4, 5), torch.randn(2, 3, 5), 0.04, 0.1,
+                   torch.zeros(6)).backward()
+    assert teacher_logits.grad is None and student_logits.grad.abs().sum() > 0
+
+
+# the view-level term and the step's loss
+
+
+def test_the_view_level_term_is_dinos_loss():
+    learner = tiny_esvit()
+    dino = Dino(ViT(**tiny_vit_kwargs()), image_size=(16, 24), **HEAD)
+    centers = torch.randn(64)
+    learner.teacher_view_centers.copy_(centers)
+    dino.teacher_centers.copy_(centers)
+    teacher, student = torch.randn(2, 3, 64), torch.randn(4, 3, 64)
+    torch.testing.assert_close(learner.view_loss(teacher, student, teacher_temp=0.05, student_temp=0.2),
+                               dino.loss(teacher, student, teacher_temp=0.05, student_temp=0.2))
+
+
+def test_the_loss_is_the_mean_of_both_terms_over_every_teacher_view_and_other_student_view(monkeypatch):
+    torch.manual_seed(0)
+    learner = tiny_esvit(num_local_crops=1, local_image_size=16).eval()     # CvT's BatchNorms: no batch statistics
+    learner.teacher_view_centers.normal_()
+    learner.teacher_region_centers.normal_()
+    views = [torch.rand(2, 3, 32, 32), torch.rand(2, 3, 32, 32)], [torch.rand(2, 3, 16, 16)]
+    monkeypatch.setattr(learner.crops, 'forward', lambda images: views)
+    loss = learner(torch.zeros(2, 3, 32, 32))
+
+    student = [learner.student(view) for view in views[0] + views[1]]
+    teacher = [learner.teacher(view) for view in views[0]]
+    pairs = [(0, 1), (0, 2), (1, 0), (1, 2)]
+    temps = dict(teacher_temp=learner.teacher_temp, student_temp=learner.student_temp)
+    view = sum(view_loss_fn(teacher[i][0], student[j][0], centers=learner.teacher_view_centers, **temps)
+               for i, j in pairs) / 4
+    region = sum(region_loss_fn(teacher[i][1], student[j][1], teacher[i][2], student[j][2],
+                                centers=learner.teacher_region_centers, **temps) for i, j in pairs) / 4
+    torch.testing.assert_close(loss, (view + region) / 2, rtol=1e-5, atol=1e-5)
+    # the local view's one region (16 / 16) is matched among the global views' 2x2
+    assert student[2][1].shape == (2, 1, 64) and teacher[0][1].shape == (2, 4, 64)
+
+
+# the teacher and the centres
+
+
+def test_the_teacher_gets_no_gradient():
+    learner = tiny_esvit()
+    learner(torch.rand(2, 3, 32, 32)).backward()
+    assert all(not p.requires_grad and p.grad is None for p in learner.teacher.parameters())
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in learner.student.region_head.parameters())
+
+
+def test_the_teacher_and_both_centres_follow_their_moving_averages():
+    learner = tiny_esvit(moving_average_decay=0.7, center_moving_average_decay=0.6)
+    with torch.no_grad():
+        for p in learner.student.parameters():
+            p.add_(torch.randn_like(p))
+    teacher_before = [p.clone() for p in learner.teacher.parameters()]
+    learner(torch.rand(2, 3, 32, 32))
+    centers_before = learner.teacher_view_centers.clone(), learner.teacher_region_centers.clone()
+    last = learner.last_teacher_view_centers.clone(), learner.last_teacher_region_centers.clone()
+    learner.update_moving_average()
+    for before, teacher, student in zip(teacher_before, learner.teacher.parameters(), learner.student.parameters()):
+        torch.testing.assert_close(teacher, 0.7 * before + 0.3 * student)
+    for before, batch, after in zip(centers_before, last, (learner.teacher_view_centers,
+                                                           learner.teacher_region_centers)):
+        torch.testing.assert_close(after, 0.6 * before + 0.4 * batch)
+
+
+def test_the_region_centre_is_the_mean_teacher_region_output_over_images_and_regions(monkeypatch):
+    learner = tiny_esvit()
+    views = [torch.rand(2, 3, 32, 32), torch.rand(2, 3, 32, 32)], []
+    monkeypatch.setattr(learner.crops, 'forward', lambda images: views)
+    learner(torch.zeros(2, 3, 32, 32))
+    with torch.no_grad():
+        regions = torch.cat([learner.teacher(view)[1] for view in views[0]])          # (2 b, n, K)
+    torch.testing.assert_close(learner.last_teacher_region_centers, regions.mean(dim=(0, 1)))
+
+
+# vit-pytorch's functions and trainer
+
+
+def test_vit_pytorchs_losses_are_reproduced_on_unit_length_latents():
+    t = read('losses')
+    for index in range(2):
+        temps = dict(teacher_temp=t[f'teacher_temp_{index}'].item(), student_temp=t[f'student_temp_{index}'].item(),
+                     centers=t['centers'])
+        torch.testing.assert_close(view_loss_fn(t['teacher_view'], t['student_view'], **temps),
+                                   t[f'view_loss_{index}'], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(region_loss_fn(t['teacher_region'], t['student_region'], t['teacher_latent'],
+                                                  t['student_latent'], **temps),
+                                   t[f'region_loss_{index}'], rtol=1e-5, atol=1e-6)
+
+
+def test_vit_pytorchs_step_loss_and_centres_on_fixed_views_are_reproduced():
+    t = read('step')
+    out = lambda role, view: [t[f'{role}_{view}_{part}'] for part in ('view_proj', 'region_proj', 'latent')]
+    temps = dict(teacher_temp=0.04, student_temp=0.9)
+    # vit-pytorch's pairing: its student sees the two local crops, its teacher the two global ones
+    pairs = [(out('teacher', 'global_0'), out('student', 'local_1')),
+             (out('teacher', 'global_1'), out('student', 'local_0'))]
+    view = sum(view_loss_fn(teacher[0], student[0], centers=t['view_centers'], **temps)
+               for teacher, student in pairs) / 2
+    region = sum(region_loss_fn(teacher[1], student[1], teacher[2], student[2], centers=t['region_centers'], **temps)
+                 for teacher, student in pairs) / 2
+    torch.testing.assert_close((view + region) / 2, t['loss'], rtol=1e-5, atol=1e-6)
+
+    learner = tiny_esvit(num_classes_K=16)
+    learner.teacher_view_centers.copy_(t['view_centers'][0])
+    learner.teacher_region_centers.copy_(t['region_centers'][0])
+    teachers = [out('teacher', 'global_0'), out('teacher', 'global_1')]
+    learner.last_teacher_view_centers.copy_(batch_center(torch.stack([o[0] for o in teachers])))
+    learner.last_teacher_region_centers.copy_(batch_center(torch.stack([o[1] for o in teachers])))
+    learner.update_moving_average()
+    torch.testing.assert_close(learner.teacher_view_centers, t['view_centers_after'][0])
+    torch.testing.assert_close(learner.teacher_region_centers, t['region_centers_after'][0])
+
+
+def test_vit_pytorchs_trainer_checkpoint_is_refused_with_what_differs():
+    state_dict = {key.removeprefix('state_dict.'): value for key, value in read('step').items()
+                  if key.startswith('state_dict.')}
+    learner = tiny_esvit(num_classes_K=16)
+    before = {key: value.clone() for key, value in learner.state_dict().items()}
+    with pytest.raises(CheckpointError, match="vit-pytorch's EsViTTrainer computes another loss than the paper's: "
+                                              "its region head L2-normalises each feature across the tokens"):
+        load_vit_pytorch(learner, state_dict)
+    assert all(torch.equal(value, before[key]) for key, value in learner.state_dict().items())
+
+
+# networks
+
+
+@pytest.mark.parametrize('build, image_size, regions', [
+    (lambda: CvT(**TINY_CVT), 32, 4),                                                   # the last map 2x2
+    (lambda: SwinTransformer(img_size=16, patch_size=2, num_classes=5, embed_dim=8, depths=(2, 2, 2),
+                             num_heads=(2, 2, 4), window_size=4), 16, 4),               # 8x8, 4x4, then 2x2
+    (lambda: ViT(**tiny_vit_kwargs()), (16, 24), 12),                                   # 4x3 patches, less the cls
+])
+def test_the_region_tokens_are_the_last_stage_of_each_network(build, image_size, regions):
+    learner = tiny_esvit(build(), image_size)
+    images = torch.rand(2, 3, *((image_size,) * 2 if isinstance(image_size, int) else image_size))
+    view_logits, region_logits, features = learner(images, return_embedding=True)
+    assert view_logits.shape == (2, 64) and region_logits.shape == (2, regions, 64)
+    assert features.shape[:2] == (2, regions)
+    assert torch.isfinite(learner(images))
+
+
+def test_the_view_embedding_is_the_mean_of_the_last_stage_map():
+    learner = tiny_esvit().eval()
+    images = torch.rand(2, 3, 32, 32)
+    last_map = learner.net.forward_intermediates(images)[-1]                          # (b, c, h, w)
+    view_logits, region_logits, features = learner(images, return_embedding=True)
+    torch.testing.assert_close(features, last_map.flatten(2).transpose(1, 2))
+    torch.testing.assert_close(view_logits, learner.student.view_head(last_map.mean(dim=(2, 3))))
+    embedding, regions = learner(images, return_embedding=True, return_projection=False)
+    torch.testing.assert_close(embedding, last_map.mean(dim=(2, 3)))
+    torch.testing.assert_close(regions, features)
+
+
+@pytest.mark.slow
+def test_vit_pytorchs_readme_example_runs_one_step():
+    # as written, at 64 pixels instead of 256 (the region logits at 256 are 8 x 256 x 65336 per view); 30 s on a
+    # shared core: four heads of 256 x 65336 and AdamW over them
+    cvt = CvT(num_classes=1000, s1_emb_dim=64, s1_emb_kernel=7, s1_emb_stride=4, s1_proj_kernel=3,
+              s1_kv_proj_stride=2, s1_heads=1, s1_depth=1, s1_mlp_mult=4, s2_emb_dim=192, s2_emb_kernel=3,
+              s2_emb_stride=2, s2_proj_kernel=3, s2_kv_proj_stride=2, s2_heads=3, s2_depth=2, s2_mlp_mult=4,
+              s3_emb_dim=384, s3_emb_kernel=3, s3_emb_stride=2, s3_proj_kernel=3, s3_kv_proj_stride=2, s3_heads=4,
+              s3_depth=10, s3_mlp_mult=4, dropout=0.)
+    learner = EsViTTrainer(cvt, image_size=64, hidden_layer='layers', projection_hidden_size=256,
+                           projection_layers=4, num_classes_K=65336, student_temp=0.9, teacher_temp=0.04,
+                           local_upper_crop_scale=0.4, global_lower_crop_scale=0.5, moving_average_decay=0.9,
+                           center_moving_average_decay=0.9)
+    opt = torch.optim.AdamW(learner.parameters(), lr=3e-4)
+
+    def sample_unlabelled_images():
+        return torch.randn(8, 3, 64, 64)
+
+    for _ in range(1):
+        images = sample_unlabelled_images()
+        loss = learner(images)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        learner.update_moving_average()
+    assert math.isfinite(loss.item())
+
+
+def test_the_paper_configuration_is_dinos_with_the_last_stage_as_regions():
+    learner = EsViTTrainer.paper(CvT(**TINY_CVT), 32)
+    assert learner.teacher_view_centers.shape == (65536,) and learner.student_temp == 0.1
+    assert learner.moving_average_decay == 0.996 and learner.crops.global_scale == (0.4, 1.)
+
+
+@pytest.mark.parametrize('overrides, error, match', [
+    (dict(hidden_layer='to_latent'), ValueError, "hidden_layer must be 'layers'"),
+    (dict(num_classes_K=0), ValueError, 'num_classes_K'),
+    (dict(student_temp=0.), ValueError, 'student_temp'),
+    (dict(center_moving_average_decay=1.5), ValueError, 'center_moving_average_decay'),
+])
+def test_bad_arguments_are_refused_with_their_name(overrides, error, match):
+    with pytest.raises(error, match=match):
+        tiny_esvit(**overrides)
+
+
+def test_a_network_without_the_face_is_refused():
+    with pytest.raises(TypeError, match='net must be a model of this package.*forward_intermediates'):
+        EsViTTrainer(torch.nn.Linear(2, 2), image_size=16)

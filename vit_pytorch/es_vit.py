@@ -1,0 +1,265 @@
+"""EsViT: DINO with a region-level matching loss, for multi-stage vision transformers.
+
+"Efficient Self-supervised Vision Transformers for Representation Learning", Li et al., arXiv 2106.09785:
+a multi-stage transformer (Swin, CvT) trained by DINO's self-distillation (a student matches, on every
+other view, the centred and sharpened output distribution of an EMA teacher) learns poor correspondences
+between regions, so EsViT adds a region-level task (section 3.2): every region token of the student's view
+is paired with the teacher's region token of another view that is most similar to it (the argmax of the
+cosine similarity of their backbone features), and the student's distribution of that token is trained to
+match the teacher's, through a second projection head with its own centre. The loss is the mean of the
+view-level term (DINO's, on the average-pooled tokens) and the region-level term.
+
+    import torch
+    from vit_pytorch.cvt import CvT
+    from vit_pytorch.es_vit import EsViTTrainer
+
+    model = CvT(num_classes=10, s1_emb_dim=16, s1_depth=1, s2_emb_dim=32, s2_heads=2, s2_depth=1,
+                s3_emb_dim=32, s3_heads=2, s3_depth=1)
+    learner = EsViTTrainer(model, image_size=32, hidden_layer='layers', projection_hidden_size=64,
+                           num_classes_K=256, bottleneck_dim=32)
+    opt = torch.optim.AdamW(learner.parameters(), lr=5e-4)
+    images = torch.rand(4, 3, 32, 32)                   # pixel values in [0, 1]
+    loss = learner(images)                              # (view-level + region-level) / 2
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    learner.update_moving_average()                     # teacher and both centres follow
+
+The network is used through its public face only: the region tokens are the last entry of
+`forward_intermediates` (the last stage's map (b, c, h, w) of a multi-stage model, or a single-resolution
+model's tokens less its `num_prefix_tokens`), and the view embedding is their mean (the paper's average
+pooling). So EsViT trains CvT, Swin and every other model of the package.
+
+The crops, augmentations, projection heads, centring and EMA are DINO's (`vit_pytorch.dino`): two global
+and `num_local_crops` local crops, torch augmentations with the paper's probabilities, heads ending in a
+weight-normalised layer on an L2-normalised bottleneck. vit-pytorch's arguments are kept, in its positional
+order and with its defaults; `EsViTTrainer.paper(net, image_size)` has the paper's (DINO's: width 2048,
+K = 65536, student temperature 0.1, global crops from 40 %, momentum 0.996).
+
+Where ours differs from vit-pytorch's, it follows the paper: the student sees the global crops too and
+every (teacher view, other student view) pair is a term (vit-pytorch pairs two local crops with two global
+ones); region tokens are matched by cosine similarity (vit-pytorch's dot product favours long vectors);
+both heads L2-normalise each token's features (vit-pytorch's region head normalises each feature over the
+tokens: its `L2Norm` takes dim 1 of (b, n, c)); the heads are DINO's (a bottleneck, a weight-normalised last
+layer without bias) and `hidden_layer` names the last stage's output ('layers', -2) instead of hooking a
+module; `load_vit_pytorch` refuses vit-pytorch's trainer checkpoints naming these differences. Images come in
+[0, 1]; `mean`/`std` normalise every view before the network.
+"""
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from vit_pytorch import dino, vit
+
+
+class RegionProjector(nn.Module):
+    """A network and its two heads: `forward(img)` is (view logits (b, K), region logits (b, n, K), region
+    features (b, n, c)); `regions(img)` the region features alone."""
+
+    def __init__(self, net, view_head, region_head):
+        super().__init__()
+        self.net, self.view_head, self.region_head = net, view_head, region_head
+
+    def regions(self, img):
+        features = self.net.forward_intermediates(img, 1)[-1]
+        if features.ndim == 4:
+            return rearrange(features, 'b c h w -> b (h w) c')
+        return features[:, getattr(self.net, 'num_prefix_tokens', 0):]
+
+    def forward(self, img):
+        regions = self.regions(img)
+        return self.view_head(regions.mean(dim=1)), self.region_head(regions), regions
+
+
+# the paper's configuration (section 4: DINO's, with the last stage's map as the region tokens)
+ESVIT_PAPER = {**dino.DINO_PAPER, 'hidden_layer': 'layers'}
+
+
+class EsViTTrainer(nn.Module):
+    """`forward(images)` returns the loss of one EsViT step; call `update_moving_average()` after each optimiser
+    step. `student` and `teacher` are `RegionProjector`s; the teacher is a copy that never gets a gradient."""
+
+    def __init__(self, net, image_size, hidden_layer=-2, projection_hidden_size=256, num_classes_K=65336,
+                 projection_layers=4, student_temp=0.9, teacher_temp=0.04, local_upper_crop_scale=0.4,
+                 global_lower_crop_scale=0.5, moving_average_decay=0.9, center_moving_average_decay=0.9,
+                 augment_fn=None, augment_fn2=None, *, bottleneck_dim=256, num_local_crops=2, local_image_size=None,
+                 mean=None, std=None):
+        check_arguments(**vit.arguments(locals()))
+        super().__init__()
+        image_size = vit.pair(image_size)
+        local_image_size = image_size if local_image_size is None else vit.pair(local_image_size)
+        self.student_temp, self.teacher_temp = student_temp, teacher_temp
+        self.last_entropies = None          # the last loss's view-level collapse_entropies, for monitoring
+        self.moving_average_decay, self.center_moving_average_decay = moving_average_decay, center_moving_average_decay
+        self.crops = dino.MultiCrop(image_size=image_size, local_image_size=local_image_size,
+                                    global_scale=(global_lower_crop_scale, 1.),
+                                    local_scale=(0.05, local_upper_crop_scale), num_local_crops=num_local_crops,
+                                    augment_fn=augment_fn, augment_fn2=augment_fn2)
+        heads = [dino.ProjectionHead(region_width(net, image_size), num_classes_K, projection_hidden_size,
+                                     bottleneck_dim, projection_layers - 1) for _ in range(2)]
+        self.student = RegionProjector(net, *heads)
+        self.teacher = copy.deepcopy(self.student).requires_grad_(False).eval()
+        for name in ('teacher_view_centers', 'last_teacher_view_centers', 'teacher_region_centers',
+                     'last_teacher_region_centers'):
+            self.register_buffer(name, torch.zeros(num_classes_K))
+        if mean is None:
+            self.mean = self.std = None
+        else:
+            self.register_buffer('mean', torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1), persistent=False)
+            self.register_buffer('std', torch.tensor(std, dtype=torch.float32).view(-1, 1, 1), persistent=False)
+
+    @classmethod
+    def paper(cls, net, image_size, **overrides):
+        """EsViT with the paper's heads, temperatures, crops and teacher momentum (`ESVIT_PAPER`)."""
+        return cls(net, image_size, **{**ESVIT_PAPER, **overrides})
+
+    @property
+    def net(self):
+        return self.student.net
+
+    def train(self, mode=True):
+        super().train(mode)
+        self.teacher.eval()
+        return self
+
+    def normalise(self, views):
+        return views if self.mean is None else (views - self.mean) / self.std
+
+    def pairs(self, num_student_views):
+        """(teacher view, student view) of every term: each of the 2 global views against every other view."""
+        return [(i, j) for i in range(2) for j in range(num_student_views) if j != i]
+
+    def view_loss(self, teacher_logits, student_logits, *, teacher_temp=None, student_temp=None):
+        """DINO's loss: H(teacher, student) averaged over every pair of a teacher view i and a student view j != i.
+        teacher_logits (2, b, K) of the global crops; student_logits (views, b, K), the global crops first."""
+        teacher_temp, student_temp = self.temperatures(teacher_temp, student_temp)
+        self.last_entropies = dino.collapse_entropies(
+            ((teacher_logits - self.teacher_view_centers) / teacher_temp).softmax(dim=-1).detach())
+        terms = [view_loss_fn(teacher_logits[i], student_logits[j], teacher_temp, student_temp,
+                              self.teacher_view_centers) for i, j in self.pairs(len(student_logits))]
+        return sum(terms) / len(terms)
+
+    def region_loss(self, teacher_logits, student_logits, teacher_regions, student_regions, *, teacher_temp=None,
+                    student_temp=None):
+        """The region-level term over the same pairs: lists (per view) of region logits (b, n, K) and region
+        features (b, n, c); views of one size may have another number of regions than the teacher's."""
+        teacher_temp, student_temp = self.temperatures(teacher_temp, student_temp)
+        terms = [region_loss_fn(teacher_logits[i], student_logits[j], teacher_regions[i], student_regions[j],
+                                teacher_temp, student_temp, self.teacher_region_centers)
+                 for i, j in self.pairs(len(student_logits))]
+        return sum(terms) / len(terms)
+
+    def temperatures(self, teacher_temp, student_temp):
+        return (self.teacher_temp if teacher_temp is None else teacher_temp,
+                self.student_temp if student_temp is None else student_temp)
+
+    def forward(self, x, return_embedding=False, return_projection=True, student_temp=None, teacher_temp=None):
+        """The step's loss; with `return_embedding` the student's (view logits, region logits, region features) of
+        `x`, or without `return_projection` (embedding (b, c), region features (b, n, c)): vit-pytorch's outputs,
+        except that its region features are a map (b, c, h, w)."""
+        if return_embedding:
+            if return_projection:
+                return self.student(self.normalise(x))
+            regions = self.student.regions(self.normalise(x))
+            return regions.mean(dim=1), regions
+        global_views, local_views = self.crops(x)
+        batches = [torch.cat([self.normalise(view) for view in views]) for views in (global_views, local_views)
+                   if views]
+        student = [[], [], []]              # per view: view logits, region logits, region features
+        for batch in batches:
+            for outputs, output in zip(student, self.student(batch)):
+                outputs.extend(output.chunk(len(batch) // len(x)))
+        with torch.no_grad():
+            teacher = [output.chunk(2) for output in self.teacher(batches[0])]
+            self.last_teacher_view_centers.copy_(dino.batch_center(torch.stack(teacher[0])))
+            self.last_teacher_region_centers.copy_(dino.batch_center(torch.stack(teacher[1])))
+        temperatures = dict(teacher_temp=teacher_temp, student_temp=student_temp)
+        view = self.view_loss(torch.stack(teacher[0]), torch.stack(student[0]), **temperatures)
+        region = self.region_loss(teacher[1], student[1], teacher[2], student[2], **temperatures)
+        return (view + region) / 2
+
+    def cancel_last_layer_gradients(self):
+        """Drop the gradients of the last layers of the student's two heads (DINO's first-epoch freeze)."""
+        for head in (self.student.view_head, self.student.region_head):
+            for parameter in head.last_layer.parameters():
+                parameter.grad = None
+
+    @torch.no_grad()
+    def update_moving_average(self, decay=None):
+        """teacher <- m teacher + (1 - m) student (m = `decay`, default `moving_average_decay`), and each
+        centre <- m_c centre + (1 - m_c) the last batch's mean teacher output (view-level and region-level)."""
+        m = self.moving_average_decay if decay is None else decay
+        for teacher, student in zip(self.teacher.parameters(), self.student.parameters()):
+            teacher.mul_(m).add_(student.detach(), alpha=1 - m)
+        for teacher, student in zip(self.teacher.buffers(), self.student.buffers()):
+            teacher.copy_(student)
+        c = self.center_moving_average_decay
+        self.teacher_view_centers.mul_(c).add_(self.last_teacher_view_centers, alpha=1 - c)
+        self.teacher_region_centers.mul_(c).add_(self.last_teacher_region_centers, alpha=1 - c)
+
+
+view_loss_fn = dino.loss_fn
+
+
+def region_loss_fn(teacher_logits, student_logits, teacher_latent, student_latent, teacher_temp, student_temp,
+                   centers, eps=1e-20):
+    """The region-level loss of one (teacher view, student view) pair (paper, eq. 4): each student region i is
+    matched to the teacher region j* = argmax_j cos(student_latent_i, teacher_latent_j), and the loss is the
+    cross-entropy of the student's softmax at `student_temp` against the teacher's centred softmax at
+    `teacher_temp` of region j*, averaged over regions and images. Logits (b, n, K), latents (b, n, c); the teacher
+    is detached; `eps` is in vit-pytorch's signature and unused."""
+    teacher_probs = ((teacher_logits.detach() - centers) / teacher_temp).softmax(dim=-1)
+    similarity = torch.einsum('b i c, b j c -> b i j', F.normalize(student_latent.detach(), dim=-1),
+                              F.normalize(teacher_latent.detach(), dim=-1))
+    matched = similarity.argmax(dim=-1)                                                   # (b, n_student)
+    matched_probs = teacher_probs.gather(1, matched[..., None].expand(-1, -1, teacher_probs.shape[-1]))
+    return -(matched_probs * (student_logits / student_temp).log_softmax(dim=-1)).sum(dim=-1).mean()
+
+
+def input_channels(net):
+    """The network's input channels: `channels`, or timm's `in_chans` (Swin's)."""
+    return getattr(net, 'channels', getattr(net, 'in_chans', None))
+
+
+def region_width(net, image_size):
+    """The width of `net`'s region tokens, from one image (in eval mode, without gradients)."""
+    parameter = next(net.parameters(), None)
+    probe = torch.zeros(1, input_channels(net), *image_size, device=None if parameter is None else parameter.device,
+                        dtype=None if parameter is None else parameter.dtype)
+    modes = {module: module.training for module in net.modules()}
+    net.eval()
+    try:
+        with torch.no_grad():
+            return RegionProjector(net, None, None).regions(probe).shape[-1]
+    finally:
+        for module, training in modes.items():
+            module.training = training
+
+
+# argument checks
+
+
+def check_arguments(*, net, hidden_layer, **settings):
+    if not hasattr(net, 'forward_intermediates') or input_channels(net) is None:
+        raise TypeError(f"net must be a model of this package (forward_intermediates, channels or in_chans); "
+                        f"{type(net).__name__} has not both")
+    if hidden_layer not in ('layers', -2):
+        raise ValueError(f"hidden_layer must be 'layers' (or -2): the region tokens are the last stage's output, "
+                         f"the last entry of forward_intermediates, got {hidden_layer!r}")
+    dino.check_training_arguments(channels=input_channels(net), **settings)
+
+
+# loading checkpoints
+
+
+def vit_pytorch_plan(model, keys):
+    raise ValueError(
+        "vit-pytorch's EsViTTrainer computes another loss than the paper's: its region head "
+        "L2-normalises each feature across the tokens (dim 1 of (b, n, c)), not each token's features; it matches "
+        "regions by dot product, not cosine similarity; its heads have no bottleneck and no weight-normalised last "
+        "layer; and its student sees only the local crops. Load the network alone into the model "
+        "(load_vit_pytorch(net, ...) where the model's vit-pytorch checkpoints load)")
