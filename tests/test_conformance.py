@@ -550,6 +550,12 @@ class Classifier(torch.nn.Module):
 # tiny ViT. A new wrapper joins by its row: how to build it, and one training step's loss.
 
 
+# two views of two frames, tasks, advantages and an extra token, the policy reading every state of the tower
+VAT_POLICY = dict(dim=16, depth=3, heads=2, dim_head=8, dim_action=2, mlp_dim=32, num_views=2, num_tasks=2,
+                  dim_extra_token=3, num_register_tokens=2, action_chunk_len=3, time_seq_len=2, self_attn_heads=2,
+                  self_attn_dim_head=8, vit_layer_indices=(0, 1, 2), num_advantage_bins=2)
+
+
 def tiny_vit():
     from vit_pytorch import ViT
     return ViT(**VIT)
@@ -575,6 +581,8 @@ def build_wrapper(name):
     from vit_pytorch.mpp import MPP
     from vit_pytorch.recorder import Extractor, Recorder
     from vit_pytorch.simmim import SimMIM
+    from vit_pytorch.vat import VAT
+    from vit_pytorch.vat import ViT as VATViT
     from vit_pytorch.vit_with_decorr import ViT as ViTWithDecorr
 
     torch.manual_seed(0)
@@ -590,6 +598,7 @@ def build_wrapper(name):
         'recorder': lambda: Recorder(tiny_vit()),
         'vit_with_decorr': lambda: ViTWithDecorr(**VIT),
         'mp3': lambda: MP3(MP3ViT(**VIT), 0.5),
+        'vat': lambda: VAT(VATViT(**VIT, num_register_tokens=1), **VAT_POLICY),
     }[name]()
 
 
@@ -605,6 +614,10 @@ WRAPPER_STEPS = {
     # in training the forward returns (logits, decorrelation loss), and a step adds them
     'vit_with_decorr': lambda wrapper: (lambda logits, loss: weighted(logits) + loss)(*wrapper(wrapped_images())),
     'mp3': lambda wrapper: wrapper(wrapped_images()),
+    # an action model, not a classifier (the registry holds classifiers): its loss when actions are given
+    'vat': lambda wrapper: wrapper(torch.randn(2, 2, 3, 2, 16, 24), actions=torch.randn(2, 3, 2),
+                                   tasks=torch.tensor([0, 1]), advantages=torch.tensor([-1, 1]),
+                                   extra=torch.randn(2, 3)),
 }
 
 # parameter (glob) -> why the wrapper's own design gives it no gradient from its loss
@@ -617,6 +630,7 @@ WRAPPER_NO_GRADIENT = {
     'dino': {'student.net.mlp_head.*': "the projection reads the student's latent (hidden_layer='to_latent'), "
                                        'before its classification head'},
     'mp3': {'vit.mlp_head.*': PRETRAINING},
+    'vat': {'vit.mlp_head.*': "the policy reads the tower's token states; its classification head comes after them"},
 }
 
 
