@@ -62,14 +62,17 @@ class FiLM(nn.Module):
 class Attention(core.Attention):
     """Pre-norm attention with a sigmoid gate per head on its output (arXiv 2505.06708, as vit-pytorch's VAT):
     self-attention, or with `cross_attend=True` queries from the tokens and keys and values from a normed
-    `context` (b, m, dim_context). The gate is a linear map of the normed tokens, one value per head and token."""
+    `context` (b, m, dim_context). The gate is a linear map of the normed tokens, one value per head and token;
+    `gated=False` leaves it out (vit-pytorch's SigLIP VAT gates only its cross-attention)."""
 
-    def __init__(self, dim, dim_context=None, heads=8, dim_head=64, dropout=0., cross_attend=False):
+    def __init__(self, dim, dim_context=None, heads=8, dim_head=64, dropout=0., cross_attend=False, *,
+                 gated=True, qkv_bias=False, norm_eps=1e-5):
         self.dim_context = dim if dim_context is None else dim_context
-        super().__init__(dim, heads, dim_head, dropout)
+        super().__init__(dim, heads, dim_head, dropout, qkv_bias=qkv_bias, norm_eps=norm_eps)
         self.cross_attend = cross_attend
-        self.context_norm = nn.LayerNorm(self.dim_context) if cross_attend else None
-        self.to_out_gates = nn.Sequential(nn.Linear(dim, heads), Rearrange('b n h -> b h n 1'), nn.Sigmoid())
+        self.context_norm = nn.LayerNorm(self.dim_context, eps=norm_eps) if cross_attend else None
+        self.to_out_gates = nn.Sequential(nn.Linear(dim, heads), Rearrange('b n h -> b h n 1'), nn.Sigmoid()) \
+            if gated else None
 
     def build_projections(self, dim, inner_dim, *, bias):
         self.to_q = nn.Linear(dim, inner_dim, bias=bias)
@@ -83,7 +86,9 @@ class Attention(core.Attention):
         keys_from = x if context is None else self.context_norm(context)
         q = rearrange(self.to_q(x), 'b n (h d) -> b h n d', h=self.heads)
         k, v = rearrange(self.to_kv(keys_from), 'b m (kv h d) -> kv b h m d', kv=2, h=self.heads)
-        out = self.attend(q, k, v) * self.to_out_gates(x)
+        out = self.attend(q, k, v)
+        if self.to_out_gates is not None:
+            out = out * self.to_out_gates(x)
         return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
 
 
@@ -185,16 +190,28 @@ class VAT(nn.Module):
 
         self.transformer = PolicyStack([
             (FiLM(dim) if num_tasks is not None else None,
-             Attention(dim, heads=self_attn_heads, dim_head=self_attn_dim_head, dropout=dropout)
-             if add_self_attn else None,
-             Attention(dim, vit_dim, heads=heads, dim_head=dim_head, dropout=dropout, cross_attend=True),
-             core.FeedForward(dim, mlp_dim, dropout))
+             self.self_attention(dim, self_attn_heads, self_attn_dim_head, dropout) if add_self_attn else None,
+             self.cross_attention(dim, vit_dim, heads, dim_head, dropout),
+             self.feedforward(dim, mlp_dim, dropout))
             for _ in range(depth)])
         self.final_norm = nn.LayerNorm(dim)
         self.to_pred_action = nn.Linear(dim, dim_action, bias=False)
         self.dim_extra_token = dim_extra_token
         if dim_extra_token is not None:
             self.to_extra_token = nn.Linear(dim_extra_token, dim)
+
+    # the policy's blocks; the SigLIP VAT (vat_siglip) overrides them
+    @staticmethod
+    def self_attention(dim, heads, dim_head, dropout):
+        return Attention(dim, heads=heads, dim_head=dim_head, dropout=dropout)
+
+    @staticmethod
+    def cross_attention(dim, vit_dim, heads, dim_head, dropout):
+        return Attention(dim, vit_dim, heads=heads, dim_head=dim_head, dropout=dropout, cross_attend=True)
+
+    @staticmethod
+    def feedforward(dim, mlp_dim, dropout):
+        return core.FeedForward(dim, mlp_dim, dropout)
 
     def contexts(self, video, freeze_vit):
         """Each policy layer's keys and values: (depth, b, views * frames * tokens, vit_dim)."""
