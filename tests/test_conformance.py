@@ -583,6 +583,7 @@ def build_wrapper(name):
     from vit_pytorch.simmim import SimMIM
     from vit_pytorch.vat import VAT
     from vit_pytorch.vat import ViT as VATViT
+    from vit_pytorch.vat_siglip import SigLIPVAT
     from vit_pytorch.vit_with_decorr import ViT as ViTWithDecorr
 
     torch.manual_seed(0)
@@ -599,6 +600,8 @@ def build_wrapper(name):
         'vit_with_decorr': lambda: ViTWithDecorr(**VIT),
         'mp3': lambda: MP3(MP3ViT(**VIT), 0.5),
         'vat': lambda: VAT(VATViT(**VIT, num_register_tokens=1), **VAT_POLICY),
+        'vat_siglip': lambda: SigLIPVAT(**VAT_POLICY, siglip_image_size=16, siglip_patch_size=8, siglip_dim=16,
+                                        siglip_depth=2, siglip_heads=2, siglip_mlp_dim=32),
     }[name]()
 
 
@@ -618,6 +621,9 @@ WRAPPER_STEPS = {
     'vat': lambda wrapper: wrapper(torch.randn(2, 2, 3, 2, 16, 24), actions=torch.randn(2, 3, 2),
                                    tasks=torch.tensor([0, 1]), advantages=torch.tensor([-1, 1]),
                                    extra=torch.randn(2, 3)),
+    'vat_siglip': lambda wrapper: wrapper(torch.randn(2, 2, 3, 2, 16, 16), actions=torch.randn(2, 3, 2),
+                                          tasks=torch.tensor([0, 1]), advantages=torch.tensor([-1, 1]),
+                                          extra=torch.randn(2, 3)),
 }
 
 # parameter (glob) -> why the wrapper's own design gives it no gradient from its loss
