@@ -26,7 +26,9 @@ Hann window every 12 samples, frames centred with reflection padding) it equals 
 spectrogram, and so, for its checkpoints, does ours).
 
 Where this differs from vit-pytorch 1.26.14 (its checkpoints load with equal outputs all the same, converted): as
-`vit_pytorch.vat` (FiLM as 1 + gamma, inputs checked with clear errors, an image batch is one view), and the AST's
+`vit_pytorch.vat` (FiLM as 1 + gamma, inputs checked with clear errors, an image batch is one view); with several
+audio views vit-pytorch adds the audio view embedding of row i to batch element i (its (v, d) table broadcast as
+(v, 1, 1, d) over (layers, b, v, n, d)), ours to view i, so `load_vit_pytorch` refuses such checkpoints; the AST's
 `accept_spec_time_first=False` takes (b, freq, time) spectrograms (vit-pytorch reads every one as (b, time, freq)).
 """
 
@@ -135,6 +137,10 @@ class AST(nn.Module):
             raise ValueError(f"AST takes {'(b, time, freq) spectrograms' if self.accept_spec else '(b, samples) audio'}"
                              f" (accept_spec={self.accept_spec}), got shape {tuple(audio_or_spec.shape)}")
         if not self.accept_spec:
+            reach = self.spec.n_fft // 2 if self.spec.center and self.spec.pad_mode == 'reflect' else 0
+            if audio_or_spec.shape[-1] + 2 * self.spec.pad <= reach:
+                raise ValueError(f'audio of {audio_or_spec.shape[-1]} samples is too short for the spectrogram: '
+                                 f'its centred frames reflect n_fft // 2 = {reach} samples at each end')
             spec = self.spec(audio_or_spec)
         else:
             spec = rearrange(audio_or_spec, 'b t f -> b f t') if self.accept_spec_time_first else audio_or_spec
@@ -365,6 +371,11 @@ def check_arguments(*, vit, ast, dim, depth, heads, dim_head, dim_action, mlp_di
 def vit_pytorch_plan(model, keys):
     """vit-pytorch's `vaat.VAAT`, `vaat.ViT` and `vaat.AST`: `vit_pytorch.vat`'s conversions (the policy's stack,
     the tower's cls token and position table, FiLM's gamma bias); the AST's keys are ours as they are."""
+    if isinstance(model, VAAT) and model.audio_view_emb is not None:
+        raise ValueError("vit-pytorch's VAAT computes another function with several audio views: it adds its "
+                         "audio view embedding (v, d) to the AST states (layers, b, v, n, d) as (v, 1, 1, d), so "
+                         "row i reaches batch element i whatever its view (and any batch but b = v fails); ours "
+                         "adds row i to view i. Its checkpoints load for num_audio_views=None or 1")
     plan, _ = vat.vit_pytorch_plan(model, keys)
     heads = {VAAT: ('vit.mlp_head.', 'ast.mlp_head.'), AST: ('mlp_head.',)}.get(type(model), ('mlp_head.',))
     return plan, heads
