@@ -583,6 +583,7 @@ def build_wrapper(name):
     from vit_pytorch.simmim import SimMIM
     from vit_pytorch.vat import VAT
     from vit_pytorch.vat import ViT as VATViT
+    from vit_pytorch.vaat import AST, VAAT
     from vit_pytorch.vat_siglip import SigLIPVAT
     from vit_pytorch.vit_with_decorr import ViT as ViTWithDecorr
 
@@ -602,6 +603,10 @@ def build_wrapper(name):
         'vat': lambda: VAT(VATViT(**VIT, num_register_tokens=1), **VAT_POLICY),
         'vat_siglip': lambda: SigLIPVAT(**VAT_POLICY, siglip_image_size=16, siglip_patch_size=8, siglip_dim=16,
                                         siglip_depth=2, siglip_heads=2, siglip_mlp_dim=32),
+        'vaat': lambda: VAAT(VATViT(**VIT, num_register_tokens=1), AST(dim=16, depth=2, mlp_dim=32, patch_size=8,
+                                                                        dim_head=8, heads=2, num_classes=3),
+                             **{('num_image_views' if key == 'num_views' else key): value
+                                for key, value in VAT_POLICY.items()}, num_audio_views=2, ast_layer_indices=(0, 1, 2)),
     }[name]()
 
 
@@ -624,6 +629,9 @@ WRAPPER_STEPS = {
     'vat_siglip': lambda wrapper: wrapper(torch.randn(2, 2, 3, 2, 16, 16), actions=torch.randn(2, 3, 2),
                                           tasks=torch.tensor([0, 1]), advantages=torch.tensor([-1, 1]),
                                           extra=torch.randn(2, 3)),
+    'vaat': lambda wrapper: wrapper(torch.randn(2, 2, 3, 2, 16, 24), torch.randn(2, 2, 300),
+                                    actions=torch.randn(2, 3, 2), tasks=torch.tensor([0, 1]),
+                                    advantages=torch.tensor([-1, 1]), extra=torch.randn(2, 3)),
 }
 
 # parameter (glob) -> why the wrapper's own design gives it no gradient from its loss
@@ -637,6 +645,8 @@ WRAPPER_NO_GRADIENT = {
                                        'before its classification head'},
     'mp3': {'vit.mlp_head.*': PRETRAINING},
     'vat': {'vit.mlp_head.*': "the policy reads the tower's token states; its classification head comes after them"},
+    'vaat': {'vit.mlp_head.*': "the policy reads the towers' token states; their classification heads come after",
+             'ast.mlp_head.*': "the policy reads the towers' token states; their classification heads come after"},
 }
 
 
