@@ -36,7 +36,7 @@ def test_a_file_of_another_size_is_refused_naming_the_key_and_nothing_is_copied(
     assert all(torch.equal(value, model.state_dict()[key]) for key, value in before.items())
 
 
-def test_a_file_without_a_siglip_tower_is_refused(tmp_path):
+def test_a_file_without_a_siglip_tower_is_refused():
     torch.manual_seed(0)
     with pytest.raises(CheckpointError, match='no SigLIP vision tower'):
         SigLIPVAT(**SMALL).load_siglip(FIXTURES / 'vit_pytorch_1.26.14_vat.safetensors')

@@ -185,7 +185,7 @@ class AudioVisualStack(core.Stack):
         return ff(x) + x, {'layer': layer + 1}
 
 
-class VAAT(nn.Module):
+class VAAT(vat.ActionPolicy, nn.Module):
     """Multi-view images or videos and multi-view audio to a chunk of actions; see the module docstring.
 
     forward(video_or_image, audio_or_spec, *, extra, tasks, advantages, actions, return_hiddens, freeze_vit,
@@ -210,20 +210,15 @@ class VAAT(nn.Module):
 
         self.time_seq_len, self.is_video = time_seq_len, time_seq_len > 1
         self.time_pos_emb = nn.Parameter(torch.randn(time_seq_len, vit_dim) * 1e-2) if self.is_video else None
-        self.num_image_views = 1 if num_image_views is None else num_image_views
+        # `num_views` (the image views) is what the shared input check reads
+        self.num_image_views = self.num_views = 1 if num_image_views is None else num_image_views
         self.num_audio_views = 1 if num_audio_views is None else num_audio_views
         self.image_view_emb = nn.Parameter(torch.randn(num_image_views, vit_dim) * 1e-2) \
             if self.num_image_views > 1 else None
         self.audio_view_emb = nn.Parameter(torch.randn(num_audio_views, ast_dim) * 1e-2) \
             if self.num_audio_views > 1 else None
-        self.num_tasks = num_tasks
-        if num_tasks is not None:
-            self.task_emb = nn.Parameter(torch.randn(num_tasks, dim) * 1e-2)
-        self.register_tokens = nn.Parameter(torch.randn(num_register_tokens, dim) * 1e-2)
-        self.action_pos_emb = nn.Parameter(torch.randn(action_chunk_len, dim) * 1e-2)
-        self.num_advantage_bins = num_advantage_bins
-        if num_advantage_bins > 0:
-            self.advantage_emb = nn.Embedding(num_advantage_bins + 1, dim)
+        self.add_policy_tokens(dim, num_tasks=num_tasks, num_register_tokens=num_register_tokens,
+                               action_chunk_len=action_chunk_len, num_advantage_bins=num_advantage_bins)
 
         self.transformer = AudioVisualStack([
             (vat.FiLM(dim) if num_tasks is not None else None,
@@ -239,18 +234,6 @@ class VAAT(nn.Module):
         if dim_extra_token is not None:
             self.to_extra_token = nn.Linear(dim_extra_token, dim)
 
-    def image_contexts(self, video, freeze_vit):
-        """(depth, b, views * frames * tokens, vit_dim)."""
-        b, v, _, t = video.shape[:4]
-        with torch.no_grad() if freeze_vit else nullcontext():
-            trajectory = vat.representation_trajectory(self.vit, rearrange(video, 'b v c t h w -> (b v t) c h w'))
-        hiddens = rearrange(trajectory[self.vit_layer_indices], 'l (b v t) n d -> l b v t n d', b=b, v=v, t=t)
-        if self.time_pos_emb is not None:
-            hiddens = hiddens + rearrange(self.time_pos_emb, 't d -> t 1 d')
-        if self.image_view_emb is not None:
-            hiddens = hiddens + rearrange(self.image_view_emb, 'v d -> v 1 1 d')
-        return rearrange(hiddens, 'l b v t n d -> l b (v t n) d')
-
     def audio_contexts(self, audio, freeze_ast):
         """(depth, b, audio views * tokens, ast_dim)."""
         b, v = audio.shape[:2]
@@ -263,35 +246,18 @@ class VAAT(nn.Module):
 
     def forward(self, video_or_image, audio_or_spec, *, extra=None, tasks=None, advantages=None, actions=None,
                 return_hiddens=False, freeze_vit=False, freeze_ast=False):
-        video = vat.VAT.check_input(self, video_or_image, extra=extra, tasks=tasks, advantages=advantages,
-                                    actions=actions)
-        audio = self.check_audio(audio_or_spec, video.shape[0])
+        video = self.check_input(video_or_image, extra=extra, tasks=tasks, advantages=advantages, actions=actions)
         batch = video.shape[0]
-        image_contexts, audio_contexts = self.image_contexts(video, freeze_vit), self.audio_contexts(audio, freeze_ast)
+        audio = self.check_audio(audio_or_spec, batch)
+        image_contexts = vat.vision_contexts(self.vit, video, self.vit_layer_indices, time_pos_emb=self.time_pos_emb,
+                                             view_emb=self.image_view_emb, freeze_vit=freeze_vit)
+        audio_contexts = self.audio_contexts(audio, freeze_ast)
 
-        empty = self.action_pos_emb.new_zeros(batch, 0, self.action_pos_emb.shape[-1])
-        advantage = empty
-        if self.num_advantage_bins > 0 and advantages is not None:
-            if isinstance(advantages, int):
-                advantages = torch.full((batch,), advantages, device=video.device, dtype=torch.long)
-            advantage = self.advantage_emb(advantages + 1)[:, None]
-        extra_token = empty if extra is None else self.to_extra_token(extra)[:, None]
-        tokens = torch.cat((repeat(self.register_tokens, 'n d -> b n d', b=batch), advantage,
-                            repeat(self.action_pos_emb, 'n d -> b n d', b=batch), extra_token), dim=1)
-
+        tokens, start = self.policy_tokens(batch, advantages, extra)
         task_emb = self.task_emb[tasks] if tasks is not None else None
         out, states = self.transformer(tokens, image_contexts=image_contexts, audio_contexts=audio_contexts,
                                        task_emb=task_emb, return_layers=True)
-        start = self.register_tokens.shape[0] + advantage.shape[1]
-        pred_action = self.to_pred_action(self.final_norm(out[:, start:start + self.action_pos_emb.shape[0]]))
-        if actions is not None:
-            return F.l1_loss(pred_action, actions)
-        return (pred_action, torch.stack((tokens, *states))) if return_hiddens else pred_action
-
-    @property
-    def num_views(self):
-        """The image views `vat.VAT.check_input` checks against."""
-        return self.num_image_views
+        return self.predict(out, start, actions=actions, hiddens=(tokens, *states) if return_hiddens else None)
 
     def check_audio(self, audio, batch):
         """(b, audio views, samples) or (b, audio views, time, freq), or a ValueError saying what was expected."""

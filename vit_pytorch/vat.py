@@ -148,37 +148,14 @@ class PolicyStack(core.Stack):
         return ff(x) + x, {'layer': layer + 1}
 
 
-class VAT(nn.Module):
-    """Multi-view images or videos to a chunk of actions; see the module docstring.
+class ActionPolicy:
+    """What the action transformers (VAT, VAAT) share around their stacks: the policy's input tokens, the action
+    head and loss, the checks of their inputs. A subclass has `register_tokens`, `action_pos_emb`,
+    `num_advantage_bins` (and `advantage_emb`), `dim_extra_token` (and `to_extra_token`), `num_tasks`,
+    `num_views`, `time_seq_len`, `is_video`, `final_norm` and `to_pred_action`."""
 
-    forward(video_or_image, *, extra=None, tasks=None, advantages=None, actions=None, return_hiddens=False,
-    freeze_vit=False):
-      video_or_image  (b, v, c, t, h, w) with `time_seq_len` > 1; else (b, v, c, h, w) or (b, c, h, w) (one view)
-      extra           (b, dim_extra_token): one more token (the robot's state), with `dim_extra_token`
-      tasks           (b,) task ids, with `num_tasks`: FiLM before each layer
-      advantages      (b,) or an int in [-1, num_advantage_bins): a token; -1 is "no advantage" (its own embedding)
-      actions         (b, action_chunk_len, dim_action): then the L1 loss is returned
-    Returns (b, action_chunk_len, dim_action), with `return_hiddens` also the policy's token states
-    (depth + 1, b, tokens, dim) in the order registers, advantage, actions, extra.
-    """
-
-    def __init__(self, vit, *, dim, depth, heads, dim_head, dim_action, mlp_dim, num_views=None, num_tasks=None,
-                 dim_extra_token=None, num_register_tokens=4, action_chunk_len=7, time_seq_len=1, dropout=0.,
-                 add_self_attn=True, self_attn_heads=4, self_attn_dim_head=32, vit_layer_indices=None,
-                 num_advantage_bins=0):
-        if isinstance(vit, dict):
-            vit = ViT(**vit)
-        check_arguments(**core.arguments(locals()))
-        super().__init__()
-        self.vit = vit
-        vit_dim = vit.embed_dim
-        vit_layer_indices = tuple(range(depth)) if vit_layer_indices is None else tuple(vit_layer_indices)
-        self.register_buffer('layer_indices', torch.tensor(vit_layer_indices), persistent=False)
-
-        self.time_seq_len, self.is_video = time_seq_len, time_seq_len > 1
-        self.time_pos_emb = nn.Parameter(torch.randn(time_seq_len, vit_dim) * 1e-2) if self.is_video else None
-        self.num_views = 1 if num_views is None else num_views
-        self.view_emb = nn.Parameter(torch.randn(num_views, vit_dim) * 1e-2) if self.num_views > 1 else None
+    def add_policy_tokens(self, dim, *, num_tasks, num_register_tokens, action_chunk_len, num_advantage_bins):
+        """The learned tokens and embeddings: tasks (for FiLM), registers, action positions, advantage bins."""
         self.num_tasks = num_tasks
         if num_tasks is not None:
             self.task_emb = nn.Parameter(torch.randn(num_tasks, dim) * 1e-2)
@@ -188,69 +165,27 @@ class VAT(nn.Module):
         if num_advantage_bins > 0:
             self.advantage_emb = nn.Embedding(num_advantage_bins + 1, dim)
 
-        self.transformer = PolicyStack([
-            (FiLM(dim) if num_tasks is not None else None,
-             self.self_attention(dim, self_attn_heads, self_attn_dim_head, dropout) if add_self_attn else None,
-             self.cross_attention(dim, vit_dim, heads, dim_head, dropout),
-             self.feedforward(dim, mlp_dim, dropout))
-            for _ in range(depth)])
-        self.final_norm = nn.LayerNorm(dim)
-        self.to_pred_action = nn.Linear(dim, dim_action, bias=False)
-        self.dim_extra_token = dim_extra_token
-        if dim_extra_token is not None:
-            self.to_extra_token = nn.Linear(dim_extra_token, dim)
-
-    # the policy's blocks; the SigLIP VAT (vat_siglip) overrides them
-    @staticmethod
-    def self_attention(dim, heads, dim_head, dropout):
-        return Attention(dim, heads=heads, dim_head=dim_head, dropout=dropout)
-
-    @staticmethod
-    def cross_attention(dim, vit_dim, heads, dim_head, dropout):
-        return Attention(dim, vit_dim, heads=heads, dim_head=dim_head, dropout=dropout, cross_attend=True)
-
-    @staticmethod
-    def feedforward(dim, mlp_dim, dropout):
-        return core.FeedForward(dim, mlp_dim, dropout)
-
-    def contexts(self, video, freeze_vit):
-        """Each policy layer's keys and values: (depth, b, views * frames * tokens, vit_dim)."""
-        b, v, _, t = video.shape[:4]
-        images = rearrange(video, 'b v c t h w -> (b v t) c h w')
-        with torch.no_grad() if freeze_vit else nullcontext():
-            trajectory = representation_trajectory(self.vit, images)[self.layer_indices]
-        hiddens = rearrange(trajectory, 'l (b v t) n d -> l b v t n d', b=b, v=v, t=t)
-        if self.time_pos_emb is not None:
-            hiddens = hiddens + rearrange(self.time_pos_emb, 't d -> t 1 d')
-        if self.view_emb is not None:
-            hiddens = hiddens + rearrange(self.view_emb, 'v d -> v 1 1 d')
-        return rearrange(hiddens, 'l b v t n d -> l b (v t n) d')
-
-    def forward(self, video_or_image, *, extra=None, tasks=None, advantages=None, actions=None,
-                return_hiddens=False, freeze_vit=False):
-        video = self.check_input(video_or_image, extra=extra, tasks=tasks, advantages=advantages, actions=actions)
-        batch = video.shape[0]
-        contexts = self.contexts(video, freeze_vit)
-
+    def policy_tokens(self, batch, advantages, extra):
+        """(registers, advantage?, actions, extra?) tokens (b, n, dim), and where the action tokens start."""
         empty = self.action_pos_emb.new_zeros(batch, 0, self.action_pos_emb.shape[-1])
         advantage = empty
         if self.num_advantage_bins > 0 and advantages is not None:
             if isinstance(advantages, int):
-                advantages = torch.full((batch,), advantages, device=video.device, dtype=torch.long)
+                advantages = torch.full((batch,), advantages, device=empty.device, dtype=torch.long)
             advantage = self.advantage_emb(advantages + 1)[:, None]
         extra_token = empty if extra is None else self.to_extra_token(extra)[:, None]
         tokens = torch.cat((repeat(self.register_tokens, 'n d -> b n d', b=batch), advantage,
                             repeat(self.action_pos_emb, 'n d -> b n d', b=batch), extra_token), dim=1)
+        return tokens, self.register_tokens.shape[0] + advantage.shape[1]
 
-        task_emb = self.task_emb[tasks] if tasks is not None else None
-        out, states = self.transformer(tokens, contexts=contexts, task_emb=task_emb, return_layers=True)
-        start = self.register_tokens.shape[0] + advantage.shape[1]
+    def predict(self, out, start, *, actions=None, hiddens=None):
+        """The action chunk read from the action tokens of `out`; the L1 loss against `actions` when given, the
+        chunk and the stacked `hiddens` when given, else the chunk."""
         pred_action = self.to_pred_action(self.final_norm(out[:, start:start + self.action_pos_emb.shape[0]]))
-
         if actions is not None:
             # the paper trains with the L1 loss alone
             return F.l1_loss(pred_action, actions)
-        return (pred_action, torch.stack((tokens, *states))) if return_hiddens else pred_action
+        return pred_action if hiddens is None else (pred_action, torch.stack(hiddens))
 
     def check_input(self, video, *, extra, tasks, advantages, actions):
         """The input as (b, v, c, t, h, w), or a ValueError/TypeError saying what was expected."""
@@ -283,6 +218,96 @@ class VAT(nn.Module):
                              f'got {tuple(actions.shape)}')
         return video
 
+
+
+def vision_contexts(vit, video, layer_indices, *, time_pos_emb, view_emb, freeze_vit):
+    """The ViT states each policy layer reads: (depth, b, views * frames * tokens, vit_dim), with the frame and
+    view embeddings added."""
+    b, v, _, t = video.shape[:4]
+    with torch.no_grad() if freeze_vit else nullcontext():
+        trajectory = representation_trajectory(vit, rearrange(video, 'b v c t h w -> (b v t) c h w'))
+    hiddens = rearrange(trajectory[layer_indices], 'l (b v t) n d -> l b v t n d', b=b, v=v, t=t)
+    if time_pos_emb is not None:
+        hiddens = hiddens + rearrange(time_pos_emb, 't d -> t 1 d')
+    if view_emb is not None:
+        hiddens = hiddens + rearrange(view_emb, 'v d -> v 1 1 d')
+    return rearrange(hiddens, 'l b v t n d -> l b (v t n) d')
+
+
+class VAT(ActionPolicy, nn.Module):
+    """Multi-view images or videos to a chunk of actions; see the module docstring.
+
+    forward(video_or_image, *, extra=None, tasks=None, advantages=None, actions=None, return_hiddens=False,
+    freeze_vit=False):
+      video_or_image  (b, v, c, t, h, w) with `time_seq_len` > 1; else (b, v, c, h, w) or (b, c, h, w) (one view)
+      extra           (b, dim_extra_token): one more token (the robot's state), with `dim_extra_token`
+      tasks           (b,) task ids, with `num_tasks`: FiLM before each layer
+      advantages      (b,) or an int in [-1, num_advantage_bins): a token; -1 is "no advantage" (its own embedding)
+      actions         (b, action_chunk_len, dim_action): then the L1 loss is returned
+    Returns (b, action_chunk_len, dim_action), with `return_hiddens` also the policy's token states
+    (depth + 1, b, tokens, dim) in the order registers, advantage, actions, extra.
+    """
+
+    def __init__(self, vit, *, dim, depth, heads, dim_head, dim_action, mlp_dim, num_views=None, num_tasks=None,
+                 dim_extra_token=None, num_register_tokens=4, action_chunk_len=7, time_seq_len=1, dropout=0.,
+                 add_self_attn=True, self_attn_heads=4, self_attn_dim_head=32, vit_layer_indices=None,
+                 num_advantage_bins=0):
+        if isinstance(vit, dict):
+            vit = ViT(**vit)
+        check_arguments(**core.arguments(locals()))
+        super().__init__()
+        self.vit = vit
+        vit_dim = vit.embed_dim
+        vit_layer_indices = tuple(range(depth)) if vit_layer_indices is None else tuple(vit_layer_indices)
+        self.register_buffer('layer_indices', torch.tensor(vit_layer_indices), persistent=False)
+
+        self.time_seq_len, self.is_video = time_seq_len, time_seq_len > 1
+        self.time_pos_emb = nn.Parameter(torch.randn(time_seq_len, vit_dim) * 1e-2) if self.is_video else None
+        self.num_views = 1 if num_views is None else num_views
+        self.view_emb = nn.Parameter(torch.randn(num_views, vit_dim) * 1e-2) if self.num_views > 1 else None
+        self.add_policy_tokens(dim, num_tasks=num_tasks, num_register_tokens=num_register_tokens,
+                               action_chunk_len=action_chunk_len, num_advantage_bins=num_advantage_bins)
+
+        self.transformer = PolicyStack([
+            (FiLM(dim) if num_tasks is not None else None,
+             self.self_attention(dim, self_attn_heads, self_attn_dim_head, dropout) if add_self_attn else None,
+             self.cross_attention(dim, vit_dim, heads, dim_head, dropout),
+             self.feedforward(dim, mlp_dim, dropout))
+            for _ in range(depth)])
+        self.final_norm = nn.LayerNorm(dim)
+        self.to_pred_action = nn.Linear(dim, dim_action, bias=False)
+        self.dim_extra_token = dim_extra_token
+        if dim_extra_token is not None:
+            self.to_extra_token = nn.Linear(dim_extra_token, dim)
+
+    # the policy's blocks; the SigLIP VAT (vat_siglip) overrides them
+    @staticmethod
+    def self_attention(dim, heads, dim_head, dropout):
+        return Attention(dim, heads=heads, dim_head=dim_head, dropout=dropout)
+
+    @staticmethod
+    def cross_attention(dim, vit_dim, heads, dim_head, dropout):
+        return Attention(dim, vit_dim, heads=heads, dim_head=dim_head, dropout=dropout, cross_attend=True)
+
+    @staticmethod
+    def feedforward(dim, mlp_dim, dropout):
+        return core.FeedForward(dim, mlp_dim, dropout)
+
+    def contexts(self, video, freeze_vit):
+        """Each policy layer's keys and values: (depth, b, views * frames * tokens, vit_dim)."""
+        return vision_contexts(self.vit, video, self.layer_indices, time_pos_emb=self.time_pos_emb,
+                               view_emb=self.view_emb, freeze_vit=freeze_vit)
+
+    def forward(self, video_or_image, *, extra=None, tasks=None, advantages=None, actions=None,
+                return_hiddens=False, freeze_vit=False):
+        video = self.check_input(video_or_image, extra=extra, tasks=tasks, advantages=advantages, actions=actions)
+        batch = video.shape[0]
+        contexts = self.contexts(video, freeze_vit)
+
+        tokens, start = self.policy_tokens(batch, advantages, extra)
+        task_emb = self.task_emb[tasks] if tasks is not None else None
+        out, states = self.transformer(tokens, contexts=contexts, task_emb=task_emb, return_layers=True)
+        return self.predict(out, start, actions=actions, hiddens=(tokens, *states) if return_hiddens else None)
 
 # argument checks
 
