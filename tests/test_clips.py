@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from vit_pytorch.clips import DIRECTIONS, moving_digits, split_digits
+from vit_pytorch.clips import DIRECTIONS, action_clips, moving_digits, split_digits
 
 
 def centroids(videos):
@@ -92,3 +92,48 @@ def test_count_cycles_through_the_digits_of_the_split():
 def test_bad_arguments_are_refused_with_their_name(kwargs, match):
     with pytest.raises(ValueError, match=match):
         moving_digits(**{'split': 'train', **kwargs})
+
+
+# the action task (for vit_pytorch.vat)
+
+
+def test_action_clips_have_two_views_of_the_observed_frames_and_a_chunk_of_actions():
+    task = action_clips('train', count=6, observed=4, horizon=3)
+    assert task.views.shape == (6, 2, 1, 4, 32, 32) and task.views.dtype == torch.uint8
+    assert task.actions.shape == (6, 3, 2)
+
+
+def test_the_second_view_is_the_left_right_mirror_of_the_first():
+    task = action_clips('train', count=6)
+    assert torch.equal(task.views[:, 1], task.views[:, 0].flip(-1))
+
+
+def test_the_actions_are_the_digits_measured_displacement_over_the_next_frames():
+    # the same paths observed for longer show the future frames: measure the digit's motion in them
+    task = action_clips('test', count=40, observed=4, horizon=3, speed=2)
+    longer = action_clips('test', count=40, observed=7, horizon=1, speed=2)
+    centres = centroids(longer.views[:, 0])                         # (n, 7, 2)
+    measured = (centres[:, 4:] - centres[:, 3:6]) / 2
+    torch.testing.assert_close(task.actions, measured, rtol=0, atol=1e-4)
+
+
+def test_the_digit_bounces_so_some_next_steps_reverse_the_observed_motion():
+    task = action_clips('train', count=200)
+    centres = centroids(task.views[:, 0])
+    observed = centres[:, -1] - centres[:, -2]
+    reversed_axis = (task.actions * observed[:, None] < 0).any(dim=(1, 2))
+    assert 0 < reversed_axis.sum() < 200
+
+
+def test_every_frame_shows_the_whole_digit():
+    task = action_clips('train', count=50, observed=8)
+    sums = task.views[:, 0].float().sum(dim=(-2, -1))               # (n, 1, frames)
+    assert torch.equal(sums, sums[..., :1].expand_as(sums))
+
+
+@pytest.mark.parametrize('changes, words', [(dict(observed=1), 'observed must be at least 2'),
+                                            (dict(speed=16), 'speed must be below'),
+                                            (dict(horizon=0), 'horizon must be a positive int')])
+def test_bad_action_task_arguments_are_refused_by_name(changes, words):
+    with pytest.raises(ValueError, match=words):
+        action_clips('train', count=2, **changes)

@@ -605,6 +605,12 @@ class Classifier(torch.nn.Module):
 # tiny ViT. A new wrapper joins by its row: how to build it, and one training step's loss.
 
 
+# two views of two frames, tasks, advantages and an extra token, the policy reading every state of the tower
+VAT_POLICY = dict(dim=16, depth=3, heads=2, dim_head=8, dim_action=2, mlp_dim=32, num_views=2, num_tasks=2,
+                  dim_extra_token=3, num_register_tokens=2, action_chunk_len=3, time_seq_len=2, self_attn_heads=2,
+                  self_attn_dim_head=8, vit_layer_indices=(0, 1, 2), num_advantage_bins=2)
+
+
 def tiny_vit():
     from vit_pytorch import ViT
     return ViT(**VIT)
@@ -635,6 +641,10 @@ def build_wrapper(name):
     from vit_pytorch.mpp import MPP
     from vit_pytorch.recorder import Extractor, Recorder
     from vit_pytorch.simmim import SimMIM
+    from vit_pytorch.vat import VAT
+    from vit_pytorch.vat import ViT as VATViT
+    from vit_pytorch.vaat import AST, VAAT
+    from vit_pytorch.vat_siglip import SigLIPVAT
     from vit_pytorch.vit_with_decorr import ViT as ViTWithDecorr
 
     torch.manual_seed(0)
@@ -662,6 +672,13 @@ def build_wrapper(name):
                                         projection_hidden=16, drop_ratio=0.5, sigreg_loss_kwargs=dict(num_proj=16)),
         'es_vit': lambda: EsViTTrainer(CvT(**CASES['cvt'].kwargs), image_size=(16, 24), hidden_layer='layers',
                                        projection_hidden_size=32, num_classes_K=64, bottleneck_dim=16),
+        'vat': lambda: VAT(VATViT(**VIT, num_register_tokens=1), **VAT_POLICY),
+        'vat_siglip': lambda: SigLIPVAT(**VAT_POLICY, siglip_image_size=16, siglip_patch_size=8, siglip_dim=16,
+                                        siglip_depth=2, siglip_heads=2, siglip_mlp_dim=32),
+        'vaat': lambda: VAAT(VATViT(**VIT, num_register_tokens=1), AST(dim=16, depth=2, mlp_dim=32, patch_size=8,
+                                                                        dim_head=8, heads=2, num_classes=3),
+                             **{('num_image_views' if key == 'num_views' else key): value
+                                for key, value in VAT_POLICY.items()}, num_audio_views=2, ast_layer_indices=(0, 1, 2)),
     }[name]()
 
 
@@ -681,6 +698,16 @@ WRAPPER_STEPS = {
     'levjepa': lambda wrapper: wrapper(torch.rand(2, 3, 2, 16, 24, generator=torch.Generator().manual_seed(1))),
     'levjepa_nd': lambda wrapper: wrapper(torch.randn(2, 2, 8, 12, generator=torch.Generator().manual_seed(1))),
     'es_vit': lambda wrapper: wrapper(wrapped_images()),
+    # an action model, not a classifier (the registry holds classifiers): its loss when actions are given
+    'vat': lambda wrapper: wrapper(torch.randn(2, 2, 3, 2, 16, 24), actions=torch.randn(2, 3, 2),
+                                   tasks=torch.tensor([0, 1]), advantages=torch.tensor([-1, 1]),
+                                   extra=torch.randn(2, 3)),
+    'vat_siglip': lambda wrapper: wrapper(torch.randn(2, 2, 3, 2, 16, 16), actions=torch.randn(2, 3, 2),
+                                          tasks=torch.tensor([0, 1]), advantages=torch.tensor([-1, 1]),
+                                          extra=torch.randn(2, 3)),
+    'vaat': lambda wrapper: wrapper(torch.randn(2, 2, 3, 2, 16, 24), torch.randn(2, 2, 300),
+                                    actions=torch.randn(2, 3, 2), tasks=torch.tensor([0, 1]),
+                                    advantages=torch.tensor([-1, 1]), extra=torch.randn(2, 3)),
 }
 
 # parameter (glob) -> why the wrapper's own design gives it no gradient from its loss
@@ -696,6 +723,9 @@ WRAPPER_NO_GRADIENT = {
     'lejepa': {'net.mlp_head.*': "the projector reads the network's pre-logits embedding, before its head"},
     'es_vit': {pattern: "the region tokens are the last stage's map (forward_intermediates), before the final norm "
                         'and the classification head' for pattern in ('student.net.norm.*', 'student.net.mlp_head.*')},
+    'vat': {'vit.mlp_head.*': "the policy reads the tower's token states; its classification head comes after them"},
+    'vaat': {'vit.mlp_head.*': "the policy reads the towers' token states; their classification heads come after",
+             'ast.mlp_head.*': "the policy reads the towers' token states; their classification heads come after"},
 }
 
 

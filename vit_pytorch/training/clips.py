@@ -83,13 +83,7 @@ def moving_digits(split, *, count=None, frames=8, size=32, digit_size=16, speed=
     room = size - digit_size - travel.abs()                                        # free range of the start
     start = (torch.rand(count, 2, generator=generator) * (room + 1)).floor().long() + (-travel).clamp(min=0)
     corner = start[:, None] + torch.arange(frames)[None, :, None] * steps[:, None]  # (n, frames, 2): top-left
-
-    offsets = torch.arange(digit_size)
-    rows = corner[..., 0, None, None] + offsets[:, None]                            # (n, frames, ds, 1)
-    columns = corner[..., 1, None, None] + offsets[None, :]                         # (n, frames, 1, ds)
-    videos = torch.zeros(count, frames, size, size, dtype=torch.uint8)
-    clip, frame = torch.arange(count)[:, None, None, None], torch.arange(frames)[None, :, None, None]
-    videos[clip, frame, rows, columns] = digits[which][:, None].expand(-1, frames, -1, -1)
+    videos = paint(digits[which], corner, size)
 
     if task == 'digit':
         labels, classes = digit_labels[which], [str(digit) for digit in range(10)]
@@ -98,7 +92,87 @@ def moving_digits(split, *, count=None, frames=8, size=32, digit_size=16, speed=
     return Clips(videos[:, None], labels, classes)
 
 
+def paint(digits, corner, size):
+    """(n, frames, size, size) uint8 frames, black but for digit i (n, ds, ds) with its top-left pixel at
+    corner[i, t] (n, frames, 2) in frame t."""
+    count, frames = corner.shape[:2]
+    offsets = torch.arange(digits.shape[-1])
+    rows = corner[..., 0, None, None] + offsets[:, None]                            # (n, frames, ds, 1)
+    columns = corner[..., 1, None, None] + offsets[None, :]                         # (n, frames, 1, ds)
+    videos = torch.zeros(count, frames, size, size, dtype=torch.uint8)
+    clip, frame = torch.arange(count)[:, None, None, None], torch.arange(frames)[None, :, None, None]
+    videos[clip, frame, rows, columns] = digits[:, None].expand(-1, frames, -1, -1)
+    return videos
+
+
+@dataclass
+class ActionClips:
+    """An action task: `views` (n, 2, 1, observed, size, size) uint8 (the clip, then its left-right mirror) and
+    `actions` (n, horizon, 2) float: the digit's (dy, dx) displacement over each of the next `horizon` frames,
+    in units of its speed (a step without a wall is -1, 0 or 1 on each axis)."""
+    views: torch.Tensor
+    actions: torch.Tensor
+
+    def __len__(self):
+        return len(self.actions)
+
+    def floats(self, index=slice(None)):
+        return self.views[index].float() / 255
+
+
+def action_clips(split, *, count=None, observed=4, horizon=3, size=32, digit_size=16, speed=2, seed=0):
+    """The moving digits as an action task for `vit_pytorch.vat`: from two views of the first `observed` frames,
+    predict the digit's displacement over the next `horizon` frames.
+
+    The digit starts anywhere in the frame, moves `speed` pixels a frame in one of the 8 directions and bounces
+    off the frame's edges (its top-left corner runs back and forth over 0..size - digit_size on each axis), so
+    the next steps are the observed motion continued, reversed on an axis where the digit reaches a wall. Paths
+    depend only on `seed`, the split and the clip's index, not on `observed` or `horizon`. Digits as in
+    `moving_digits` (the trainer's split; clip i shows digit i modulo the split's size).
+
+        from vit_pytorch.clips import action_clips
+
+        task = action_clips('train', count=256)
+        task.views.shape, task.actions.shape     # (256, 2, 1, 4, 32, 32) uint8, (256, 3, 2)
+    """
+    check_action_arguments(split=split, count=count, observed=observed, horizon=horizon, size=size,
+                           digit_size=digit_size, speed=speed, seed=seed)
+    digits, _ = split_digits(split, digit_size)
+    count = len(digits) if count is None else count
+    generator = torch.Generator().manual_seed(seed * 2 + SPLITS.index(split) + 1000)
+    direction = torch.randint(len(DIRECTIONS), (count,), generator=generator)
+    steps = torch.tensor([step for _, step in DIRECTIONS])[direction] * speed      # (n, 2)
+    room = size - digit_size                                                       # corner range 0..room
+    start = (torch.rand(count, 2, generator=generator) * (room + 1)).floor().long()
+    unfolded = start[:, None] + torch.arange(observed + horizon)[None, :, None] * steps[:, None]
+    # a bounce is a reflection: the unfolded path modulo 2 * room, folded back at room
+    folded = unfolded.remainder(2 * room)
+    corner = torch.where(folded > room, 2 * room - folded, folded)                 # (n, frames, 2)
+    videos = paint(digits[torch.arange(count) % len(digits)], corner[:, :observed], size)
+    views = torch.stack((videos, videos.flip(-1)), dim=1)[:, :, None]
+    actions = (corner[:, observed:] - corner[:, observed - 1:-1]).float() / speed
+    return ActionClips(views, actions)
+
+
 # argument checks
+
+
+def check_action_arguments(*, split, count, observed, horizon, size, digit_size, speed, seed):
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    for name, value in dict(observed=observed, horizon=horizon, size=size, digit_size=digit_size,
+                            speed=speed).items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    for name, value in dict(count=count, seed=seed).items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    if observed < 2:
+        raise ValueError(f"observed must be at least 2 (one frame shows no motion), got {observed}")
+    if not 0 < speed < size - digit_size:
+        raise ValueError(f"speed must be below size - digit_size = {size - digit_size} (the room the digit moves "
+                         f"in), got speed={speed} with size={size}, digit_size={digit_size}")
+
 
 
 def check_arguments(*, split, count, frames, size, digit_size, speed, task, seed):
