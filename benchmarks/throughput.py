@@ -206,7 +206,7 @@ REGISTRY = {
     'simple_vit_orthog_residual_update': ('S/16, learned', None, dict(S16, orthog_residual_update_kwargs=dict(learned=True)),
                                           224, 3, NUM_CLASSES),
     # vit-pytorch's defaults (every token of every block's normed input decorrelated) at S/16; the training step adds
-    # the loss (DecorrelatedLoss), as the training command does
+    # the loss (AuxiliaryLoss), as the training command does
     'vit_with_decorr': ('S/16, decorrelation loss x 0.1', None, S16, 224, 3, NUM_CLASSES),
     # vit-pytorch's README model (256 px, patches of 16, width 512, depth 6, 4 registers) scaled to S/16 at 224
     'vit_5': ('S/16, 4 registers', None, dict(S16, num_registers=4), 224, 3, NUM_CLASSES),
@@ -586,16 +586,17 @@ class DistillationLoss:
         return DistillWrapper(teacher=self.teacher, student=model, temperature=3.0, alpha=0.5)(img, labels)
 
 
-class DecorrelatedLoss:
-    """The training command's loss of a model with a decorrelation loss: cross-entropy + weight x that loss. Ours
-    (the registered class) and vit-pytorch's both return (logits, loss) when asked with `return_decorr_aux_loss`."""
+class AuxiliaryLoss:
+    """The training command's loss of a model with an auxiliary loss (registry.AUX_LOSSES): cross-entropy + weight
+    x that loss. Ours (the registered class) and vit-pytorch's both return (logits, loss) when asked with the
+    forward's keyword (`return_decorr_aux_loss`, `return_loss`)."""
 
-    def __init__(self, weight=0.1):
-        self.weight = weight
+    def __init__(self, keyword, weight=0.1):
+        self.keyword, self.weight = keyword, weight
 
     def __call__(self, model, img, labels):
-        logits, decorrelation = model(img, return_decorr_aux_loss=True)
-        return F.cross_entropy(logits, labels) + self.weight * decorrelation
+        logits, auxiliary = model(img, **{self.keyword: True})
+        return F.cross_entropy(logits, labels) + self.weight * auxiliary
 
 
 def timm_reference(timm_name, ours, **kwargs):
@@ -795,7 +796,7 @@ def reference_workload(workload):
     if name not in DIFFERENT_FUNCTION:
         with torch.no_grad():
             expected = reference.eval()(img)
-            if name in registry.AUX_LOSSES:                        # vit-pytorch's returns (logits, loss) always
+            if name == 'vit_with_decorr':                   # vit-pytorch's returns (logits, loss) always
                 expected = expected[0]
             torch.testing.assert_close(workload['model'].eval()(img), expected, atol=1e-4, rtol=0)
     return dict(workload, name=f'{name}:ref', preset=label, model=reference,
@@ -827,7 +828,7 @@ def registry_workload(name, tiny=False):
             module = importlib.import_module(registry.MODELS[name].split(':')[0])
             model = getattr(module, constructor)(**kwargs)
     loss = (DistillationLoss(channels, num_classes) if name == 'distillable_vit' else
-            DecorrelatedLoss() if name in registry.AUX_LOSSES else classification_loss)
+            AuxiliaryLoss(registry.AUX_LOSSES[name][0]) if name in registry.AUX_LOSSES else classification_loss)
     return dict(name=name, preset=preset, model=model, image_size=image_size, channels=channels,
                 num_classes=num_classes, loss=loss, params=sum(p.numel() for p in model.parameters()))
 
