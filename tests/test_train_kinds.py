@@ -123,8 +123,10 @@ def test_clips_source_gives_one_clip_per_digit_of_each_split():
 def example_input(name, kwargs):
     if INPUTS[name].startswith('signals'):
         return torch.randn(4, kwargs['channels'], kwargs['seq_len'])
-    frames = next(kwargs[key] for key in ('frames', 'num_frames', 'max_frames') if key in kwargs)
     channels = kwargs.get('channels', kwargs.get('n_input_channels'))
+    if 'input_shape' in kwargs:             # an N-D model (vit_nd): its own input shape, no image size
+        return torch.rand(4, channels, *kwargs['input_shape'])
+    frames = next(kwargs[key] for key in ('frames', 'num_frames', 'max_frames') if key in kwargs)
     side = kwargs.get('image_size', kwargs.get('img_size'))
     return torch.rand(4, channels, frames, side, side)
 
