@@ -89,6 +89,7 @@ MODELS = {
     # research long tail: beyond classification (issue 28)
     'vit_nd': 'vit_pytorch.vit_nd:ViTND',
     'vivit_with_moss': 'vit_pytorch.vivit_with_moss:ViViT',
+    'wwt': 'vit_pytorch.wwt:WWT',
 }
 
 # models with an auxiliary loss that the training command adds to the cross-entropy: name -> (the forward's
@@ -197,6 +198,8 @@ SMALL_CONFIGS = {
     # as 'vivit', with MOSS over each slice's 4 x 4 patch tokens (2 x 2 at 16 pixels), time causal (the default)
     'vivit_with_moss': dict(frames=8, image_patch_size=8, frame_patch_size=2, dim=64, spatial_depth=3,
                             temporal_depth=1, heads=4, dim_head=16, mlp_dim=128, moss_hidden_dim=16),
+    # patches of 4 (16 to 64 tokens at 16 to 32 pixels) read by 8 part slots and 4 whole slots
+    'wwt': dict(patch_size=4, dim=64, depth=4, heads=4, dim_head=16, mlp_dim=128, num_slots=(8, 4)),
 }
 
 # 'Ti/16', 'S/16', 'B/32', ...: the paper's table, built by vit_pytorch.pretrained.vit
