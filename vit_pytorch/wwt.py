@@ -85,10 +85,10 @@ class MutualAttention(vit.Attention):
                                             nn.Sigmoid())
 
     def forward(self, tokens, slots, mask):
-        *queries, v_tokens = rearrange(self.to_qkv(tokens), 'b t (g h d) -> g b h t d', g=self.q_groups + 1,
-                                       h=self.heads)
+        q_v = rearrange(self.to_qkv(tokens), 'b t (g h d) -> g b h t d', g=self.q_groups + 1, h=self.heads)
+        queries, v_tokens = q_v[:-1], q_v[-1]
         k, v_slots = rearrange(self.to_k_v_slots(slots), 'b s (kv h d) -> kv b h s d', kv=2, h=self.heads)
-        logits = torch.stack([q @ k.transpose(-1, -2) for q in queries], dim=1) * self.scale + mask
+        logits = torch.einsum('g b h t d, b h s d -> b g h t s', queries, k) * self.scale + mask
 
         where = self.attention_probs(logits[:, 0].softmax(dim=-1))       # each token's weights over the slots
         if self.l1norm_after_tokens_softmax:
@@ -133,14 +133,12 @@ class WWTBlock(nn.Module):
 
     def forward(self, sequences, masks):
         normed = [norm(seq) for norm, seq in zip(self.norms, sequences)]
-        updates = [torch.zeros_like(seq) for seq in sequences]
-        next_masks = []
+        sequences, next_masks = list(sequences), []
         for mask, (i, j), attn in zip(masks, self.interactions, self.attns):
             tokens_out, slots_out, next_mask = attn(normed[i], normed[j], mask)
-            updates[i] = updates[i] + tokens_out
-            updates[j] = updates[j] + slots_out
+            sequences[i] = sequences[i] + tokens_out
+            sequences[j] = sequences[j] + slots_out
             next_masks.append(next_mask)
-        sequences = [seq + update for seq, update in zip(sequences, updates)]
         return [seq + mlp(seq) for seq, mlp in zip(sequences, self.mlps)], tuple(next_masks)
 
 
