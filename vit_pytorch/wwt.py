@@ -315,7 +315,8 @@ class AutoencodingHead(nn.Module):
         self.decoder = nn.Identity() if decoder is None else decoder
 
     def forward(self, hierarchy_features, masks, interactions):
-        masks = {interaction: reduce(mask, 'b ... t s -> b t s', 'mean') for mask, interaction in zip(masks, interactions)}
+        masks = {interaction: reduce(mask, 'b ... t s -> b t s', 'mean')         # the mean over heads and groups
+                 for mask, interaction in zip(masks, interactions)}
         pathways = self.pathways or tuple((j, self.patch_pathway_id) for i, j in interactions
                                           if i == self.patch_pathway_id)
         if not pathways:
@@ -384,8 +385,8 @@ def check_arguments(*, image_size, patch_size, num_classes, dim, depth, num_slot
                                  f"tokens), got {pair!r} in {interactions!r}")
         if len(set(pairs)) != len(pairs):
             raise ValueError(f"interactions must be distinct, got {interactions!r}")
-    heads_ = (task_heads,) if isinstance(task_heads, nn.Module) else task_heads
-    if not isinstance(heads_, (tuple, list)) or not all(isinstance(head, nn.Module) for head in heads_):
+    modules = (task_heads,) if isinstance(task_heads, nn.Module) else task_heads
+    if not isinstance(modules, (tuple, list)) or not all(isinstance(head, nn.Module) for head in modules):
         raise TypeError(f"task_heads must be an nn.Module or a tuple or list of them, got {task_heads!r}")
 
 
