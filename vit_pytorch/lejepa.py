@@ -55,6 +55,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vit_pytorch import dino, vit
+from vit_pytorch import sigreg as sigreg_block
 
 SIGREG = dict(num_slices=1024, domain=(-5, 5), num_knots=17)
 
@@ -172,8 +173,9 @@ def prediction_loss(global_projections, local_projections=None):
     return (views - global_projections.mean(dim=0)).square().mean()
 
 
-# SIGReg is in the core (vit.py), which the What-Where Transformer's slots share; its names stay here as well
-random_projections, sigreg, sigreg_loss = vit.random_projections, vit.sigreg, vit.sigreg_loss
+# SIGReg is a block of its own (vit_pytorch.sigreg), which the What-Where Transformer's slots share; its names
+# stay here as well
+random_projections, sigreg, sigreg_loss = sigreg_block.random_projections, sigreg_block.sigreg, sigreg_block.sigreg_loss
 
 
 # argument checks

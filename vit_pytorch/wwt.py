@@ -21,7 +21,7 @@ slots, `task_heads` dense heads that read the masks (`AutoencodingHead`).
     # slots: ((2, 8, 64), (2, 4, 64)); masks: per interaction (tokens, level 1), (tokens, level 2): (2, 2, 16, 8), ...
 
 Where it differs from vit-pytorch 1.26.14's `wwt`, whose checkpoints load here (`load_vit_pytorch`) with equal
-outputs: the slots' SIGReg is LeJEPA's (`vit.sigreg_loss`, shared with `vit_pytorch.lejepa`) over all slots of
+outputs: the slots' SIGReg is LeJEPA's (`vit_pytorch.sigreg.sigreg_loss`, shared with `vit_pytorch.lejepa`) over all slots of
 the batch as one sample, which carries the LeJEPA paper's factor N (the number of samples) that vit-pytorch's
 leaves out; the tokens and slots
 run as one sequence through a `vit.Stack` (the masks are its layer-to-layer state), so gradient checkpointing,
@@ -35,7 +35,7 @@ from einops import rearrange, reduce, repeat
 from einops.layers.torch import Rearrange
 from torch import nn
 
-from vit_pytorch import vit
+from vit_pytorch import sigreg, vit
 
 WWTReturn = namedtuple('WWTReturn', ['slot_logits', 'token_logits'])
 WWTFeatureReturn = namedtuple('WWTFeatureReturn', ['slots', 'tokens', 'masks'])
@@ -275,7 +275,7 @@ class WWT(vit.TokenFace, nn.Module):
         returned = (out, *(head((tokens, *slots), masks, self.interactions) for head in self.task_heads))
         if self.sigreg_slots is not None and any(self.sigreg_slots):
             # every slot of the batch is one sample of the embedding distribution, as in vit-pytorch
-            returned += (sum(vit.sigreg_loss(rearrange(level, 'b s d -> (b s) d'))
+            returned += (sum(sigreg.sigreg_loss(rearrange(level, 'b s d -> (b s) d'))
                              for level, compute in zip(slots, self.sigreg_slots) if compute),)
         return returned if len(returned) > 1 else out
 
