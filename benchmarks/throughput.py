@@ -257,6 +257,13 @@ REGISTRY = {
     # vit-pytorch's __main__ model (256 px, patches of 32, width 1024, depth 7) scaled to S/16 at 224, depth 13 as
     # the paper's U-ViT-S (6 shallow, 1 middle, 6 deep blocks), 4 registers
     'simple_uvit': ('S/16, depth 13, 4 registers', None, dict(S16, depth=13), 224, 3, NUM_CLASSES),
+    # vit-pytorch's __main__ WWT (256 px, patches of 32, width 256, depth 2, slots 64 / 32 / 16, the four
+    # interactions, registers, l1 norm) at 224 px and patches of 16 (196 tokens); its classifier only (no SIGReg, no
+    # token or dense heads: the registered forward returns logits)
+    'wwt': ('224 px / 16, width 256, depth 2, slots 64 / 32 / 16', None, dict(
+        image_size=224, patch_size=16, num_classes=NUM_CLASSES, dim=256, depth=2, num_slots=(64, 32, 16),
+        interactions=((0, 1), (0, 2), (1, 2), (2, 3)), heads=4, mlp_dim=512, l1norm_after_tokens_softmax=True,
+        num_register_tokens=4, num_register_slots=(4, 4, 2)), 224, 3, NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -380,6 +387,7 @@ VIT_PYTORCH_REFERENCES = {
     'na_vit': ('na_vit', 'NaViT'), 'na_vit_nested_tensor': ('na_vit_nested_tensor', 'NaViT'),
     'na_vit_nested_tensor_3d': ('na_vit_nested_tensor_3d', 'NaViT'),
     'vivit_with_moss': ('vivit_with_moss', 'ViViT'),
+    'wwt': ('wwt', 'WWT'),
 }
 
 

@@ -52,6 +52,7 @@ NOT_NUMBERS = {
     'mask_generator',   # ViTDetPool: a module that maps images to object masks
     'orthog_residual_update_kwargs',    # simple_vit_orthog_residual_update: a dict of options, None: {}
     'attn_layers',      # jet_vit: one attention choice a layer, None: full attention everywhere
+    'sigreg_slots', 'interactions',     # wwt: booleans per level (None: no SIGReg), level pairs (None: tokens-slots)
 }
 
 # (owner, argument, value) a constructor may accept, with the reason

@@ -104,6 +104,14 @@ def twins_stages(dims=(8, 16, 24, 32), heads=(1, 2, 3, 4), depths=(2, 2, 2, 2), 
     return kwargs
 
 
+WWT_TOKENS = ("the logits read the slots only: the last layer's updates of the patch tokens reach nothing after it "
+              "(vit-pytorch's design; its dense task heads read the tokens)")
+WWT_NEXT_MASK = "the last layer's next masks reach nothing after it (a task head reads them)"
+WWT_LAST_LAYER = {**{f'transformer.layers.1.attns.{i}.{name}.*': WWT_TOKENS for i in (0, 1)
+                     for name in ('to_out', 'tokens_gate')},
+                  'transformer.layers.1.mlps.0.*': WWT_TOKENS,
+                  'transformer.layers.1.attns.*.mlp_mask.*': WWT_NEXT_MASK}
+
 CASES = {
     'vit': Case(VIT, IMAGES),
     'vit[pool=mean]': Case(dict(VIT, pool='mean'), IMAGES),
@@ -344,6 +352,16 @@ CASES = {
     'attn_residual_with_dca_simple_vit[head_groups=2]': Case(dict(VIT, head_groups=2, ffn_heads=2), IMAGES),
     # depth 3: block 0's output reaches block 2 through its skip Linear around the middle block; two registers
     'simple_uvit': Case(dict(VIT, depth=3, num_register_tokens=2), IMAGES),
+    # the 12 patch tokens read by 4 part slots and 2 whole slots, with registers; or tokens reading the slots by a
+    # second query group, three levels and the level-to-level interactions, the mask groups projected
+    'wwt': Case(dict(VIT, num_slots=(4, 2), num_register_tokens=1, num_register_slots=1), IMAGES,
+                no_gradient=WWT_LAST_LAYER),
+    'wwt[token_softmax_over_slots]': Case(dict(VIT, num_slots=(4, 3, 2), interactions=((0, 1), (0, 2), (1, 2), (2, 3)),
+                                               token_softmax_over_slots=True, project_mask_groups=True,
+                                               l1norm_after_tokens_softmax=True, num_register_tokens=1,
+                                               num_register_slots=1), IMAGES,
+                                          no_gradient=dict(WWT_LAST_LAYER, **{
+                                              'transformer.layers.1.attns.*.mask_project.*': WWT_NEXT_MASK})),
 }
 
 

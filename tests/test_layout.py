@@ -2,8 +2,9 @@
 no private name used across modules.
 
     tier 0  vit                      the ViT, its token blocks, checks and old layouts: one copyable file
-    tier 1  multiscale, pretrained   the blocks the multi-scale models share; the ViT's checkpoint plans and the
-                                     plan runner, which other models' plans build on (deit, learnable_memory_vit)
+    tier 1  multiscale, pretrained,  the blocks the multi-scale models share; the ViT's checkpoint plans and the
+            sigreg                   plan runner, which other models' plans build on (deit, learnable_memory_vit);
+                                     SIGReg, the loss LeJEPA and the What-Where Transformer share
     tier 2  models and wrappers      every module not named below (and the package's __init__)
     tier 3  recorder, extractor, analysis, flops, plots
     tier 4  vit_pytorch.training.*   loop, checkpoints, data sources, extras, registry, run folders
@@ -22,7 +23,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / 'vit_pytorch'
 
 TIERS = {
     'vit': 0,
-    'multiscale': 1, 'pretrained': 1,
+    'multiscale': 1, 'pretrained': 1, 'sigreg': 1,
     'recorder': 3, 'extractor': 3, 'analysis': 3, 'flops': 3, 'plots': 3,
     'training': 4, 'models': 4, 'checkpoint': 4, 'run_folder': 4, 'ucr': 4, 'clips': 4,
     'train': 5, 'pretrain': 5, 'experiments': 5, 'evaluate': 5,

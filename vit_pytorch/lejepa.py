@@ -51,11 +51,11 @@ ours follows the paper:
 """
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from vit_pytorch import dino, vit
+from vit_pytorch import sigreg as sigreg_block
 
 SIGREG = dict(num_slices=1024, domain=(-5, 5), num_knots=17)
 
@@ -173,51 +173,9 @@ def prediction_loss(global_projections, local_projections=None):
     return (views - global_projections.mean(dim=0)).square().mean()
 
 
-def random_projections(dim, num_slices, *, device=None, dtype=None, generator=None):
-    """`num_slices` random directions in `dim` dimensions, uniform on the sphere: (dim, num_slices), unit columns.
-
-    Under torch.distributed every process uses rank 0's, so that their characteristic functions can be pooled."""
-    directions = torch.randn(dim, num_slices, device=device, dtype=dtype, generator=generator)
-    if distributed():
-        dist.broadcast(directions, src=0)
-    return directions / directions.norm(dim=0, keepdim=True)
-
-
-def sigreg(x, projections, *, domain=(-5, 5), num_knots=17):
-    """The Epps-Pulley statistic of each 1-D projection of samples `x` (..., n, d) on `projections` (d, m):
-    (..., m). T = N * integral over `domain` of |ecf(t) - phi(t)|^2 phi(t) dt, phi(t) = exp(-t^2 / 2) the
-    standard normal's characteristic function (and the weight), ecf(t) = mean_j exp(i t x_j) the samples', by
-    the trapezoidal rule on `num_knots` equally spaced knots. Under torch.distributed, ecf and N are over every
-    process's samples (the gradient flows back to each)."""
-    samples = x.shape[-2] * (dist.get_world_size() if distributed() else 1)
-    t = torch.linspace(*domain, num_knots, device=x.device, dtype=x.dtype)
-    phi = (-t.square() / 2).exp()
-    xt = torch.einsum('... n d, d m -> ... n m', x, projections.to(x.dtype))[..., None] * t    # (..., n, m, knots)
-    ecf_real, ecf_imag = mean_over_processes(xt.cos().mean(dim=-3)), mean_over_processes(xt.sin().mean(dim=-3))
-    distance = (ecf_real - phi).square() + ecf_imag.square()                 # |ecf - phi|^2, (..., m, knots)
-    return samples * torch.trapezoid(distance * phi, t, dim=-1)
-
-
-def sigreg_loss(x, num_slices=1024, domain=(-5, 5), num_knots=17, *, projections=None):
-    """SIGReg of embeddings `x` (..., n, d): the Epps-Pulley statistic over `num_slices` random directions
-    (`projections` (d, num_slices) if given, else drawn), averaged over the directions and the leading
-    dimensions (the views)."""
-    if projections is None:
-        projections = random_projections(x.shape[-1], num_slices, device=x.device, dtype=x.dtype)
-    return sigreg(x, projections, domain=domain, num_knots=num_knots).mean()
-
-
-def distributed():
-    return dist.is_available() and dist.is_initialized()
-
-
-def mean_over_processes(x):
-    """The mean of `x` over the processes under torch.distributed (differentiable), else `x`."""
-    if not distributed():
-        return x
-    from torch.distributed.nn.functional import all_reduce
-
-    return all_reduce(x) / dist.get_world_size()
+# SIGReg is a block of its own (vit_pytorch.sigreg), which the What-Where Transformer's slots share; its names
+# stay here as well
+random_projections, sigreg, sigreg_loss = sigreg_block.random_projections, sigreg_block.sigreg, sigreg_block.sigreg_loss
 
 
 # argument checks

@@ -94,6 +94,8 @@ MODELS = {
     'simple_vit_attn_residual': 'vit_pytorch.simple_vit_attn_residual:SimpleViTAttnResidual',
     'attn_residual_with_dca_simple_vit': 'vit_pytorch.attn_residual_with_dca_simple_vit:SimpleViT',
     'simple_uvit': 'vit_pytorch.simple_uvit:SimpleUViT',
+    # research long tail III: slots (issue 28)
+    'wwt': 'vit_pytorch.wwt:WWT',
 }
 
 # models with an auxiliary loss that the training command adds to the cross-entropy: name -> (the forward's
@@ -218,6 +220,8 @@ SMALL_CONFIGS = {
     # SMALL_MODEL with 4 hyper-connected residual streams (num_residual_streams has no default) and 4 registers
     'simple_vit_with_hyper_connections': dict(patch_size=4, dim=64, depth=4, heads=4, dim_head=16, mlp_dim=128,
                                               num_residual_streams=4),
+    # patches of 4 (16 to 64 tokens at 16 to 32 pixels) read by 8 part slots and 4 whole slots
+    'wwt': dict(patch_size=4, dim=64, depth=4, heads=4, dim_head=16, mlp_dim=128, num_slots=(8, 4)),
 }
 
 # 'Ti/16', 'S/16', 'B/32', ...: the paper's table, built by vit_pytorch.pretrained.vit
