@@ -4,7 +4,8 @@ The ViT of "An Image is Worth 16x16 Words", Dosovitskiy et al., arXiv 2010.11929
 patches: an input (b, c, d_0, ..., d_{N-1}) becomes a grid of patches of `patch_size`, each flattened and
 projected, with a learned position table over the grid and a cls token. Dimensions named in `causal_dims`
 are causal: a patch attends only to patches at its own index or earlier along each of them (time in an
-occupancy video, `vit_nd_masking`), so what a patch computes never depends on a later slice.
+occupancy video; vit-pytorch's `vit_nd_masking` functions, defined here), so what a patch computes never
+depends on a later slice.
 
     import torch
     from vit_pytorch.vit_nd import ViTND
@@ -37,7 +38,6 @@ from einops.layers.torch import Rearrange
 from torch import nn
 
 from vit_pytorch import vit
-from vit_pytorch import vit_nd_masking as masking
 
 
 def axis_names(ndim):
@@ -71,7 +71,7 @@ class ViTND(vit.TokenFace, nn.Module):
         self.input_shape, self.patch_size = as_tuple(input_shape, ndim), as_tuple(patch_size, ndim)
         self.grid_size = tuple(side // patch for side, patch in zip(self.input_shape, self.patch_size))
         self.num_features = self.embed_dim = dim
-        self.causal_dims = None if causal_dims is None else masking.check_causal_dims(causal_dims, ndim)
+        self.causal_dims = None if causal_dims is None else check_causal_dims(causal_dims, ndim)
 
         self.to_patch_embedding = nn.Sequential(
             Rearrange(patch_pattern(ndim), **{f'p{i}': p for i, p in enumerate(self.patch_size)}),
@@ -85,9 +85,9 @@ class ViTND(vit.TokenFace, nn.Module):
         vit.init_tokens(self.pos_embedding, self.cls_token, patch_norm=True)
         self.dropout = nn.Dropout(emb_dropout)
 
-        mask_fn = masking.get_nd_causal_mask_fn(self.grid_size, self.causal_dims, ndim=ndim, has_cls=True,
+        mask_fn = get_nd_causal_mask_fn(self.grid_size, self.causal_dims, ndim=ndim, has_cls=True,
                                                 patches_attend_cls=False)
-        self.register_buffer('causal_mask', None if mask_fn is None else masking.create_nd_block_mask(
+        self.register_buffer('causal_mask', None if mask_fn is None else create_nd_block_mask(
             mask_fn, heads, self.pos_embedding.shape[0], device=None), persistent=False)
 
         self.transformer = vit.Transformer(dim, depth, heads, dim_head, mlp_dim, dropout)
@@ -135,6 +135,52 @@ def as_tuple(value, ndim):
     return tuple(value) if isinstance(value, (tuple, list)) else (value,) * ndim
 
 
+# causal masks (vit-pytorch's `vit_nd_masking` functions; that module imports them from here)
+
+
+def nd_causal_mask_fn(num_patches_per_dim, causal_dims, has_cls=False, *, patches_attend_cls=True):
+    """mask_fn(b, h, q_idx, k_idx) -> bool, True where query q_idx may attend to key k_idx (broadcasting indices).
+
+    A key is allowed when its index along every dimension of `causal_dims` is at most the query's. With
+    `has_cls`, index 0 is the cls token: it attends to all, and every token attends to it unless
+    `patches_attend_cls=False`.
+    """
+    num_patches_per_dim = tuple(num_patches_per_dim)
+    causal_dims = tuple(causal_dims)
+    strides = [math.prod(num_patches_per_dim[dim + 1:]) for dim in causal_dims]
+
+    def mask_fn(b, h, q_idx, k_idx):
+        q_idx, k_idx = torch.as_tensor(q_idx), torch.as_tensor(k_idx)
+        q_patch, k_patch = (q_idx - 1, k_idx - 1) if has_cls else (q_idx, k_idx)
+        allowed = torch.ones(torch.broadcast_shapes(q_idx.shape, k_idx.shape), dtype=torch.bool, device=q_idx.device)
+        for dim, stride in zip(causal_dims, strides):
+            size = num_patches_per_dim[dim]
+            allowed = allowed & ((q_patch // stride) % size >= (k_patch // stride) % size)
+        if has_cls:
+            q_cls, k_cls = q_idx == 0, k_idx == 0
+            allowed = (allowed & ~q_cls & ~k_cls) | q_cls | (k_cls & patches_attend_cls)
+        return allowed
+
+    return mask_fn
+
+
+def get_nd_causal_mask_fn(num_patches_per_dim, causal_dims, ndim=None, has_cls=False, *, patches_attend_cls=True):
+    """`nd_causal_mask_fn` for `causal_dims` (an int or a sequence of dimensions), or None when it is None."""
+    if causal_dims is None:
+        return None
+    causal_dims = check_causal_dims(causal_dims, len(num_patches_per_dim) if ndim is None else ndim)
+    return nd_causal_mask_fn(num_patches_per_dim, causal_dims, has_cls=has_cls, patches_attend_cls=patches_attend_cls)
+
+
+def create_nd_block_mask(mask_fn, heads, seq_len, device):
+    """The dense (seq_len, seq_len) boolean mask of `mask_fn` over every query and key, on `device`; `heads`
+    is vit-pytorch's argument (its flex BlockMask is per head), one mask serves them all here."""
+    vit.positive_int('heads', heads)
+    vit.positive_int('seq_len', seq_len)
+    indices = torch.arange(seq_len, device=device)
+    return mask_fn(0, 0, indices[:, None], indices[None, :])
+
+
 # argument checks
 
 
@@ -161,7 +207,19 @@ def check_arguments(*, ndim, input_shape, patch_size, num_classes, dim, depth, h
     if pool not in ('cls', 'mean'):
         raise ValueError(f"pool must be 'cls' (cls token) or 'mean' (mean pooling), got {pool!r}")
     if causal_dims is not None:
-        masking.check_causal_dims(causal_dims, ndim)
+        check_causal_dims(causal_dims, ndim)
+
+
+def check_causal_dims(causal_dims, ndim):
+    """The causal dimensions as a tuple of distinct ints in [0, ndim), or a clear error."""
+    dims = (causal_dims,) if isinstance(causal_dims, int) and not isinstance(causal_dims, bool) else causal_dims
+    if not isinstance(dims, (tuple, list)) or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+        raise TypeError(f"causal_dims must be None, an int or a tuple of ints (dimensions of the input grid), "
+                        f"got {causal_dims!r}")
+    if not all(0 <= d < ndim for d in dims) or len(set(dims)) != len(dims):
+        raise ValueError(f"causal_dims must be distinct dimensions between 0 and ndim - 1 = {ndim - 1}, "
+                         f"got {causal_dims!r}")
+    return tuple(dims)
 
 
 def check_input(x, *, channels, input_shape, dtype):

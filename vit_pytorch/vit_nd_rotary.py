@@ -41,7 +41,6 @@ from torch import nn
 
 from vit_pytorch import vit
 from vit_pytorch import vit_nd
-from vit_pytorch import vit_nd_masking as masking
 
 
 def golden_ratio(dims):
@@ -94,7 +93,7 @@ class ViTND(vit.TokenFace, nn.Module):
         self.input_shape, self.patch_size = vit_nd.as_tuple(input_shape, ndim), vit_nd.as_tuple(patch_size, ndim)
         self.grid_size = tuple(side // patch for side, patch in zip(self.input_shape, self.patch_size))
         self.num_features = self.embed_dim = dim
-        self.causal_dims = None if causal_dims is None else masking.check_causal_dims(causal_dims, ndim)
+        self.causal_dims = None if causal_dims is None else vit_nd.check_causal_dims(causal_dims, ndim)
 
         self.to_patch_embedding = nn.Sequential(
             Rearrange(vit_nd.patch_pattern(ndim), **{f'p{i}': p for i, p in enumerate(self.patch_size)}),
@@ -109,8 +108,8 @@ class ViTND(vit.TokenFace, nn.Module):
             heads, dim_head // 2, ndim, rope_min_freq, rope_max_freq, rope_p_zero_freqs), mixed=True)
         self.register_buffer('positions', grid_positions(self.grid_size), persistent=False)
 
-        mask_fn = masking.get_nd_causal_mask_fn(self.grid_size, self.causal_dims, ndim=ndim)
-        self.register_buffer('causal_mask', None if mask_fn is None else masking.create_nd_block_mask(
+        mask_fn = vit_nd.get_nd_causal_mask_fn(self.grid_size, self.causal_dims, ndim=ndim)
+        self.register_buffer('causal_mask', None if mask_fn is None else vit_nd.create_nd_block_mask(
             mask_fn, heads, math.prod(self.grid_size), device=None), persistent=False)
 
         self.transformer = vit.Transformer(dim, depth, heads, dim_head, mlp_dim, dropout,
