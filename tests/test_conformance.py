@@ -332,6 +332,12 @@ CASES = {
     'vivit_with_moss[pool=mean,moss_causal=False]': Case(
         dict(VIDEO, num_classes=5, dim=16, spatial_depth=2, temporal_depth=2, heads=2, dim_head=8, mlp_dim=32,
              moss_hidden_dim=8, pool='mean', moss_causal=False), CLIPS),
+    # rotary N-D positions, no cls token: all, or with time causal and a quarter of the frequencies 0
+    'vit_nd_rotary': Case(dict(ndim=3, input_shape=(4, 16, 24), patch_size=(2, 4, 8), num_classes=5, dim=16, depth=2,
+                               heads=2, dim_head=8, mlp_dim=32), CLIPS),
+    'vit_nd_rotary[causal_dims=0]': Case(dict(ndim=3, input_shape=(4, 16, 24), patch_size=(2, 4, 8), num_classes=5,
+                                              dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32, causal_dims=0,
+                                              rope_p_zero_freqs=0.25), CLIPS),
 }
 
 

@@ -78,7 +78,8 @@ class ViTND(vit.TokenFace, nn.Module):
     """ViT over `ndim`-dimensional inputs (b, channels, *input_shape) with N-D rotary positions.
 
     `forward(x)` gives the logits of the mean of the tokens; `forward(x, return_embed=True)` the tokens after the
-    final norm on their grid, (b, *grid, dim). `forward_features` returns them flat, (b, prod(grid), dim);
+    final norm on their grid, (b, *grid, dim). `num_classes=0` makes `forward` return the pooled embedding (b, dim).
+    `forward_features` returns the tokens flat, (b, prod(grid), dim);
     `forward_intermediates(output='maps')` lays each block's output on the grid, (b, dim, *grid).
     """
 

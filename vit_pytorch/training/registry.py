@@ -89,6 +89,7 @@ MODELS = {
     # research long tail: beyond classification (issue 28)
     'vit_nd': 'vit_pytorch.vit_nd:ViTND',
     'vivit_with_moss': 'vit_pytorch.vivit_with_moss:ViViT',
+    'vit_nd_rotary': 'vit_pytorch.vit_nd_rotary:ViTND',
 }
 
 # models with an auxiliary loss that the training command adds to the cross-entropy: name -> (the forward's
@@ -110,6 +111,7 @@ INPUTS = {
     'na_vit_nested_tensor_3d': 'clips (b, c, frames, h, w)',
     'vit_nd': 'clips (b, c, frames, h, w)',    # any (b, c, *input_shape); the trainer's clips are its 3-D input
     'vivit_with_moss': 'clips (b, c, frames, h, w)',
+    'vit_nd_rotary': 'clips (b, c, frames, h, w)',    # as vit_nd
 }
 
 # the trainer's default sizes for a model whose arguments are not the ViT's (multi-scale models): name ->
@@ -197,6 +199,9 @@ SMALL_CONFIGS = {
     # as 'vivit', with MOSS over each slice's 4 x 4 patch tokens (2 x 2 at 16 pixels), time causal (the default)
     'vivit_with_moss': dict(frames=8, image_patch_size=8, frame_patch_size=2, dim=64, spatial_depth=3,
                             temporal_depth=1, heads=4, dim_head=16, mlp_dim=128, moss_hidden_dim=16),
+    # as 'vit_nd', with rotary positions in place of the position table
+    'vit_nd_rotary': dict(ndim=3, input_shape=(8, 32, 32), patch_size=(2, 8, 8), dim=64, depth=4, heads=4, dim_head=16,
+                          mlp_dim=128, causal_dims=(0,)),
 }
 
 # 'Ti/16', 'S/16', 'B/32', ...: the paper's table, built by vit_pytorch.pretrained.vit
