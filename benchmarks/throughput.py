@@ -242,7 +242,10 @@ REGISTRY = {
     'vivit_with_moss': ('8 x 256 px / 2 x 32, width 512, 2 + 2 layers, causal, mean pool', None, dict(
         image_size=256, image_patch_size=32, frames=8, frame_patch_size=2, num_classes=NUM_CLASSES, dim=512,
         spatial_depth=2, temporal_depth=2, heads=4, mlp_dim=2048, pool='mean', moss_causal=True), (8, 256, 256), 3,
-        NUM_CLASSES),
+        NUM_CLASSES),    # vit-pytorch's __main__ ViTND with rotary positions (5-D, time causal, width 512, depth 6) scaled as 'vit_nd'
+    'vit_nd_rotary': ('4-D 8 x 16 x 32 x 32 / 2 x 4 x 8 x 8, S/16 wide, time causal', None, dict(
+        ndim=4, input_shape=(8, 16, 32, 32), patch_size=(2, 4, 8, 8), num_classes=NUM_CLASSES, dim=384, depth=12,
+        heads=6, mlp_dim=1536, causal_dims=(0,)), (8, 16, 32, 32), 3, NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -367,6 +370,8 @@ def vit_nd_reference(ours):
 
 
 REFERENCES['vit_nd'] = ('vit-pytorch 1.26.14 vit_nd.ViTND', vit_nd_reference)
+REFERENCES['vit_nd_rotary'] = ('vit-pytorch 1.26.14 vit_nd_rotary.ViTND', lambda ours: vit_pytorch_reference(
+    'vit_nd_rotary', 'ViTND', ours, **REGISTRY['vit_nd_rotary'][2]))
 REFERENCES.update({
     name: (f'vit-pytorch 1.26.14 {module}.{cls}',
            lambda ours, name=name, module=module, cls=cls: vit_pytorch_reference(module, cls, ours,
