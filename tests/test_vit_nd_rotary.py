@@ -10,7 +10,8 @@ import torch
 from helpers import load_fixture, move_off_initialisation, reference_case
 from vit_pytorch import vit
 from vit_pytorch.pretrained import load_vit_pytorch
-from vit_pytorch.vit_nd_rotary import ViTND, golden_gate_frequencies, golden_ratio
+from vit_pytorch.vit_nd import golden_gate_frequencies, golden_ratio
+from vit_pytorch.vit_nd_rotary import ViTND
 
 TINY = dict(num_classes=5, dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32, channels=2)
 

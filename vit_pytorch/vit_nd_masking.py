@@ -28,6 +28,10 @@ The mask functions live in `vit_nd.py`, the N-D models' family base, so that a m
 beside vit.py; this module is their vit-pytorch import path, with `nd_attention`.
 """
 
+import math
+
+import torch
+
 from vit_pytorch import vit
 from vit_pytorch.vit_nd import check_causal_dims, create_nd_block_mask, get_nd_causal_mask_fn, nd_causal_mask_fn
 
@@ -39,4 +43,7 @@ def nd_attention(q, k, v, mask_fn=None, block_mask=None, scale=None):
     (a dense boolean mask, `create_nd_block_mask`) or else to `mask_fn`; scale None is d ** -0.5."""
     if block_mask is None and mask_fn is not None:
         block_mask = create_nd_block_mask(mask_fn, 1, q.shape[-2], q.device)
-    return vit.attend(q, k, v, scale=q.shape[-1] ** -0.5 if scale is None else scale, mask=block_mask)
+    if block_mask is not None and not isinstance(block_mask, torch.Tensor):
+        raise TypeError(f"block_mask must be a dense boolean torch.Tensor (create_nd_block_mask), got "
+                        f"{type(block_mask).__name__}")
+    return vit.attend(q, k, v, scale=1 / math.sqrt(q.shape[-1]) if scale is None else scale, mask=block_mask)
