@@ -322,6 +322,19 @@ def check_arguments(*, ndim, input_shape, patch_size, num_classes, dim, depth, h
         check_causal_dims(causal_dims, ndim)
 
 
+def check_frequencies(prefix, dim_head, min_freq, max_freq, zero_fraction, *, pairs):
+    """The golden-gate frequency arguments of a rotary variant (`prefix`: rope, pope) for `pairs` frequencies."""
+    if pairs < 1:
+        raise ValueError(f"dim_head must give at least one frequency ({prefix}: {pairs} from dim_head={dim_head})")
+    for name, value in ((f'{prefix}_min_freq', min_freq), (f'{prefix}_max_freq', max_freq)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
+            raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    vit.probability(f'{prefix}_p_zero_freqs', zero_fraction)
+    if round(zero_fraction * pairs) >= pairs and pairs > 1:
+        raise ValueError(f"{prefix}_p_zero_freqs={zero_fraction} leaves none of the {pairs} frequencies non-zero; "
+                         f"expected a fraction below {(pairs - 0.5) / pairs:.3g}")
+
+
 def check_causal_dims(causal_dims, ndim):
     """The causal dimensions as a tuple of distinct ints in [0, ndim), or a clear error."""
     dims = (causal_dims,) if isinstance(causal_dims, int) and not isinstance(causal_dims, bool) else causal_dims

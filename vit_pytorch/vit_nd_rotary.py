@@ -69,19 +69,7 @@ def check_arguments(*, ndim, input_shape, patch_size, num_classes, dim, depth, h
     vit_nd.check_arguments(ndim=ndim, input_shape=input_shape, patch_size=patch_size, num_classes=num_classes,
                            dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, pool='mean', channels=channels,
                            dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout, causal_dims=causal_dims)
-    check_frequencies('rope', dim_head, rope_min_freq, rope_max_freq, rope_p_zero_freqs, pairs=dim_head // 2)
-
-
-def check_frequencies(prefix, dim_head, min_freq, max_freq, zero_fraction, *, pairs):
-    if pairs < 1:
-        raise ValueError(f"dim_head must give at least one frequency ({prefix}: {pairs} from dim_head={dim_head})")
-    for name, value in ((f'{prefix}_min_freq', min_freq), (f'{prefix}_max_freq', max_freq)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
-            raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    vit.probability(f'{prefix}_p_zero_freqs', zero_fraction)
-    if round(zero_fraction * pairs) >= pairs and pairs > 1:
-        raise ValueError(f"{prefix}_p_zero_freqs={zero_fraction} leaves none of the {pairs} frequencies non-zero; "
-                         f"expected a fraction below {(pairs - 0.5) / pairs:.3g}")
+    vit_nd.check_frequencies('rope', dim_head, rope_min_freq, rope_max_freq, rope_p_zero_freqs, pairs=dim_head // 2)
 
 
 # loading checkpoints

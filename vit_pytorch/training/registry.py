@@ -90,6 +90,7 @@ MODELS = {
     'vit_nd': 'vit_pytorch.vit_nd:ViTND',
     'vivit_with_moss': 'vit_pytorch.vivit_with_moss:ViViT',
     'vit_nd_rotary': 'vit_pytorch.vit_nd_rotary:ViTND',
+    'vit_nd_pope': 'vit_pytorch.vit_nd_pope:ViTND',
 }
 
 # models with an auxiliary loss that the training command adds to the cross-entropy: name -> (the forward's
@@ -112,6 +113,7 @@ INPUTS = {
     'vit_nd': 'clips (b, c, frames, h, w)',    # any (b, c, *input_shape); the trainer's clips are its 3-D input
     'vivit_with_moss': 'clips (b, c, frames, h, w)',
     'vit_nd_rotary': 'clips (b, c, frames, h, w)',    # as vit_nd
+    'vit_nd_pope': 'clips (b, c, frames, h, w)',    # as vit_nd
 }
 
 # the trainer's default sizes for a model whose arguments are not the ViT's (multi-scale models): name ->
@@ -201,7 +203,9 @@ SMALL_CONFIGS = {
                             temporal_depth=1, heads=4, dim_head=16, mlp_dim=128, moss_hidden_dim=16),
     # as 'vit_nd', with rotary positions in place of the position table
     'vit_nd_rotary': dict(ndim=3, input_shape=(8, 32, 32), patch_size=(2, 8, 8), dim=64, depth=4, heads=4, dim_head=16,
-                          mlp_dim=128, causal_dims=(0,)),
+                          mlp_dim=128, causal_dims=(0,)),    # as 'vit_nd', with polar positions (PoPE)
+    'vit_nd_pope': dict(ndim=3, input_shape=(8, 32, 32), patch_size=(2, 8, 8), dim=64, depth=4, heads=4, dim_head=16,
+                        mlp_dim=128, causal_dims=(0,)),
 }
 
 # 'Ti/16', 'S/16', 'B/32', ...: the paper's table, built by vit_pytorch.pretrained.vit
