@@ -696,8 +696,9 @@ def rope_frequencies(pairs, theta):
 class AxialRotaryEmbedding(nn.Module):
     """Rotary position angles (RoPE) for tokens on a grid of any number of axes, each axis turning its own pairs.
 
-    `frequencies` (axes, f), a buffer saved with the model; `forward(positions)` turns (n, axes) positions into
-    (n, axes * f) angles, axis a driving each head's channel pairs a f .. (a + 1) f - 1 (the rows' pairs, then the
+    `frequencies` (axes, f), a buffer saved with the model; `forward(positions)` turns (..., n, axes) positions
+    (integer indices, or coordinates scaled as the model wants them: LeVJEPA's in [-1, 1)) into (..., n, axes * f)
+    angles, axis a driving each head's channel pairs a f .. (a + 1) f - 1 (the rows' pairs, then the
     columns', as vit-pytorch lays them out). A 1D sequence is one axis. `RotaryAttention` turns queries and keys by
     the angles (`rotate`); a token given angle 0 (a cls token) is not turned.
 
@@ -717,7 +718,7 @@ class AxialRotaryEmbedding(nn.Module):
         frequencies = self.frequencies.to(torch.promote_types(self.frequencies.dtype, torch.float32))
         if self.mixed:
             return einsum(frequencies, positions.to(frequencies), '... f a, n a -> ... n f')
-        return rearrange(positions.to(frequencies)[:, :, None] * frequencies, 'n a f -> n (a f)')
+        return rearrange(positions.to(frequencies)[..., None] * frequencies, '... a f -> ... (a f)')
 
 
 def rotate(x, angles):
