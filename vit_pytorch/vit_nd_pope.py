@@ -23,8 +23,8 @@ frequencies (here `dim_head` of them per head), on `vit_nd.RotaryViTND`: mean-po
 As vit-pytorch's: its arguments, outputs, frequencies and learned offset; its checkpoints load through
 `vit_pytorch.pretrained.load_vit_pytorch` with equal outputs, causal ones too. Where it differs from vit-pytorch:
   - the causal mask goes to `vit.attend` (a dense boolean mask), so the model trains on any device.
-  - the complex numbers are the house's `vit.rotate` turning (softplus(q), 0) by the phase, which lays each as
-    (real, imaginary) side by side where vit-pytorch puts all real parts first; q . k is the same sum.
+  - each complex number lies as (real, imaginary) side by side where vit-pytorch puts all real parts first; q . k
+    is the same sum.
   - queries, keys and values come from one Linear `to_qkv` (vit-pytorch: `to_qk` and `to_v`, joined on loading);
     `ndim` is any positive number.
 The recorder sees (b, heads, prod(grid), prod(grid)) maps, the patches row-major.
@@ -42,10 +42,11 @@ from vit_pytorch import vit_nd
 
 def polar(x, phases):
     """(..., n, d) content -> (..., n, 2d): each channel the complex number softplus(x) e^(i phase) as (real,
-    imaginary), in float32 at least (as vit-pytorch); `vit.rotate` turns (magnitude, 0) by the phase."""
+    imaginary), in float32 at least (as vit-pytorch). (`vit.rotate` of (magnitude, 0) pairs is the same number; the
+    polar form skips the zero half, which costs vit-pytorch's speed and memory.)"""
     magnitudes = nn.functional.softplus(x.to(torch.promote_types(x.dtype, torch.float32)))
-    pairs = rearrange([magnitudes, torch.zeros_like(magnitudes)], 'two ... d -> ... (d two)')
-    return vit.rotate(pairs, phases).to(x.dtype)
+    numbers = torch.polar(magnitudes, phases.to(magnitudes.dtype).expand_as(magnitudes))
+    return rearrange(torch.view_as_real(numbers), '... d two -> ... (d two)').to(x.dtype)
 
 
 class Attention(vit.RotaryAttention):
