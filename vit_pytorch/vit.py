@@ -722,7 +722,8 @@ class AxialRotaryEmbedding(nn.Module):
 
 
 def rotate(x, angles):
-    """x (..., n, d) with each channel pair (2i, 2i + 1), i < p, turned by angles (n, p) in radians; channels from
+    """x (..., n, d) with each channel pair (2i, 2i + 1), i < p, turned by angles (n, p) in radians (or any shape
+    that broadcasts against x's leading axes: (heads, n, p) per head, (b, 1, n, p) per sample); channels from
     2p on pass unturned. Queries and keys turned alike give q . k that depends on their angles' difference alone."""
     pairs = angles.shape[-1]
     turned, rest = x[..., :2 * pairs], x[..., 2 * pairs:]
