@@ -62,7 +62,8 @@ def test_each_channel_is_a_complex_number_of_content_magnitude_and_position_phas
     content alone and its angle the phase alone, whatever the content."""
     q = torch.randn(2, 3, 5, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 3
     phases = torch.rand(3, 5, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 6 - 3
-    numbers = torch.view_as_complex(polar(q, phases).reshape(2, 3, 5, 4, 2))
+    real, imaginary = polar(q, phases).chunk(2, dim=-1)
+    numbers = torch.complex(real, imaginary)
     torch.testing.assert_close(numbers.abs(), torch.nn.functional.softplus(q))
     torch.testing.assert_close(numbers.angle(), phases.expand(2, 3, 5, 4))
 

@@ -23,8 +23,6 @@ frequencies (here `dim_head` of them per head), on `vit_nd.RotaryViTND`: mean-po
 As vit-pytorch's: its arguments, outputs, frequencies and learned offset; its checkpoints load through
 `vit_pytorch.pretrained.load_vit_pytorch` with equal outputs, causal ones too. Where it differs from vit-pytorch:
   - the causal mask goes to `vit.attend` (a dense boolean mask), so the model trains on any device.
-  - each complex number lies as (real, imaginary) side by side where vit-pytorch puts all real parts first; q . k
-    is the same sum.
   - queries, keys and values come from one Linear `to_qkv` (vit-pytorch: `to_qk` and `to_v`, joined on loading);
     `ndim` is any positive number.
 The recorder sees (b, heads, prod(grid), prod(grid)) maps, the patches row-major.
@@ -41,12 +39,12 @@ from vit_pytorch import vit_nd
 
 
 def polar(x, phases):
-    """(..., n, d) content -> (..., n, 2d): each channel the complex number softplus(x) e^(i phase) as (real,
-    imaginary), in float32 at least (as vit-pytorch). (`vit.rotate` of (magnitude, 0) pairs is the same number; the
-    polar form skips the zero half, which costs vit-pytorch's speed and memory.)"""
+    """(..., n, d) content -> (..., n, 2d): each channel the complex number softplus(x) e^(i phase), the d real
+    parts, then the d imaginary ones (as vit-pytorch lays them), in float32 at least (as vit-pytorch). Written out
+    rather than through `torch.polar` (complex tensors), which ran 2.5 to 4 times slower on this CPU."""
     magnitudes = nn.functional.softplus(x.to(torch.promote_types(x.dtype, torch.float32)))
-    numbers = torch.polar(magnitudes, phases.to(magnitudes.dtype).expand_as(magnitudes))
-    return rearrange(torch.view_as_real(numbers), '... d two -> ... (d two)').to(x.dtype)
+    phases = phases.to(magnitudes.dtype)
+    return torch.cat((magnitudes * phases.cos(), magnitudes * phases.sin()), dim=-1).to(x.dtype)
 
 
 class Attention(vit.RotaryAttention):
