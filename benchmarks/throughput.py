@@ -264,6 +264,14 @@ REGISTRY = {
         image_size=224, patch_size=16, num_classes=NUM_CLASSES, dim=256, depth=2, num_slots=(64, 32, 16),
         interactions=((0, 1), (0, 2), (1, 2), (2, 3)), heads=4, mlp_dim=512, l1norm_after_tokens_softmax=True,
         num_register_tokens=4, num_register_slots=(4, 4, 2)), 224, 3, NUM_CLASSES),
+    # vit-pytorch's __main__ ViTND with rotary positions (5-D, time causal, width 512, depth 6) scaled as 'vit_nd'
+    'vit_nd_rotary': ('4-D 8 x 16 x 32 x 32 / 2 x 4 x 8 x 8, S/16 wide, time causal', None, dict(
+        ndim=4, input_shape=(8, 16, 32, 32), patch_size=(2, 4, 8, 8), num_classes=NUM_CLASSES, dim=384, depth=12,
+        heads=6, mlp_dim=1536, causal_dims=(0,)), (8, 16, 32, 32), 3, NUM_CLASSES),
+    # vit-pytorch's __main__ ViTND with PoPE, scaled as 'vit_nd'
+    'vit_nd_pope': ('4-D 8 x 16 x 32 x 32 / 2 x 4 x 8 x 8, S/16 wide, time causal', None, dict(
+        ndim=4, input_shape=(8, 16, 32, 32), patch_size=(2, 4, 8, 8), num_classes=NUM_CLASSES, dim=384, depth=12,
+        heads=6, mlp_dim=1536, causal_dims=(0,)), (8, 16, 32, 32), 3, NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -404,6 +412,10 @@ def vit_nd_reference(ours):
 
 
 REFERENCES['vit_nd'] = ('vit-pytorch 1.26.14 vit_nd.ViTND', vit_nd_reference)
+REFERENCES['vit_nd_rotary'] = ('vit-pytorch 1.26.14 vit_nd_rotary.ViTND', lambda ours: vit_pytorch_reference(
+    'vit_nd_rotary', 'ViTND', ours, **REGISTRY['vit_nd_rotary'][2]))
+REFERENCES['vit_nd_pope'] = ('vit-pytorch 1.26.14 vit_nd_pope.ViTND', lambda ours: vit_pytorch_reference(
+    'vit_nd_pope', 'ViTND', ours, **REGISTRY['vit_nd_pope'][2]))
 REFERENCES.update({
     name: (f'vit-pytorch 1.26.14 {module}.{cls}',
            lambda ours, name=name, module=module, cls=cls: vit_pytorch_reference(module, cls, ours,

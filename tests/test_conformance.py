@@ -362,6 +362,17 @@ CASES = {
                                                num_register_slots=1), IMAGES,
                                           no_gradient=dict(WWT_LAST_LAYER, **{
                                               'transformer.layers.1.attns.*.mask_project.*': WWT_NEXT_MASK})),
+    # rotary N-D positions, no cls token: all, or with time causal and a quarter of the frequencies 0
+    'vit_nd_rotary': Case(dict(ndim=3, input_shape=(4, 16, 24), patch_size=(2, 4, 8), num_classes=5, dim=16, depth=2,
+                               heads=2, dim_head=8, mlp_dim=32), CLIPS),
+    'vit_nd_rotary[causal_dims=0]': Case(dict(ndim=3, input_shape=(4, 16, 24), patch_size=(2, 4, 8), num_classes=5,
+                                              dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32, causal_dims=0,
+                                              rope_p_zero_freqs=0.25), CLIPS),    # PoPE: all, or with time causal and the learned phase offset started uniform
+    'vit_nd_pope': Case(dict(ndim=3, input_shape=(4, 16, 24), patch_size=(2, 4, 8), num_classes=5, dim=16, depth=2,
+                             heads=2, dim_head=8, mlp_dim=32), CLIPS),
+    'vit_nd_pope[causal_dims=0]': Case(dict(ndim=3, input_shape=(4, 16, 24), patch_size=(2, 4, 8), num_classes=5,
+                                            dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32, causal_dims=0,
+                                            pope_init_learned_bias_uniform=True), CLIPS),
 }
 
 

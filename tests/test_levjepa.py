@@ -9,7 +9,8 @@ from einops import rearrange
 
 from tests.helpers import load_fixture
 from vit_pytorch.lejepa import sigreg_loss
-from vit_pytorch.levjepa import LeVJEPA, VideoTransformer, rotate
+from vit_pytorch import vit
+from vit_pytorch.levjepa import LeVJEPA, VideoTransformer, video_frequencies
 from vit_pytorch.pretrained import load_vit_pytorch
 
 ENCODER = dict(image_size=16, patch_size=8, frames=3, dim=32, depth=2, heads=2, dim_head=16, mlp_dim=64)
@@ -50,17 +51,26 @@ def test_without_block_causality_the_first_frame_sees_the_last():
 
 
 def test_rotary_scores_depend_on_the_angle_difference_only():
-    # q rotated by a and k by b score as q rotated by a - b against k as it is: R(a)^T R(b) = R(b - a)
+    # q rotated by a and k by b score as q rotated by a - b against k as it is: R(a)^T R(b) = R(b - a); each sample
+    # its own angles (b, 1, n, pairs), shared by the heads
     generator = torch.Generator().manual_seed(0)
-    q, k = torch.randn(2, 1, 5, 16, generator=generator), torch.randn(2, 1, 5, 16, generator=generator)
-    a, b = torch.randn(2, 5, 6, generator=generator), torch.randn(2, 5, 6, generator=generator)
-    pairs = lambda t: t.repeat_interleave(2, dim=-1)
+    q, k = torch.randn(2, 2, 5, 16, generator=generator), torch.randn(2, 2, 5, 16, generator=generator)
+    a, b = torch.randn(2, 1, 5, 6, generator=generator), torch.randn(2, 1, 5, 6, generator=generator)
     score = lambda x, y: (x * y).sum(-1)
-    rotated = score(rotate(q, pairs(a.sin()), pairs(a.cos())), rotate(k, pairs(b.sin()), pairs(b.cos())))
-    relative = score(rotate(q, pairs((a - b).sin()), pairs((a - b).cos())), k)
+    rotated = score(vit.rotate(q, a), vit.rotate(k, b))
+    relative = score(vit.rotate(q, a - b), k)
     torch.testing.assert_close(rotated, relative, rtol=1e-5, atol=1e-5)
     # the 4 channels past the 12 rotated ones pass unchanged
-    torch.testing.assert_close(rotate(q, pairs(a.sin()), pairs(a.cos()))[..., 12:], q[..., 12:])
+    torch.testing.assert_close(vit.rotate(q, a)[..., 12:], q[..., 12:])
+
+
+def test_the_rotary_angles_are_coordinates_in_minus_1_1_times_linear_frequencies_times_pi():
+    """dim_head 16 over 3 axes: 2 frequencies per axis, 1 and max_freq / 2 = 5, times pi; the angle of axis a's pair
+    f is coordinate_a * frequency_f * pi, axes one after the other."""
+    rotary = vit.AxialRotaryEmbedding(video_frequencies(16, 10., axes=3))
+    coords = torch.tensor([[[0.5, -1., 0.25]]])                                       # (b, n, axes)
+    expected = torch.tensor([0.5, 2.5, -1., -5., 0.25, 1.25]) * torch.pi
+    torch.testing.assert_close(rotary(coords)[0, 0], expected)
 
 
 def test_training_keeps_the_cls_token_and_a_share_of_the_patches():

@@ -60,41 +60,21 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 LeVJEPALosses = namedtuple('LeVJEPALosses', ['invariance_loss', 'sigreg_loss'])
 
 
-class VideoRotaryEmbedding(nn.Module):
-    """A factorised rotary embedding of (frame, row, column) coordinates in [-1, 1] (of any `axes` coordinates):
-    `dim // (2 * axes)` frequencies per axis (from 1 to `max_freq / 2`, times pi), each turning one pair of a head's
-    channels; the rest pass."""
-
-    def __init__(self, dim, max_freq=10, *, axes=3):
-        super().__init__()
-        self.register_buffer('scales', torch.linspace(1., max_freq / 2, (dim - dim % (2 * axes)) // (2 * axes)))
-
-    def forward(self, coords):
-        """(sin, cos) of coords (b, n, axes): each (b, n, 2 * axes * frequencies), one angle per channel pair."""
-        theta = rearrange(coords[..., None] * self.scales * pi, 'b n i f -> b n (i f)')
-        return (repeat(t, 'b n d -> b n (d pair)', pair=2) for t in (theta.sin(), theta.cos()))
+def video_frequencies(dim_head, max_freq=10, *, axes=3):
+    """A factorised rotary table of coordinates in [-1, 1] (frame, row, column: any `axes` of them), for
+    `vit.AxialRotaryEmbedding`: `dim_head // (2 * axes)` frequencies per axis, from 1 to `max_freq / 2`, times pi
+    (radians per unit of coordinate), each turning one pair of a head's channels; the rest pass. (axes, f)."""
+    pairs = dim_head // (2 * axes)
+    return repeat(torch.linspace(1., max_freq / 2, pairs) * pi, 'f -> a f', a=axes)
 
 
-def rotate(x, sin, cos):
-    """Turn each pair (x1, x2) of the first sin.shape[-1] channels of x (b, h, n, d) by its angle; the rest pass."""
-    rotated, passed = x[..., :sin.shape[-1]], x[..., sin.shape[-1]:]
-    pairs = rearrange(rotated, '... (d pair) -> ... d pair', pair=2)
-    turned = rearrange(torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1), '... d pair -> ... (d pair)')
-    sin, cos = sin[:, None], cos[:, None]                                  # one angle for every head
-    return torch.cat((rotated * cos + turned * sin, passed), dim=-1)
-
-
-class Attention(vit.Attention):
-    """RMSNorm pre-norm attention without biases, its queries and keys turned by the rotary angles, masked."""
+class Attention(vit.RotaryAttention):
+    """RMSNorm pre-norm attention without biases, its queries and keys turned by the rotary `angles` (b, 1, n,
+    pairs): each sample's tokens in their own order (token dropping), one angle for every head; masked."""
 
     def __init__(self, dim, heads=8, dim_head=64, dropout=0.):
         super().__init__(dim, heads, dim_head, dropout, norm=nn.RMSNorm(dim),
                          to_out=nn.Sequential(nn.Linear(heads * dim_head, dim, bias=False), nn.Dropout(dropout)))
-
-    def forward(self, x, *, sin, cos, mask=None):
-        q, k, v = self.qkv(x)
-        out = self.attend(rotate(q, sin, cos), rotate(k, sin, cos), v, mask=mask)
-        return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
 
 
 class VideoTransformer(nn.Module):
@@ -120,7 +100,7 @@ class VideoTransformer(nn.Module):
             nn.LayerNorm(dim, bias=False),
         )
         self.cls_token = nn.Parameter(torch.randn(dim))
-        self.rotary_emb = VideoRotaryEmbedding(dim_head, max_freq=rotary_max_freq)
+        self.rotary_emb = vit.AxialRotaryEmbedding(video_frequencies(dim_head, rotary_max_freq))
         self.transformer = encoder_stack(dim, depth, heads, dim_head, mlp_dim, dropout)
         self.norm = nn.RMSNorm(dim)
         self.dropout = nn.Dropout(emb_dropout)
@@ -144,8 +124,8 @@ class VideoTransformer(nn.Module):
             x, coords, frame = keep_random_tokens(drop_ratio, x, coords, frame)
 
         mask = block_causal_mask(frame) if self.block_causal else None
-        sin, cos = self.rotary_emb(coords)
-        return self.norm(self.transformer(x, sin=sin, cos=cos, mask=mask))
+        angles = rearrange(self.rotary_emb(coords), 'b n p -> b 1 n p')
+        return self.norm(self.transformer(x, angles=angles, mask=mask))
 
 
 def encoder_stack(dim, depth, heads, dim_head, mlp_dim, dropout):
@@ -407,5 +387,13 @@ def check_learner_arguments(*, encoder, num_classes_K, projection_hidden, drop_r
 
 
 def vit_pytorch_plan(model, keys):
-    """vit-pytorch's `VideoTransformer` and `LeVJEPA` have our names: their checkpoints load as they are."""
-    return None
+    """vit-pytorch's `VideoTransformer` and `LeVJEPA` (and `levjepa_nd`'s): our names, but for the rotary table: its
+    `rotary_emb.scales` (f,) are our `rotary_emb.frequencies` (axes, f) divided by pi, the same for every axis."""
+    plan = {}
+    for key, tensor in model.state_dict().items():
+        if key.endswith('rotary_emb.frequencies'):
+            plan[key] = ({key.removesuffix('frequencies') + 'scales': tuple(tensor.shape[1:])},
+                         lambda scales, axes=tensor.shape[0]: repeat(scales * pi, 'f -> a f', a=axes))
+        else:
+            plan[key] = ({key: tuple(tensor.shape)}, lambda t: t)
+    return plan, ()

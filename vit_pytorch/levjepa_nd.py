@@ -80,7 +80,8 @@ class NDTransformer(nn.Module):
             nn.LayerNorm(dim, bias=False),
         )
         self.cls_token = nn.Parameter(torch.randn(dim))
-        self.rotary_emb = levjepa.VideoRotaryEmbedding(dim_head, max_freq=rotary_max_freq, axes=ndim)
+        frequencies = levjepa.video_frequencies(dim_head, rotary_max_freq, axes=ndim)
+        self.rotary_emb = vit.AxialRotaryEmbedding(frequencies)
         self.transformer = levjepa.encoder_stack(dim, depth, heads, dim_head, mlp_dim, dropout)
         self.norm = nn.RMSNorm(dim)
         self.dropout = nn.Dropout(emb_dropout)
@@ -101,8 +102,8 @@ class NDTransformer(nn.Module):
         if drop_ratio is not None and self.training:
             x, scaled, index = levjepa.keep_random_tokens(drop_ratio, x, scaled, index)
 
-        sin, cos = self.rotary_emb(scaled)
-        return self.norm(self.transformer(x, sin=sin, cos=cos, mask=causal_mask(index, self.causal_dims)))
+        angles = rearrange(self.rotary_emb(scaled), 'b n p -> b 1 n p')
+        return self.norm(self.transformer(x, angles=angles, mask=causal_mask(index, self.causal_dims)))
 
 
 class LeVJEPAND(nn.Module):
@@ -201,5 +202,5 @@ def check_arguments(*, ndim, input_shape, patch_size, dim, depth, heads, mlp_dim
 
 
 def vit_pytorch_plan(model, keys):
-    """vit-pytorch's `NDTransformer` and `LeVJEPAND` have our names: their checkpoints load as they are."""
-    return None
+    """vit-pytorch's `NDTransformer` and `LeVJEPAND`: our names but for the rotary table (see `levjepa`'s plan)."""
+    return levjepa.vit_pytorch_plan(model, keys)

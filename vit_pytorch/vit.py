@@ -34,7 +34,7 @@ from types import MappingProxyType
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange, repeat
+from einops import einsum, rearrange, repeat
 from einops.layers.torch import Rearrange
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -696,24 +696,34 @@ def rope_frequencies(pairs, theta):
 class AxialRotaryEmbedding(nn.Module):
     """Rotary position angles (RoPE) for tokens on a grid of any number of axes, each axis turning its own pairs.
 
-    `frequencies` (axes, f), a buffer saved with the model; `forward(positions)` turns (n, axes) positions into
-    (n, axes * f) angles, axis a driving each head's channel pairs a f .. (a + 1) f - 1 (the rows' pairs, then the
+    `frequencies` (axes, f), a buffer saved with the model; `forward(positions)` turns (..., n, axes) positions
+    (integer indices, or coordinates scaled as the model wants them: LeVJEPA's in [-1, 1)) into (..., n, axes * f)
+    angles, axis a driving each head's channel pairs a f .. (a + 1) f - 1 (the rows' pairs, then the
     columns', as vit-pytorch lays them out). A 1D sequence is one axis. `RotaryAttention` turns queries and keys by
     the angles (`rotate`); a token given angle 0 (a cls token) is not turned.
+
+    `mixed=True` turns each pair along a direction across all axes instead (N-D RoPE with mixed frequencies, as
+    vit-pytorch's `vit_nd_rotary`): `frequencies` (..., f, axes), one frequency vector per pair, and the angles
+    (..., n, f) are the dot products of the positions with them; leading axes (heads) give each head its own
+    angles, which `rotate` broadcasts over (b, heads, n, d). Axial frequencies are the block-diagonal case.
     """
 
-    def __init__(self, frequencies):
+    def __init__(self, frequencies, *, mixed=False):
         super().__init__()
+        self.mixed = mixed
         self.register_buffer('frequencies', frequencies.contiguous())     # an expanded view cannot be loaded into
 
     def forward(self, positions):
         # angles in float32 at least: in bfloat16 an angle of a few hundred radians (RvT's) is off by up to one
         frequencies = self.frequencies.to(torch.promote_types(self.frequencies.dtype, torch.float32))
-        return rearrange(positions.to(frequencies)[:, :, None] * frequencies, 'n a f -> n (a f)')
+        if self.mixed:
+            return einsum(frequencies, positions.to(frequencies), '... f a, n a -> ... n f')
+        return rearrange(positions.to(frequencies)[..., None] * frequencies, '... a f -> ... (a f)')
 
 
 def rotate(x, angles):
-    """x (..., n, d) with each channel pair (2i, 2i + 1), i < p, turned by angles (n, p) in radians; channels from
+    """x (..., n, d) with each channel pair (2i, 2i + 1), i < p, turned by angles (n, p) in radians (or any shape
+    that broadcasts against x's leading axes: (heads, n, p) per head, (b, 1, n, p) per sample); channels from
     2p on pass unturned. Queries and keys turned alike give q . k that depends on their angles' difference alone."""
     pairs = angles.shape[-1]
     turned, rest = x[..., :2 * pairs], x[..., 2 * pairs:]

@@ -4,7 +4,8 @@ The ViT of "An Image is Worth 16x16 Words", Dosovitskiy et al., arXiv 2010.11929
 patches: an input (b, c, d_0, ..., d_{N-1}) becomes a grid of patches of `patch_size`, each flattened and
 projected, with a learned position table over the grid and a cls token. Dimensions named in `causal_dims`
 are causal: a patch attends only to patches at its own index or earlier along each of them (time in an
-occupancy video, `vit_nd_masking`), so what a patch computes never depends on a later slice.
+occupancy video; vit-pytorch's `vit_nd_masking` functions, defined here), so what a patch computes never
+depends on a later slice.
 
     import torch
     from vit_pytorch.vit_nd import ViTND
@@ -37,7 +38,6 @@ from einops.layers.torch import Rearrange
 from torch import nn
 
 from vit_pytorch import vit
-from vit_pytorch import vit_nd_masking as masking
 
 
 def axis_names(ndim):
@@ -71,7 +71,7 @@ class ViTND(vit.TokenFace, nn.Module):
         self.input_shape, self.patch_size = as_tuple(input_shape, ndim), as_tuple(patch_size, ndim)
         self.grid_size = tuple(side // patch for side, patch in zip(self.input_shape, self.patch_size))
         self.num_features = self.embed_dim = dim
-        self.causal_dims = None if causal_dims is None else masking.check_causal_dims(causal_dims, ndim)
+        self.causal_dims = None if causal_dims is None else check_causal_dims(causal_dims, ndim)
 
         self.to_patch_embedding = nn.Sequential(
             Rearrange(patch_pattern(ndim), **{f'p{i}': p for i, p in enumerate(self.patch_size)}),
@@ -85,9 +85,9 @@ class ViTND(vit.TokenFace, nn.Module):
         vit.init_tokens(self.pos_embedding, self.cls_token, patch_norm=True)
         self.dropout = nn.Dropout(emb_dropout)
 
-        mask_fn = masking.get_nd_causal_mask_fn(self.grid_size, self.causal_dims, ndim=ndim, has_cls=True,
+        mask_fn = get_nd_causal_mask_fn(self.grid_size, self.causal_dims, ndim=ndim, has_cls=True,
                                                 patches_attend_cls=False)
-        self.register_buffer('causal_mask', None if mask_fn is None else masking.create_nd_block_mask(
+        self.register_buffer('causal_mask', None if mask_fn is None else create_nd_block_mask(
             mask_fn, heads, self.pos_embedding.shape[0], device=None), persistent=False)
 
         self.transformer = vit.Transformer(dim, depth, heads, dim_head, mlp_dim, dropout)
@@ -131,8 +131,166 @@ class ViTND(vit.TokenFace, nn.Module):
         self.transformer.grad_checkpointing = enable
 
 
+class RotaryViTND(vit.TokenFace, nn.Module):
+    """The N-D ViT of the rotary variants (`vit_nd_rotary`, `vit_nd_pope`): no position table and no cls token, the
+    tokens mean-pooled; each attention (`attention`, built like `vit.Attention`) takes `rotary_angles()`, the
+    angles `rotary_emb` gives the patches' grid positions, as `angles=`.
+
+    `forward(x)` gives the logits of the mean of the tokens; `forward(x, return_embed=True)` the tokens after the
+    final norm on their grid, (b, *grid, dim). `num_classes=0` makes `forward` return the pooled embedding (b, dim).
+    `forward_features` returns the tokens flat, (b, prod(grid), dim); `forward_intermediates(output='maps')` lays
+    each block's output on the grid, (b, dim, *grid).
+    """
+
+    num_prefix_tokens = 0
+
+    def __init__(self, *, ndim, input_shape, patch_size, num_classes, dim, depth, heads, mlp_dim, channels, dim_head,
+                 dropout, emb_dropout, causal_dims, rotary_emb, attention):
+        super().__init__()
+        self.ndim, self.channels, self.num_classes = ndim, channels, num_classes
+        self.input_shape, self.patch_size = as_tuple(input_shape, ndim), as_tuple(patch_size, ndim)
+        self.grid_size = tuple(side // patch for side, patch in zip(self.input_shape, self.patch_size))
+        self.num_features = self.embed_dim = dim
+        self.causal_dims = None if causal_dims is None else check_causal_dims(causal_dims, ndim)
+
+        self.to_patch_embedding = nn.Sequential(
+            Rearrange(patch_pattern(ndim), **{f'p{i}': p for i, p in enumerate(self.patch_size)}),
+            nn.Linear(channels * math.prod(self.patch_size), dim),
+            nn.LayerNorm(dim),
+        )
+        self.to_nd_patches = Rearrange(f"b ({' '.join(axis_names(ndim))}) d -> b d {' '.join(axis_names(ndim))}",
+                                       **dict(zip(axis_names(ndim), self.grid_size)))
+        self.dropout = nn.Dropout(emb_dropout)
+        self.rotary_emb = rotary_emb
+        self.register_buffer('positions', grid_positions(self.grid_size), persistent=False)
+
+        mask_fn = get_nd_causal_mask_fn(self.grid_size, self.causal_dims, ndim=ndim)
+        self.register_buffer('causal_mask', None if mask_fn is None else create_nd_block_mask(
+            mask_fn, heads, math.prod(self.grid_size), device=None), persistent=False)
+
+        self.transformer = vit.Transformer(dim, depth, heads, dim_head, mlp_dim, dropout, attention=attention)
+        self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
+
+    def token_grid(self, input_shape):
+        """The grid of patch tokens of an input of `input_shape` (its last `ndim` sides)."""
+        return tuple(side // patch for side, patch in zip(tuple(input_shape)[-self.ndim:], self.patch_size))
+
+    def forward_features(self, x):
+        """The tokens after the final norm: (b, prod(grid), dim), row-major."""
+        dtype = self.to_patch_embedding[1].weight.dtype
+        check_input(x, channels=self.channels, input_shape=self.input_shape, dtype=dtype)
+        x = self.dropout(self.to_patch_embedding(x))
+        return self.transformer(x, **self.rotary_angles(), mask=self.causal_mask)
+
+    def rotary_angles(self):
+        """The keyword arguments that hand each attention its rotary angles: {'angles': (heads, n, pairs)}."""
+        return dict(angles=self.rotary_emb(self.positions))
+
+    def forward_head(self, tokens, pre_logits=False):
+        """The mean of the tokens: the pre-logits embedding, or the logits."""
+        pooled = tokens.mean(dim=1)
+        return pooled if pre_logits else self.mlp_head(pooled)
+
+    def forward(self, x, return_embed=False):
+        tokens = self.forward_features(x)
+        if return_embed:
+            return rearrange(self.to_nd_patches(tokens), 'b d ... -> b ... d')
+        return self.forward_head(tokens)
+
+    def forward_intermediates(self, x, indices=None, *, output='tokens'):
+        """Each chosen block's output (see `TokenFace`); output 'maps' lays it on the grid, (b, dim, *grid)."""
+        if output != 'maps':
+            return super().forward_intermediates(x, indices, output=output)
+        return [self.to_nd_patches(tokens) for tokens in super().forward_intermediates(x, indices)]
+
+    def reset_classifier(self, num_classes):
+        """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
+        vit.reset_head(self, num_classes, self.num_features, like=self.to_patch_embedding[1].weight,
+                       removed=nn.Identity())
+
+    def set_grad_checkpointing(self, enable=True):
+        self.transformer.grad_checkpointing = enable
+
+
+def golden_ratio(dims):
+    """The generalised golden ratio for `dims` dimensions: the positive root of x^(dims + 1) = x + 1."""
+    root = 1.5
+    for _ in range(64):                  # a contraction with factor below 1 / (dims + 1): converged in float64
+        root = (1. + root) ** (1. / (dims + 1.))
+    return root
+
+
+def golden_directions(count, dims):
+    """`count` unit vectors in `dims` dimensions spread evenly over the sphere: the additive recurrence of the
+    golden ratio's powers (a low-discrepancy sequence in the unit cube), through the normal inverse CDF."""
+    steps = golden_ratio(dims) ** -torch.arange(1, dims + 1, dtype=torch.float64)
+    cube = torch.fmod(torch.arange(1, count + 1, dtype=torch.float64)[:, None] * steps, 1.)
+    return nn.functional.normalize(torch.erfinv(2. * cube - 1.), dim=-1).float()
+
+
+def golden_gate_frequencies(heads, pairs, dims, min_freq=1., max_freq=10000., zero_fraction=0.):
+    """(heads, pairs, dims) rotary frequency vectors: golden directions scaled by frequencies rising geometrically
+    from `min_freq` to `max_freq` over each head's pairs, the first round(zero_fraction * pairs) of them 0."""
+    zeros = round(zero_fraction * pairs)
+    lengths = torch.cat((torch.zeros(zeros), min_freq * (max_freq / min_freq) ** torch.linspace(0, 1, pairs - zeros)))
+    directions = rearrange(golden_directions(heads * pairs, dims), '(h f) a -> h f a', h=heads)
+    return directions * lengths[:, None]
+
+
+def grid_positions(grid, device=None):
+    """(prod(grid), len(grid)) integer index of each cell of an N-D grid along each dimension, row-major."""
+    axes = torch.meshgrid(*(torch.arange(side, device=device) for side in grid), indexing='ij')
+    return rearrange(torch.stack(axes, dim=-1), '... a -> (...) a')
+
+
 def as_tuple(value, ndim):
     return tuple(value) if isinstance(value, (tuple, list)) else (value,) * ndim
+
+
+# causal masks (vit-pytorch's `vit_nd_masking` functions; that module imports them from here)
+
+
+def nd_causal_mask_fn(num_patches_per_dim, causal_dims, has_cls=False, *, patches_attend_cls=True):
+    """mask_fn(b, h, q_idx, k_idx) -> bool, True where query q_idx may attend to key k_idx (broadcasting indices).
+
+    A key is allowed when its index along every dimension of `causal_dims` is at most the query's. With
+    `has_cls`, index 0 is the cls token: it attends to all, and every token attends to it unless
+    `patches_attend_cls=False`.
+    """
+    num_patches_per_dim = tuple(num_patches_per_dim)
+    causal_dims = tuple(causal_dims)
+    strides = [math.prod(num_patches_per_dim[dim + 1:]) for dim in causal_dims]
+
+    def mask_fn(b, h, q_idx, k_idx):
+        q_idx, k_idx = torch.as_tensor(q_idx), torch.as_tensor(k_idx)
+        q_patch, k_patch = (q_idx - 1, k_idx - 1) if has_cls else (q_idx, k_idx)
+        allowed = torch.ones(torch.broadcast_shapes(q_idx.shape, k_idx.shape), dtype=torch.bool, device=q_idx.device)
+        for dim, stride in zip(causal_dims, strides):
+            size = num_patches_per_dim[dim]
+            allowed = allowed & ((q_patch // stride) % size >= (k_patch // stride) % size)
+        if has_cls:
+            q_cls, k_cls = q_idx == 0, k_idx == 0
+            allowed = (allowed & ~q_cls & ~k_cls) | q_cls | (k_cls & patches_attend_cls)
+        return allowed
+
+    return mask_fn
+
+
+def get_nd_causal_mask_fn(num_patches_per_dim, causal_dims, ndim=None, has_cls=False, *, patches_attend_cls=True):
+    """`nd_causal_mask_fn` for `causal_dims` (an int or a sequence of dimensions), or None when it is None."""
+    if causal_dims is None:
+        return None
+    causal_dims = check_causal_dims(causal_dims, len(num_patches_per_dim) if ndim is None else ndim)
+    return nd_causal_mask_fn(num_patches_per_dim, causal_dims, has_cls=has_cls, patches_attend_cls=patches_attend_cls)
+
+
+def create_nd_block_mask(mask_fn, heads, seq_len, device):
+    """The dense (seq_len, seq_len) boolean mask of `mask_fn` over every query and key, on `device`; `heads`
+    is vit-pytorch's argument (its flex BlockMask is per head), one mask serves them all here."""
+    vit.positive_int('heads', heads)
+    vit.positive_int('seq_len', seq_len)
+    indices = torch.arange(seq_len, device=device)
+    return mask_fn(0, 0, indices[:, None], indices[None, :])
 
 
 # argument checks
@@ -161,7 +319,32 @@ def check_arguments(*, ndim, input_shape, patch_size, num_classes, dim, depth, h
     if pool not in ('cls', 'mean'):
         raise ValueError(f"pool must be 'cls' (cls token) or 'mean' (mean pooling), got {pool!r}")
     if causal_dims is not None:
-        masking.check_causal_dims(causal_dims, ndim)
+        check_causal_dims(causal_dims, ndim)
+
+
+def check_frequencies(prefix, dim_head, min_freq, max_freq, zero_fraction, *, pairs):
+    """The golden-gate frequency arguments of a rotary variant (`prefix`: rope, pope) for `pairs` frequencies."""
+    if pairs < 1:
+        raise ValueError(f"dim_head must give at least one frequency ({prefix}: {pairs} from dim_head={dim_head})")
+    for name, value in ((f'{prefix}_min_freq', min_freq), (f'{prefix}_max_freq', max_freq)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
+            raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    vit.probability(f'{prefix}_p_zero_freqs', zero_fraction)
+    if round(zero_fraction * pairs) >= pairs and pairs > 1:
+        raise ValueError(f"{prefix}_p_zero_freqs={zero_fraction} leaves none of the {pairs} frequencies non-zero; "
+                         f"expected a fraction below {(pairs - 0.5) / pairs:.3g}")
+
+
+def check_causal_dims(causal_dims, ndim):
+    """The causal dimensions as a tuple of distinct ints in [0, ndim), or a clear error."""
+    dims = (causal_dims,) if isinstance(causal_dims, int) and not isinstance(causal_dims, bool) else causal_dims
+    if not isinstance(dims, (tuple, list)) or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+        raise TypeError(f"causal_dims must be None, an int or a tuple of ints (dimensions of the input grid), "
+                        f"got {causal_dims!r}")
+    if not all(0 <= d < ndim for d in dims) or len(set(dims)) != len(dims):
+        raise ValueError(f"causal_dims must be distinct dimensions between 0 and ndim - 1 = {ndim - 1}, "
+                         f"got {causal_dims!r}")
+    return tuple(dims)
 
 
 def check_input(x, *, channels, input_shape, dtype):

@@ -23,6 +23,9 @@ With `has_cls=True` position 0 is a cls token that attends to every token and th
 as in vit-pytorch. That cls token has seen every later slice after one layer, so from the second layer on a
 patch that reads it sees later slices too: `patches_attend_cls=False` keeps it a pure readout (it attends to
 all, no patch attends to it), which is what `vit_nd.ViTND` uses to keep its causal dimensions causal.
+
+The mask functions live in `vit_nd.py`, the N-D models' family base, so that a model built on it copies one file
+beside vit.py; this module is their vit-pytorch import path, with `nd_attention`.
 """
 
 import math
@@ -30,49 +33,9 @@ import math
 import torch
 
 from vit_pytorch import vit
+from vit_pytorch.vit_nd import check_causal_dims, create_nd_block_mask, get_nd_causal_mask_fn, nd_causal_mask_fn
 
-
-def nd_causal_mask_fn(num_patches_per_dim, causal_dims, has_cls=False, *, patches_attend_cls=True):
-    """mask_fn(b, h, q_idx, k_idx) -> bool, True where query q_idx may attend to key k_idx (broadcasting indices).
-
-    A key is allowed when its index along every dimension of `causal_dims` is at most the query's. With
-    `has_cls`, index 0 is the cls token: it attends to all, and every token attends to it unless
-    `patches_attend_cls=False`.
-    """
-    num_patches_per_dim = tuple(num_patches_per_dim)
-    causal_dims = tuple(causal_dims)
-    strides = [math.prod(num_patches_per_dim[dim + 1:]) for dim in causal_dims]
-
-    def mask_fn(b, h, q_idx, k_idx):
-        q_idx, k_idx = torch.as_tensor(q_idx), torch.as_tensor(k_idx)
-        q_patch, k_patch = (q_idx - 1, k_idx - 1) if has_cls else (q_idx, k_idx)
-        allowed = torch.ones(torch.broadcast_shapes(q_idx.shape, k_idx.shape), dtype=torch.bool, device=q_idx.device)
-        for dim, stride in zip(causal_dims, strides):
-            size = num_patches_per_dim[dim]
-            allowed = allowed & ((q_patch // stride) % size >= (k_patch // stride) % size)
-        if has_cls:
-            q_cls, k_cls = q_idx == 0, k_idx == 0
-            allowed = (allowed & ~q_cls & ~k_cls) | q_cls | (k_cls & patches_attend_cls)
-        return allowed
-
-    return mask_fn
-
-
-def get_nd_causal_mask_fn(num_patches_per_dim, causal_dims, ndim=None, has_cls=False, *, patches_attend_cls=True):
-    """`nd_causal_mask_fn` for `causal_dims` (an int or a sequence of dimensions), or None when it is None."""
-    if causal_dims is None:
-        return None
-    causal_dims = check_causal_dims(causal_dims, len(num_patches_per_dim) if ndim is None else ndim)
-    return nd_causal_mask_fn(num_patches_per_dim, causal_dims, has_cls=has_cls, patches_attend_cls=patches_attend_cls)
-
-
-def create_nd_block_mask(mask_fn, heads, seq_len, device):
-    """The dense (seq_len, seq_len) boolean mask of `mask_fn` over every query and key, on `device`; `heads`
-    is vit-pytorch's argument (its flex BlockMask is per head), one mask serves them all here."""
-    vit.positive_int('heads', heads)
-    vit.positive_int('seq_len', seq_len)
-    indices = torch.arange(seq_len, device=device)
-    return mask_fn(0, 0, indices[:, None], indices[None, :])
+__all__ = ['check_causal_dims', 'create_nd_block_mask', 'get_nd_causal_mask_fn', 'nd_attention', 'nd_causal_mask_fn']
 
 
 def nd_attention(q, k, v, mask_fn=None, block_mask=None, scale=None):
@@ -80,19 +43,7 @@ def nd_attention(q, k, v, mask_fn=None, block_mask=None, scale=None):
     (a dense boolean mask, `create_nd_block_mask`) or else to `mask_fn`; scale None is d ** -0.5."""
     if block_mask is None and mask_fn is not None:
         block_mask = create_nd_block_mask(mask_fn, 1, q.shape[-2], q.device)
-    return vit.attend(q, k, v, scale=q.shape[-1] ** -0.5 if scale is None else scale, mask=block_mask)
-
-
-# argument checks
-
-
-def check_causal_dims(causal_dims, ndim):
-    """The causal dimensions as a tuple of distinct ints in [0, ndim), or a clear error."""
-    dims = (causal_dims,) if isinstance(causal_dims, int) and not isinstance(causal_dims, bool) else causal_dims
-    if not isinstance(dims, (tuple, list)) or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
-        raise TypeError(f"causal_dims must be None, an int or a tuple of ints (dimensions of the input grid), "
-                        f"got {causal_dims!r}")
-    if not all(0 <= d < ndim for d in dims) or len(set(dims)) != len(dims):
-        raise ValueError(f"causal_dims must be distinct dimensions between 0 and ndim - 1 = {ndim - 1}, "
-                         f"got {causal_dims!r}")
-    return tuple(dims)
+    if block_mask is not None and not isinstance(block_mask, torch.Tensor):
+        raise TypeError(f"block_mask must be a dense boolean torch.Tensor (create_nd_block_mask), got "
+                        f"{type(block_mask).__name__}")
+    return vit.attend(q, k, v, scale=1 / math.sqrt(q.shape[-1]) if scale is None else scale, mask=block_mask)

@@ -96,6 +96,9 @@ MODELS = {
     'simple_uvit': 'vit_pytorch.simple_uvit:SimpleUViT',
     # research long tail III: slots (issue 28)
     'wwt': 'vit_pytorch.wwt:WWT',
+    # research long tail III: N-D positions (issue 28)
+    'vit_nd_rotary': 'vit_pytorch.vit_nd_rotary:ViTND',
+    'vit_nd_pope': 'vit_pytorch.vit_nd_pope:ViTND',
 }
 
 # models with an auxiliary loss that the training command adds to the cross-entropy: name -> (the forward's
@@ -130,6 +133,8 @@ INPUTS = {
     'na_vit_nested_tensor_3d': 'clips (b, c, frames, h, w)',
     'vit_nd': 'clips (b, c, frames, h, w)',    # any (b, c, *input_shape); the trainer's clips are its 3-D input
     'vivit_with_moss': 'clips (b, c, frames, h, w)',
+    'vit_nd_rotary': 'clips (b, c, frames, h, w)',    # as vit_nd
+    'vit_nd_pope': 'clips (b, c, frames, h, w)',    # as vit_nd
 }
 
 # the trainer's default sizes for a model whose arguments are not the ViT's (multi-scale models): name ->
@@ -222,6 +227,12 @@ SMALL_CONFIGS = {
                                               num_residual_streams=4),
     # patches of 4 (16 to 64 tokens at 16 to 32 pixels) read by 8 part slots and 4 whole slots
     'wwt': dict(patch_size=4, dim=64, depth=4, heads=4, dim_head=16, mlp_dim=128, num_slots=(8, 4)),
+    # as 'vit_nd', with rotary positions in place of the position table
+    'vit_nd_rotary': dict(ndim=3, input_shape=(8, 32, 32), patch_size=(2, 8, 8), dim=64, depth=4, heads=4, dim_head=16,
+                          mlp_dim=128, causal_dims=(0,)),
+    # as 'vit_nd', with polar positions (PoPE)
+    'vit_nd_pope': dict(ndim=3, input_shape=(8, 32, 32), patch_size=(2, 8, 8), dim=64, depth=4, heads=4, dim_head=16,
+                        mlp_dim=128, causal_dims=(0,)),
 }
 
 # 'Ti/16', 'S/16', 'B/32', ...: the paper's table, built by vit_pytorch.pretrained.vit

@@ -1,0 +1,132 @@
+"""PoPE on the N-dimensional ViT: the logit is PoPE's formula (magnitudes a softplus of the content, phases from
+position only, the keys' moved by the learned offset), so position enters through the phase difference alone; a
+causal dimension hides later slices; it trains on a CPU; vit-pytorch's weights give its outputs."""
+
+import math
+
+import pytest
+import torch
+
+from helpers import load_fixture, move_off_initialisation, reference_case
+from vit_pytorch.pretrained import load_vit_pytorch
+from vit_pytorch.vit_nd_pope import ViTND, polar
+
+TINY = dict(num_classes=5, dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32, channels=2)
+
+
+def nd_model(ndim, input_shape, patch_size, **changes):
+    torch.manual_seed(0)
+    return move_off_initialisation(ViTND(ndim=ndim, input_shape=input_shape, patch_size=patch_size,
+                                         **{**TINY, **changes})).eval()
+
+
+def test_the_attention_is_popes_formula_written_out():
+    """softmax over j of scale * sum_f softplus(q_if) softplus(k_jf) cos(theta_if - theta_jf - bias_f), with theta
+    the golden-gate phases of the positions and bias the clamped learned offset, times the values."""
+    model = nd_model(2, (8, 12), (4, 4), pope_max_freq=50., pope_init_learned_bias_uniform=True)
+    attention = model.transformer.layers[0][0]
+    tokens = torch.randn(3, 6, 16, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    model.double()
+    with torch.no_grad():
+        q, k, v = attention.qkv(tokens)                                        # (b, h, n, d)
+        theta = torch.einsum('hfa,na->hnf', model.rotary_emb.frequencies, model.positions.double())
+        bias = model.phase_bias.clamp(-2 * math.pi, 0.)[:, None, None, :]      # (h, 1, 1, d)
+        phase = theta[:, :, None, :] - theta[:, None, :, :] - bias              # (h, i, j, d)
+        magnitude = torch.nn.functional.softplus(q)[:, :, :, None] * torch.nn.functional.softplus(k)[:, :, None]
+        logits = (magnitude * phase.cos()).sum(-1) * 8 ** -0.5
+        out = torch.einsum('bhij,bhjd->bhid', logits.softmax(-1), v)
+        expected = attention.to_out(out.permute(0, 2, 1, 3).reshape(3, 6, 16))
+        torch.testing.assert_close(attention(tokens, **model.rotary_angles()), expected)
+
+
+def test_shifting_every_position_leaves_the_outputs_unchanged():
+    """Position enters through the phase difference only: the whole grid moved by (3, -2, 5) gives the same
+    outputs; one token moved alone changes them."""
+    model = nd_model(3, (4, 8, 12), (2, 4, 4), pope_max_freq=10., pope_init_learned_bias_uniform=True)
+    x = torch.randn(2, 2, 4, 8, 12, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        before = model(x, return_embed=True)
+        positions = model.positions.clone()
+        model.positions = positions + torch.tensor([3, -2, 5])
+        shifted = model(x, return_embed=True)
+        moved = positions.clone()
+        moved[0] += torch.tensor([1, 0, 0])
+        model.positions = moved
+        one_moved = model(x, return_embed=True)
+    torch.testing.assert_close(shifted, before, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(one_moved, before, rtol=1e-3, atol=1e-3)
+
+
+def test_each_channel_is_a_complex_number_of_content_magnitude_and_position_phase():
+    """What and where decoupled: channel f of a query becomes softplus(q_f) e^(i theta_f), its magnitude from the
+    content alone and its angle the phase alone, whatever the content."""
+    q = torch.randn(2, 3, 5, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 3
+    phases = torch.rand(3, 5, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 6 - 3
+    real, imaginary = polar(q, phases).chunk(2, dim=-1)
+    numbers = torch.complex(real, imaginary)
+    torch.testing.assert_close(numbers.abs(), torch.nn.functional.softplus(q))
+    torch.testing.assert_close(numbers.angle(), phases.expand(2, 3, 5, 4))
+
+
+def patch_outputs(model, x):
+    with torch.no_grad():
+        return model(x, return_embed=True)
+
+
+def test_a_causal_dimension_hides_every_later_slice_exactly():
+    model = nd_model(3, (8, 8, 12), (2, 4, 4), causal_dims=0)
+    x = torch.randn(2, 2, 8, 8, 12, generator=torch.Generator().manual_seed(2))
+    later = x.clone()
+    later[:, :, 4:] += torch.randn(later[:, :, 4:].shape, generator=torch.Generator().manual_seed(3))
+    before, after = patch_outputs(model, x), patch_outputs(model, later)
+    assert torch.equal(before[:, :2], after[:, :2])
+    assert not torch.allclose(before[:, 2:], after[:, 2:])
+
+
+@pytest.mark.parametrize('ndim, input_shape, patch_size', [
+    (1, (12,), (4,)), (2, (8, 12), (4, 4)), (3, (4, 8, 12), (2, 4, 4)), (4, (4, 4, 8, 6), (2, 2, 4, 3))])
+def test_it_trains_on_a_cpu_with_a_causal_dimension_every_parameter_getting_a_gradient(ndim, input_shape, patch_size):
+    model = nd_model(ndim, input_shape, patch_size, causal_dims=0, pope_init_learned_bias_uniform=True).train()
+    x = torch.randn(2, 2, *input_shape, generator=torch.Generator().manual_seed(2))
+    logits = model(x)
+    assert logits.shape == (2, 5)
+    torch.nn.functional.cross_entropy(logits, torch.tensor([0, 3])).backward()
+    assert [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0] == []
+
+
+# vit-pytorch 1.26.14's module (tests/fixtures/make_vit_nd_rotary_fixtures.py)
+
+
+@pytest.mark.parametrize('name', ['vit_pytorch_1.26.14_vit_nd_pope', 'vit_pytorch_1.26.14_vit_nd_pope_causal'])
+def test_vit_pytorchs_checkpoint_loads_and_gives_its_outputs(name):
+    config, state_dict, x, expected = reference_case(name, 'input_shape', 'patch_size', 'causal_dims')
+    _, _, tensors = load_fixture(name)
+    model = load_vit_pytorch(ViTND(**config), state_dict).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), expected, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(model(x, return_embed=True), tensors['embed'], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('name', ['vit_pytorch_1.26.14_vit_nd_pope', 'vit_pytorch_1.26.14_vit_nd_pope_causal'])
+def test_a_new_model_has_vit_pytorchs_frequencies(name):
+    config, state_dict, _, _ = reference_case(name, 'input_shape', 'patch_size', 'causal_dims')
+    torch.testing.assert_close(ViTND(**config).rotary_emb.frequencies, state_dict['polar_emb.freqs'])
+
+
+def test_vit_pytorchs_main_block_runs():
+    """vit-pytorch's __main__ (less torch.compile), at a 5-D input scaled down for a CPU."""
+    model = ViTND(ndim=5, input_shape=(4, 8, 8, 8, 16), patch_size=(2, 2, 4, 4, 8), num_classes=1000, dim=64,
+                  depth=2, heads=4, mlp_dim=128, channels=3, dropout=0.1, emb_dropout=0.1, causal_dims=(0,))
+    data = torch.randn(3, 3, 4, 8, 8, 8, 16)
+    assert model(data).shape == (3, 1000)
+    assert model(data, return_embed=True).shape == (3, 2, 4, 2, 2, 2, 64)
+
+
+@pytest.mark.parametrize('changes, error, match', [
+    (dict(pope_min_freq=-1.), ValueError, 'pope_min_freq must be a positive finite number, got -1.0'),
+    (dict(pope_p_zero_freqs=2.), ValueError, 'pope_p_zero_freqs'),
+    (dict(pope_init_learned_bias_uniform='yes'), TypeError, 'pope_init_learned_bias_uniform must be a bool'),
+])
+def test_a_bad_argument_is_refused_by_name(changes, error, match):
+    with pytest.raises(error, match=match):
+        ViTND(**{**dict(ndim=3, input_shape=(4, 8, 12), patch_size=(2, 4, 4)), **TINY, **changes})
