@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.helpers import load_fixture
+from helpers import load_fixture
 from vit_pytorch import ViT
 from vit_pytorch.lejepa import LeJEPA, random_projections, sigreg, sigreg_loss
 from vit_pytorch.pretrained import load_vit_pytorch

@@ -7,7 +7,7 @@ import pytest
 import torch
 from einops import rearrange
 
-from tests.helpers import load_fixture
+from helpers import load_fixture
 from vit_pytorch.lejepa import sigreg_loss
 from vit_pytorch import vit
 from vit_pytorch.levjepa import LeVJEPA, VideoTransformer, video_frequencies

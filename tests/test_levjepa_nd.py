@@ -5,7 +5,7 @@ import pytest
 import torch
 from einops import rearrange
 
-from tests.helpers import load_fixture
+from helpers import load_fixture
 from vit_pytorch.levjepa import VideoTransformer
 from vit_pytorch.levjepa_nd import LeVJEPAND, NDTransformer
 from vit_pytorch.pretrained import load_vit_pytorch
