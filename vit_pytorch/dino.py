@@ -154,7 +154,31 @@ DINO_PAPER = dict(hidden_layer='to_latent', projection_hidden_size=2048, num_cla
                   student_temp=0.1, global_lower_crop_scale=0.4, moving_average_decay=0.996)
 
 
-class Dino(nn.Module):
+class SelfDistillation(nn.Module):
+    """What DINO and EsViT share: a `student` (network + heads, `.net` the network), a `teacher` that is its copy
+    without gradients, kept in eval mode (no dropout or batch statistics), and the views' optional normalisation."""
+
+    def keep_normalisation(self, mean, std):
+        if mean is None:
+            self.mean = self.std = None
+        else:
+            self.register_buffer('mean', torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1), persistent=False)
+            self.register_buffer('std', torch.tensor(std, dtype=torch.float32).view(-1, 1, 1), persistent=False)
+
+    @property
+    def net(self):
+        return self.student.net
+
+    def train(self, mode=True):
+        super().train(mode)
+        self.teacher.eval()
+        return self
+
+    def normalise(self, views):
+        return views if self.mean is None else (views - self.mean) / self.std
+
+
+class Dino(SelfDistillation):
     """`forward(images)` returns the loss of one DINO step; call `update_moving_average()` after each optimiser step.
 
     `student` and `teacher` are `Projector`s (network + head); the teacher is a copy that never gets a gradient.
@@ -183,26 +207,13 @@ class Dino(nn.Module):
         self.teacher = copy.deepcopy(self.student).requires_grad_(False).eval()
         self.register_buffer('teacher_centers', torch.zeros(num_classes_K))
         self.register_buffer('last_teacher_centers', torch.zeros(num_classes_K))
-        if mean is None:
-            self.mean = self.std = None
-        else:
-            self.register_buffer('mean', torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1), persistent=False)
-            self.register_buffer('std', torch.tensor(std, dtype=torch.float32).view(-1, 1, 1), persistent=False)
+        self.keep_normalisation(mean, std)
 
     @classmethod
     def paper(cls, net, image_size, **overrides):
         """DINO with the paper's head, temperatures, crops and teacher momentum (`DINO_PAPER`); other
         arguments as for `Dino`."""
         return cls(net, image_size, **{**DINO_PAPER, **overrides})
-
-    @property
-    def net(self):
-        return self.student.net
-
-    def train(self, mode=True):
-        super().train(mode)
-        self.teacher.eval()         # no dropout or batch statistics in the teacher
-        return self
 
     def loss(self, teacher_logits, student_logits, *, teacher_temp=None, student_temp=None):
         """Cross-entropy H(teacher, student) averaged over every pair of a teacher view i and a student view j != i.
@@ -217,9 +228,6 @@ class Dino(nn.Module):
         terms = [loss_fn(teacher_logits[i], student_logits[j], teacher_temp, student_temp, self.teacher_centers)
                  for i in range(len(teacher_logits)) for j in range(len(student_logits)) if j != i]
         return sum(terms) / len(terms)
-
-    def normalise(self, views):
-        return views if self.mean is None else (views - self.mean) / self.std
 
     def forward(self, x, return_embedding=False, return_projection=True, student_temp=None, teacher_temp=None):
         if return_embedding:

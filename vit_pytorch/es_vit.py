@@ -79,7 +79,7 @@ class RegionProjector(nn.Module):
 ESVIT_PAPER = {**dino.DINO_PAPER, 'hidden_layer': 'layers'}
 
 
-class EsViTTrainer(nn.Module):
+class EsViTTrainer(dino.SelfDistillation):
     """`forward(images)` returns the loss of one EsViT step; call `update_moving_average()` after each optimiser
     step. `student` and `teacher` are `RegionProjector`s; the teacher is a copy that never gets a gradient."""
 
@@ -106,28 +106,12 @@ class EsViTTrainer(nn.Module):
         for name in ('teacher_view_centers', 'last_teacher_view_centers', 'teacher_region_centers',
                      'last_teacher_region_centers'):
             self.register_buffer(name, torch.zeros(num_classes_K))
-        if mean is None:
-            self.mean = self.std = None
-        else:
-            self.register_buffer('mean', torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1), persistent=False)
-            self.register_buffer('std', torch.tensor(std, dtype=torch.float32).view(-1, 1, 1), persistent=False)
+        self.keep_normalisation(mean, std)
 
     @classmethod
     def paper(cls, net, image_size, **overrides):
         """EsViT with the paper's heads, temperatures, crops and teacher momentum (`ESVIT_PAPER`)."""
         return cls(net, image_size, **{**ESVIT_PAPER, **overrides})
-
-    @property
-    def net(self):
-        return self.student.net
-
-    def train(self, mode=True):
-        super().train(mode)
-        self.teacher.eval()
-        return self
-
-    def normalise(self, views):
-        return views if self.mean is None else (views - self.mean) / self.std
 
     def pairs(self, num_student_views):
         """(teacher view, student view) of every term: each of the 2 global views against every other view."""
