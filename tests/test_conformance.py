@@ -699,7 +699,9 @@ def build_wrapper(name):
                                                       heads=2, dim_head=8, mlp_dim=32, channels=2),
                                         input_shape=(8, 12), augment_tgt=lambda x: x.flip(-1), num_classes_K=8,
                                         projection_hidden=16, drop_ratio=0.5, sigreg_loss_kwargs=dict(num_proj=16)),
-        'es_vit': lambda: EsViTTrainer(CvT(**CASES['cvt'].kwargs), image_size=(16, 24), hidden_layer='layers',
+        # crops of 32 x 48: CvT's last stage is then 4 x 6 with 2 x 3 keys (at 16 x 24 it has one key, and a softmax
+        # over one key gives its queries and keys no gradient)
+        'es_vit': lambda: EsViTTrainer(CvT(**CASES['cvt'].kwargs), image_size=(32, 48), hidden_layer='layers',
                                        projection_hidden_size=32, num_classes_K=64, bottleneck_dim=16),
         'vat': lambda: VAT(VATViT(**VIT, num_register_tokens=1), **VAT_POLICY),
         'vat_siglip': lambda: SigLIPVAT(**VAT_POLICY, siglip_image_size=16, siglip_patch_size=8, siglip_dim=16,
