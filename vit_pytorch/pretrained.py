@@ -454,7 +454,8 @@ def load_jax(model, checkpoint, *, resample='jax', load_head=True, checkpoint_gr
 
 def load_official(model, checkpoint, *, load_head=True):
     """Load a checkpoint saved by a paper's official code (for models that no library of record has:
-    CrossFormer, RegionViT, ScalableViT, SepViT) into the matching model; returns the model.
+    CrossFormer, RegionViT, ScalableViT, SepViT; Jumbo built with `patch_side='paper'` and ViT-5 with
+    `rope_layout='official'`) into the matching model; returns the model.
 
     Build the model as the checkpoint's configuration (its named configuration, e.g.
     `crossformer_tiny()`), at the checkpoint's image size. `load_head=False` leaves the head out.
