@@ -282,3 +282,30 @@ def test_bad_arguments_are_refused_with_their_name(overrides, error, match):
 def test_a_network_without_the_face_is_refused():
     with pytest.raises(TypeError, match='net must be a model of this package.*forward_intermediates'):
         EsViTTrainer(torch.nn.Linear(2, 2), image_size=16)
+
+
+# the official code's loss (microsoft/esvit @ 2d6becd, main_esvit.py DDINOLoss; fixture written by
+# tests/fixtures/make_es_vit_official_fixtures.py, run outside this repository)
+
+
+def test_the_step_loss_and_centres_are_the_official_codes_on_fixed_outputs():
+    # two global views of 4 regions, two local views of 2, batch 3, K = 8, float64: the same sums in another
+    # order (softmaxes, log-softmaxes and means of ~100 terms of order 10), so 1e-12 relative holds with margin
+    from helpers import load_fixture
+
+    _, _, t = load_fixture('es_vit_official')
+    learner = tiny_esvit(num_classes_K=8, center_moving_average_decay=0.9).double()
+    learner.teacher_view_centers.copy_(t['view_center'])
+    learner.teacher_region_centers.copy_(t['region_center'])
+    temperatures = dict(teacher_temp=t['teacher_temp'].item(), student_temp=t['student_temp'].item())
+    student = [[t[f'student_{kind}_{v}'] for v in range(4)] for kind in ('view', 'region', 'feature')]
+    teacher = [[t[f'teacher_{kind}_{v}'] for v in range(2)] for kind in ('view', 'region', 'feature')]
+    view = learner.view_loss(torch.stack(teacher[0]), torch.stack(student[0]), **temperatures)
+    region = learner.region_loss(teacher[1], student[1], teacher[2], student[2], **temperatures)
+    torch.testing.assert_close((view + region) / 2, t['loss'], rtol=1e-12, atol=0)
+    # the centres' EMA, from the teacher's outputs of the step (as forward records them)
+    learner.last_teacher_view_centers.copy_(batch_center(torch.stack(teacher[0])))
+    learner.last_teacher_region_centers.copy_(batch_center(torch.stack(teacher[1])))
+    learner.update_moving_average()
+    torch.testing.assert_close(learner.teacher_view_centers, t['view_center_after'], rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(learner.teacher_region_centers, t['region_center_after'], rtol=1e-12, atol=1e-15)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from helpers import count, load_fixture, move_off_initialisation
 from vit_pytorch import simple_vit
 from vit_pytorch.jumbo_vit import CONFIGS, JumboViT, jumbo_vit
-from vit_pytorch.pretrained import CheckpointError, load_vit_pytorch
+from vit_pytorch.pretrained import CheckpointError, load_official, load_vit_pytorch
 
 SMALL = dict(image_size=(16, 24), patch_size=(4, 8), num_classes=5, dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32,
              jumbo_cls_k=3, jumbo_ff_mult=2)
@@ -137,3 +137,47 @@ def test_named_configurations_take_the_papers_widths(variant, dim, k):
 def test_invalid_configuration_names_the_argument(override, error, message):
     with pytest.raises(error, match=message):
         JumboViT(**{**SMALL, **override})
+
+
+# the paper's official code (antofuller/jumbo @ 4c73fc2; fixture written by
+# tests/fixtures/make_jumbo_vit_official_fixtures.py, run outside this repository)
+
+
+def official_model(fixture):
+    metadata, state, tensors = load_fixture(fixture)
+    config = metadata['config']
+    dim = config['embed_dim']
+    model = JumboViT(image_size=tuple(config['img_size']), patch_size=config['patch_size'],
+                     num_classes=config['num_classes'], dim=dim, depth=config['depth'], heads=config['num_heads'],
+                     dim_head=dim // config['num_heads'], mlp_dim=int(dim * config['mlp_ratio']),
+                     jumbo_cls_k=config['J'], jumbo_ff_mult=4, channels=config['in_chans'], patch_side='paper')
+    return load_official(model, state).double().eval(), tensors
+
+
+def test_the_official_codes_weights_give_its_outputs():
+    # the fixture's weights are float32 values and both sides run in float64: only the order of float64 sums
+    # differs (a few ulps of outputs of order 1 through two layers), so 1e-12 holds with a wide margin
+    model, tensors = official_model('jumbo_vit_official')
+    with torch.no_grad():
+        features = model.forward_features(tensors['input'])
+        torch.testing.assert_close(features, tensors['features'], atol=1e-12, rtol=0)
+        torch.testing.assert_close(model.forward_head(features), tensors['output'], atol=1e-12, rtol=0)
+
+
+def test_the_paper_patch_sides_counts_are_the_official_codes():
+    # the official model also keeps a ViT cls token (dim) that it never reads; ours has none
+    metadata, _, _ = load_fixture('jumbo_vit_official')
+    for variant, official in metadata['counts'].items():
+        with torch.device('meta'):
+            model = jumbo_vit(variant, patch_side='paper')
+        assert count(model) + model.embed_dim == official, variant
+
+
+def test_the_official_checkpoint_needs_the_paper_patch_side():
+    _, state, _ = load_fixture('jumbo_vit_official')
+    model = JumboViT(image_size=(8, 12), patch_size=4, num_classes=5, dim=8, depth=2, heads=2, dim_head=4,
+                     mlp_dim=32, jumbo_cls_k=3, jumbo_ff_mult=4)
+    with pytest.raises(CheckpointError, match=r"patch_side='paper'"):
+        load_official(model, state)
+    with pytest.raises(ValueError, match=r"patch_side must be 'simple' or 'paper', got 'timm'"):
+        JumboViT(**{**SMALL, 'patch_side': 'timm'})

@@ -212,3 +212,38 @@ def test_vit_pytorchs_main_block_runs_and_its_ema_mode_is_refused():
     with pytest.raises(ValueError, match='LeJEPA has no teacher'):
         LeJEPA(create_model(), image_size=256, hidden_layer='to_latent', projection_hidden_size=256,
                projection_layers=4, num_classes_K=65336, use_ema=True, moving_average_decay=0.99)
+
+
+# the official code's SIGReg (rbalestr-lab/lejepa @ eddffdd, lejepa/univariate/epps_pulley.py and
+# lejepa/multivariate/slicing.py; fixture written by tests/fixtures/make_sigreg_official_fixtures.py, run outside
+# this repository). The official code integrates [0, t_max] on n knots and doubles (|ecf - phi|^2 is even in t):
+# the trapezoidal rule over [-t_max, t_max] on 2 n - 1 knots, which is ours.
+
+def official_tolerance(tensors, name, t_max, n_points):
+    # the official knot tables phi(t) and w(t) phi(t) were computed in float32 (each entry within 2^-23 relative
+    # of its float64 value; the knots t themselves are exact): with |ecf - phi| <= 2 each knot's term
+    # N w phi |ecf - phi|^2 moves by at most N w phi (2^-23 |ecf - phi|^2 + 2 * 2 * 2^-24 phi), so the statistic
+    # by at most 2^-23 T + N * 2^-22 * sum_k w_k phi_k^2 (float64 sums add ~1e-16: negligible)
+    n = tensors['x'].shape[-2]
+    t = torch.linspace(-t_max, t_max, 2 * n_points - 1, dtype=torch.float64)
+    bound = n * 2 ** -22 * torch.trapezoid((-t.square()).exp(), t)
+    return dict(rtol=2 ** -23, atol=bound.item())
+
+
+@pytest.mark.parametrize('name, t_max, n_points', [('ep3_17', 3, 17), ('ep5_9', 5, 9)])
+def test_sigreg_is_the_official_epps_pulley_statistic(name, t_max, n_points):
+    _, _, tensors = load_fixture('sigreg_official')
+    ours = sigreg(tensors['x'], tensors['directions'], domain=(-t_max, t_max), num_knots=2 * n_points - 1)
+    # statistics from near the Gaussian expectation (~1) to far above it: no term vanishes
+    assert ours.shape == tensors[name].shape == (2, 16) and tensors[name].min() > 0.05 and tensors[name].max() > 5
+    torch.testing.assert_close(ours, tensors[name], **official_tolerance(tensors, name, t_max, n_points))
+
+
+def test_sigreg_loss_is_the_official_sliced_test_given_its_directions():
+    # the official SlicingUnivariateTest draws its directions as torch.randn((d, m)) from a CPU generator seeded with
+    # its step (0 at first), normalised: random_projections draws them alike from that generator. Both run in
+    # float32 on float32 samples: the statistic (~4) agrees to float32 rounding of its ~20 operations a term
+    _, _, tensors = load_fixture('sigreg_official')
+    projections = random_projections(8, 16, generator=torch.Generator().manual_seed(0))
+    ours = sigreg_loss(tensors['x32'], projections=projections, domain=(-3, 3), num_knots=33)
+    torch.testing.assert_close(ours, tensors['sliced'], rtol=1e-5, atol=0)

@@ -112,3 +112,40 @@ def test_vit_pytorchs_main_block_runs():
 def test_a_bad_number_of_registers_is_refused_by_name(value, error):
     with pytest.raises(error, match='num_register_tokens'):
         SimpleUViT(**tiny_vit_kwargs(num_register_tokens=value))
+
+
+# the official U-ViT code (baofff/U-ViT @ ce55170, libs/uvit.py; fixture written by
+# tests/fixtures/make_simple_uvit_official_fixtures.py, run outside this repository). Its blocks are ours but for
+# a bias on the attention's output projection (zero in the fixture); its stack of depth 4 is 2 in-blocks, a
+# mid-block and 2 out-blocks: our depth 5.
+
+
+def official_stack_to_ours(state, depth):
+    """The official UViT's block keys -> our simple_uvit.Transformer's (the layout written out for this proof)."""
+    blocks = [f'in_blocks.{i}.' for i in range(depth // 2)] + ['mid_block.'] + \
+        [f'out_blocks.{i}.' for i in range(depth // 2)]
+    ours = {'norm.weight': state['norm.weight'], 'norm.bias': state['norm.bias']}
+    for index, block in enumerate(blocks):
+        names = {'1.norm.': 'norm1.', '1.to_qkv.': 'attn.qkv.', '1.to_out.': 'attn.proj.', '2.0.': 'norm2.',
+                 '2.1.': 'mlp.fc1.', '2.3.': 'mlp.fc2.', '0.': 'skip_linear.'}
+        for key, value in state.items():
+            for mine, theirs in names.items():
+                if key.startswith(block + theirs) and key != block + 'attn.proj.bias':
+                    ours[f'layers.{index}.{mine}{key[len(block + theirs):]}'] = value
+        assert not state[block + 'attn.proj.bias'].any()        # ours has none: the fixture zeroed it
+    return ours
+
+
+def test_the_long_skips_join_as_in_the_official_code():
+    # the same float32 weights and tokens in float64: only the order of float64 sums differs (1e-12 for outputs
+    # of order 1 after five blocks holds with a wide margin)
+    from helpers import load_fixture
+    from vit_pytorch.simple_uvit import Transformer
+
+    metadata, state, tensors = load_fixture('simple_uvit_official')
+    config = metadata['config']
+    dim, heads = config['embed_dim'], config['num_heads']
+    stack = Transformer(dim, config['depth'] + 1, heads, dim // heads, int(dim * config['mlp_ratio'])).double()
+    stack.load_state_dict(official_stack_to_ours(state, config['depth']), strict=True)
+    with torch.no_grad():
+        torch.testing.assert_close(stack(tensors['tokens']), tensors['stack_output'], rtol=0, atol=1e-12)

@@ -6,8 +6,8 @@ import inspect
 import pytest
 import torch
 
-from helpers import move_off_initialisation, reference_case
-from vit_pytorch.pretrained import CheckpointError, load_vit_pytorch
+from helpers import load_fixture, move_off_initialisation, reference_case
+from vit_pytorch.pretrained import CheckpointError, load_official, load_vit_pytorch
 from vit_pytorch.recorder import Recorder
 from vit_pytorch.vit_5 import CONFIGS, ViT, vit_5
 
@@ -80,14 +80,15 @@ def test_a_paper_model_has_the_official_codes_parameters_and_vit_pytorchs_positi
 # vit-pytorch 1.26.14's module (tests/fixtures/make_rope_fixtures.py)
 
 
-def test_it_takes_vit_pytorchs_arguments_and_defaults_and_one_more_keyword():
-    """vit-pytorch 1.26.14's `vit_5.ViT.__init__`, written out from its source; `layer_scale_init` is ours."""
+def test_it_takes_vit_pytorchs_arguments_and_defaults_and_two_more_keywords():
+    """vit-pytorch 1.26.14's `vit_5.ViT.__init__`, written out from its source; `layer_scale_init` and
+    `rope_layout` are ours."""
     required = inspect.Parameter.empty
     theirs = [('image_size', required), ('patch_size', required), ('num_classes', required), ('dim', required),
               ('depth', required), ('heads', required), ('mlp_dim', required), ('channels', 3), ('dim_head', 64),
               ('dropout', 0.), ('emb_dropout', 0.), ('num_registers', 4)]
     ours = [(name, p.default) for name, p in inspect.signature(ViT.__init__).parameters.items()][1:]
-    assert ours == theirs + [('layer_scale_init', 1e-4)]
+    assert ours == theirs + [('layer_scale_init', 1e-4), ('rope_layout', 'vit_pytorch')]
 
 
 def test_vit_pytorchs_checkpoint_loads_and_gives_its_output():
@@ -127,3 +128,77 @@ def test_a_checkpoint_of_a_deeper_model_is_refused_naming_the_keys_no_layer_take
     refusal = r"no part of this ViT-5 takes transformer\.layers\.1\..*build it with the checkpoint's depth"
     with pytest.raises(CheckpointError, match=refusal):
         load_vit_pytorch(ViT(**{**config, 'depth': 1}), state_dict)
+
+
+# the official code (wangf3014/ViT-5 @ b7b0796; fixture written by tests/fixtures/make_vit_5_official_fixtures.py,
+# run outside this repository)
+
+
+def official_model(**overrides):
+    metadata, state, tensors = load_fixture('vit_5_official')
+    config = metadata['config']
+    dim = config['embed_dim']
+    kwargs = dict(image_size=config['img_size'], patch_size=config['patch_size'], num_classes=config['num_classes'],
+                  dim=dim, depth=config['depth'], heads=config['num_heads'], dim_head=dim // config['num_heads'],
+                  mlp_dim=int(dim * config['mlp_ratio']), num_registers=config['num_registers'],
+                  rope_layout='official')
+    return ViT(**{**kwargs, **overrides}), state, tensors
+
+
+def official_outputs(model, tensors):
+    with torch.no_grad():
+        features = model.forward_features(tensors['input'])
+    return features[:, 0], model.forward_head(features)
+
+
+def float32_rms_norm(self, x):
+    """The official code's RMSNorm arithmetic (its formula; models_vit5.py): x / sqrt(mean(x^2) + 1e-6) computed in
+    float32 whatever x's dtype, then the gain in x's dtype."""
+    h = x.to(torch.float32)
+    return self.weight * (h * torch.rsqrt(h.square().mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+def test_the_official_codes_weights_give_its_outputs_with_its_rope_layout(monkeypatch):
+    # Everything but the RMSNorms' arithmetic is the official function: with its arithmetic (float32, epsilon 1e-6)
+    # given to our norms, the float64 outputs from the same float32 weights agree to float64 rounding (1e-12 for
+    # outputs of order 1 after two layers; measured 0). The rotary layout is what matters: vit-pytorch's, below,
+    # changes the outputs by 1e-1.
+    model, state, tensors = official_model()
+    # the frequencies are buffers the checkpoint carries: ours, built, are the official code's already
+    for ours, theirs in (('patch_rotary', 'rope'), ('register_rotary', 'rope_reg')):
+        torch.testing.assert_close(model.get_submodule(ours).frequencies,
+                                   state[f'blocks.0.attn.{theirs}.freqs'].expand(2, -1), rtol=1e-7, atol=0)
+    model = load_official(model, state).double().eval()
+    monkeypatch.setattr(torch.nn.RMSNorm, 'forward', float32_rms_norm)
+    features, output = official_outputs(model, tensors)
+    torch.testing.assert_close(features, tensors['features'], rtol=0, atol=1e-12)
+    torch.testing.assert_close(output, tensors['output'], rtol=0, atol=1e-12)
+
+
+def test_the_official_codes_weights_give_its_outputs_to_its_float32_norms_rounding():
+    # Our own norms (float64, epsilon the machine's): the official norms' float32 rounding (relative 6e-8 a value)
+    # is what differs, amplified through the two layers to 1.1e-4 on cls features of size 2.5 and 4.6e-5 on
+    # logits of size 1 (measured; its epsilon 1e-6 alone accounts for 2e-7). atol 1e-3 bounds that with a
+    # margin and is 100 times below what the rotary layout changes
+    model, state, tensors = official_model()
+    model = load_official(model, state).double().eval()
+    features, output = official_outputs(model, tensors)
+    torch.testing.assert_close(features, tensors['features'], rtol=0, atol=1e-3)
+    torch.testing.assert_close(output, tensors['output'], rtol=0, atol=1e-3)
+
+
+def test_vit_pytorchs_rope_layout_is_not_the_official_codes_function():
+    # the same weights in the default (vit-pytorch's) layout: other patch and register frequencies, other outputs
+    official, state, tensors = official_model()
+    official = load_official(official, state).double().eval()
+    model = ViT(image_size=16, patch_size=4, num_classes=5, dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32,
+                num_registers=4).double().eval()
+    ours = {k: v for k, v in official.state_dict().items() if not k.endswith('rotary.frequencies')}
+    model.load_state_dict(ours, strict=False)
+    with torch.no_grad():
+        difference = (model(tensors['input']) - tensors['output']).abs().max()
+    assert difference > 1e-2
+    with pytest.raises(CheckpointError, match=r"rope_layout='official'"):
+        load_official(model, state)
+    with pytest.raises(ValueError, match=r"num_registers must be a square number with rope_layout='official'.*3"):
+        official_model(num_registers=3)

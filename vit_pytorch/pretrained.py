@@ -58,7 +58,9 @@ format it takes: `timm_plan`, `hf_plan`, `jax_plan`, `vit_pytorch_plan`, `offici
 `(model, checkpoint_keys) -> (plan, head_prefixes)`:
   plan           {our key: ({checkpoint key: expected shape}, convert)}; convert(*tensors) gives
                  our tensor. A position table has convert = dict(num_prefix_tokens=p, grid=(h, w))
-                 and shape None: it is checked and resampled here.
+                 and shape None: it is checked and resampled here. A convert that returns None drops its
+                 checkpoint keys (a parameter the checkpoint's model keeps but never reads); its plan key is
+                 a description, no key of the model.
   head_prefixes  the checkpoint's head keys start with one of these (left out by load_head=False).
 A plan raises ValueError saying what differs when the model cannot hold such checkpoints;
 `vit_pytorch_plan` returns None when the keys already agree (a strict `load_state_dict`).
@@ -452,7 +454,8 @@ def load_jax(model, checkpoint, *, resample='jax', load_head=True, checkpoint_gr
 
 def load_official(model, checkpoint, *, load_head=True):
     """Load a checkpoint saved by a paper's official code (for models that no library of record has:
-    CrossFormer, RegionViT, ScalableViT, SepViT) into the matching model; returns the model.
+    CrossFormer, RegionViT, ScalableViT, SepViT; Jumbo built with `patch_side='paper'` and ViT-5 with
+    `rope_layout='official'`) into the matching model; returns the model.
 
     Build the model as the checkpoint's configuration (its named configuration, e.g.
     `crossformer_tiny()`), at the checkpoint's image size. `load_head=False` leaves the head out.
@@ -683,6 +686,8 @@ def _load(model, state_dict, plan, head_prefixes, *, name, fmt, resample, load_h
                 continue
         else:
             tensor = convert(*tensors)
+            if tensor is None:      # a checkpoint's parameter the model has no use for, read and dropped
+                continue
         if ours in targets and tuple(tensor.shape) != tuple(targets[ours].shape):
             problems.append(f"{', '.join(sources)}: gives {ours} of shape {tuple(tensor.shape)}, "
                             f"the model's is {tuple(targets[ours].shape)}")

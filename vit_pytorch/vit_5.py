@@ -27,17 +27,24 @@ a 2 x 2 grid turned by a 2D RoPE of theta 100 (here a sequence 0, 1, 2, 3 over a
 the learned absolute table covers the patches only (here the cls token and registers too: a learned vector added to
 a learned token, the same functions). `vit_5(variant)` builds the paper's models (`CONFIGS`); their parameter
 counts are the official code's plus those (1 + registers) table rows.
+
+`rope_layout='official'` (keyword only, ours) gives the official code's rotary positions instead: theta 10,000 for
+the patches, the registers (a square number of them) on their own sqrt x sqrt grid, turned by row and column with
+theta 100 as the patches are. With it the official code's weights give its outputs (tests/test_vit_5.py) but for its
+RMSNorms' epsilon, 1e-6 there (computed in float32), the dtype's machine epsilon here.
 """
 
 import functools
+import math
 
 import torch
-from einops import repeat
+from einops import rearrange, repeat
 from torch import nn
 
 from vit_pytorch import vit
 
 PATCH_THETA = 100_000       # vit-pytorch's base of the patches' frequencies (the official code: 10,000)
+OFFICIAL_PATCH_THETA = 10_000
 REGISTER_THETA = 100        # the registers' base (reg_theta of the official code)
 
 # the paper's models, as the official code builds them (vit5_small .. vit5_xlarge): name -> (dim, depth, heads);
@@ -89,11 +96,12 @@ class ViT(vit.ViT):
     Recorded attention maps: one (b, heads, n, n) map per layer over [cls, registers, patches].
 
     `layer_scale_init` (keyword only, ours; the official code's `init_scale`): the LayerScales' start, the paper's
-    1e-4 by default.
+    1e-4 by default. `rope_layout` (keyword only, ours): 'vit_pytorch' (the default) or 'official' (the official
+    code's frequencies and register grid; see the module's docstring).
     """
 
     def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, channels=3, dim_head=64,
-                 dropout=0., emb_dropout=0., num_registers=4, layer_scale_init=1e-4):
+                 dropout=0., emb_dropout=0., num_registers=4, layer_scale_init=1e-4, rope_layout='vit_pytorch'):
         check_arguments(**vit.arguments(locals()))
         self.extra_tokens = num_registers        # after the cls token, before the patches (read by vit.ViT)
         super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim, depth=depth,
@@ -103,10 +111,16 @@ class ViT(vit.ViT):
         if num_registers:
             self.register_tokens = nn.Parameter(torch.zeros(num_registers, dim))
             vit.init_tokens(self.register_tokens, patch_norm=False)
-        # a quarter of the pairs per image axis (rows, then columns); the registers turn all pairs, on one axis
-        self.patch_rotary = vit.AxialRotaryEmbedding(
-            repeat(vit.rope_frequencies(dim_head // 4, PATCH_THETA), 'f -> axes f', axes=2))
-        self.register_rotary = vit.AxialRotaryEmbedding(vit.rope_frequencies(dim_head // 2, REGISTER_THETA)[None])
+        # a quarter of the pairs per image axis (rows, then columns); vit-pytorch's registers turn all pairs, on one
+        # axis, the official code's a quarter per axis of their own square grid
+        self.rope_layout = rope_layout
+        official = rope_layout == 'official'
+        self.patch_rotary = vit.AxialRotaryEmbedding(repeat(
+            vit.rope_frequencies(dim_head // 4, OFFICIAL_PATCH_THETA if official else PATCH_THETA),
+            'f -> axes f', axes=2))
+        self.register_rotary = vit.AxialRotaryEmbedding(
+            repeat(vit.rope_frequencies(dim_head // 4, REGISTER_THETA), 'f -> axes f', axes=2) if official
+            else vit.rope_frequencies(dim_head // 2, REGISTER_THETA)[None])
 
     def prefix_tokens(self, batch_size):
         tokens = torch.cat((self.cls_token, self.register_tokens)) if self.extra_tokens else self.cls_token
@@ -117,7 +131,11 @@ class ViT(vit.ViT):
         register i at position i of its own axis, the patch in row r, column c at (r, c) of the patch grid."""
         device = self.patch_rotary.frequencies.device
         patches = self.patch_rotary(vit.grid_positions(*grid, device=device))
-        registers = self.register_rotary(torch.arange(self.extra_tokens, device=device)[:, None])
+        if self.rope_layout == 'official':
+            side = math.isqrt(self.extra_tokens)
+            registers = self.register_rotary(vit.grid_positions(side, side, device=device))
+        else:
+            registers = self.register_rotary(torch.arange(self.extra_tokens, device=device)[:, None])
         return torch.cat((patches.new_zeros(1, patches.shape[1]), registers, patches))
 
     def forward_features(self, img):
@@ -139,8 +157,13 @@ def vit_5(variant, *, image_size=224, num_classes=1000, **overrides):
 # argument checks
 
 
-def check_arguments(*, dim_head, num_registers, layer_scale_init, **_):
+def check_arguments(*, dim_head, num_registers, layer_scale_init, rope_layout, **_):
     vit.non_negative_int('num_registers', num_registers)
+    if rope_layout not in ('vit_pytorch', 'official'):
+        raise ValueError(f"rope_layout must be 'vit_pytorch' or 'official', got {rope_layout!r}")
+    if rope_layout == 'official' and math.isqrt(num_registers) ** 2 != num_registers:
+        raise ValueError(f"num_registers must be a square number with rope_layout='official' (the registers lie on "
+                         f"a square grid), got {num_registers}")
     vit.positive_float('layer_scale_init', layer_scale_init)
     vit.positive_int('dim_head', dim_head)
     if dim_head % 4:
@@ -164,9 +187,71 @@ VIT_PYTORCH_KEYS = [
 ]
 
 
+def official_plan(model, keys):
+    """The official code's `vit_models` (wangf3014/ViT-5, models_vit5.py) -> ViT(rope_layout='official').
+
+    Names differ. Its position table covers the patches only: the cls token's and registers' rows here are zero.
+    Every block keeps the rotary frequencies (`attn.rope.freqs`, `attn.rope_reg.freqs`), all equal: they are
+    checked equal and become the model's one pair of tables, for both image axes."""
+    if model.rope_layout != 'official':
+        raise ValueError("the official code's rotary positions are not vit-pytorch's: build the model with "
+                         "rope_layout='official' (e.g. vit_5('S', rope_layout='official'))")
+    dim, depth, prefix = model.embed_dim, len(model.transformer.layers), model.num_prefix_tokens
+    patches = model.grid_size[0] * model.grid_size[1]
+    shapes = {key: tuple(tensor.shape) for key, tensor in model.state_dict().items()}
+    plan = {
+        'cls_token': ({'cls_token': (1, 1, dim)}, _flat),
+        'pos_embedding': ({'pos_embed': (1, patches, dim)}, lambda table: torch.cat((table.new_zeros(prefix, dim),
+                                                                                      table[0]))),
+        'to_patch_embedding.2.weight': ({'patch_embed.proj.weight': (dim, model.channels, *model.patch_size)},
+                                        lambda w: rearrange(w, 'd c p1 p2 -> d (p1 p2 c)')),
+        'to_patch_embedding.2.bias': ({'patch_embed.proj.bias': (dim,)}, _same),
+        'transformer.norm.weight': ({'norm.weight': (dim,)}, _same),
+    }
+    if model.extra_tokens:
+        plan['register_tokens'] = ({'reg_token': (1, model.extra_tokens, dim)}, _flat)
+    for ours, theirs in (('patch_rotary', 'rope'), ('register_rotary', 'rope_reg')):
+        if model.extra_tokens == 0 and ours == 'register_rotary':
+            plan['register_rotary.frequencies'] = ({}, lambda: model.register_rotary.frequencies.clone())
+            continue
+        sources = {f'blocks.{i}.attn.{theirs}.freqs': (shapes[f'{ours}.frequencies'][1],) for i in range(depth)}
+        plan[f'{ours}.frequencies'] = (sources, _one_table)
+    for key in ('mlp_head.weight', 'mlp_head.bias'):
+        if key in shapes:
+            plan[key] = ({key.replace('mlp_head', 'head'): shapes[key]}, _same)
+    for i in range(depth):
+        for ours, theirs in {'0.scale': 'gamma_1', '0.fn.norm.weight': 'norm1.weight',
+                             '0.fn.to_qkv.weight': 'attn.qkv.weight', '0.fn.to_out.0.weight': 'attn.proj.weight',
+                             '0.fn.to_out.0.bias': 'attn.proj.bias', '0.fn.q_norm.weight': 'attn.q_norm.weight',
+                             '0.fn.k_norm.weight': 'attn.k_norm.weight', '1.scale': 'gamma_2',
+                             '1.fn.net.0.weight': 'norm2.weight', '1.fn.net.1.weight': 'mlp.fc1.weight',
+                             '1.fn.net.1.bias': 'mlp.fc1.bias', '1.fn.net.4.weight': 'mlp.fc2.weight',
+                             '1.fn.net.4.bias': 'mlp.fc2.bias'}.items():
+            key = f'transformer.layers.{i}.{ours}'
+            plan[key] = ({f'blocks.{i}.{theirs}': shapes[key]}, _same)
+    return plan, ('head.',)
+
+
+def _same(tensor):
+    return tensor
+
+
+def _flat(tokens):
+    return tokens[0]
+
+
+def _one_table(*tables):
+    if any(not torch.equal(table, tables[0]) for table in tables):
+        raise ValueError("the checkpoint's blocks have different rotary frequencies; the official code gives them one")
+    return repeat(tables[0], 'f -> axes f', axes=2)
+
+
 def vit_pytorch_plan(model, keys):
     """vit-pytorch's `vit_5.ViT`: renamed by VIT_PYTORCH_KEYS; its frequencies, one vector for both image axes
     (and one for the registers), gain the axis dimension of ours."""
+    if model.rope_layout != 'vit_pytorch':
+        raise ValueError("vit-pytorch's ViT-5 has its own rotary positions: build the model with "
+                         "rope_layout='vit_pytorch' (the default)")
     reshaped = {}
     for name in ('patch_rotary', 'register_rotary'):
         axes, count = model.get_submodule(name).frequencies.shape
