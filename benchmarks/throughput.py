@@ -802,6 +802,22 @@ DIFFERENT_FUNCTION = {'ats_vit': "vit-pytorch's ATS draws a random Gumbel-max sa
                                      "their outputs"}
 
 
+# registry models with no reference in REFERENCES, and why (the table's reference column says so)
+NO_REFERENCE = {
+    't2t': "timm has no T2T-ViT; vit-pytorch's T2TViT takes other arguments than t2t_vit_14's: not wired up yet",
+    'cct': "timm has no CCT; vit-pytorch 1.26.14's cct_7 is not wired up yet",
+    'small_dataset_vit': "vit-pytorch's shifted patch tokenization shifts by one pixel, the paper's (ours) by half a "
+                         "patch diagonally: another function, its weights refused",
+    'simple_vit_with_qk_norm': "vit-pytorch's qk-norm SimpleViT is another function (RMS qk-norm with per-head "
+                               "gains and no scale, a LayerNorm for a head): its weights refused",
+    'max_vit_with_registers': "vit-pytorch's MaxViT with registers is another function than the official MaxViT "
+                              "(stem, MBConv, attention): its weights refused",
+    'jumbo_vit': "vit-pytorch's JumboViT takes the preset's arguments differently (built with them it asks for "
+                 "196 GB): not wired up yet",
+    'local_vit': "vit-pytorch's LocalViT runs only when the token grid is as wide as dim (14 != 384 here)",
+}
+
+
 def reference_workload(workload):
     """The reference implementation of a registry workload's preset, as a workload named '<name>:ref'; None
     where there is none (or its library is not importable, or the workload is tiny)."""
@@ -821,6 +837,30 @@ def reference_workload(workload):
             torch.testing.assert_close(workload['model'].eval()(img), expected, atol=1e-4, rtol=0)
     return dict(workload, name=f'{name}:ref', preset=label, model=reference,
                 params=sum(p.numel() for p in reference.parameters()))
+
+
+def try_reference(workload, tiny):
+    """(reference workload, None), or (None, why there is none) for the table: no reference exists, it is not
+    installed, it is not run at --tiny, or it failed to build or to agree with ours (a failure is stated, and the
+    other models are still measured)."""
+    name = workload['name']
+    if name not in REFERENCES:
+        return None, f'none: {NO_REFERENCE.get(name, "no reference in REFERENCES yet")}'
+    if tiny:
+        return None, 'not run: references run at the preset, not --tiny'
+    try:
+        reference = reference_workload(workload)
+    except ImportError as error:
+        return None, f'not installed: {error}'
+    except Exception as error:
+        return None, f'failed: {type(error).__name__}: {str(error)[:300]}'
+    if reference is None:
+        label = REFERENCES[name][0]
+        needs = ('timm' if label.startswith('timm') else
+                 '$VIT_PYTORCH_SOURCE (vit-pytorch 1.26.14\'s wheel)' if label.startswith('vit-pytorch') else
+                 '$VIT_PYTORCH_OFFICIAL (the official checkouts)' if label.startswith('official') else label)
+        return None, f'not installed: {label} needs {needs} (unset, or its module did not import)'
+    return reference, None
 
 
 def registry_workload(name, tiny=False):
@@ -994,9 +1034,10 @@ def memory_child(spec):
         # and the reference's training steps start from the same allocator state: measured after a warm-up
         # in one child only, the reference showed ~40 MiB (~20%) less than ours for PiT-Ti and LeViT-128S
         workload = registry_workload(spec['registry'], spec['tiny'])
-        reference = reference_workload(workload)
         if spec.get('reference', False):
-            workload = reference
+            workload = reference_workload(workload)
+        else:
+            try_reference(workload, spec['tiny'])   # a reference that fails was left out of the rounds too
         model, spec['image_size'] = workload['model'], workload['image_size']
         channels, num_classes, loss = workload['channels'], workload['num_classes'], workload['loss']
     elif spec['model'] in ('vit', 'simple_vit'):
@@ -1106,7 +1147,7 @@ def bench_registry(args, log):
                               loss=w['loss'])
 
     torch.manual_seed(0)
-    workloads, flops, failures = {}, {}, {}
+    workloads, flops, failures, missing = {}, {}, {}, {}
     for name in args.registry:
         # one model's broken preset is reported as its own failure rather than stopping every other model's
         # measurement; `main` exits non-zero when any failed
@@ -1118,7 +1159,8 @@ def bench_registry(args, log):
             log(f'{name}: failed to build or count: {failures[name]}')
             continue
         workloads[name] = workload
-        reference = reference_workload(workload)   # the reference implementation, timed in the same rounds
+        # the reference implementation, timed in the same rounds; why there is none goes into the table
+        reference, missing[name] = try_reference(workload, args.tiny)
         if reference is not None:
             workloads[reference['name']] = reference
             flops[reference['name']] = count(reference)
@@ -1131,7 +1173,7 @@ def bench_registry(args, log):
     presets = {name: {k: w[k] for k in ('preset', 'image_size', 'channels', 'num_classes', 'params')}
                for name, w in workloads.items()}
     result = dict(config='registry', image_size=None, tokens=None, models=list(workloads), failures=failures,
-                  presets=presets,
+                  presets=presets, references={name: reason for name, reason in missing.items() if reason},
                   iterations={f'{k}@{b}': n for (k, b), n in iterations.items()},
                   matmul_peak_flops=summary(peaks), flops_per_image={}, speed={}, ratios={}, mfu={}, memory={})
     fill_speeds(result, tasks, speeds, peaks, flops)
@@ -1247,6 +1289,145 @@ def report(results):
     return '\n'.join(out)
 
 
+# the registry table (`--markdown`, `--markdown-from`): one row per registered model, from one run's results or
+# from several runs merged (a later run's row replaces an earlier one's), as markdown for the docs and as JSON
+
+# rows below 1.0x whose reason the docs give: name -> link, relative to docs/
+BELOW_EXPLAINED = {
+    'swin': 'performance.md#benchmarking-the-variants---registry',
+    'levit': 'performance.md#benchmarking-the-variants---registry',
+}
+
+
+def registry_table(results):
+    """{'runs': [command, date, machine, load average of each run], 'tasks': ['infer@1', ...], 'rows': {name: row}}
+    of a run's results (the registry section's models), or the merged table a `--markdown-from --json` file holds.
+    A row: its run (index into runs), preset, reference (label or None), why there is none, the paired ratios
+    ours / reference per task, speeds, memory of both and their ratio, and the failure where ours was not measured."""
+    if 'registry_table' in results:
+        return results['registry_table']
+    run = {key: results.get(key) for key in ('command', 'date', 'machine', 'load_average')}
+    rows, tasks = {}, []
+    for r in results['configs']:
+        if r['config'] != 'registry':
+            continue
+        tasks += [task for task in r['speed'] if task not in tasks]
+        for name in [n for n in r['models'] if not n.endswith(':ref')] + list(r['failures']):
+            ref = f'{name}:ref'
+            measured = ref in r['models']
+            memory = {who: r['memory'][key] for who, key in (('ours', name), ('reference', ref)) if key in r['memory']}
+            ratio = None
+            if len(memory) == 2:
+                ratio = summary([a / b for a, b in zip(memory['ours']['rounds'], memory['reference']['rounds'])])
+            rows[name] = dict(
+                run=0, preset=r['presets'][name]['preset'] if name in r['presets'] else None,
+                params=r['presets'][name]['params'] if name in r['presets'] else None,
+                reference=r['presets'][ref]['preset'] if measured else None,
+                reference_missing=None if measured else r.get('references', {}).get(name, 'not recorded by this run'),
+                ratios={task: s for task, s in r['ratios'].get(f'{name}/{ref}', {}).items()},
+                speed={task: {who: r['speed'][task][key] for who, key in (('ours', name), ('reference', ref))
+                              if key in r['speed'][task]} for task in r['speed']},
+                memory=memory, memory_ratio=ratio, failure=r['failures'].get(name))
+    return dict(runs=[run], tasks=tasks, rows=rows)
+
+
+def merge_tables(tables):
+    """One table of several, in order: a model's row comes from the last table that has it; runs that no row
+    comes from any more are dropped."""
+    runs, rows, tasks = [], {}, []
+    for table in tables:
+        offset = len(runs)
+        runs += table['runs']
+        tasks += [task for task in table['tasks'] if task not in tasks]
+        rows.update({name: dict(row, run=row['run'] + offset) for name, row in table['rows'].items()})
+    used = sorted({row['run'] for row in rows.values()})
+    index = {old: new for new, old in enumerate(used)}
+    return dict(runs=[runs[i] for i in used], tasks=tasks,
+                rows={name: dict(row, run=index[row['run']]) for name, row in rows.items()})
+
+
+def verdict(name, row):
+    """'>= 1.0' (every speed ratio at least 1.0 and memory at most 1.0), 'parity (spread includes 1.0)' (each one
+    that misses has 1.0 within its min-max over rounds), or 'below (...)' naming the ratios that miss, with the docs'
+    explanation where BELOW_EXPLAINED has one."""
+    if row['failure']:
+        return 'not measured'
+    if not row['ratios']:
+        return '-'
+    misses = [(f'{task} {s["median"]:.2f}', s['max'] >= 1.0) for task, s in row['ratios'].items() if s['median'] < 1.0]
+    memory = row['memory_ratio']
+    if memory and memory['median'] > 1.0:
+        misses.append((f'memory {memory["median"]:.2f}', memory['min'] <= 1.0))
+    if not misses:
+        return '>= 1.0'
+    if all(within for _, within in misses):
+        return 'parity (spread includes 1.0)'
+    below = ', '.join(label for label, within in misses if not within)
+    link = BELOW_EXPLAINED.get(name)
+    return f'below ({below}): see [{link}]({link})' if link else f'below ({below}): not explained yet'
+
+
+def describe_run(number, run):
+    m, load = run['machine'] or {}, run.get('load_average') or {}
+    loads = ' -> '.join(f'{load[k][0]:.2f}' for k in ('start', 'end') if k in load) or 'not recorded'
+    return (f"- run {number}: `{run['command']}` on {run['date']}; {m.get('cpu')}, {m.get('threads')} threads, "
+            f"{m.get('clock')} clock, torch {m.get('torch')}, timm {m.get('timm') or 'not installed'}, "
+            f"CPU capability {m.get('cpu_capability', 'not recorded')}"
+            f"{', bf16 autocast' if m.get('bf16') else ''}{', compiled' if m.get('compile') else ''}"
+            f"{', on ' + m['gpu'] if m.get('gpu') else ''}; load average (1 min) {loads}")
+
+
+def markdown_table(table):
+    """The docs' table: a row for every registered model (and any other model in the table), in registry order."""
+    names = list(registry.MODELS) + [name for name in table['rows'] if name not in registry.MODELS]
+    tasks = table['tasks']
+    header = ['model', 'preset', 'reference'] + tasks + ['train MiB, ours / reference', 'verdict', 'run']
+    lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+    counts = {}
+    for name in names:
+        row = table['rows'].get(name)
+        if row is None:
+            cells, kind = ['-', 'not measured in these runs'] + ['-'] * len(tasks) + ['-', 'not measured', '-'], 'absent'
+        else:
+            reference = row['reference'] or row['reference_missing']
+            ratios = [spread(row['ratios'][t], '{:.2f}') if t in row['ratios'] else '-' for t in tasks]
+            memory = row['memory']
+            mib = ' / '.join(f"{memory[w]['median']:.0f}" for w in ('ours', 'reference') if w in memory) or '-'
+            if row['memory_ratio']:
+                ratio = row['memory_ratio']
+                mib += f" = {ratio['median']:.2f}" + (f" ({ratio['min']:.2f}-{ratio['max']:.2f})"
+                                                        if len(ratio['rounds']) > 1 else '')
+            kind = verdict(name, row)
+            cells = ([row['preset'] or '-', reference] + ratios + [mib, kind if not row['failure'] else
+                                                                   f"not measured: {row['failure']}", str(row['run'] + 1)])
+        counts[kind.split(' ')[0]] = counts.get(kind.split(' ')[0], 0) + 1
+        if name not in registry.MODELS:
+            name += ' (not registered now)'
+        lines.append('| ' + ' | '.join([f'`{name}`'] + [str(c).replace('|', '/') for c in cells]) + ' |')
+    summary_line = (f"{len(names)} models: {counts.get('>=', 0)} at or above 1.0x, {counts.get('parity', 0)} at parity "
+                    f"(spread includes 1.0), {counts.get('below', 0)} below, {counts.get('-', 0)} without a "
+                    f"reference measured, {counts.get('not', 0) + counts.get('absent', 0)} not measured.")
+    intro = ['Paired speed ratios ours / reference (each round times both; median (min-max) over rounds; above 1: '
+             'ours is faster) and the training-step memory (peak RSS increase over two steps, a fresh process each; '
+             'below 1: ours takes less). Made by:', '']
+    intro += [describe_run(i + 1, run) for i, run in enumerate(table['runs'])]
+    return '\n'.join(intro + ['', summary_line, ''] + lines) + '\n'
+
+
+def write_table(table, markdown_path, json_path):
+    """The table as markdown (to `markdown_path`, or stdout) and, with `json_path`, as a JSON file that
+    `--markdown-from` reads and merges again."""
+    text = markdown_table(table)
+    if markdown_path:
+        with open(markdown_path, 'w') as f:
+            f.write(text)
+    else:
+        print(text)
+    if json_path:
+        with open(json_path, 'w') as f:
+            json.dump(dict(registry_table=table), f, indent=1)
+
+
 def machine(threads, clock, device='cpu'):
     cpu = platform.processor() or platform.machine()
     try:
@@ -1257,6 +1438,7 @@ def machine(threads, clock, device='cpu'):
         pass
     gpu = torch.cuda.get_device_name(device) if torch.device(device).type == 'cuda' else None
     return dict(cpu=cpu, gpu=gpu, threads=threads, clock=clock, torch=torch.__version__,
+                cpu_capability=torch.backends.cpu.get_cpu_capability(),
                 timm=timm.__version__ if timm else None, python=platform.python_version())
 
 
@@ -1294,7 +1476,13 @@ def parse_args(argv=None):
                              'the peak of allocated device memory)')
     parser.add_argument('--bf16', action='store_true', help='every step under bf16 autocast (weights in fp32)')
     parser.add_argument('--compile', action='store_true', help='every model through torch.compile')
-    parser.add_argument('--json', help='write the results to this JSON file')
+    parser.add_argument('--json', help='write the results to this JSON file (with --markdown-from: the merged table)')
+    parser.add_argument('--markdown', help='write the registry table (a row per registered model: ratios to its '
+                                           'reference, memory, verdict) to this markdown file')
+    parser.add_argument('--markdown-from', nargs='+', metavar='JSON',
+                        help='measure nothing: the registry table of these --json files (runs, or tables written '
+                             'by --markdown-from --json), merged in order, a later file\'s row replacing an '
+                             'earlier one\'s; to --markdown (or stdout) and --json')
     parser.add_argument('--memory-child', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.device == 'cuda' and args.clock == 'cpu':
@@ -1327,13 +1515,21 @@ def main(argv=None):
     if args.memory_child:
         print(json.dumps(memory_child(json.loads(args.memory_child))))
         return
+    if args.markdown_from:
+        tables = []
+        for path in args.markdown_from:
+            with open(path) as f:
+                tables.append(registry_table(json.load(f)))
+        write_table(merge_tables(tables), args.markdown, args.json)
+        return 0
     torch.set_num_threads(args.threads)
     set_device(args.device, args.bf16, args.compile)
     global CLOCK
     CLOCK = time.process_time if args.clock == 'cpu' else time.perf_counter
     log = lambda msg: print(msg, file=sys.stderr, flush=True)
     results = dict(machine=dict(machine(args.threads, args.clock, args.device), bf16=args.bf16, compile=args.compile), command=' '.join(['python', 'benchmarks/throughput.py'] + sys.argv[1:]),
-                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'), configs=[])
+                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'), configs=[],
+                   load_average=dict(start=os.getloadavg()))
     if 'throughput' in args.sections:
         for config in args.configs:
             for image_size in args.image_sizes:
@@ -1344,7 +1540,10 @@ def main(argv=None):
         results['compile'] = bench_compile(args, log)
     if 'checkpointing' in args.sections:
         results['checkpointing'] = bench_checkpointing(args, log)
+    results['load_average']['end'] = os.getloadavg()
     print(report(results))
+    if args.markdown:
+        write_table(registry_table(results), args.markdown, None)
     if args.json:
         with open(args.json, 'w') as f:
             json.dump(results, f, indent=1)
