@@ -32,6 +32,21 @@ ratios and the memory ratio. For models only vit-pytorch has, the reference is v
 module, imported from $VIT_PYTORCH_SOURCE (its wheel, from `pip download vit-pytorch==1.26.14 --no-deps`, or
 the unpacked `vit_pytorch` folder) beside ours. `--tiny` shrinks them to a few milliseconds a step, for tests.
 
+`--markdown FILE` writes the registry table for the docs: a row for every registered model with its preset, its
+reference (or why there is none: none exists, not installed, not run, failed), the paired ratios ours / reference
+with their spread, the memory ratio and a verdict ('>= 1.0', parity where the spread includes 1.0, or below, with
+the docs' explanation), under the command, machine, CPU capability, load average and date of each run.
+`--markdown-from A.json B.json` measures nothing: it merges the runs' `--json` files in order, a later file's row
+replacing an earlier one's, and writes the table again (with `--json`, the merged table, which merges again).
+`--budget` sets the table's settings (every registered model, batches 1 and 8, training at 8, 3 rounds, one
+thread on the CPU clock, one memory run each) and prints the expected time once the models are counted;
+`--shard K/N` measures every N-th model from the K-th, so that N processes fill N cores:
+
+    python benchmarks/throughput.py --budget --shard 1/2 --json a.json & python benchmarks/throughput.py --budget --shard 2/2 --json b.json; wait
+    python benchmarks/throughput.py --markdown-from a.json b.json --markdown docs/registry-table.md --json table.json
+    python benchmarks/throughput.py --budget --registry swin,levit --json rerun.json   # rows re-measured later
+    python benchmarks/throughput.py --markdown-from table.json rerun.json --markdown docs/registry-table.md
+
     python benchmarks/throughput.py --configs S/16 --image-sizes 224 --json results.json
     PYTHONPATH=. /path/to/venv-with-timm/bin/python benchmarks/throughput.py --configs B/16
     python benchmarks/throughput.py --sections compile,checkpointing
@@ -802,6 +817,9 @@ DIFFERENT_FUNCTION = {'ats_vit': "vit-pytorch's ATS draws a random Gumbel-max sa
                                      "their outputs"}
 
 
+# references whose training step raises on a CPU unless ATEN_CPU_CAPABILITY=default: vit-pytorch's ViTND takes flex
+# attention wherever its compiled kernel runs (AVX2 and up), and flex attention has no CPU backward
+FLEX_ATTENTION = ('vit_nd', 'vit_nd_rotary', 'vit_nd_pope')
 # registry models with no reference in REFERENCES, and why (the table's reference column says so)
 NO_REFERENCE = {
     't2t': "timm has no T2T-ViT; vit-pytorch's T2TViT takes other arguments than t2t_vit_14's: not wired up yet",
@@ -848,6 +866,9 @@ def try_reference(workload, tiny):
         return None, f'none: {NO_REFERENCE.get(name, "no reference in REFERENCES yet")}'
     if tiny:
         return None, 'not run: references run at the preset, not --tiny'
+    if name in FLEX_ATTENTION and DEVICE.type == 'cpu' and os.environ.get('ATEN_CPU_CAPABILITY') != 'default':
+        return None, ("not run: vit-pytorch's ViTND attends by flex attention, which has no CPU backward; "
+                      "run with ATEN_CPU_CAPABILITY=default (its dense fallback) and merge")
     try:
         reference = reference_workload(workload)
     except ImportError as error:
@@ -984,7 +1005,7 @@ def interleaved(runners, tasks, rounds, seconds, peaks=None, log=print, same_ste
     `same_steps=False` sizes each model's timed loop by its own speed (models of unlike cost,
     compared with none): the iterations are then {task: {model: steps}}.
     """
-    iterations = {}
+    iterations, expected = {}, 0.
     for task in tasks:
         # one untimed step per model (allocations, kernel selection), which also sizes the timed
         # loop: the same number of steps for every model, from the slowest
@@ -993,6 +1014,9 @@ def interleaved(runners, tasks, rounds, seconds, peaks=None, log=print, same_ste
             iterations[task] = max(1, round(seconds / max(durations.values())))
         else:
             iterations[task] = {name: max(1, round(seconds / d)) for name, d in durations.items()}
+        expected += rounds * sum(d * (iterations[task] if same_steps else iterations[task][name])
+                                 for name, d in durations.items())
+    log(f'  one step of each done; {rounds} rounds to go, about {expected / 60:.1f} min (by this clock)')
     steps = lambda task, name: iterations[task] if same_steps else iterations[task][name]
     speeds = {task: {name: [] for name in runners} for task in tasks}
     names = list(runners)
@@ -1136,6 +1160,26 @@ def fill_memory(result, args, log, spec_of):
         log(f'  memory {name}: {statistics.median(runs):.0f} MiB')
 
 
+# `expected_seconds`: the fraction of the matmul peak a step runs at (ViT-S/16 at one thread: 75-89%, convolutional
+# and small models less), and what a memory child costs besides its two training steps (start, imports, building
+# our model and the reference)
+EXPECTED_MFU, MEMORY_CHILD_S = 0.6, 6.0
+
+
+def expected_seconds(flops, args, peak):
+    """A rough forecast of a registry run's length: each model's and reference's one untimed step and `rounds`
+    timings of each task (each at least one step and about `--seconds`), two training steps in each memory child.
+    `flops`: name -> (training step, forward) FLOPs per image; `peak`: FLOP/s."""
+    rate = EXPECTED_MFU * peak
+    total = 0.
+    for train, forward in flops.values():
+        steps = [b * forward / rate for b in args.batches] + ([args.train_batch * train / rate] if args.train_batch else [])
+        total += sum(d + args.rounds * max(d, args.seconds) for d in steps)
+        if args.train_batch:
+            total += args.memory * (MEMORY_CHILD_S + 2 * args.train_batch * train / rate)
+    return total + args.rounds * 2 * 2048 ** 3 * 4 / peak
+
+
 def bench_registry(args, log):
     """Speed, FLOPs, MFU and memory of models registered in `vit_pytorch.models`, each at its preset.
 
@@ -1167,8 +1211,11 @@ def bench_registry(args, log):
     runners = {name: Runner(w['model'], w['image_size'], args.batches, args.train_batch, channels=w['channels'],
                             num_classes=w['num_classes'], loss=w['loss']) for name, w in workloads.items()}
     tasks = [('infer', b) for b in args.batches] + ([('train', args.train_batch)] if args.train_batch else [])
-    peaks = []
+    peaks = [matmul_peak()]
     log(f'registry: {", ".join(workloads)}; tasks {tasks}')
+    log(f'expected time, from the FLOPs counted and this matmul peak: {expected_seconds(flops, args, peaks[0]) / 60:.1f} '
+        f'min (rough: the MFU differs between models)')
+    peaks = []
     speeds, iterations = interleaved(runners, tasks, args.rounds, args.seconds, peaks, log, same_steps=False)
     presets = {name: {k: w[k] for k in ('preset', 'image_size', 'channels', 'num_classes', 'params')}
                for name, w in workloads.items()}
@@ -1442,6 +1489,23 @@ def machine(threads, clock, device='cpu'):
                 timm=timm.__version__ if timm else None, python=platform.python_version())
 
 
+# `--budget`: the settings of the docs' registry table (paired rounds at one thread on CPU time, each timing at
+# least one step, one fresh-process memory run of each model and reference)
+BUDGET_ARGS = ['--registry', 'all', '--batches', '1,8', '--train-batch', '8', '--rounds', '3', '--seconds', '0.25',
+               '--memory', '1', '--threads', '1', '--clock', 'cpu']
+
+
+def shard(names, spec, parser):
+    """The K-th of N interleaved slices of `names` (`spec`: 'K/N', 1 <= K <= N)."""
+    try:
+        k, n = (int(x) for x in spec.split('/'))
+    except ValueError:
+        parser.error(f'--shard: expected K/N (e.g. 1/2), got {spec!r}')
+    if not 1 <= k <= n:
+        parser.error(f'--shard: expected 1 <= K <= N, got {spec!r}')
+    return names[k - 1::n]
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1462,6 +1526,13 @@ def parse_args(argv=None):
     parser.add_argument('--registry', type=names, default=[],
                         help=f'comma-separated models of vit_pytorch.models, or all, each at its preset: '
                              f'{", ".join(f"{n} ({v[0]})" for n, v in REGISTRY.items())}')
+    parser.add_argument('--shard', metavar='K/N',
+                        help='measure the K-th of N interleaved slices of the --registry list (every N-th model '
+                             'from the K-th): N processes of --threads 1 --clock cpu run side by side on N cores, '
+                             'and --markdown-from merges their JSON files')
+    parser.add_argument('--budget', action='store_true',
+                        help='the registry table\'s settings (' + ' '.join(BUDGET_ARGS) + '), any of them '
+                             'overridden by giving it; prints its expected time once the models are counted')
     parser.add_argument('--tiny', action='store_true',
                         help=f'registry models at the training command\'s small size on {TINY["image_size"]}-pixel '
                              f'images with {TINY["channels"]} channel (a few ms a step; for tests)')
@@ -1484,7 +1555,11 @@ def parse_args(argv=None):
                              'by --markdown-from --json), merged in order, a later file\'s row replacing an '
                              'earlier one\'s; to --markdown (or stdout) and --json')
     parser.add_argument('--memory-child', help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    if '--budget' in (sys.argv[1:] if argv is None else argv):
+        # the budget's settings come first, so that any given on the command line replace them
+        args = parser.parse_args(BUDGET_ARGS + list(sys.argv[1:] if argv is None else argv))
+    else:
+        args = parser.parse_args(argv)
     if args.device == 'cuda' and args.clock == 'cpu':
         parser.error('--clock cpu times this process on the CPU, not the GPU: use the wall clock with --device cuda')
     if args.device == 'cuda' and not torch.cuda.is_available():
@@ -1493,6 +1568,8 @@ def parse_args(argv=None):
         args.sections = [] if args.registry else ['throughput']
     if args.registry == ['all']:
         args.registry = list(registry.MODELS)
+    if args.shard:
+        args.registry = shard(args.registry, args.shard, parser)
     for name in args.registry:
         if name not in registry.MODELS:
             parser.error(f'unknown registry model {name!r}; choose from {list(registry.MODELS)} or all')
