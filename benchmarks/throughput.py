@@ -1163,16 +1163,18 @@ def fill_memory(result, args, log, spec_of):
 # `expected_seconds`: the fraction of the matmul peak a step runs at (ViT-S/16 at one thread: 75-89%, convolutional
 # and small models less), and what a memory child costs besides its two training steps (start, imports, building
 # our model and the reference)
-EXPECTED_MFU, MEMORY_CHILD_S = 0.6, 6.0
+EXPECTED_MFU, MEMORY_CHILD_S = 0.6, 7.0
 
 
 def expected_seconds(flops, args, peak):
     """A rough forecast of a registry run's length: each model's and reference's one untimed step and `rounds`
-    timings of each task (each at least one step and about `--seconds`), two training steps in each memory child.
-    `flops`: name -> (training step, forward) FLOPs per image; `peak`: FLOP/s."""
+    timings of each task (each at least one step and about `--seconds`), two training steps in each memory child,
+    and counting its FLOPs (a forward and a training step on two inputs). `flops`: name -> (training step, forward)
+    FLOPs per image; `peak`: FLOP/s."""
     rate = EXPECTED_MFU * peak
     total = 0.
     for train, forward in flops.values():
+        total += 2 * (train + forward) / rate
         steps = [b * forward / rate for b in args.batches] + ([args.train_batch * train / rate] if args.train_batch else [])
         total += sum(d + args.rounds * max(d, args.seconds) for d in steps)
         if args.train_batch:

@@ -362,3 +362,24 @@ def test_the_verdict_reads_the_ratios_and_their_spread(throughput, monkeypatch):
     assert throughput.verdict('cait', below) == 'below (train@8 0.94, memory 1.07): not explained yet'
     assert throughput.verdict('t2t', ratio_row({})) == '-'
     assert throughput.verdict('vit', ratio_row({}, failure='ValueError: x')) == 'not measured'
+
+
+def test_budget_is_the_tables_settings_and_given_options_replace_them(throughput):
+    args = throughput.parse_args(['--budget'])
+    assert (args.registry, args.batches, args.train_batch, args.rounds, args.memory, args.threads, args.clock) == (
+        list(MODELS), [1, 8], 8, 3, 1, 1, 'cpu')
+    args = throughput.parse_args(['--budget', '--registry', 'swin,levit', '--rounds', '5'])
+    assert (args.registry, args.rounds, args.batches) == (['swin', 'levit'], 5, [1, 8])
+
+
+def test_shards_split_the_registry_into_disjoint_slices_that_cover_it(throughput):
+    shards = [throughput.parse_args(['--registry', 'all', '--shard', f'{k}/3']).registry for k in (1, 2, 3)]
+    assert sorted(sum(shards, [])) == sorted(MODELS) and sum(map(len, shards)) == len(MODELS)
+    assert shards[0][:2] == list(MODELS)[0:4:3]
+
+
+@pytest.mark.parametrize('spec', ['0/2', '3/2', 'half'])
+def test_a_bad_shard_is_refused(throughput, capsys, spec):
+    with pytest.raises(SystemExit):
+        throughput.parse_args(['--registry', 'all', '--shard', spec])
+    assert '--shard' in capsys.readouterr().err
