@@ -1439,6 +1439,8 @@ def markdown_table(table):
             cells, kind = ['-', 'not measured in these runs'] + ['-'] * len(tasks) + ['-', 'not measured', '-'], 'absent'
         else:
             reference = row['reference'] or row['reference_missing']
+            if row['reference'] and name in DIFFERENT_FUNCTION:
+                reference += ' (computes another function at the same sizes: see DIFFERENT_FUNCTION)'
             ratios = [spread(row['ratios'][t], '{:.2f}') if t in row['ratios'] else '-' for t in tasks]
             memory = row['memory']
             mib = ' / '.join(f"{memory[w]['median']:.0f}" for w in ('ours', 'reference') if w in memory) or '-'
