@@ -32,6 +32,21 @@ ratios and the memory ratio. For models only vit-pytorch has, the reference is v
 module, imported from $VIT_PYTORCH_SOURCE (its wheel, from `pip download vit-pytorch==1.26.14 --no-deps`, or
 the unpacked `vit_pytorch` folder) beside ours. `--tiny` shrinks them to a few milliseconds a step, for tests.
 
+`--markdown FILE` writes the registry table for the docs: a row for every registered model with its preset, its
+reference (or why there is none: none exists, not installed, not run, failed), the paired ratios ours / reference
+with their spread, the memory ratio and a verdict ('>= 1.0', parity where the spread includes 1.0, or below, with
+the docs' explanation), under the command, machine, CPU capability, load average and date of each run.
+`--markdown-from A.json B.json` measures nothing: it merges the runs' `--json` files in order, a later file's row
+replacing an earlier one's, and writes the table again (with `--json`, the merged table, which merges again).
+`--budget` sets the table's settings (every registered model, batches 1 and 8, training at 8, 3 rounds, one
+thread on the CPU clock, one memory run each) and prints the expected time once the models are counted;
+`--shard K/N` measures every N-th model from the K-th, so that N processes fill N cores:
+
+    python benchmarks/throughput.py --budget --shard 1/2 --json a.json & python benchmarks/throughput.py --budget --shard 2/2 --json b.json; wait
+    python benchmarks/throughput.py --markdown-from a.json b.json --markdown docs/registry-table.md --json table.json
+    python benchmarks/throughput.py --budget --registry swin,levit --json rerun.json   # rows re-measured later
+    python benchmarks/throughput.py --markdown-from table.json rerun.json --markdown docs/registry-table.md
+
     python benchmarks/throughput.py --configs S/16 --image-sizes 224 --json results.json
     PYTHONPATH=. /path/to/venv-with-timm/bin/python benchmarks/throughput.py --configs B/16
     python benchmarks/throughput.py --sections compile,checkpointing
@@ -802,6 +817,25 @@ DIFFERENT_FUNCTION = {'ats_vit': "vit-pytorch's ATS draws a random Gumbel-max sa
                                      "their outputs"}
 
 
+# references whose training step raises on a CPU unless ATEN_CPU_CAPABILITY=default: vit-pytorch's ViTND takes flex
+# attention wherever its compiled kernel runs (AVX2 and up), and flex attention has no CPU backward
+FLEX_ATTENTION = ('vit_nd', 'vit_nd_rotary', 'vit_nd_pope')
+# registry models with no reference in REFERENCES, and why (the table's reference column says so)
+NO_REFERENCE = {
+    't2t': "timm has no T2T-ViT; vit-pytorch's T2TViT takes other arguments than t2t_vit_14's: not wired up yet",
+    'cct': "timm has no CCT; vit-pytorch 1.26.14's cct_7 is not wired up yet",
+    'small_dataset_vit': "vit-pytorch's shifted patch tokenization shifts by one pixel, the paper's (ours) by half a "
+                         "patch diagonally: another function, its weights refused",
+    'simple_vit_with_qk_norm': "vit-pytorch's qk-norm SimpleViT is another function (RMS qk-norm with per-head "
+                               "gains and no scale, a LayerNorm for a head): its weights refused",
+    'max_vit_with_registers': "vit-pytorch's MaxViT with registers is another function than the official MaxViT "
+                              "(stem, MBConv, attention): its weights refused",
+    'jumbo_vit': "vit-pytorch's JumboViT takes the preset's arguments differently (built with them it asks for "
+                 "196 GB): not wired up yet",
+    'local_vit': "vit-pytorch's LocalViT runs only when the token grid is as wide as dim (14 != 384 here)",
+}
+
+
 def reference_workload(workload):
     """The reference implementation of a registry workload's preset, as a workload named '<name>:ref'; None
     where there is none (or its library is not importable, or the workload is tiny)."""
@@ -821,6 +855,33 @@ def reference_workload(workload):
             torch.testing.assert_close(workload['model'].eval()(img), expected, atol=1e-4, rtol=0)
     return dict(workload, name=f'{name}:ref', preset=label, model=reference,
                 params=sum(p.numel() for p in reference.parameters()))
+
+
+def try_reference(workload, tiny):
+    """(reference workload, None), or (None, why there is none) for the table: no reference exists, it is not
+    installed, it is not run at --tiny, or it failed to build or to agree with ours (a failure is stated, and the
+    other models are still measured)."""
+    name = workload['name']
+    if name not in REFERENCES:
+        return None, f'none: {NO_REFERENCE.get(name, "no reference in REFERENCES yet")}'
+    if tiny:
+        return None, 'not run: references run at the preset, not --tiny'
+    if name in FLEX_ATTENTION and DEVICE.type == 'cpu' and os.environ.get('ATEN_CPU_CAPABILITY') != 'default':
+        return None, ("not run: vit-pytorch's ViTND attends by flex attention, which has no CPU backward; "
+                      "run with ATEN_CPU_CAPABILITY=default (its dense fallback) and merge")
+    try:
+        reference = reference_workload(workload)
+    except ImportError as error:
+        return None, f'not installed: {error}'
+    except Exception as error:
+        return None, f'failed: {type(error).__name__}: {str(error)[:300]}'
+    if reference is None:
+        label = REFERENCES[name][0]
+        needs = ('timm' if label.startswith('timm') else
+                 '$VIT_PYTORCH_SOURCE (vit-pytorch 1.26.14\'s wheel)' if label.startswith('vit-pytorch') else
+                 '$VIT_PYTORCH_OFFICIAL (the official checkouts)' if label.startswith('official') else label)
+        return None, f'not installed: {label} needs {needs} (unset, or its module did not import)'
+    return reference, None
 
 
 def registry_workload(name, tiny=False):
@@ -944,7 +1005,7 @@ def interleaved(runners, tasks, rounds, seconds, peaks=None, log=print, same_ste
     `same_steps=False` sizes each model's timed loop by its own speed (models of unlike cost,
     compared with none): the iterations are then {task: {model: steps}}.
     """
-    iterations = {}
+    iterations, expected = {}, 0.
     for task in tasks:
         # one untimed step per model (allocations, kernel selection), which also sizes the timed
         # loop: the same number of steps for every model, from the slowest
@@ -953,6 +1014,9 @@ def interleaved(runners, tasks, rounds, seconds, peaks=None, log=print, same_ste
             iterations[task] = max(1, round(seconds / max(durations.values())))
         else:
             iterations[task] = {name: max(1, round(seconds / d)) for name, d in durations.items()}
+        expected += rounds * sum(d * (iterations[task] if same_steps else iterations[task][name])
+                                 for name, d in durations.items())
+    log(f'  one step of each done; {rounds} rounds to go, about {expected / 60:.1f} min (by this clock)')
     steps = lambda task, name: iterations[task] if same_steps else iterations[task][name]
     speeds = {task: {name: [] for name in runners} for task in tasks}
     names = list(runners)
@@ -994,9 +1058,10 @@ def memory_child(spec):
         # and the reference's training steps start from the same allocator state: measured after a warm-up
         # in one child only, the reference showed ~40 MiB (~20%) less than ours for PiT-Ti and LeViT-128S
         workload = registry_workload(spec['registry'], spec['tiny'])
-        reference = reference_workload(workload)
         if spec.get('reference', False):
-            workload = reference
+            workload = reference_workload(workload)
+        else:
+            try_reference(workload, spec['tiny'])   # a reference that fails was left out of the rounds too
         model, spec['image_size'] = workload['model'], workload['image_size']
         channels, num_classes, loss = workload['channels'], workload['num_classes'], workload['loss']
     elif spec['model'] in ('vit', 'simple_vit'):
@@ -1095,6 +1160,28 @@ def fill_memory(result, args, log, spec_of):
         log(f'  memory {name}: {statistics.median(runs):.0f} MiB')
 
 
+# `expected_seconds`: the fraction of the matmul peak a step runs at (ViT-S/16 at one thread: 75-89%, convolutional
+# and small models less), and what a memory child costs besides its two training steps (start, imports, building
+# our model and the reference)
+EXPECTED_MFU, MEMORY_CHILD_S = 0.6, 7.0
+
+
+def expected_seconds(flops, args, peak):
+    """A rough forecast of a registry run's length: each model's and reference's one untimed step and `rounds`
+    timings of each task (each at least one step and about `--seconds`), two training steps in each memory child,
+    and counting its FLOPs (a forward and a training step on two inputs). `flops`: name -> (training step, forward)
+    FLOPs per image; `peak`: FLOP/s."""
+    rate = EXPECTED_MFU * peak
+    total = 0.
+    for train, forward in flops.values():
+        total += 2 * (train + forward) / rate
+        steps = [b * forward / rate for b in args.batches] + ([args.train_batch * train / rate] if args.train_batch else [])
+        total += sum(d + args.rounds * max(d, args.seconds) for d in steps)
+        if args.train_batch:
+            total += args.memory * (MEMORY_CHILD_S + 2 * args.train_batch * train / rate)
+    return total + args.rounds * 2 * 2048 ** 3 * 4 / peak
+
+
 def bench_registry(args, log):
     """Speed, FLOPs, MFU and memory of models registered in `vit_pytorch.models`, each at its preset.
 
@@ -1106,7 +1193,7 @@ def bench_registry(args, log):
                               loss=w['loss'])
 
     torch.manual_seed(0)
-    workloads, flops, failures = {}, {}, {}
+    workloads, flops, failures, missing = {}, {}, {}, {}
     for name in args.registry:
         # one model's broken preset is reported as its own failure rather than stopping every other model's
         # measurement; `main` exits non-zero when any failed
@@ -1118,20 +1205,24 @@ def bench_registry(args, log):
             log(f'{name}: failed to build or count: {failures[name]}')
             continue
         workloads[name] = workload
-        reference = reference_workload(workload)   # the reference implementation, timed in the same rounds
+        # the reference implementation, timed in the same rounds; why there is none goes into the table
+        reference, missing[name] = try_reference(workload, args.tiny)
         if reference is not None:
             workloads[reference['name']] = reference
             flops[reference['name']] = count(reference)
     runners = {name: Runner(w['model'], w['image_size'], args.batches, args.train_batch, channels=w['channels'],
                             num_classes=w['num_classes'], loss=w['loss']) for name, w in workloads.items()}
     tasks = [('infer', b) for b in args.batches] + ([('train', args.train_batch)] if args.train_batch else [])
-    peaks = []
+    peaks = [matmul_peak()]
     log(f'registry: {", ".join(workloads)}; tasks {tasks}')
+    log(f'expected time, from the FLOPs counted and this matmul peak: {expected_seconds(flops, args, peaks[0]) / 60:.1f} '
+        f'min (rough: the MFU differs between models)')
+    peaks = []
     speeds, iterations = interleaved(runners, tasks, args.rounds, args.seconds, peaks, log, same_steps=False)
     presets = {name: {k: w[k] for k in ('preset', 'image_size', 'channels', 'num_classes', 'params')}
                for name, w in workloads.items()}
     result = dict(config='registry', image_size=None, tokens=None, models=list(workloads), failures=failures,
-                  presets=presets,
+                  presets=presets, references={name: reason for name, reason in missing.items() if reason},
                   iterations={f'{k}@{b}': n for (k, b), n in iterations.items()},
                   matmul_peak_flops=summary(peaks), flops_per_image={}, speed={}, ratios={}, mfu={}, memory={})
     fill_speeds(result, tasks, speeds, peaks, flops)
@@ -1247,6 +1338,147 @@ def report(results):
     return '\n'.join(out)
 
 
+# the registry table (`--markdown`, `--markdown-from`): one row per registered model, from one run's results or
+# from several runs merged (a later run's row replaces an earlier one's), as markdown for the docs and as JSON
+
+# rows below 1.0x whose reason the docs give: name -> link, relative to docs/
+BELOW_EXPLAINED = {
+    'swin': 'performance.md#benchmarking-the-variants---registry',
+    'levit': 'performance.md#benchmarking-the-variants---registry',
+}
+
+
+def registry_table(results):
+    """{'runs': [command, date, machine, load average of each run], 'tasks': ['infer@1', ...], 'rows': {name: row}}
+    of a run's results (the registry section's models), or the merged table a `--markdown-from --json` file holds.
+    A row: its run (index into runs), preset, reference (label or None), why there is none, the paired ratios
+    ours / reference per task, speeds, memory of both and their ratio, and the failure where ours was not measured."""
+    if 'registry_table' in results:
+        return results['registry_table']
+    run = {key: results.get(key) for key in ('command', 'date', 'machine', 'load_average')}
+    rows, tasks = {}, []
+    for r in results['configs']:
+        if r['config'] != 'registry':
+            continue
+        tasks += [task for task in r['speed'] if task not in tasks]
+        for name in [n for n in r['models'] if not n.endswith(':ref')] + list(r['failures']):
+            ref = f'{name}:ref'
+            measured = ref in r['models']
+            memory = {who: r['memory'][key] for who, key in (('ours', name), ('reference', ref)) if key in r['memory']}
+            ratio = None
+            if len(memory) == 2:
+                ratio = summary([a / b for a, b in zip(memory['ours']['rounds'], memory['reference']['rounds'])])
+            rows[name] = dict(
+                run=0, preset=r['presets'][name]['preset'] if name in r['presets'] else None,
+                params=r['presets'][name]['params'] if name in r['presets'] else None,
+                reference=r['presets'][ref]['preset'] if measured else None,
+                reference_missing=None if measured else r.get('references', {}).get(name, 'not recorded by this run'),
+                ratios={task: s for task, s in r['ratios'].get(f'{name}/{ref}', {}).items()},
+                speed={task: {who: r['speed'][task][key] for who, key in (('ours', name), ('reference', ref))
+                              if key in r['speed'][task]} for task in r['speed']},
+                memory=memory, memory_ratio=ratio, failure=r['failures'].get(name))
+    return dict(runs=[run], tasks=tasks, rows=rows)
+
+
+def merge_tables(tables):
+    """One table of several, in order: a model's row comes from the last table that has it; runs that no row
+    comes from any more are dropped."""
+    runs, rows, tasks = [], {}, []
+    for table in tables:
+        offset = len(runs)
+        runs += table['runs']
+        tasks += [task for task in table['tasks'] if task not in tasks]
+        rows.update({name: dict(row, run=row['run'] + offset) for name, row in table['rows'].items()})
+    used = sorted({row['run'] for row in rows.values()})
+    index = {old: new for new, old in enumerate(used)}
+    return dict(runs=[runs[i] for i in used], tasks=tasks,
+                rows={name: dict(row, run=index[row['run']]) for name, row in rows.items()})
+
+
+def verdict(name, row):
+    """'>= 1.0' (every speed ratio at least 1.0 and memory at most 1.0), 'parity (spread includes 1.0)' (each one
+    that misses has 1.0 within its min-max over rounds), or 'below (...)' naming the ratios that miss, with the docs'
+    explanation where BELOW_EXPLAINED has one."""
+    if row['failure']:
+        return 'not measured'
+    if not row['ratios']:
+        return '-'
+    misses = [(f'{task} {s["median"]:.2f}', s['max'] >= 1.0) for task, s in row['ratios'].items() if s['median'] < 1.0]
+    memory = row['memory_ratio']
+    if memory and memory['median'] > 1.0:
+        misses.append((f'memory {memory["median"]:.2f}', memory['min'] <= 1.0))
+    if not misses:
+        return '>= 1.0'
+    if all(within for _, within in misses):
+        return 'parity (spread includes 1.0)'
+    below = ', '.join(label for label, within in misses if not within)
+    link = BELOW_EXPLAINED.get(name)
+    return f'below ({below}): see [{link}]({link})' if link else f'below ({below}): not explained yet'
+
+
+def describe_run(number, run):
+    m, load = run['machine'] or {}, run.get('load_average') or {}
+    loads = ' -> '.join(f'{load[k][0]:.2f}' for k in ('start', 'end') if k in load) or 'not recorded'
+    return (f"- run {number}: `{run['command']}` on {run['date']}; {m.get('cpu')}, {m.get('threads')} threads, "
+            f"{m.get('clock')} clock, torch {m.get('torch')}, timm {m.get('timm') or 'not installed'}, "
+            f"CPU capability {m.get('cpu_capability', 'not recorded')}"
+            f"{', bf16 autocast' if m.get('bf16') else ''}{', compiled' if m.get('compile') else ''}"
+            f"{', on ' + m['gpu'] if m.get('gpu') else ''}; load average (1 min) {loads}")
+
+
+def markdown_table(table):
+    """The docs' table: a row for every registered model (and any other model in the table), in registry order."""
+    names = list(registry.MODELS) + [name for name in table['rows'] if name not in registry.MODELS]
+    tasks = table['tasks']
+    header = ['model', 'preset', 'reference'] + tasks + ['train MiB, ours / reference', 'verdict', 'run']
+    lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+    counts = {}
+    for name in names:
+        row = table['rows'].get(name)
+        if row is None:
+            cells, kind = ['-', 'not measured in these runs'] + ['-'] * len(tasks) + ['-', 'not measured', '-'], 'absent'
+        else:
+            reference = row['reference'] or row['reference_missing']
+            if row['reference'] and name in DIFFERENT_FUNCTION:
+                reference += ' (computes another function at the same sizes: see DIFFERENT_FUNCTION)'
+            ratios = [spread(row['ratios'][t], '{:.2f}') if t in row['ratios'] else '-' for t in tasks]
+            memory = row['memory']
+            mib = ' / '.join(f"{memory[w]['median']:.0f}" for w in ('ours', 'reference') if w in memory) or '-'
+            if row['memory_ratio']:
+                ratio = row['memory_ratio']
+                mib += f" = {ratio['median']:.2f}" + (f" ({ratio['min']:.2f}-{ratio['max']:.2f})"
+                                                        if len(ratio['rounds']) > 1 else '')
+            kind = verdict(name, row)
+            cells = ([row['preset'] or '-', reference] + ratios + [mib, kind if not row['failure'] else
+                                                                   f"not measured: {row['failure']}", str(row['run'] + 1)])
+        counts[kind.split(' ')[0]] = counts.get(kind.split(' ')[0], 0) + 1
+        if name not in registry.MODELS:
+            name += ' (not registered now)'
+        lines.append('| ' + ' | '.join([f'`{name}`'] + [str(c).replace('|', '/') for c in cells]) + ' |')
+    summary_line = (f"{len(names)} models: {counts.get('>=', 0)} at or above 1.0x, {counts.get('parity', 0)} at parity "
+                    f"(spread includes 1.0), {counts.get('below', 0)} below, {counts.get('-', 0)} without a "
+                    f"reference measured, {counts.get('not', 0) + counts.get('absent', 0)} not measured.")
+    intro = ['Paired speed ratios ours / reference (each round times both; median (min-max) over rounds; above 1: '
+             'ours is faster) and the training-step memory (peak RSS increase over two steps, a fresh process each; '
+             'below 1: ours takes less). Made by:', '']
+    intro += [describe_run(i + 1, run) for i, run in enumerate(table['runs'])]
+    return '\n'.join(intro + ['', summary_line, ''] + lines) + '\n'
+
+
+def write_table(table, markdown_path, json_path):
+    """The table as markdown (to `markdown_path`, or stdout) and, with `json_path`, as a JSON file that
+    `--markdown-from` reads and merges again."""
+    text = markdown_table(table)
+    if markdown_path:
+        with open(markdown_path, 'w') as f:
+            f.write(text)
+    else:
+        print(text)
+    if json_path:
+        with open(json_path, 'w') as f:
+            json.dump(dict(registry_table=table), f, indent=1)
+
+
 def machine(threads, clock, device='cpu'):
     cpu = platform.processor() or platform.machine()
     try:
@@ -1257,7 +1489,25 @@ def machine(threads, clock, device='cpu'):
         pass
     gpu = torch.cuda.get_device_name(device) if torch.device(device).type == 'cuda' else None
     return dict(cpu=cpu, gpu=gpu, threads=threads, clock=clock, torch=torch.__version__,
+                cpu_capability=torch.backends.cpu.get_cpu_capability(),
                 timm=timm.__version__ if timm else None, python=platform.python_version())
+
+
+# `--budget`: the settings of the docs' registry table (paired rounds at one thread on CPU time, each timing at
+# least one step, one fresh-process memory run of each model and reference)
+BUDGET_ARGS = ['--registry', 'all', '--batches', '1,8', '--train-batch', '8', '--rounds', '3', '--seconds', '0.25',
+               '--memory', '1', '--threads', '1', '--clock', 'cpu']
+
+
+def shard(names, spec, parser):
+    """The K-th of N interleaved slices of `names` (`spec`: 'K/N', 1 <= K <= N)."""
+    try:
+        k, n = (int(x) for x in spec.split('/'))
+    except ValueError:
+        parser.error(f'--shard: expected K/N (e.g. 1/2), got {spec!r}')
+    if not 1 <= k <= n:
+        parser.error(f'--shard: expected 1 <= K <= N, got {spec!r}')
+    return names[k - 1::n]
 
 
 def parse_args(argv=None):
@@ -1280,6 +1530,13 @@ def parse_args(argv=None):
     parser.add_argument('--registry', type=names, default=[],
                         help=f'comma-separated models of vit_pytorch.models, or all, each at its preset: '
                              f'{", ".join(f"{n} ({v[0]})" for n, v in REGISTRY.items())}')
+    parser.add_argument('--shard', metavar='K/N',
+                        help='measure the K-th of N interleaved slices of the --registry list (every N-th model '
+                             'from the K-th): N processes of --threads 1 --clock cpu run side by side on N cores, '
+                             'and --markdown-from merges their JSON files')
+    parser.add_argument('--budget', action='store_true',
+                        help='the registry table\'s settings (' + ' '.join(BUDGET_ARGS) + '), any of them '
+                             'overridden by giving it; prints its expected time once the models are counted')
     parser.add_argument('--tiny', action='store_true',
                         help=f'registry models at the training command\'s small size on {TINY["image_size"]}-pixel '
                              f'images with {TINY["channels"]} channel (a few ms a step; for tests)')
@@ -1294,9 +1551,19 @@ def parse_args(argv=None):
                              'the peak of allocated device memory)')
     parser.add_argument('--bf16', action='store_true', help='every step under bf16 autocast (weights in fp32)')
     parser.add_argument('--compile', action='store_true', help='every model through torch.compile')
-    parser.add_argument('--json', help='write the results to this JSON file')
+    parser.add_argument('--json', help='write the results to this JSON file (with --markdown-from: the merged table)')
+    parser.add_argument('--markdown', help='write the registry table (a row per registered model: ratios to its '
+                                           'reference, memory, verdict) to this markdown file')
+    parser.add_argument('--markdown-from', nargs='+', metavar='JSON',
+                        help='measure nothing: the registry table of these --json files (runs, or tables written '
+                             'by --markdown-from --json), merged in order, a later file\'s row replacing an '
+                             'earlier one\'s; to --markdown (or stdout) and --json')
     parser.add_argument('--memory-child', help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    if '--budget' in (sys.argv[1:] if argv is None else argv):
+        # the budget's settings come first, so that any given on the command line replace them
+        args = parser.parse_args(BUDGET_ARGS + list(sys.argv[1:] if argv is None else argv))
+    else:
+        args = parser.parse_args(argv)
     if args.device == 'cuda' and args.clock == 'cpu':
         parser.error('--clock cpu times this process on the CPU, not the GPU: use the wall clock with --device cuda')
     if args.device == 'cuda' and not torch.cuda.is_available():
@@ -1305,6 +1572,8 @@ def parse_args(argv=None):
         args.sections = [] if args.registry else ['throughput']
     if args.registry == ['all']:
         args.registry = list(registry.MODELS)
+    if args.shard:
+        args.registry = shard(args.registry, args.shard, parser)
     for name in args.registry:
         if name not in registry.MODELS:
             parser.error(f'unknown registry model {name!r}; choose from {list(registry.MODELS)} or all')
@@ -1327,13 +1596,21 @@ def main(argv=None):
     if args.memory_child:
         print(json.dumps(memory_child(json.loads(args.memory_child))))
         return
+    if args.markdown_from:
+        tables = []
+        for path in args.markdown_from:
+            with open(path) as f:
+                tables.append(registry_table(json.load(f)))
+        write_table(merge_tables(tables), args.markdown, args.json)
+        return 0
     torch.set_num_threads(args.threads)
     set_device(args.device, args.bf16, args.compile)
     global CLOCK
     CLOCK = time.process_time if args.clock == 'cpu' else time.perf_counter
     log = lambda msg: print(msg, file=sys.stderr, flush=True)
     results = dict(machine=dict(machine(args.threads, args.clock, args.device), bf16=args.bf16, compile=args.compile), command=' '.join(['python', 'benchmarks/throughput.py'] + sys.argv[1:]),
-                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'), configs=[])
+                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'), configs=[],
+                   load_average=dict(start=os.getloadavg()))
     if 'throughput' in args.sections:
         for config in args.configs:
             for image_size in args.image_sizes:
@@ -1344,7 +1621,10 @@ def main(argv=None):
         results['compile'] = bench_compile(args, log)
     if 'checkpointing' in args.sections:
         results['checkpointing'] = bench_checkpointing(args, log)
+    results['load_average']['end'] = os.getloadavg()
     print(report(results))
+    if args.markdown:
+        write_table(registry_table(results), args.markdown, None)
     if args.json:
         with open(args.json, 'w') as f:
             json.dump(results, f, indent=1)

@@ -6,6 +6,7 @@ must be a positive finite one. No test depends on how fast anything is.
 """
 
 import importlib.util
+import json
 import math
 import os
 import subprocess
@@ -245,3 +246,140 @@ def test_cpu_clock_with_cuda_is_refused(throughput, capsys):
     with pytest.raises(SystemExit):
         throughput.parse_args(['--device', 'cuda', '--clock', 'cpu'])
     assert 'wall clock' in capsys.readouterr().err
+
+
+# the registry table (`--markdown`, `--markdown-from`)
+
+
+def as_run(result, command):
+    """A registry result as the script's --json file holds it."""
+    return dict(command=command, date='2026-12-02T00:00:00+00:00', machine=dict(cpu='test', threads=1, clock='cpu'),
+                load_average=dict(start=[1.0, 1.0, 1.0], end=[2.0, 2.0, 2.0]), configs=[result])
+
+
+def table_rows(text):
+    """model name -> the cells of its markdown row."""
+    rows = {}
+    for line in text.splitlines():
+        if line.startswith('| `'):
+            cells = [c.strip() for c in line.strip('|').split('|')]
+            name = cells[0].strip('`')
+            assert name not in rows, f'{name} has two rows'
+            rows[name] = cells[1:]
+    return rows
+
+
+def test_the_markdown_table_has_a_measured_row_for_every_registered_model(throughput, tiny_results):
+    rows = table_rows(throughput.markdown_table(throughput.registry_table(as_run(tiny_results, 'A'))))
+    assert set(rows) == set(MODELS)
+    for name, cells in rows.items():
+        assert cells[0] == 'tiny' and 'not measured' not in ' '.join(cells), (name, cells)
+
+
+def test_a_model_missing_from_the_runs_is_a_row_saying_so(throughput, tiny_results):
+    table = throughput.registry_table(as_run(tiny_results, 'A'))
+    del table['rows']['swin']
+    rows = table_rows(throughput.markdown_table(table))
+    assert rows['swin'][1] == 'not measured in these runs' and rows['swin'][-2] == 'not measured'
+
+
+def test_every_missing_reference_is_stated(throughput, tiny_results):
+    header = ['preset', 'reference', 'infer@1', 'infer@2', 'train@2']
+    rows = table_rows(throughput.markdown_table(throughput.registry_table(as_run(tiny_results, 'A'))))
+    for name, cells in rows.items():
+        reference = dict(zip(header, cells))['reference']
+        if name in throughput.REFERENCES:       # references run at their preset only
+            assert reference == 'not run: references run at the preset, not --tiny', (name, reference)
+        else:                                    # none exists: the row says why
+            assert reference == f'none: {throughput.NO_REFERENCE[name]}', (name, reference)
+
+
+def test_an_uninstalled_reference_says_what_it_needs(throughput, monkeypatch):
+    monkeypatch.delenv('VIT_PYTORCH_SOURCE', raising=False)
+    reference, why = throughput.try_reference(throughput.registry_workload('deepvit'), tiny=False)
+    assert reference is None and why.startswith('not installed: vit-pytorch 1.26.14 deepvit.DeepViT needs')
+    assert '$VIT_PYTORCH_SOURCE' in why
+
+
+def test_a_failing_reference_is_stated_and_the_others_are_still_measured(throughput, monkeypatch):
+    def disagrees(workload):
+        raise AssertionError('Tensor-likes are not close!')
+
+    monkeypatch.setattr(throughput, 'reference_workload', disagrees)
+    reference, why = throughput.try_reference(throughput.registry_workload('vit', tiny=True), tiny=False)
+    assert reference is None and why == 'failed: AssertionError: Tensor-likes are not close!'
+
+
+def run_tiny(throughput, names):
+    args = throughput.parse_args(['--registry', names, '--tiny', '--rounds', '1', '--seconds', '0', '--batches', '1,2',
+                                  '--train-batch', '2', '--memory', '0', '--threads', '1'])
+    threads = torch.get_num_threads()
+    try:
+        return throughput.bench_registry(args, log=lambda msg: None)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_merging_keeps_the_later_runs_rows(throughput, tiny_results, tmp_path):
+    later = run_tiny(throughput, 'vit,cait')
+    first, second = tmp_path / 'all.json', tmp_path / 'two.json'
+    first.write_text(json.dumps(as_run(tiny_results, 'the whole registry')))
+    second.write_text(json.dumps(as_run(later, 'vit and cait again')))
+    merged_md, merged_json, again_md = tmp_path / 'merged.md', tmp_path / 'merged.json', tmp_path / 'again.md'
+    assert throughput.main(['--markdown-from', str(first), str(second), '--markdown', str(merged_md),
+                            '--json', str(merged_json)]) == 0
+    table = json.loads(merged_json.read_text())['registry_table']
+    assert [run['command'] for run in table['runs']] == ['the whole registry', 'vit and cait again']
+    for name in MODELS:
+        source, command = (later, 'vit and cait again') if name in ('vit', 'cait') else (tiny_results, 'the whole registry')
+        assert table['runs'][table['rows'][name]['run']]['command'] == command
+        assert table['rows'][name]['speed']['train@2']['ours'] == source['speed']['train@2'][name]
+    rows = table_rows(merged_md.read_text())
+    assert rows['vit'][-1] == rows['cait'][-1] == '2' and rows['deepvit'][-1] == '1'
+    # the merged JSON merges again, and the markdown comes out the same
+    assert throughput.main(['--markdown-from', str(merged_json), '--markdown', str(again_md)]) == 0
+    assert again_md.read_text() == merged_md.read_text()
+    # in the other order the whole run wins everywhere and the superseded run is dropped
+    reverse = throughput.merge_tables([throughput.registry_table(as_run(later, 'B')),
+                                       throughput.registry_table(as_run(tiny_results, 'A'))])
+    assert [run['command'] for run in reverse['runs']] == ['A']
+    assert reverse['rows']['vit']['speed']['train@2']['ours'] == tiny_results['speed']['train@2']['vit']
+
+
+def ratio_row(ratios, memory=None, failure=None):
+    return dict(failure=failure, ratios={task: dict(median=m, min=lo, max=hi) for task, (m, lo, hi) in ratios.items()},
+                memory_ratio=None if memory is None else dict(median=memory[0], min=memory[1], max=memory[2]))
+
+
+def test_the_verdict_reads_the_ratios_and_their_spread(throughput, monkeypatch):
+    monkeypatch.setattr(throughput, 'BELOW_EXPLAINED', {'swin': 'performance.md#swin'})
+    at_least = ratio_row({'infer@1': (1.00, 0.95, 1.10), 'train@8': (1.03, 1.01, 1.05)}, memory=(0.99, 0.99, 0.99))
+    assert throughput.verdict('vit', at_least) == '>= 1.0'
+    parity = ratio_row({'infer@1': (0.97, 0.90, 1.02), 'train@8': (1.03, 1.01, 1.05)}, memory=(1.01, 0.98, 1.03))
+    assert throughput.verdict('vit', parity) == 'parity (spread includes 1.0)'
+    below = ratio_row({'infer@1': (0.97, 0.90, 1.02), 'train@8': (0.94, 0.90, 0.99)}, memory=(1.07, 1.07, 1.07))
+    assert throughput.verdict('swin', below) == 'below (train@8 0.94, memory 1.07): see [performance.md#swin](performance.md#swin)'
+    assert throughput.verdict('cait', below) == 'below (train@8 0.94, memory 1.07): not explained yet'
+    assert throughput.verdict('t2t', ratio_row({})) == '-'
+    assert throughput.verdict('vit', ratio_row({}, failure='ValueError: x')) == 'not measured'
+
+
+def test_budget_is_the_tables_settings_and_given_options_replace_them(throughput):
+    args = throughput.parse_args(['--budget'])
+    assert (args.registry, args.batches, args.train_batch, args.rounds, args.memory, args.threads, args.clock) == (
+        list(MODELS), [1, 8], 8, 3, 1, 1, 'cpu')
+    args = throughput.parse_args(['--budget', '--registry', 'swin,levit', '--rounds', '5'])
+    assert (args.registry, args.rounds, args.batches) == (['swin', 'levit'], 5, [1, 8])
+
+
+def test_shards_split_the_registry_into_disjoint_slices_that_cover_it(throughput):
+    shards = [throughput.parse_args(['--registry', 'all', '--shard', f'{k}/3']).registry for k in (1, 2, 3)]
+    assert sorted(sum(shards, [])) == sorted(MODELS) and sum(map(len, shards)) == len(MODELS)
+    assert shards[0][:2] == list(MODELS)[0:4:3]
+
+
+@pytest.mark.parametrize('spec', ['0/2', '3/2', 'half'])
+def test_a_bad_shard_is_refused(throughput, capsys, spec):
+    with pytest.raises(SystemExit):
+        throughput.parse_args(['--registry', 'all', '--shard', spec])
+    assert '--shard' in capsys.readouterr().err
