@@ -49,22 +49,23 @@ def test_named_configuration_branches_see_20_and_14_patches_per_side():
 # what makes CrossViT different
 
 
-def test_cross_attention_only_updates_cls_tokens():
-    model = tiny_cross_vit().eval()
-    cross = model.multi_scale_encoder.layers[0][2]
+def cross_layer():
+    """The first cross-attention layer of the tiny model, small- and large-branch tokens, and its outputs."""
+    cross = tiny_cross_vit().eval().multi_scale_encoder.layers[0][2]
     sm_tokens, lg_tokens = torch.randn(2, 25, 16), torch.randn(2, 7, 32)
     with torch.no_grad():
-        sm_out, lg_out = cross(sm_tokens, lg_tokens)
+        return cross, sm_tokens, lg_tokens, cross(sm_tokens, lg_tokens)
+
+
+def test_cross_attention_only_updates_cls_tokens():
+    _, sm_tokens, lg_tokens, (sm_out, lg_out) = cross_layer()
     assert torch.equal(sm_out[:, 1:], sm_tokens[:, 1:]) and torch.equal(lg_out[:, 1:], lg_tokens[:, 1:])
     assert not torch.allclose(sm_out[:, 0], sm_tokens[:, 0]) and not torch.allclose(lg_out[:, 0], lg_tokens[:, 0])
 
 
 def test_cls_token_reads_the_other_branch_only():
-    model = tiny_cross_vit().eval()
-    cross = model.multi_scale_encoder.layers[0][2]
-    sm_tokens, lg_tokens = torch.randn(2, 25, 16), torch.randn(2, 7, 32)
+    cross, sm_tokens, lg_tokens, (sm_out, lg_out) = cross_layer()
     with torch.no_grad():
-        sm_out, lg_out = cross(sm_tokens, lg_tokens)
         changed_sm = sm_tokens.clone()
         changed_sm[:, 1:] += torch.randn(2, 24, 16)                     # small-branch patches only
         sm_out2, lg_out2 = cross(changed_sm, lg_tokens)
