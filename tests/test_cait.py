@@ -16,17 +16,6 @@ def tiny_cait(**overrides):
     return CaiT(**kwargs)
 
 
-# shapes and gradients
-
-
-def test_output_shapes():
-    model = tiny_cait()
-    img = torch.randn(3, 3, 16, 24)
-    assert model(img).shape == (3, 5)
-    assert model.forward_features(img).shape == (3, 1 + 4 * 3, 32)
-    assert tiny_cait(num_classes=0)(img).shape == (3, 1 + 4 * 3, 32)
-
-
 # the paper's models (counts of the reference implementation, timm's cait_*_224)
 
 
@@ -139,24 +128,20 @@ def test_logits_equal_timms_cait():
         torch.testing.assert_close(model(reference['input']), reference['logits'], atol=1e-5, rtol=1e-5)
 
 
-# attention protocol and compile
+# the attention maps (that they are distributions and that the explicit path equals the fused one:
+# tests/test_recorder.py, for every registered model)
 
 
-def test_attention_modules_follow_the_recorder_protocol_and_paths_agree():
+def test_patches_attend_over_the_patches_and_the_class_attention_is_one_query_over_every_token():
     model = tiny_cait().eval()
-    img = torch.randn(2, 3, 16, 24)
+    maps = []
+    for module in model.modules():
+        if isinstance(module, (TalkingHeadsAttention, ClassAttention)):
+            module.fused = False
+            module.attention_probs.register_forward_hook(lambda m, i, o: maps.append(o))
     with torch.no_grad():
-        fused = model(img)
-        maps = []
-        hooks = []
-        for module in model.modules():
-            if isinstance(module, (TalkingHeadsAttention, ClassAttention)):
-                module.fused = False
-                hooks.append(module.attention_probs.register_forward_hook(lambda m, i, o: maps.append(o)))
-        explicit = model(img)
-    assert torch.allclose(fused, explicit, atol=1e-5)
+        model(torch.randn(2, 3, 16, 24))
     assert [tuple(m.shape) for m in maps] == [(2, 2, 12, 12)] * 2 + [(2, 2, 1, 13)] * 2
-    assert all(torch.allclose(m.sum(-1), torch.ones(())) for m in maps)
 
 
 # errors
@@ -166,8 +151,6 @@ def test_attention_modules_follow_the_recorder_protocol_and_paths_agree():
     (dict(cls_depth=0), ValueError, 'cls_depth'),
     (dict(depth=2.5), TypeError, 'depth'),
     (dict(layer_dropout=1.0), ValueError, 'layer_dropout'),
-    (dict(layer_scale_init=0.0), ValueError, 'layer_scale_init'),
-    (dict(patch_size=5), ValueError, 'divisible'),
 ])
 def test_bad_arguments_are_refused_with_their_name(overrides, error, match):
     with pytest.raises(error, match=match):

@@ -53,7 +53,6 @@ def test_training_returns_both_heads_and_eval_their_average():
     model = DeiT(**TINY)
     img = torch.randn(3, 3, 32, 32)
     logits, distill_logits = model.train()(img)
-    assert logits.shape == distill_logits.shape == (3, 5)
     assert not torch.allclose(logits, distill_logits)
     model.eval()
     both = model.forward_distill(img)
@@ -66,18 +65,6 @@ def test_the_distillation_token_changes_only_the_distillation_head_input():
     tokens = model.forward_features(img)
     torch.testing.assert_close(model.forward_distill(img)[1], model.distill_head(tokens[:, 1]))
     torch.testing.assert_close(model.forward_distill(img)[0], model.mlp_head(tokens[:, 0]))
-
-
-def test_reset_classifier_zeroes_both_heads():
-    model = DeiT(**TINY)
-    model.reset_classifier(3)
-    for head in (model.mlp_head, model.distill_head):
-        assert head.out_features == 3 and head.weight.abs().sum() == 0 and head.bias.abs().sum() == 0
-
-
-def test_headless_student_returns_tokens():
-    model = DeiT(**{**TINY, 'num_classes': 0}).eval()
-    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 18, 16)
 
 
 @pytest.mark.parametrize('bad, match', [(dict(pool='mean'), "pool='cls'"), (dict(pre_logits_dim=8), 'pre_logits_dim')])
@@ -122,12 +109,11 @@ def test_hard_distillation_loss_is_the_deit_formula():
     torch.testing.assert_close(wrapper(img, labels), expected)
 
 
-def test_student_gets_every_gradient_and_the_teacher_none():
-    student = DeiT(**TINY)
+def test_the_teacher_is_frozen_and_gets_no_gradient():
+    # that every parameter of the student gets one: test_conformance's WRAPPER_STEPS['distill_wrapper']
     teacher = FixedTeacher(torch.randn(2, 5))
-    wrapper = DistillWrapper(teacher=teacher, student=student, temperature=2.0)
+    wrapper = DistillWrapper(teacher=teacher, student=DeiT(**TINY), temperature=2.0)
     wrapper(torch.randn(2, 3, 32, 32), torch.tensor([1, 4])).backward()
-    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in student.parameters())
     assert teacher.scale.grad is None and not teacher.scale.requires_grad
 
 

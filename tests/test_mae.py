@@ -18,8 +18,8 @@ from vit_pytorch.simple_vit_with_patch_dropout import SimpleViT as PatchDropoutV
 from vit_pytorch.simple_vit_with_qk_norm import SimpleViT as QKNormViT
 from vit_pytorch.simple_vit_with_register_tokens import SimpleViT as RegisterViT
 
+# the encoders of the package beyond the plain ViT (test_conformance's WRAPPER_STEPS['mae'] trains that one)
 ENCODERS = {
-    'vit': lambda: ViT(**tiny_vit_kwargs()),
     'vit_mean': lambda: ViT(**tiny_vit_kwargs(pool='mean')),
     'simple_vit': lambda: SimpleViT(**tiny_vit_kwargs()),
     'simple_vit_with_registers': lambda: RegisterViT(**tiny_vit_kwargs(num_register_tokens=2)),

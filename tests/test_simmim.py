@@ -15,8 +15,8 @@ from vit_pytorch.simple_vit_with_patch_dropout import SimpleViT as PatchDropoutV
 from vit_pytorch.simple_vit_with_qk_norm import SimpleViT as QKNormViT
 from vit_pytorch.simple_vit_with_register_tokens import SimpleViT as RegisterViT
 
+# the encoders of the package beyond the plain ViT (test_conformance's WRAPPER_STEPS['simmim'] trains that one)
 ENCODERS = {
-    'vit': lambda: ViT(**tiny_vit_kwargs()),
     'vit_mean': lambda: ViT(**tiny_vit_kwargs(pool='mean')),
     'simple_vit': lambda: SimpleViT(**tiny_vit_kwargs()),
     'simple_vit_with_registers': lambda: RegisterViT(**tiny_vit_kwargs(num_register_tokens=2)),
@@ -159,7 +159,6 @@ def test_vit_pytorchs_readme_example_runs():
 @pytest.mark.parametrize('kwargs, error, match', [
     (dict(masking_ratio=0.), ValueError, 'masking_ratio'),
     (dict(masking_ratio=1.5), ValueError, 'masking_ratio'),
-    (dict(masking_ratio='half'), TypeError, 'masking_ratio'),
 ])
 def test_bad_arguments_are_refused_with_their_name(kwargs, error, match):
     with pytest.raises(error, match=match):

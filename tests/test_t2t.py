@@ -16,16 +16,11 @@ def tiny_t2t(**overrides):
     return T2TViT(**kwargs)
 
 
-# shapes and gradients
+# shapes (pool='cls': test_conformance's row t2t; num_classes=0: test_properties)
 
 
-def test_output_shapes():
-    model = tiny_t2t()
-    img = torch.randn(3, 3, 32, 48)
-    assert model(img).shape == (3, 5)
-    assert model.forward_features(img).shape == (3, 1 + 4 * 6, 32)     # 32x48 -> 8x12 -> 4x6 tokens
-    assert tiny_t2t(num_classes=0)(img).shape == (3, 1 + 4 * 6, 32)
-    assert tiny_t2t(pool='mean')(img).shape == (3, 5)
+def test_mean_pooling_gives_one_row_of_logits_per_image():
+    assert tiny_t2t(pool='mean')(torch.randn(3, 3, 32, 48)).shape == (3, 5)
 
 
 def test_a_custom_backbone_replaces_the_transformer():
@@ -116,21 +111,18 @@ def test_positions_are_the_fixed_sinusoid_table():
     assert torch.equal(model.pos_embedding, sinusoid_table(1 + 24, 32))
 
 
-# attention protocol and compile
+# the attention maps (fused == explicit: test_recorder's side-effect test, for every registered model)
 
 
-def test_fused_and_explicit_paths_agree():
+def test_one_token_attention_over_the_8x12_tokens_then_the_backbones_over_the_4x6_and_cls():
     model = tiny_t2t().eval()
-    img = torch.randn(2, 3, 32, 48)
+    maps = []
+    for module in model.modules():
+        if hasattr(module, 'attention_probs'):
+            module.fused = False
+            module.attention_probs.register_forward_hook(lambda m, i, o: maps.append(o.shape))
     with torch.no_grad():
-        fused = model(img)
-        maps = []
-        for module in model.modules():
-            if hasattr(module, 'attention_probs'):
-                module.fused = False
-                module.attention_probs.register_forward_hook(lambda m, i, o: maps.append(o.shape))
-        explicit = model(img)
-    assert torch.allclose(fused, explicit, atol=1e-5)
+        model(torch.randn(2, 3, 32, 48))
     assert maps == [(2, 1, 96, 96), (2, 2, 25, 25), (2, 2, 25, 25)]
 
 

@@ -23,16 +23,12 @@ def series(batch=3, length=24, channels=2):
     return torch.randn(batch, channels, length)
 
 
-# shapes and gradients
+# the tokens (the logits' and pre-logits' shapes: test_conformance's rows vit_1d and simple_vit_1d)
 
 
 @pytest.mark.parametrize('cls, tokens', [(ViT, 7), (SimpleViT, 6)])
-def test_output_shapes(cls, tokens):
-    model = cls(**TINY)
-    x = series()
-    assert model(x).shape == (3, 5)
-    assert model.forward_features(x).shape == (3, tokens, 16)
-    assert model.forward_head(model.forward_features(x), pre_logits=True).shape == (3, 16)
+def test_the_features_are_a_cls_token_and_the_patches_or_the_patches_alone(cls, tokens):
+    assert cls(**TINY).forward_features(series()).shape == (3, tokens, 16)
 
 
 def test_vit_without_classes_returns_its_tokens():
@@ -73,8 +69,7 @@ def test_simple_vit_takes_other_lengths_divisible_by_the_patch():
 def test_recorded_attention_covers_the_cls_token_and_every_patch():
     model = ViT(**TINY).eval()
     _, attns = Recorder(model)(series())
-    assert attns.shape == (3, 2, 2, 7, 7)
-    torch.testing.assert_close(attns.sum(-1), torch.ones(3, 2, 2, 7))
+    assert attns.shape == (3, 2, 2, 7, 7)        # distributions over the keys: test_recorder, every conformance row
 
 
 # vit-pytorch's checkpoints
