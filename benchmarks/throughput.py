@@ -395,6 +395,12 @@ REFERENCES = {
     'simple_uvit': (
         'vit-pytorch 1.26.14 simple_uvit.SimpleUViT',
         lambda ours: vit_pytorch_unloaded('simple_uvit', 'SimpleUViT', **REGISTRY['simple_uvit'][2])),
+    # vit-pytorch's FeedForward takes a multiplier where JumboViT hands it a width (dim * mlp_dim wide): given the
+    # multipliers, its feed-forwards are as wide as ours (1536 and 6 * 384 * 4)
+    'jumbo_vit': (
+        'vit-pytorch 1.26.14 jumbo_vit.JumboViT, multipliers for widths',
+        lambda ours: vit_pytorch_unloaded('jumbo_vit', 'JumboViT', **dict(
+            S16, mlp_dim=S16['mlp_dim'] / S16['dim'], jumbo_cls_k=6, jumbo_ff_mult=4.5 / (6 * S16['dim'])))),
 }
 # vit-pytorch 1.26.14's modules that compute our function at the preset's arguments: name -> (module, class)
 VIT_PYTORCH_REFERENCES = {
@@ -813,6 +819,9 @@ DIFFERENT_FUNCTION = {'ats_vit': "vit-pytorch's ATS draws a random Gumbel-max sa
                                 "later slices), ours does not: the same weights and attention sizes, another mask",
                       'simple_vit_attn_residual': "vit-pytorch mixes the depth outputs by a multi-head cross-attention "
                                                   "with projections, ours by the paper's pseudo-query softmax",
+                      'jumbo_vit': "vit-pytorch's JumboViT shares the norm before the jumbo MLP across layers and "
+                                   "classifies the mean of the jumbo pieces, ours (the paper's) a norm per layer and "
+                                   "the whole jumbo token beside the patch mean",
                       'simple_uvit': "vit-pytorch's long skips carry the shallow blocks' inputs, ours (the paper's) "
                                      "their outputs"}
 

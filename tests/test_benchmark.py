@@ -213,6 +213,20 @@ def test_vit_pytorch_deepvit_reference_computes_our_function(throughput):
     assert reference['params'] == workload['params']
 
 
+@pytest.mark.skipif(not os.environ.get('VIT_PYTORCH_SOURCE'), reason='vit-pytorch 1.26.14 source not given')
+def test_vit_pytorch_jumbo_reference_has_our_widths(throughput):
+    # vit-pytorch's JumboViT computes another function (its checkpoints are refused), so it is timed with its own
+    # weights; given multipliers, its feed-forwards are ours: the parameters differ by what differs by design alone,
+    # our head on the whole jumbo token and the patch mean ((6 + 1) * 384 inputs, vit-pytorch's on 384) and our
+    # jumbo LayerNorm in each of the 12 layers (vit-pytorch's one, shared)
+    workload = throughput.registry_workload('jumbo_vit')
+    reference = throughput.reference_workload(workload)
+    dim, k, classes, depth = 384, 6, 1000, 12
+    head = (k + 1) * dim * classes - dim * classes
+    norms = (depth - 1) * 2 * k * dim
+    assert workload['params'] - reference['params'] == head + norms
+
+
 def run_script_in_subprocess(tmp_path, *options):
     """The script's registry run of the tiny ViT in a fresh process (the device options set module-wide
     state); returns its JSON results and its stdout."""

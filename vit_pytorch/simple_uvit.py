@@ -24,7 +24,6 @@ skip joins the first deep block's input with itself; the paper's configurations 
 """
 
 import torch
-from einops import repeat
 from torch import nn
 
 from vit_pytorch import simple_vit, vit
@@ -55,7 +54,7 @@ class Transformer(vit.Stack):
         return x, {'index': index + 1, 'skips': skips}
 
 
-class SimpleUViT(simple_vit.SimpleViT):
+class SimpleUViT(simple_vit.Registers, simple_vit.SimpleViT):
     """`vit_pytorch.simple_vit.SimpleViT` (same arguments and methods) with U-ViT's long skips and
     `num_register_tokens` registers before the patch tokens.
 
@@ -69,14 +68,7 @@ class SimpleUViT(simple_vit.SimpleViT):
         super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim, depth=depth,
                          heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head,
                          transformer=Transformer)
-        self.num_register_tokens = self.num_prefix_tokens = num_register_tokens
-        self.register_tokens = nn.Parameter(torch.empty(num_register_tokens, dim))
-        vit.init_tokens(self.register_tokens, patch_norm=True)
-
-    def embed_tokens(self, patches, grid, indices=None):
-        """Registers, then patch tokens with their positions: (b, registers + k, dim)."""
-        x = super().embed_tokens(patches, grid, indices)
-        return torch.cat((repeat(self.register_tokens, 'r d -> b r d', b=x.shape[0]), x), dim=1)
+        self.add_registers(num_register_tokens, dim, lambda tokens: vit.init_tokens(tokens, patch_norm=True))
 
 
 # argument checks

@@ -18,6 +18,7 @@ by the patch size works, not only `image_size`.
 """
 
 import torch
+from einops import repeat
 from einops.layers.torch import Rearrange  # unused here: code built on vit-pytorch's simple_vit imports it from it
 from torch import nn
 
@@ -130,6 +131,23 @@ class SimpleViT(vit.TokenFace, nn.Module):
 
     def set_grad_checkpointing(self, enable=True):
         self.transformer.grad_checkpointing = enable
+
+
+class Registers:
+    """Register tokens for a SimpleViT: `num_register_tokens` learned tokens without positions before the patch
+    tokens, counted as prefix tokens (so the mean pooling leaves them out). Listed before `SimpleViT` among the bases;
+    the constructor calls `add_registers` after SimpleViT's, with the variant's `init` of the (registers, dim) table.
+    """
+
+    def add_registers(self, num_register_tokens, dim, init):
+        self.num_register_tokens = self.num_prefix_tokens = num_register_tokens
+        self.register_tokens = nn.Parameter(torch.zeros(num_register_tokens, dim))
+        init(self.register_tokens)
+
+    def embed_tokens(self, patches, grid, indices=None):
+        """Registers, then patch tokens with their positions: (b, registers + k, dim)."""
+        x = super().embed_tokens(patches, grid, indices)
+        return torch.cat((repeat(self.register_tokens, 'r d -> b r d', b=x.shape[0]), x), dim=1)
 
 
 # argument checks

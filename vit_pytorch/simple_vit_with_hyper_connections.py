@@ -100,7 +100,7 @@ class Transformer(vit.Stack):
         return reduce(streams, 'b n s d -> b n d', 'sum'), {'streams': streams}
 
 
-class SimpleViT(simple_vit.SimpleViT):
+class SimpleViT(simple_vit.Registers, simple_vit.SimpleViT):
     """`vit_pytorch.simple_vit.SimpleViT` with `num_residual_streams` hyper-connected residual streams and
     `num_register_tokens` registers (learned, without positions, before the patch tokens); `dynamic` (keyword, ours):
     False gives static hyper-connections.
@@ -116,14 +116,7 @@ class SimpleViT(simple_vit.SimpleViT):
                          heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head,
                          transformer=functools.partial(Transformer, num_residual_streams=num_residual_streams,
                                                        dynamic=dynamic))
-        self.num_register_tokens = self.num_prefix_tokens = num_register_tokens
-        self.register_tokens = nn.Parameter(torch.empty(num_register_tokens, dim))
-        vit.init_tokens(self.register_tokens, patch_norm=True)
-
-    def embed_tokens(self, patches, grid, indices=None):
-        """Registers, then patch tokens with their positions: (b, registers + k, dim)."""
-        x = super().embed_tokens(patches, grid, indices)
-        return torch.cat((repeat(self.register_tokens, 'r d -> b r d', b=x.shape[0]), x), dim=1)
+        self.add_registers(num_register_tokens, dim, lambda tokens: vit.init_tokens(tokens, patch_norm=True))
 
 
 # argument checks

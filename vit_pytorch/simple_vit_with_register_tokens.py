@@ -20,14 +20,12 @@ the mean pooling. Everything else is `vit_pytorch.simple_vit.SimpleViT`.
     registers, patches = tokens[:, :4], tokens[:, 4:]     # (1, 4, 1024), (1, 64, 1024)
 """
 
-import torch
-from einops import repeat
 from torch import nn
 
 from vit_pytorch import simple_vit, vit
 
 
-class SimpleViT(simple_vit.SimpleViT):
+class SimpleViT(simple_vit.Registers, simple_vit.SimpleViT):
     """SimpleViT with `num_register_tokens` registers; `num_classes=0` returns the pooled embedding.
 
     `forward_features` returns all tokens after the final norm, (b, registers + h * w, dim).
@@ -38,11 +36,4 @@ class SimpleViT(simple_vit.SimpleViT):
         vit.positive_int('num_register_tokens', num_register_tokens)
         super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim,
                          depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head)
-        self.num_register_tokens = self.num_prefix_tokens = num_register_tokens
-        self.register_tokens = nn.Parameter(torch.zeros(num_register_tokens, dim))
-        nn.init.trunc_normal_(self.register_tokens, std=0.02)
-
-    def embed_tokens(self, patches, grid, indices=None):
-        """Registers, then patch tokens with their positions: (b, registers + k, dim)."""
-        x = super().embed_tokens(patches, grid, indices)
-        return torch.cat((repeat(self.register_tokens, 'r d -> b r d', b=x.shape[0]), x), dim=1)
+        self.add_registers(num_register_tokens, dim, lambda tokens: nn.init.trunc_normal_(tokens, std=0.02))

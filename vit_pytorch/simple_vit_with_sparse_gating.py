@@ -28,7 +28,7 @@ The registers are ordinary tokens, as in `simple_vit_with_register_tokens`.
 """
 
 import torch
-from einops import rearrange, repeat
+from einops import rearrange
 from torch import nn
 
 from vit_pytorch import simple_vit, vit
@@ -69,7 +69,7 @@ class Transformer(vit.SimpleTransformer):
         return ff(x) + x, {'gate_means': means}
 
 
-class SimpleViTWithSparseGating(simple_vit.SimpleViT):
+class SimpleViTWithSparseGating(simple_vit.Registers, simple_vit.SimpleViT):
     """SimpleViT with `num_register_tokens` registers (first in the sequence) and the G1 attention gate.
 
     `forward(img, return_loss=False)`: the logits, or (logits, sparsity loss) with `return_loss=True`.
@@ -83,14 +83,8 @@ class SimpleViTWithSparseGating(simple_vit.SimpleViT):
         super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim, depth=depth,
                          heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head,
                          attention=GatedAttention, transformer=Transformer)
-        self.num_register_tokens = self.num_prefix_tokens = num_register_tokens
-        self.register_tokens = nn.Parameter(torch.randn(num_register_tokens, dim))
+        self.add_registers(num_register_tokens, dim, nn.init.normal_)
         self.sparsity_loss_type, self.sparsity_threshold = sparsity_loss_type, sparsity_threshold
-
-    def embed_tokens(self, patches, grid, indices=None):
-        """Registers, then patch tokens with their positions: (b, registers + k, dim)."""
-        x = super().embed_tokens(patches, grid, indices)
-        return torch.cat((repeat(self.register_tokens, 'r d -> b r d', b=x.shape[0]), x), dim=1)
 
     def sparsity_loss(self, gate_means):
         """The loss of the per-layer mean gate scores, a tuple of (b,): l1 or thresholded l1 of their mean."""
