@@ -5,9 +5,8 @@ import pytest
 import torch
 from einops import rearrange
 from safetensors.torch import save_file
-from torch import nn
 
-from helpers import count, load_fixture
+from helpers import count, feature_pyramid, load_fixture
 from vit_pytorch.cvt import ConvAttention, CvT, cvt, cvt_13, cvt_21
 from vit_pytorch.pretrained import CheckpointError, load_hf, load_vit_pytorch
 from vit_pytorch.recorder import Recorder
@@ -135,10 +134,7 @@ def test_feature_pyramid_from_forward_intermediates_has_the_shapes_of_hugging_fa
     img = tensors['input']
     maps = model.eval().forward_intermediates(img)
     width = 8
-    laterals = nn.ModuleList(nn.Conv2d(info['num_chs'], width, 1) for info in model.feature_info)
-    pyramid = [lateral(m) for lateral, m in zip(laterals, maps)]
-    for i in range(len(pyramid) - 2, -1, -1):
-        pyramid[i] = pyramid[i] + nn.functional.interpolate(pyramid[i + 1], size=pyramid[i].shape[-2:])
+    pyramid = feature_pyramid(maps, model.feature_info, width)
     for level, info, i in zip(pyramid, model.feature_info, range(3)):
         hidden = tensors[f'feature.{i}']
         assert info['num_chs'] == hidden.shape[1]

@@ -5,7 +5,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from helpers import count, load_fixture
+from helpers import count, feature_pyramid, load_fixture
 from vit_pytorch.levit import (Attention, LeViT, LinearNorm, SubsampleAttention, levit, levit_128, levit_128s,
                                levit_192, levit_256, levit_384)
 from vit_pytorch.pretrained import CheckpointError, load_timm, load_vit_pytorch
@@ -161,10 +161,7 @@ def test_feature_pyramid_from_forward_intermediates_has_timms_strides_and_channe
     img = tensors['input']
     maps = model.eval().forward_intermediates(img)
     width = 8
-    laterals = nn.ModuleList(nn.Conv2d(info['num_chs'], width, 1) for info in model.feature_info)
-    pyramid = [lateral(m) for lateral, m in zip(laterals, maps)]
-    for i in range(len(pyramid) - 2, -1, -1):
-        pyramid[i] = pyramid[i] + nn.functional.interpolate(pyramid[i + 1], size=pyramid[i].shape[-2:])
+    pyramid = feature_pyramid(maps, model.feature_info, width)
     for level, info, i in zip(pyramid, model.feature_info, range(3)):
         assert level.shape == (2, width, *tensors[f'feature.{i}'].shape[-2:])
         assert all(abs(side - image_side / info['reduction']) < 1

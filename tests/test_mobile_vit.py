@@ -5,7 +5,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from helpers import count, load_fixture
+from helpers import count, feature_pyramid, load_fixture
 from vit_pytorch.mobile_vit import (MobileViT, MobileViTBlock, RegisteredMobileViT, mobilevit_s, mobilevit_xs,
                                    mobilevit_xxs)
 from vit_pytorch.train import model_config
@@ -105,12 +105,8 @@ def test_feature_pyramid_from_forward_intermediates_has_timms_strides_and_channe
     assert model.feature_info == [{k: v for k, v in info.items() if k != 'stage'} for info in metadata['feature_info']]
     img = tensors['input']
     maps = model.forward_intermediates(img)
-    # an FPN: 1x1 lateral projections to one width, top-down upsampling and addition
     width = 8
-    laterals = nn.ModuleList(nn.Conv2d(info['num_chs'], width, 1) for info in model.feature_info)
-    pyramid = [lateral(m) for lateral, m in zip(laterals, maps)]
-    for i in range(len(pyramid) - 2, -1, -1):
-        pyramid[i] = pyramid[i] + nn.functional.interpolate(pyramid[i + 1], size=pyramid[i].shape[-2:])
+    pyramid = feature_pyramid(maps, model.feature_info, width)
     for level, info in zip(pyramid, metadata['feature_info']):
         assert level.shape == (2, width, *(math.ceil(side / info['reduction']) for side in img.shape[-2:]))
 

@@ -6,7 +6,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from helpers import count, load_fixture, move_off_initialisation
+from helpers import count, feature_pyramid, load_fixture, move_off_initialisation
 from vit_pytorch import nest
 from vit_pytorch.nest import Aggregate, NesT
 from vit_pytorch.pretrained import CheckpointError, load_timm, load_vit_pytorch
@@ -106,10 +106,7 @@ def test_feature_pyramid_from_forward_intermediates_has_timms_strides_and_channe
     img = tensors['input']
     maps = model.forward_intermediates(img)
     width = 8
-    laterals = nn.ModuleList(nn.Conv2d(info['num_chs'], width, 1) for info in model.feature_info)
-    pyramid = [lateral(m) for lateral, m in zip(laterals, maps)]
-    for i in range(len(pyramid) - 2, -1, -1):
-        pyramid[i] = pyramid[i] + nn.functional.interpolate(pyramid[i + 1], size=pyramid[i].shape[-2:])
+    pyramid = feature_pyramid(maps, model.feature_info, width)
     for level, info in zip(pyramid, model.feature_info):
         assert level.shape == (2, width, 32 // info['reduction'], 32 // info['reduction'])
 

@@ -4,9 +4,8 @@ import textwrap
 import pytest
 import torch
 from einops import rearrange
-from torch import nn
 
-from helpers import count, load_fixture
+from helpers import count, feature_pyramid, load_fixture
 from vit_pytorch.pit import PiT, Pool, pit, pit_b_224, pit_s_224, pit_ti_224, pit_xs_224
 from vit_pytorch.pretrained import CheckpointError, load_timm, load_vit_pytorch
 from vit_pytorch.recorder import Recorder
@@ -117,12 +116,8 @@ def test_feature_pyramid_from_forward_intermediates_has_timms_strides_and_channe
     assert model.feature_info == metadata['feature_info']
     img = tensors['input']
     maps = model.forward_intermediates(img)
-    # an FPN: 1x1 lateral projections to one width, top-down upsampling and addition
     width = 8
-    laterals = nn.ModuleList(nn.Conv2d(info['num_chs'], width, 1) for info in model.feature_info)
-    pyramid = [lateral(m) for lateral, m in zip(laterals, maps)]
-    for i in range(len(pyramid) - 2, -1, -1):
-        pyramid[i] = pyramid[i] + nn.functional.interpolate(pyramid[i + 1], size=pyramid[i].shape[-2:])
+    pyramid = feature_pyramid(maps, model.feature_info, width)
     for level, info, reference in zip(pyramid, model.feature_info, (tensors[f'feature.{i}'] for i in range(3))):
         assert level.shape == (2, width, *reference.shape[-2:])
         # the grid is the image divided by the stride, within the one cell the convolutions' rounding costs

@@ -4,9 +4,8 @@ import textwrap
 import pytest
 import torch
 from einops import rearrange
-from torch import nn
 
-from helpers import as_tuples, count, load_fixture, move_off_initialisation
+from helpers import as_tuples, count, feature_pyramid, load_fixture, move_off_initialisation
 from vit_pytorch import pvt_v2
 from vit_pytorch.pretrained import CheckpointError, load_timm, load_vit_pytorch
 from vit_pytorch.pvt_v2 import ConvFeedForward, PyramidVisionTransformerV2
@@ -121,12 +120,8 @@ def test_feature_pyramid_from_forward_intermediates_has_timms_strides_and_channe
     assert model.feature_info == metadata['feature_info']
     img = tensors['input']
     maps = model.forward_intermediates(img)
-    # an FPN: 1x1 lateral projections to one width, top-down upsampling and addition
     width = 8
-    laterals = nn.ModuleList(nn.Conv2d(info['num_chs'], width, 1) for info in model.feature_info)
-    pyramid = [lateral(m) for lateral, m in zip(laterals, maps)]
-    for i in range(len(pyramid) - 2, -1, -1):
-        pyramid[i] = pyramid[i] + nn.functional.interpolate(pyramid[i + 1], size=pyramid[i].shape[-2:])
+    pyramid = feature_pyramid(maps, model.feature_info, width)
     for level, info, reference in zip(pyramid, model.feature_info, (tensors[f'feature.{i}'] for i in range(4))):
         assert level.shape == (2, width, *reference.shape[-2:])
         assert all(side == math.ceil(image_side / info['reduction'])

@@ -11,9 +11,8 @@ import textwrap
 import pytest
 import torch
 from einops import rearrange
-from torch import nn
 
-from helpers import count, load_fixture, move_off_initialisation, parameters_without_gradient
+from helpers import count, feature_pyramid, load_fixture, move_off_initialisation, parameters_without_gradient
 from vit_pytorch import regionvit
 from vit_pytorch.pretrained import CheckpointError, load_official, load_vit_pytorch
 from vit_pytorch.recorder import Recorder
@@ -178,10 +177,8 @@ def test_feature_pyramid_from_forward_intermediates_has_the_official_strides_and
     img = tensors['input']
     maps = model.forward_intermediates(img)
     assert [info['num_chs'] for info in model.feature_info] == [m.shape[1] for m in maps] == [16, 32]
-    width = 8                                   # an FPN: 1x1 laterals, top-down upsampling and addition
-    laterals = nn.ModuleList(nn.Conv2d(info['num_chs'], width, 1) for info in model.feature_info)
-    pyramid = [lateral(m) for lateral, m in zip(laterals, maps)]
-    pyramid[0] = pyramid[0] + nn.functional.interpolate(pyramid[1], size=pyramid[0].shape[-2:])
+    width = 8
+    pyramid = feature_pyramid(maps, model.feature_info, width)
     for level, info, reference in zip(pyramid, model.feature_info, (tensors[f'features.{i}'] for i in range(2))):
         assert level.shape == (2, width, *reference.shape[-2:])
         assert all(side == image_side // info['reduction']

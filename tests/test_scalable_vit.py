@@ -8,9 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from torch import nn
 
-from helpers import count, load_fixture, move_off_initialisation
+from helpers import count, feature_pyramid, load_fixture, move_off_initialisation
 from vit_pytorch import scalable_vit
 from vit_pytorch.pretrained import CheckpointError, load_official, load_vit_pytorch
 from vit_pytorch.recorder import Recorder
@@ -198,10 +197,7 @@ def test_feature_pyramid_from_forward_intermediates_has_the_official_strides_and
         [(tensors[f'feature.{i}'].shape[1], img.shape[-1] // tensors[f'feature.{i}'].shape[-1]) for i in range(4)]
     maps = model.forward_intermediates(img)
     width = 8
-    laterals = nn.ModuleList(nn.Conv2d(info['num_chs'], width, 1) for info in model.feature_info)
-    pyramid = [lateral(m) for lateral, m in zip(laterals, maps)]
-    for i in range(len(pyramid) - 2, -1, -1):
-        pyramid[i] = pyramid[i] + F.interpolate(pyramid[i + 1], size=pyramid[i].shape[-2:])
+    pyramid = feature_pyramid(maps, model.feature_info, width)
     for level, info in zip(pyramid, model.feature_info):
         assert level.shape == (2, width, 64 // info['reduction'], 64 // info['reduction'])
 

@@ -13,7 +13,7 @@ import torch
 from einops import rearrange, repeat
 from torch import nn
 
-from helpers import count, load_fixture, move_off_initialisation
+from helpers import count, feature_pyramid, load_fixture, move_off_initialisation
 from vit_pytorch import sep_vit
 from vit_pytorch.pretrained import CheckpointError, load_official, load_vit_pytorch
 from vit_pytorch.recorder import Recorder
@@ -215,10 +215,7 @@ def test_feature_info_gives_the_official_stage_maps_strides_and_channels():
         [(m.shape[1], img.shape[-1] // m.shape[-1]) for m in official]
     maps = model.forward_intermediates(img[:1])
     width = 8
-    laterals = nn.ModuleList(nn.Conv2d(info['num_chs'], width, 1) for info in model.feature_info)
-    pyramid = [lateral(m) for lateral, m in zip(laterals, maps)]
-    for i in range(len(pyramid) - 2, -1, -1):
-        pyramid[i] = pyramid[i] + nn.functional.interpolate(pyramid[i + 1], size=pyramid[i].shape[-2:])
+    pyramid = feature_pyramid(maps, model.feature_info, width)
     assert [tuple(level.shape) for level in pyramid] == [(1, width, *m.shape[-2:]) for m in official]
 
 

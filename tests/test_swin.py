@@ -2,10 +2,8 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from helpers import as_tuples, count, load_fixture, move_off_initialisation
+from helpers import as_tuples, count, feature_pyramid, load_fixture, move_off_initialisation
 from vit_pytorch import multiscale, swin
 from vit_pytorch.pretrained import CheckpointError, load_timm, load_vit_pytorch
 from vit_pytorch.recorder import Recorder
@@ -213,12 +211,7 @@ def test_a_feature_pyramid_on_the_stage_maps_has_timms_strides_and_channels(name
     for feature, info in zip(maps, timm_info):
         assert feature.shape[1] == info['num_chs']
         assert feature.shape[-2:] == tuple(math.ceil(side / info['reduction']) for side in img.shape[-2:])
-    # an FPN top-down pass: 1x1 laterals to one width, upsample and add
-    laterals = [nn.Conv2d(info['num_chs'], 6, 1) for info in model.feature_info]
-    top = laterals[-1](maps[-1])
-    for lateral, feature in zip(laterals[-2::-1], maps[-2::-1]):
-        top = lateral(feature) + F.interpolate(top, size=feature.shape[-2:], mode='nearest')
-    assert top.shape == (2, 6, 12, 10)
+    assert feature_pyramid(maps, model.feature_info, 6)[0].shape == (2, 6, 12, 10)
 
 
 def test_intermediates_take_the_chosen_stages():
