@@ -234,3 +234,14 @@ def first_training_step(monkeypatch, tmp_path, model, *options):
             '--label-smoothing', 0.1, '--quiet', '--no-plots', '--threads', 1, '--out', tmp_path / 'run',
             *options)])
     return seen
+
+
+def feature_pyramid(maps, feature_info, width):
+    """A feature pyramid network's top-down pass on a model's stage maps (b, c, h, w), finest first: each map
+    projected to `width` channels by a 1x1 convolution of the channels its `feature_info` entry states, then,
+    from the coarsest, each level plus the next coarser one upsampled (nearest) to its size. The levels, finest
+    first: a detection or segmentation head's input, which a wrong stride or channel count breaks."""
+    pyramid = [torch.nn.Conv2d(info['num_chs'], width, 1)(m) for info, m in zip(feature_info, maps, strict=True)]
+    for i in range(len(pyramid) - 2, -1, -1):
+        pyramid[i] = pyramid[i] + F.interpolate(pyramid[i + 1], size=pyramid[i].shape[-2:])
+    return pyramid

@@ -5,7 +5,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from helpers import count, load_fixture
+from helpers import count, feature_pyramid, load_fixture
 from vit_pytorch.mobile_vit import (MobileViT, MobileViTBlock, RegisteredMobileViT, mobilevit_s, mobilevit_xs,
                                    mobilevit_xxs)
 from vit_pytorch.train import model_config
@@ -20,15 +20,11 @@ def tiny_mobile_vit(**overrides):
     return MobileViT(**{**TINY, **overrides})
 
 
-# shapes and gradients
+# the layout its docstring states (the rest of the face: tests/test_conformance.py)
 
 
-def test_output_shapes():
-    model = tiny_mobile_vit()
-    img = torch.randn(2, 3, 40, 56)
-    assert model(img).shape == (2, 5)
-    assert model.forward_features(img).shape == (2, 32, 2, 2)
-    assert tiny_mobile_vit(num_classes=0)(img).shape == (2, 32)     # the pooled embedding
+def test_forward_features_are_the_last_convolutions_map():
+    assert tiny_mobile_vit().forward_features(torch.randn(2, 3, 40, 56)).shape == (2, 32, 2, 2)
 
 
 # the paper's models: counts of the reference, timm 1.0.31's mobilevit_*
@@ -109,18 +105,15 @@ def test_feature_pyramid_from_forward_intermediates_has_timms_strides_and_channe
     assert model.feature_info == [{k: v for k, v in info.items() if k != 'stage'} for info in metadata['feature_info']]
     img = tensors['input']
     maps = model.forward_intermediates(img)
-    # an FPN: 1x1 lateral projections to one width, top-down upsampling and addition
     width = 8
-    laterals = nn.ModuleList(nn.Conv2d(info['num_chs'], width, 1) for info in model.feature_info)
-    pyramid = [lateral(m) for lateral, m in zip(laterals, maps)]
-    for i in range(len(pyramid) - 2, -1, -1):
-        pyramid[i] = pyramid[i] + nn.functional.interpolate(pyramid[i + 1], size=pyramid[i].shape[-2:])
+    pyramid = feature_pyramid(maps, model.feature_info, width)
     for level, info in zip(pyramid, metadata['feature_info']):
         assert level.shape == (2, width, *(math.ceil(side / info['reduction']) for side in img.shape[-2:]))
 
 
-@pytest.mark.parametrize('indices, expected', [(None, [0, 1, 2, 3, 4]), (2, [3, 4]), ([0, -1], [0, 4]), ([2], [2])])
-def test_forward_intermediates_returns_the_chosen_maps(indices, expected):
+# indices None and an int n: tests/test_conformance.py; lists, with a negative number: here
+@pytest.mark.parametrize('indices, expected', [([0, -1], [0, 4]), ([2], [2])])
+def test_forward_intermediates_returns_the_listed_maps(indices, expected):
     model, _, state_dict, tensors = timm_case()
     model = load_timm(model.eval(), state_dict)
     with torch.no_grad():
@@ -150,7 +143,7 @@ def test_vit_pytorch_checkpoint_is_refused_with_what_differs():
     assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
 
 
-# recorder, compile
+# the recorder
 
 
 def test_recorded_maps_are_per_transformer_layer_and_equal_the_softmax_of_q_and_k():
@@ -169,14 +162,6 @@ def test_recorded_maps_are_per_transformer_layer_and_equal_the_softmax_of_q_and_
         expected = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).softmax(dim=-1)
         torch.testing.assert_close(recorded, expected, atol=1e-12, rtol=0)
     torch.testing.assert_close(logits, model(img))
-
-
-def test_reset_classifier_gives_a_zero_head():
-    model = tiny_mobile_vit()
-    model.reset_classifier(3)
-    assert torch.equal(model(torch.randn(2, 3, 40, 56)), torch.zeros(2, 3))
-    model.reset_classifier(0)
-    assert model(torch.randn(2, 3, 40, 56)).shape == (2, 32)
 
 
 # the registry's face: `channels` are the images' (the training command's --channels), `widths` vit-pytorch's channels

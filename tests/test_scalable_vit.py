@@ -8,9 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from torch import nn
 
-from helpers import count, load_fixture
+from helpers import count, feature_pyramid, load_fixture, move_off_initialisation
 from vit_pytorch import scalable_vit
 from vit_pytorch.pretrained import CheckpointError, load_official, load_vit_pytorch
 from vit_pytorch.recorder import Recorder
@@ -25,24 +24,12 @@ def tiny(**overrides):
                                  ff_expansion_factor=2, head_hidden_dim=16), **overrides})
 
 
-def perturb(module, seed=0, scale=0.1):
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.add_(torch.randn(p.shape, generator=generator) * scale)
-    return module
+# the layout its docstring states and the pre-logits (the rest of the face: tests/test_conformance.py)
 
 
-# shapes and gradients
-
-
-def test_output_shapes():
-    model = tiny()
+def test_forward_features_are_the_last_stages_tokens_and_the_pre_logits_the_heads_hidden_layer():
     img = torch.randn(2, 3, 64, 64)
-    assert model(img).shape == (2, 3)
-    assert model.forward_features(img).shape == (2, 4, 32)
-    assert [tuple(m.shape) for m in model.forward_intermediates(img)] == [
-        (2, 4, 16, 16), (2, 8, 8, 8), (2, 16, 4, 4), (2, 32, 2, 2)]
+    assert tiny().forward_features(img).shape == (2, 4, 32)
     assert tiny(num_classes=0)(img).shape == (2, 16)                    # the pre-logits: the head's hidden layer
     assert tiny(num_classes=0, head_hidden_dim=None)(img).shape == (2, 32)
 
@@ -101,7 +88,7 @@ def changed_tokens(attention, x, index, size):
 
 
 def test_iwsa_attends_within_its_window_and_the_lim_reaches_the_neighbours_across_windows():
-    attention = perturb(InteractiveWindowAttention(4, 2, window_size=3)).eval()
+    attention = move_off_initialisation(InteractiveWindowAttention(4, 2, window_size=3)).eval()
     x = torch.randn(1, 6 * 6, 4)
     rows, cols = torch.meshgrid(torch.arange(6), torch.arange(6), indexing='ij')
     # the token at row 2, column 3: the bottom-left of window (0, 1), on the border with windows (0, 0) and (1, 0)
@@ -114,7 +101,7 @@ def test_iwsa_attends_within_its_window_and_the_lim_reaches_the_neighbours_acros
 
 
 def test_iwsa_is_window_attention_plus_a_depthwise_convolution_of_the_values():
-    attention = perturb(InteractiveWindowAttention(4, 2, window_size=2)).eval()
+    attention = move_off_initialisation(InteractiveWindowAttention(4, 2, window_size=2)).eval()
     x = torch.randn(2, 4 * 4, 4)
     q, k, v = F.linear(F.layer_norm(x, (4,), attention.norm.weight, attention.norm.bias, 1e-6),
                        attention.to_qkv.weight, attention.to_qkv.bias).chunk(3, dim=-1)
@@ -136,7 +123,7 @@ def test_iwsa_is_window_attention_plus_a_depthwise_convolution_of_the_values():
 
 
 def test_ssa_keys_come_from_the_map_shrunk_by_the_reduction_and_rescaled_in_width():
-    attention = perturb(ScalableSelfAttention(8, 2, reduction=2, key_dim=6)).eval()
+    attention = move_off_initialisation(ScalableSelfAttention(8, 2, reduction=2, key_dim=6)).eval()
     x = torch.randn(2, 4 * 6, 8)
     normed = F.layer_norm(x, (8,), attention.norm.weight, attention.norm.bias, 1e-6)
     cells = F.conv2d(normed.transpose(1, 2).reshape(2, 8, 4, 6), attention.reduce[0].weight, attention.reduce[0].bias,
@@ -154,7 +141,7 @@ def test_ssa_keys_come_from_the_map_shrunk_by_the_reduction_and_rescaled_in_widt
 
 
 def test_ssa_lets_every_token_see_every_cell():
-    attention = perturb(ScalableSelfAttention(4, 2, reduction=3, key_dim=3)).eval()
+    attention = move_off_initialisation(ScalableSelfAttention(4, 2, reduction=3, key_dim=3)).eval()
     assert changed_tokens(attention, torch.randn(1, 6 * 6, 4), 0, (6, 6)).all()
 
 
@@ -192,13 +179,13 @@ def test_logits_and_stage_maps_equal_the_official_code():
         torch.testing.assert_close(found, tensors[f'feature.{i}'], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize('indices, expected', [(None, [0, 1, 2, 3]), (1, [3]), ([0, -2], [0, 2])])
-def test_forward_intermediates_returns_the_chosen_stages(indices, expected):
+def test_forward_intermediates_returns_the_listed_stages():
+    # indices None and an int n: tests/test_conformance.py; a list with a negative number: here
     model, state_dict, tensors = official_case()
     load_official(model, state_dict)
     with torch.no_grad():
-        maps = model.forward_intermediates(tensors['input'], indices=indices)
-    for found, i in zip(maps, expected, strict=True):
+        maps = model.forward_intermediates(tensors['input'], indices=[0, -2])
+    for found, i in zip(maps, [0, 2], strict=True):
         torch.testing.assert_close(found, tensors[f'feature.{i}'], atol=1e-5, rtol=1e-5)
 
 
@@ -210,10 +197,7 @@ def test_feature_pyramid_from_forward_intermediates_has_the_official_strides_and
         [(tensors[f'feature.{i}'].shape[1], img.shape[-1] // tensors[f'feature.{i}'].shape[-1]) for i in range(4)]
     maps = model.forward_intermediates(img)
     width = 8
-    laterals = nn.ModuleList(nn.Conv2d(info['num_chs'], width, 1) for info in model.feature_info)
-    pyramid = [lateral(m) for lateral, m in zip(laterals, maps)]
-    for i in range(len(pyramid) - 2, -1, -1):
-        pyramid[i] = pyramid[i] + F.interpolate(pyramid[i + 1], size=pyramid[i].shape[-2:])
+    pyramid = feature_pyramid(maps, model.feature_info, width)
     for level, info in zip(pyramid, model.feature_info):
         assert level.shape == (2, width, 64 // info['reduction'], 64 // info['reduction'])
 
@@ -252,7 +236,7 @@ def test_vit_pytorch_checkpoint_is_refused_with_what_differs():
     assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
 
 
-# recorder, compile, checkpointing, head
+# the recorder
 
 
 def expected_attention(attention, x, size):
@@ -269,7 +253,7 @@ def expected_attention(attention, x, size):
 
 
 def test_recorded_maps_are_per_block_in_stage_order_and_equal_the_softmax_of_q_and_k():
-    model = perturb(tiny()).double().eval()
+    model = move_off_initialisation(tiny()).double().eval()
     img = torch.randn(2, 3, 64, 64, dtype=torch.float64)
     inputs = []
     hooks = [layer[0].fn.register_forward_pre_hook(lambda module, args: inputs.append((module, *args)))
@@ -290,14 +274,6 @@ def test_recorded_maps_are_per_block_in_stage_order_and_equal_the_softmax_of_q_a
         torch.testing.assert_close(logits, model(img))
 
 
-def test_reset_classifier_gives_a_zero_head_after_the_hidden_layer():
-    model = tiny()
-    model.reset_classifier(5)
-    assert torch.equal(model(torch.randn(2, 3, 64, 64)), torch.zeros(2, 5))
-    model.reset_classifier(0)
-    assert model(torch.randn(2, 3, 64, 64)).shape == (2, 16)
-
-
 # errors
 
 
@@ -314,7 +290,6 @@ def test_reset_classifier_gives_a_zero_head_after_the_hidden_layer():
     (dict(ssa_dim_value=(4, 4, 8, 9)), ValueError, 'ssa_dim_value 9 of stage 3'),
     (dict(dropout=1.0), ValueError, 'dropout'),
     (dict(head_hidden_dim=0), ValueError, 'head_hidden_dim'),
-    (dict(num_classes=-1), ValueError, 'num_classes'),
 ])
 def test_bad_arguments_are_refused_with_their_name(overrides, error, match):
     with pytest.raises(error, match=match):
@@ -332,11 +307,6 @@ def test_an_image_too_small_for_a_reduction_is_refused_with_the_size_that_works(
     with pytest.raises(ValueError, match=r'leaves stage 0 a 2x2 map, smaller than its reduction_factor 4; use images '
                                          r'of at least 16 pixels'):
         model(torch.randn(1, 3, 8, 8))
-
-
-def test_missing_num_classes_is_a_type_error_as_in_vit_pytorch():
-    with pytest.raises(TypeError, match='num_classes'):
-        ScalableViT()
 
 
 # the module's example

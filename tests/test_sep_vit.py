@@ -13,7 +13,7 @@ import torch
 from einops import rearrange, repeat
 from torch import nn
 
-from helpers import count, load_fixture
+from helpers import count, feature_pyramid, load_fixture, move_off_initialisation
 from vit_pytorch import sep_vit
 from vit_pytorch.pretrained import CheckpointError, load_official, load_vit_pytorch
 from vit_pytorch.recorder import Recorder
@@ -28,30 +28,16 @@ def tiny(**overrides):
                      'window_size': 2, 'grouped_window_size': 4, 'ff_mult': 2, **overrides})
 
 
-def perturb(model, seed=0, scale=0.1):
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=generator) * scale)
-    return model
-
-
 def blocks(model):
     """The SeparableAttention of every block, in stage and block order."""
     return [layer[0].fn for stage in model.stages for layer in stage.blocks.layers if hasattr(layer[0], 'fn')]
 
 
-# shapes and gradients
+# the layout its docstring states (the rest of the face: tests/test_conformance.py)
 
 
-def test_output_shapes():
-    model = tiny()
-    img = torch.randn(2, 3, 64, 64)
-    assert model(img).shape == (2, 5)
-    assert model.forward_features(img).shape == (2, 4, 64)
-    assert [tuple(m.shape) for m in model.forward_intermediates(img)] == [
-        (2, 8, 16, 16), (2, 16, 8, 8), (2, 32, 4, 4), (2, 64, 2, 2)]
-    assert tiny(num_classes=0)(img).shape == (2, 64)
+def test_forward_features_are_the_last_stages_tokens():
+    assert tiny().forward_features(torch.randn(2, 3, 64, 64)).shape == (2, 4, 64)
 
 
 def test_a_non_square_image_with_windows_per_stage():
@@ -122,7 +108,7 @@ def dsa_outputs(attention, x, size):
 def changed_tokens_of_the_dsa(window_size, moved_token):
     """Which tokens of a 8x8 map the DSA output changes at, as an (8, 8) map, when one token moves."""
     windows = (8 // window_size) ** 2
-    attention = perturb(SeparableAttention(4, 2, window_size=window_size, windows=windows)).eval()
+    attention = move_off_initialisation(SeparableAttention(4, 2, window_size=window_size, windows=windows)).eval()
     x = torch.randn(1, 64, 4)
     moved = x.clone()
     moved[0, moved_token] += torch.randn(4)
@@ -155,7 +141,7 @@ def test_grouped_self_attention_windows_are_the_larger_groups():
 def test_pointwise_self_attention_mixes_whole_windows_by_their_tokens_attention():
     # PSA's output at place n of window i is sum_j a_ij (the DSA output at place n of window j) plus its input,
     # per head, a from softmax(q k^T / sqrt(d)) of the window tokens after LayerNorm and GELU (paper eq. 3-4)
-    attention = perturb(SeparableAttention(8, 2, window_size=2, windows=4)).double().eval()
+    attention = move_off_initialisation(SeparableAttention(8, 2, window_size=2, windows=4)).double().eval()
     x = torch.randn(2, 16, 8, dtype=torch.float64)
     out = dsa_outputs(attention, x, (4, 4)) + attention.norm(torch.cat((
         repeat(attention.window_tokens, 'w d -> b w 1 d', b=2),
@@ -172,7 +158,7 @@ def test_pointwise_self_attention_mixes_whole_windows_by_their_tokens_attention(
 
 
 def test_one_token_reaches_every_window_through_the_window_tokens():
-    attention = perturb(SeparableAttention(4, 2, window_size=2, windows=16)).eval()
+    attention = move_off_initialisation(SeparableAttention(4, 2, window_size=2, windows=16)).eval()
     x = torch.randn(1, 64, 4)
     moved = x.clone()
     moved[0, 0] += torch.randn(4)
@@ -182,7 +168,7 @@ def test_one_token_reaches_every_window_through_the_window_tokens():
 
 
 def test_the_peg_gives_positions_from_the_zero_padding():
-    peg = perturb(PositionEncodingGenerator(4)).eval()
+    peg = move_off_initialisation(PositionEncodingGenerator(4)).eval()
     with torch.no_grad():
         out = rearrange(peg(torch.ones(1, 5 * 5, 4), (5, 5)), '1 (h w) d -> h w d', h=5)
     assert torch.allclose(out[1:4, 1:4], out[2, 2].expand(3, 3, 4))
@@ -212,13 +198,13 @@ def test_logits_and_stage_maps_equal_the_official_codes():
         torch.testing.assert_close(found, tensors[f'feature.{i}'], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize('indices, expected', [(1, [3]), ([0, -2], [0, 2])])
-def test_forward_intermediates_returns_the_chosen_stages(indices, expected):
+def test_forward_intermediates_returns_the_listed_stages():
+    # indices None and an int n: tests/test_conformance.py; a list with a negative number: here
     model, state_dict, img, tensors = official_case()
     model = load_official(model.eval(), state_dict)
     with torch.no_grad():
-        maps = model.forward_intermediates(img[:1], indices=indices)
-    for found, i in zip(maps, expected, strict=True):
+        maps = model.forward_intermediates(img[:1], indices=[0, -2])
+    for found, i in zip(maps, [0, 2], strict=True):
         torch.testing.assert_close(found, tensors[f'feature.{i}'], atol=1e-5, rtol=1e-5)
 
 
@@ -229,10 +215,7 @@ def test_feature_info_gives_the_official_stage_maps_strides_and_channels():
         [(m.shape[1], img.shape[-1] // m.shape[-1]) for m in official]
     maps = model.forward_intermediates(img[:1])
     width = 8
-    laterals = nn.ModuleList(nn.Conv2d(info['num_chs'], width, 1) for info in model.feature_info)
-    pyramid = [lateral(m) for lateral, m in zip(laterals, maps)]
-    for i in range(len(pyramid) - 2, -1, -1):
-        pyramid[i] = pyramid[i] + nn.functional.interpolate(pyramid[i + 1], size=pyramid[i].shape[-2:])
+    pyramid = feature_pyramid(maps, model.feature_info, width)
     assert [tuple(level.shape) for level in pyramid] == [(1, width, *m.shape[-2:]) for m in official]
 
 
@@ -258,7 +241,7 @@ def test_vit_pytorch_checkpoint_is_refused_with_what_differs():
     assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
 
 
-# recorder, compile, checkpointing, head
+# the recorder
 
 
 def expected_maps(attention, x, size):
@@ -281,7 +264,7 @@ def expected_maps(attention, x, size):
 
 
 def test_recorded_maps_are_dsa_then_psa_per_block_and_equal_the_softmax_of_q_and_k():
-    model = perturb(tiny()).double().eval()
+    model = move_off_initialisation(tiny()).double().eval()
     img = torch.randn(2, 3, 64, 64, dtype=torch.float64)
     inputs = []
     hooks = [block.register_forward_pre_hook(lambda module, args: inputs.append((module, *args)))
@@ -302,14 +285,6 @@ def test_recorded_maps_are_dsa_then_psa_per_block_and_equal_the_softmax_of_q_and
         torch.testing.assert_close(logits, model(img))
 
 
-def test_reset_classifier_gives_a_zero_head():
-    model = tiny()
-    model.reset_classifier(3)
-    assert torch.equal(model(torch.randn(2, 3, 64, 64)), torch.zeros(2, 3))
-    model.reset_classifier(0)
-    assert model(torch.randn(2, 3, 64, 64)).shape == (2, 64)
-
-
 # errors
 
 
@@ -326,7 +301,6 @@ def test_reset_classifier_gives_a_zero_head():
     (dict(image_size=0), ValueError, 'image_size'),
     (dict(ff_mult=None), TypeError, 'ff_mult'),
     (dict(dropout=1.0), ValueError, 'dropout'),
-    (dict(num_classes=-1), ValueError, 'num_classes'),
 ])
 def test_bad_arguments_are_refused_with_their_name(overrides, error, match):
     with pytest.raises(error, match=match):
@@ -338,11 +312,6 @@ def test_an_image_of_another_size_is_refused_with_the_models_size():
         tiny()(torch.randn(1, 3, 32, 32))
     with pytest.raises(ValueError, match='channels'):
         tiny()(torch.randn(1, 1, 64, 64))
-
-
-def test_missing_num_classes_is_a_type_error_as_in_vit_pytorch():
-    with pytest.raises(TypeError, match='num_classes'):
-        SepViT()
 
 
 # the module's example

@@ -2,10 +2,8 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from helpers import as_tuples, count, load_fixture
+from helpers import as_tuples, count, feature_pyramid, load_fixture, move_off_initialisation
 from vit_pytorch import multiscale, swin
 from vit_pytorch.pretrained import CheckpointError, load_timm, load_vit_pytorch
 from vit_pytorch.recorder import Recorder
@@ -21,30 +19,16 @@ def tiny(cls=SwinTransformer, **overrides):
     return cls(**kwargs)
 
 
-def perturb(model, seed=0, scale=0.1):
-    """Move every parameter off its initialisation (V2's post-norms start at zero)."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=generator) * scale)
-    return model
-
-
 both = pytest.mark.parametrize('cls', [SwinTransformer, SwinTransformerV2], ids=['v1', 'v2'])
 
 
-# shapes and gradients
+# the layout its docstring states (the rest of the face: tests/test_conformance.py)
 
 
 @both
-def test_output_shapes(cls):
-    model = tiny(cls)
-    img = torch.randn(3, 3, 40, 48)
-    assert model(img).shape == (3, 5)
-    features = model.forward_features(img)
+def test_forward_features_are_the_last_map_channels_last(cls):
+    features = tiny(cls).forward_features(torch.randn(3, 3, 40, 48))
     assert features.shape == (3, 3, 3, 32)                              # (b, h, w, c) as timm's: 10x12 -> 5x6 -> 3x3
-    assert model.forward_head(features, pre_logits=True).shape == (3, 32)
-    assert tiny(cls, num_classes=0)(img).shape == (3, 32)                # timm: the pooled embedding
 
 
 # the papers' models, counted against timm 1.0.31 (the issue's numbers, and timm's for the others)
@@ -144,8 +128,8 @@ def test_a_stage_no_larger_than_the_window_attends_globally_without_shifting():
 
 
 def cosine_attention(**kwargs):
-    return perturb(CosineWindowAttention(8, 2, window_size=(4, 4), shift_size=(0, 0), feature_size=(4, 4),
-                                         **kwargs)).eval()
+    attention = CosineWindowAttention(8, 2, window_size=(4, 4), shift_size=(0, 0), feature_size=(4, 4), **kwargs)
+    return move_off_initialisation(attention).eval()
 
 
 def test_cosine_attention_ignores_the_length_of_queries_and_keys():
@@ -227,12 +211,7 @@ def test_a_feature_pyramid_on_the_stage_maps_has_timms_strides_and_channels(name
     for feature, info in zip(maps, timm_info):
         assert feature.shape[1] == info['num_chs']
         assert feature.shape[-2:] == tuple(math.ceil(side / info['reduction']) for side in img.shape[-2:])
-    # an FPN top-down pass: 1x1 laterals to one width, upsample and add
-    laterals = [nn.Conv2d(info['num_chs'], 6, 1) for info in model.feature_info]
-    top = laterals[-1](maps[-1])
-    for lateral, feature in zip(laterals[-2::-1], maps[-2::-1]):
-        top = lateral(feature) + F.interpolate(top, size=feature.shape[-2:], mode='nearest')
-    assert top.shape == (2, 6, 12, 10)
+    assert feature_pyramid(maps, model.feature_info, 6)[0].shape == (2, 6, 12, 10)
 
 
 def test_intermediates_take_the_chosen_stages():
@@ -310,7 +289,7 @@ def expected_window_attention(attention, x):
 
 
 def test_recorded_maps_are_per_block_per_window_and_equal_the_softmax_of_q_and_k():
-    model = perturb(tiny()).eval()
+    model = move_off_initialisation(tiny()).eval()
     img = torch.randn(2, 3, 40, 48)
     inputs = []
     hooks = [layer[0].fn.register_forward_hook(lambda module, args, out: inputs.append((module, args[0])))
@@ -328,7 +307,7 @@ def test_recorded_maps_are_per_block_per_window_and_equal_the_softmax_of_q_and_k
 
 
 def test_window_maps_laid_on_the_stage_grid_put_each_pair_where_its_tokens_are():
-    model = perturb(tiny()).eval()
+    model = move_off_initialisation(tiny()).eval()
     with torch.no_grad():
         recorder = Recorder(model)
         recorder(torch.randn(2, 3, 40, 48))
@@ -350,7 +329,7 @@ def test_window_maps_laid_on_the_stage_grid_put_each_pair_where_its_tokens_are()
 
 
 def test_v2_recorded_maps_sum_to_one_and_both_paths_agree():
-    model = perturb(tiny(SwinTransformerV2)).eval()
+    model = move_off_initialisation(tiny(SwinTransformerV2)).eval()
     img = torch.randn(2, 3, 40, 48)
     with torch.no_grad():
         fused = model(img)
@@ -359,7 +338,7 @@ def test_v2_recorded_maps_sum_to_one_and_both_paths_agree():
     assert len(attns) == 6 and all(torch.allclose(m.sum(-1), torch.ones(())) for m in attns)
 
 
-# training, compile, options
+# weight decay
 
 
 def test_no_weight_decay_names_what_timm_exempts():
@@ -367,14 +346,6 @@ def test_no_weight_decay_names_what_timm_exempts():
                                         for i in range(3) for j in range(2)}
     names = tiny(SwinTransformerV2).no_weight_decay()
     assert len(names) == 6 * 4 and all('cpb_mlp' in name or name.endswith('logit_scale') for name in names)
-
-
-def test_reset_classifier_starts_from_zero():
-    model = tiny()
-    model.reset_classifier(3)
-    assert torch.equal(model(torch.randn(2, 3, 40, 48)), torch.zeros(2, 3))
-    model.reset_classifier(0)
-    assert model(torch.randn(2, 3, 40, 48)).shape == (2, 32)
 
 
 # errors
