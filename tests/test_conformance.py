@@ -870,7 +870,20 @@ def test_reset_classifier_to_0_is_the_model_built_with_num_classes_0(case_id):
     headless.load_state_dict(model.state_dict())      # strict: the same parameters and buffers
     assert model.num_classes == 0
     forward = FACE_CASES[case_id].forward
-    torch.testing.assert_close(run(model, x, **forward), run(headless, x, **forward), rtol=0, atol=0)
+    out = run(model, x, **forward)
+    # without classes the forward returns the pooled embedding (b, num_features), never an empty (b, 0) tensor as
+    # vit-pytorch's SimpleViT does; or, where vit-pytorch's class returns its tokens there (its ViT family), those:
+    # forward_features' tokens, num_features wide (CrossViT's: both branches' tokens)
+    if isinstance(out, tuple):
+        for ours, its in zip(out, run(model.forward_features, x, **forward), strict=True):
+            torch.testing.assert_close(ours, its, rtol=0, atol=0)
+        return
+    if out.ndim == 2:
+        assert out.shape == (batch_size(x), model.num_features)
+    else:
+        assert out.shape[0] == batch_size(x) and out.shape[-1] == model.num_features
+        torch.testing.assert_close(out, run(model.forward_features, x, **forward), rtol=0, atol=0)
+    torch.testing.assert_close(out, run(headless, x, **forward), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize('case_id', sorted(FACE_CASES))
@@ -898,6 +911,10 @@ def test_forward_intermediates_take_indices(case_id):
     last = run(model.forward_intermediates, x, indices=1)
     assert len(last) == 1
     torch.testing.assert_close(last[0], every[-1], rtol=0, atol=0)
+    chosen = run(model.forward_intermediates, x, indices=[0, -1])      # a list: positions, negative from the end
+    assert len(chosen) == 2
+    torch.testing.assert_close(chosen[0], every[0], rtol=0, atol=0)
+    torch.testing.assert_close(chosen[1], every[-1], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize('name', sorted(MODELS))
