@@ -142,6 +142,11 @@ def build_parser():
                         help="simple_vit_with_sparse_gating: the weight of its gate sparsity loss in the training "
                              "loss, cross-entropy + weight x loss (default: 0.1, assumed, not measured: vit-pytorch "
                              "1.26.14's module and README give no weight; 0: off)")
+    recipe.add_argument('--sigreg-loss-weight', type=float, default=0.02,
+                        help="wwt with --sigreg-slots: the weight of its slots' SIGReg in the training loss, "
+                             "cross-entropy + weight x loss (default: 0.02, the LeJEPA paper's lambda of its minimal "
+                             "example, as --lejepa-lambda of python -m vit_pytorch.pretrain; vit-pytorch 1.26.14's "
+                             "module and the WWT paper give none; 0: off)")
     recipe.add_argument('--deep-supervision', action='store_true',
                         help="looped_vit: train on every loop's logits, the loops' cross-entropies weighted by the "
                              "model's --deep-supervision-weighting (final_mean, vit-pytorch's: the last loop 1, the "
@@ -399,7 +404,8 @@ def _train(args, model_kwargs, rank, world_size, device, run):
         if merged and not args.quiet:
             print(f"note: {merged}", flush=True)
 
-    aux_loss = registry.AUX_LOSSES.get(args.model)              # (forward keyword, weight option) or None
+    aux_loss = registry.AUX_LOSSES.get(args.model) or built_aux_loss(model, args.model)  # (forward keyword or
+    # None: the model returns the loss unasked, weight option) or None
     aux_weight = check_aux_weight(args, aux_loss)
     own_loss = check_own_loss(args)                             # (forward keyword, switch) when switched on
     own_term = check_own_loss_term(args, model, own_loss)       # registry.OWN_LOSS_TERMS's entry when it is on
@@ -419,7 +425,9 @@ def _train(args, model_kwargs, rank, world_size, device, run):
             elif aux_loss is None:
                 outputs, aux = network(images), None
             else:
-                *outputs, aux = network(images, **{aux_loss[0]: True})
+                *outputs, aux = network(images, **({} if aux_loss[0] is None else {aux_loss[0]: True}))
+                if len(outputs) == 1 and isinstance(outputs[0], tuple):
+                    outputs = outputs[0]                            # two heads' logits (wwt's return_tokens)
         if own_loss is not None:
             # the model's own loss of all its outputs is a mean over this process's images, summed as the others
             term = {}
@@ -501,14 +509,28 @@ def _train(args, model_kwargs, rank, world_size, device, run):
 def check_aux_weight(args, aux_loss):
     """The weight of the model's auxiliary loss (0 without one); a ValueError for a weight that is negative or not
     finite, or given for a model that has no such loss (it would silently do nothing)."""
-    for model, (_, option) in registry.AUX_LOSSES.items():
+    for model, (_, option) in [*registry.AUX_LOSSES.items(), *registry.BUILT_AUX_LOSSES.items()]:
         weight = getattr(args, option)
         if not math.isfinite(weight) or weight < 0:
             raise ValueError(f"{option_flag(option)} must be a finite number >= 0, got {weight:g}")
         if option in getattr(args, 'given', ()) and (aux_loss is None or aux_loss[1] != option):
-            raise ValueError(f"{option_flag(option)} weights the auxiliary loss of --model {model}; --model "
-                             f"{args.model} has none")
+            built = registry.BUILT_AUX_LOSSES.get(model)
+            raise ValueError(f"{option_flag(option)} weights the auxiliary loss of --model {model}"
+                             + ('' if built is None else f" built with {option_flag(built[0])}")
+                             + f"; --model {args.model}" + (' has none' if built is None or model != args.model
+                                                           else f" without {option_flag(built[0])} has none"))
     return 0. if aux_loss is None else getattr(args, aux_loss[1])
+
+
+def built_aux_loss(model, name):
+    """(None, the weight option) when `model` (registered as `name`) is one of registry.BUILT_AUX_LOSSES built to
+    return its loss, else None."""
+    entry = registry.BUILT_AUX_LOSSES.get(name)
+    if entry is None:
+        return None
+    built = getattr(model, entry[0], None)
+    on = any(built) if isinstance(built, (tuple, list)) else bool(built)
+    return (None, entry[1]) if on else None
 
 
 def check_own_loss(args):

@@ -108,6 +108,14 @@ AUX_LOSSES = {
     'simple_vit_with_sparse_gating': ('return_loss', 'sparsity_aux_loss_weight'),
 }
 
+# models that return an auxiliary loss as their last output whenever they are built to compute one (their forward
+# has no keyword for it), which the training command then adds to the cross-entropy as AUX_LOSSES': name -> (the
+# model's attribute, set from its option of that name, that is None, False or all False without the loss; the
+# training command's option that weights the loss)
+BUILT_AUX_LOSSES = {
+    'wwt': ('sigreg_slots', 'sigreg_loss_weight'),                  # the slots' SIGReg
+}
+
 # models whose training loss is their own function of all their outputs, in place of the cross-entropy of the
 # logits: name -> (the forward's keyword that returns every output, the training command's switch that trains on
 # the loss); `model.training_loss(outputs, targets, label_smoothing=...)` is the batch's mean loss and `outputs[-1]`
