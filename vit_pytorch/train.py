@@ -140,8 +140,9 @@ def build_parser():
                              "cross-entropy + weight x loss (default: 0.1, the module example's; 0: off)")
     recipe.add_argument('--sparsity-aux-loss-weight', type=float, default=0.1,
                         help="simple_vit_with_sparse_gating: the weight of its gate sparsity loss in the training "
-                             "loss, cross-entropy + weight x loss (default: 0.1, assumed, not measured: vit-pytorch "
-                             "1.26.14's module and README give no weight; 0: off)")
+                             "loss, cross-entropy + weight x loss (default: 0.1, our choice; no source gives one: "
+                             "vit-pytorch 1.26.14's example backpropagates the loss alone, and the paper, arXiv "
+                             "2505.06708, names none in the passages we read (abstract, introduction); 0: off)")
     recipe.add_argument('--sigreg-loss-weight', type=float, default=0.02,
                         help="wwt with --sigreg-slots: the weight of its slots' SIGReg in the training loss, "
                              "cross-entropy + weight x loss (default: 0.02, the LeJEPA paper's lambda of its minimal "
