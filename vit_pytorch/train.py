@@ -147,7 +147,7 @@ def build_parser():
                         help="wwt with --sigreg-slots: the weight of its slots' SIGReg in the training loss, "
                              "cross-entropy + weight x loss (default: 0.02, the LeJEPA paper's lambda of its minimal "
                              "example, as --lejepa-lambda of python -m vit_pytorch.pretrain; vit-pytorch 1.26.14's "
-                             "module and the WWT paper give none; 0: off)")
+                             "module and the WWT paper's abstract give none; 0: off)")
     recipe.add_argument('--deep-supervision', action='store_true',
                         help="looped_vit: train on every loop's logits, the loops' cross-entropies weighted by the "
                              "model's --deep-supervision-weighting (final_mean, vit-pytorch's: the last loop 1, the "
