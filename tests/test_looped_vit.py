@@ -230,3 +230,94 @@ def test_a_deep_supervision_weighting_without_deep_supervision_is_refused(tmp_pa
     assert '--deep-supervision-weighting shapes the loss of --deep-supervision, which is not given' in error
     assert len(error.strip().splitlines()) == 1
     assert not (tmp_path / 'run').exists()
+
+
+# the training command: with --adaptive-loop True the deep supervision loss adds the exit gate's regression
+
+
+def trainer_step_gradients(monkeypatch, tmp_path, model, *options):
+    """The training command's first step on 16 digits (as first_training_step), its loss backpropagated: dict(loss,
+    index, images, model, labels (the ones LoopedViT.training_loss was given)) and `grads`, the parameters'
+    gradients by name (None where none flowed)."""
+    import random
+
+    from helpers import OneStep
+    from vit_pytorch import train
+
+    seen = {}
+    own_loss = LoopedViT.training_loss
+
+    def training_loss(self, logits, labels, *args, **kwargs):
+        seen['labels'] = labels.clone()                                  # the batch's labels, as the trainer gives
+        return own_loss(self, logits, labels, *args, **kwargs)
+
+    monkeypatch.setattr(LoopedViT, 'training_loss', training_loss)
+
+    def one_step(network, optimizer, step_loss, **_):
+        images = []
+        hook = network.register_forward_pre_hook(lambda module, args: images.append(args[0].clone()))
+        seen['index'] = torch.arange(16)
+        loss = step_loss(seen['index'], torch.Generator().manual_seed(0), random.Random(0), 0)[0]
+        hook.remove()
+        network.zero_grad()
+        loss.backward()
+        seen.update(loss=loss.item(), images=images[0], model=network,
+                    grads={name: p.grad for name, p in network.named_parameters()})
+        raise OneStep
+
+    monkeypatch.setattr(train, 'train_epoch', one_step)
+    with pytest.raises(OneStep):
+        train.main([str(option) for option in (
+            '--model', model, '--image-size', 8, '--dim', 32, '--heads', 2, '--dim-head', 16, '--mlp-dim', 64,
+            '--label-smoothing', 0.1, '--quiet', '--no-plots', '--threads', 1, '--out', tmp_path / 'run',
+            *options)])
+    return seen
+
+
+@pytest.mark.parametrize('weight', [None, 0.5])
+def test_the_trainers_loss_with_an_exit_gate_adds_its_mean_squared_error_to_the_gains(weight, monkeypatch, tmp_path):
+    """Deep supervision + weight x mean((predicted gain - max over later loops of the loss's gain per loop)^2),
+    written out loop by loop here; the gate term is a visible part of it."""
+    chosen = () if weight is None else ('--exit-gate-loss-weight', weight)
+    seen = trainer_step_gradients(monkeypatch, tmp_path, 'looped_vit', '--deep-supervision', '--adaptive-loop',
+                                  'True', *chosen)
+    assert seen['labels'].shape == (16, 10) and set(seen['labels'].unique().tolist()) == {0., 1.}   # one-hot
+    labels = seen['labels'].argmax(dim=1)
+    with torch.no_grad():
+        logits, benefits = seen['model'](seen['images'], return_all_logits=True, return_exit_benefits=True)
+    losses = torch.stack([F.cross_entropy(loop, labels, label_smoothing=0.1, reduction='none') for loop in logits])
+    supervised = (losses[-1] + losses[:-1].mean(dim=0)).mean()                  # final_mean: 1, and 1 shared
+    targets = torch.stack([torch.stack([(losses[r] - losses[k]) / (k - r) for k in range(r + 1, 3)]).amax(dim=0)
+                           .clamp(min=0) for r in range(2)])                        # (2, b)
+    gate = ((benefits - targets) ** 2).mean()
+    expected = supervised + (1.0 if weight is None else weight) * gate
+    assert gate > 100 * 1e-5 * expected              # the gate term is 100 times the comparison's tolerance
+    assert seen['loss'] == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_a_trainer_step_with_an_exit_gate_gives_the_gates_parameters_a_gradient(monkeypatch, tmp_path):
+    seen = trainer_step_gradients(monkeypatch, tmp_path, 'looped_vit', '--deep-supervision', '--adaptive-loop',
+                                  'True')
+    gate = {name: grad for name, grad in seen['grads'].items() if name.startswith('exit_gate.')}
+    assert len(gate) == len(list(seen['model'].exit_gate.parameters())) > 0
+    for name, grad in gate.items():
+        assert grad is not None and grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize('options, message', [
+    (('--adaptive-loop', 'True'), '--adaptive-loop shapes the loss of --deep-supervision, which is not given'),
+    (('--deep-supervision', '--exit-gate-loss-weight', 0.5),
+     "--exit-gate-loss-weight weights the loss of --model looped_vit's exit_gate, which trains only with "
+     "--deep-supervision and a model that has one"),
+    (('--deep-supervision', '--adaptive-loop', 'True', '--exit-gate-loss-weight', -1),
+     '--exit-gate-loss-weight must be a finite number >= 0, got -1'),
+])
+def test_an_exit_gate_that_the_trainer_would_not_train_is_refused(options, message, tmp_path, capsys):
+    from vit_pytorch import train
+
+    assert train.main([str(option) for option in ('--model', 'looped_vit', *options, '--image-size', 8,
+                                                  '--epochs', 1, '--quiet', '--no-plots',
+                                                  '--out', tmp_path / 'run')]) == 2
+    error = capsys.readouterr().err
+    assert message in error
+    assert len(error.strip().splitlines()) == 1

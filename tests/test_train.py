@@ -358,7 +358,7 @@ def test_help_shows_every_options_real_default_once(capsys, monkeypatch):
     assert stop.value.code == 0
     entries = help_entries(capsys.readouterr().out)
     entries.pop('-h')
-    assert len(entries) == 31                           # 31 options, each with its own entry
+    assert len(entries) == 33                           # 33 options, each with its own entry
     for option, entry in entries.items():
         assert entry.count('default') == 1, entry
     for option, default in (('--epochs', '50'), ('--seed', '0'), ('--weight-decay', '0.05'), ('--lr', '0.003'),

@@ -187,3 +187,119 @@ def test_a_bad_argument_is_refused_by_name(changes, error, match):
 def test_a_pathway_that_turns_back_is_refused():
     with pytest.raises(ValueError, match=r'strictly up or strictly down the levels, got \(2, 0, 1\)'):
         AutoencodingHead(image_size=16, patch_size=4, pathways=((2, 0, 1),))
+
+
+# the training command: --sigreg-slots adds --sigreg-loss-weight x the slots' SIGReg to the cross-entropy
+
+
+def epps_pulley_by_hand(samples, projections, knots=17):
+    """The mean over the directions of N * trapezoid over t in [-5, 5] of |mean_j exp(i t x_j) - exp(-t^2/2)|^2
+    exp(-t^2/2), for samples (N, d) and unit directions (d, m)."""
+    t = torch.linspace(-5, 5, knots, dtype=torch.float64)
+    x = (samples.double() @ projections.double())                                      # (N, m)
+    ecf = torch.exp(1j * x[..., None] * t).mean(dim=0)                                  # (m, knots), complex
+    phi = torch.exp(-t ** 2 / 2)
+    f = (ecf - phi).abs() ** 2 * phi
+    return (samples.shape[0] * ((f[:, 1:] + f[:, :-1]) / 2 * (t[1] - t[0])).sum(dim=-1)).mean()
+
+
+def wwt_trainer_step(monkeypatch, tmp_path, *options):
+    """The training command's first step on 16 digits of 8 pixels with --model wwt --sigreg-slots True (a small
+    size, label smoothing 0.1), its loss backpropagated: dict(loss, images, labels (the cross-entropy's targets),
+    projections (SIGReg's directions, as drawn), model, grads (the slots' gradients))."""
+    import random
+
+    import torch.nn.functional as F
+
+    from helpers import OneStep
+    from vit_pytorch import sigreg, train
+
+    seen = dict(projections=[], targets=[])
+    draw, cross_entropy = sigreg.random_projections, F.cross_entropy
+    monkeypatch.setattr(sigreg, 'random_projections',
+                        lambda *a, **k: seen['projections'].append(draw(*a, **k)) or seen['projections'][-1])
+    monkeypatch.setattr(F, 'cross_entropy',
+                        lambda input, target, **k: seen['targets'].append(target) or cross_entropy(input, target, **k))
+
+    def one_step(network, optimizer, step_loss, **_):
+        images = []
+        seen['projections'].clear()                             # the trainer's checks before training drew some
+        seen['targets'].clear()
+        hook = network.register_forward_pre_hook(lambda module, args: images.append(args[0].clone()))
+        loss = step_loss(torch.arange(16), torch.Generator().manual_seed(0), random.Random(0), 0)[0]
+        hook.remove()
+        network.zero_grad()
+        loss.backward()
+        seen.update(loss=loss.item(), images=images[0], model=network,
+                    grads=[p.grad.clone() for p in network.slots])
+        raise OneStep
+
+    monkeypatch.setattr(train, 'train_epoch', one_step)
+    with pytest.raises(OneStep):
+        train.main([str(option) for option in (
+            '--model', 'wwt', '--sigreg-slots', 'True', '--image-size', 8, '--dim', 32, '--heads', 2,
+            '--dim-head', 16, '--mlp-dim', 64, '--depth', 1, '--label-smoothing', 0.1, '--quiet', '--no-plots',
+            '--threads', 1, '--out', tmp_path / 'run', *options)])
+    monkeypatch.undo()
+    seen['labels'] = seen['targets'][0].argmax(dim=1)
+    return seen
+
+
+def sigreg_by_hand(model, images, projections):
+    slots, _, _ = model(images, return_embeddings=True)
+    assert len(slots) == len(projections) == 2                                   # one draw a level
+    return sum(epps_pulley_by_hand(level.flatten(0, 1), directions) for level, directions in zip(slots, projections))
+
+
+@pytest.mark.parametrize('weight', [None, 0.5])
+def test_the_trainers_loss_of_wwt_with_sigreg_slots_is_cross_entropy_plus_weight_x_sigreg(weight, monkeypatch,
+                                                                                        tmp_path):
+    import torch.nn.functional as F
+
+    chosen = () if weight is None else ('--sigreg-loss-weight', weight)
+    seen = wwt_trainer_step(monkeypatch, tmp_path, *chosen)
+    model = seen['model']
+    with torch.no_grad():
+        logits, _ = model(seen['images'])
+        regulariser = sigreg_by_hand(model, seen['images'], seen['projections'])
+    expected = F.cross_entropy(logits, seen['labels'], label_smoothing=0.1) + (0.02 if weight is None else weight) * \
+        regulariser
+    assert regulariser > 1                                  # the SIGReg term counts visibly: at least 0.02 of ~2.3
+    assert seen['loss'] == pytest.approx(expected.item(), rel=1e-4)
+
+
+def test_a_trainer_step_of_wwt_gives_the_slots_the_gradient_of_cross_entropy_plus_weight_x_sigreg(monkeypatch,
+                                                                                              tmp_path):
+    """The slots' gradient in a trainer step is that of the loss written out by hand, and SIGReg's part of it is
+    not negligible (without the term the comparison fails)."""
+    import torch.nn.functional as F
+
+    seen = wwt_trainer_step(monkeypatch, tmp_path)
+    model = seen['model']
+    logits, _ = model(seen['images'])
+    cross_entropy = F.cross_entropy(logits, seen['labels'], label_smoothing=0.1)
+    regulariser = sigreg_by_hand(model, seen['images'], seen['projections'])
+    from_ce = torch.autograd.grad(cross_entropy, list(model.slots), retain_graph=True)
+    from_sigreg = torch.autograd.grad(regulariser, list(model.slots))
+    for got, ce, sig in zip(seen['grads'], from_ce, from_sigreg):
+        assert (0.02 * sig).norm() > 0.05 * ce.norm()
+        torch.testing.assert_close(got, ce + 0.02 * sig.float(), rtol=1e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize('options, message', [
+    (('--model', 'wwt', '--sigreg-loss-weight', 0.5),
+     '--sigreg-loss-weight weights the auxiliary loss of --model wwt built with --sigreg-slots; --model wwt without '
+     '--sigreg-slots has none'),
+    (('--model', 'vit', '--sigreg-loss-weight', 0.5),
+     '--sigreg-loss-weight weights the auxiliary loss of --model wwt built with --sigreg-slots; --model vit has none'),
+    (('--model', 'wwt', '--sigreg-slots', 'True', '--sigreg-loss-weight', -1),
+     '--sigreg-loss-weight must be a finite number >= 0, got -1'),
+])
+def test_a_sigreg_weight_that_would_do_nothing_is_refused(options, message, tmp_path, capsys):
+    from vit_pytorch import train
+
+    assert train.main([str(option) for option in (*options, '--image-size', 8, '--depth', 1, '--epochs', 1,
+                                                  '--quiet', '--no-plots', '--out', tmp_path / 'run')]) == 2
+    error = capsys.readouterr().err
+    assert message in error
+    assert len(error.strip().splitlines()) == 1

@@ -288,11 +288,24 @@ class LoopedViT(nn.Module):
         logits = torch.stack(logits) if return_all_logits else logits[-1]
         return (logits, torch.stack(benefits)) if return_exit_benefits else logits
 
-    def training_loss(self, logits, labels, label_smoothing=0.):
+    def training_loss(self, logits, labels, label_smoothing=0., exit_benefits=None, exit_gate_loss_weight=1.):
         """The deep supervision loss of `forward(x, return_all_logits=True)`'s logits (loops, b, num_classes), each
-        loop's cross-entropy weighted as `deep_supervision_weighting` says: what the training command trains on with
-        --deep-supervision."""
-        return deep_supervision_loss(logits, labels, self.loop_weights, label_smoothing)
+        loop's cross-entropy weighted as `deep_supervision_weighting` says, plus, given the exit gate's predictions
+        `exit_benefits` (loops - 1, b) (`return_exit_benefits=True`), `exit_gate_loss_weight` times their mean
+        squared error to `adaptive_exit_targets` of the same logits and label smoothing (vit-pytorch 1.26.14's
+        example adds that error with weight 1): what the training command trains on with --deep-supervision (and
+        --exit-gate-loss-weight for a model built with adaptive_loop=True)."""
+        loss = deep_supervision_loss(logits, labels, self.loop_weights, label_smoothing)
+        if exit_benefits is None:
+            return loss
+        vit.finite_number('exit_gate_loss_weight', exit_gate_loss_weight, 'at least 0')
+        if exit_gate_loss_weight < 0:
+            raise ValueError(f"exit_gate_loss_weight must be at least 0, got {exit_gate_loss_weight}")
+        targets = adaptive_exit_targets(logits, labels, label_smoothing)
+        if exit_benefits.shape != targets.shape:
+            raise ValueError(f"exit_benefits must have shape {tuple(targets.shape)} (loops - 1, b: one prediction "
+                             f"after every loop but the last), got {tuple(exit_benefits.shape)}")
+        return loss + exit_gate_loss_weight * F.mse_loss(exit_benefits, targets)
 
     def reset_classifier(self, num_classes):
         """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""

@@ -140,13 +140,24 @@ def build_parser():
                              "cross-entropy + weight x loss (default: 0.1, the module example's; 0: off)")
     recipe.add_argument('--sparsity-aux-loss-weight', type=float, default=0.1,
                         help="simple_vit_with_sparse_gating: the weight of its gate sparsity loss in the training "
-                             "loss, cross-entropy + weight x loss (default: 0.1, assumed, not measured: vit-pytorch "
-                             "1.26.14's module and README give no weight; 0: off)")
+                             "loss, cross-entropy + weight x loss (default: 0.1, our choice; no source gives one: "
+                             "vit-pytorch 1.26.14's example backpropagates the loss alone, and the paper, arXiv "
+                             "2505.06708, names none in the passages we read (abstract, introduction); 0: off)")
+    recipe.add_argument('--sigreg-loss-weight', type=float, default=0.02,
+                        help="wwt with --sigreg-slots: the weight of its slots' SIGReg in the training loss, "
+                             "cross-entropy + weight x loss (default: 0.02, the LeJEPA paper's lambda of its minimal "
+                             "example, as --lejepa-lambda of python -m vit_pytorch.pretrain; vit-pytorch 1.26.14's "
+                             "module and the WWT paper's abstract give none; 0: off)")
     recipe.add_argument('--deep-supervision', action='store_true',
                         help="looped_vit: train on every loop's logits, the loops' cross-entropies weighted by the "
                              "model's --deep-supervision-weighting (final_mean, vit-pytorch's: the last loop 1, the "
                              "earlier ones sharing 1; exponential; final) (default: off, the last loop's "
                              "cross-entropy)")
+    recipe.add_argument('--exit-gate-loss-weight', type=float, default=1.0,
+                        help="looped_vit with --adaptive-loop True and --deep-supervision: the weight of the exit "
+                             "gate's loss, the mean squared error of its predicted gains to adaptive_exit_targets of "
+                             "every loop's logits, added to the deep supervision loss (default: 1.0, vit-pytorch "
+                             "1.26.14's example adds the error unweighted; 0: the gate is not trained)")
     recipe.add_argument('--seed', type=int, default=0,
                         help="seeds the initialisation and each epoch's order and augmentation")
     start = parser.add_argument_group('starting point')
@@ -394,9 +405,11 @@ def _train(args, model_kwargs, rank, world_size, device, run):
         if merged and not args.quiet:
             print(f"note: {merged}", flush=True)
 
-    aux_loss = registry.AUX_LOSSES.get(args.model)              # (forward keyword, weight option) or None
+    aux_loss = registry.AUX_LOSSES.get(args.model) or built_aux_loss(model, args.model)  # (forward keyword or
+    # None: the model returns the loss unasked, weight option) or None
     aux_weight = check_aux_weight(args, aux_loss)
     own_loss = check_own_loss(args)                             # (forward keyword, switch) when switched on
+    own_term = check_own_loss_term(args, model, own_loss)       # registry.OWN_LOSS_TERMS's entry when it is on
 
     def step_loss(index, generator, rng, global_step):
         images, targets = augment(train_set.floats(index), train_set.labels[index], args, generator, rng,
@@ -408,14 +421,21 @@ def _train(args, model_kwargs, rank, world_size, device, run):
             images = random_sizes(images, args.random_size, multiple=patch, generator=generator)
         with autocast(device, args.amp):
             if own_loss is not None:
-                outputs, aux = network(images, **{own_loss[0]: True}), None
+                keywords = {own_loss[0]: True, **({} if own_term is None else {own_term['keyword']: True})}
+                outputs, aux = network(images, **keywords), None
             elif aux_loss is None:
                 outputs, aux = network(images), None
             else:
-                *outputs, aux = network(images, **{aux_loss[0]: True})
+                *outputs, aux = network(images, **({} if aux_loss[0] is None else {aux_loss[0]: True}))
+                if len(outputs) == 1 and isinstance(outputs[0], tuple):
+                    outputs = outputs[0]                            # two heads' logits (wwt's return_tokens)
         if own_loss is not None:
             # the model's own loss of all its outputs is a mean over this process's images, summed as the others
-            loss_sum = model.training_loss(outputs.float(), targets, label_smoothing=args.label_smoothing) * \
+            term = {}
+            if own_term is not None:
+                outputs, term_outputs = outputs
+                term = {own_term['output']: term_outputs.float(), own_term['weight']: getattr(args, own_term['weight'])}
+            loss_sum = model.training_loss(outputs.float(), targets, label_smoothing=args.label_smoothing, **term) * \
                 len(labels)
             outputs = (outputs[-1],)
         else:
@@ -490,14 +510,28 @@ def _train(args, model_kwargs, rank, world_size, device, run):
 def check_aux_weight(args, aux_loss):
     """The weight of the model's auxiliary loss (0 without one); a ValueError for a weight that is negative or not
     finite, or given for a model that has no such loss (it would silently do nothing)."""
-    for model, (_, option) in registry.AUX_LOSSES.items():
+    for model, (_, option) in [*registry.AUX_LOSSES.items(), *registry.BUILT_AUX_LOSSES.items()]:
         weight = getattr(args, option)
         if not math.isfinite(weight) or weight < 0:
             raise ValueError(f"{option_flag(option)} must be a finite number >= 0, got {weight:g}")
         if option in getattr(args, 'given', ()) and (aux_loss is None or aux_loss[1] != option):
-            raise ValueError(f"{option_flag(option)} weights the auxiliary loss of --model {model}; --model "
-                             f"{args.model} has none")
+            built = registry.BUILT_AUX_LOSSES.get(model)
+            raise ValueError(f"{option_flag(option)} weights the auxiliary loss of --model {model}"
+                             + ('' if built is None else f" built with {option_flag(built[0])}")
+                             + f"; --model {args.model}" + (' has none' if built is None or model != args.model
+                                                           else f" without {option_flag(built[0])} has none"))
     return 0. if aux_loss is None else getattr(args, aux_loss[1])
+
+
+def built_aux_loss(model, name):
+    """(None, the weight option) when `model` (registered as `name`) is one of registry.BUILT_AUX_LOSSES built to
+    return its loss, else None."""
+    entry = registry.BUILT_AUX_LOSSES.get(name)
+    if entry is None:
+        return None
+    built = getattr(model, entry[0], None)
+    on = any(built) if isinstance(built, (tuple, list)) else bool(built)
+    return (None, entry[1]) if on else None
 
 
 def check_own_loss(args):
@@ -509,6 +543,28 @@ def check_own_loss(args):
                              f"has none")
     own_loss = registry.OWN_LOSSES.get(args.model)
     return own_loss if own_loss is not None and getattr(args, own_loss[1]) else None
+
+
+def check_own_loss_term(args, model, own_loss):
+    """The model's entry of registry.OWN_LOSS_TERMS when its own loss is on and the built model has the part that
+    the term trains, else None; a ValueError for a term's weight that is negative or not finite, or given where the
+    term is off (it would silently do nothing)."""
+    for name, term in registry.OWN_LOSS_TERMS.items():
+        option, weight = term['weight'], getattr(args, term['weight'])
+        if not math.isfinite(weight) or weight < 0:
+            raise ValueError(f"{option_flag(option)} must be a finite number >= 0, got {weight:g}")
+        if option not in getattr(args, 'given', ()):
+            continue
+        if name != args.model:
+            raise ValueError(f"{option_flag(option)} weights a term of --model {name}'s own loss; --model "
+                             f"{args.model} has none")
+        if own_loss is None or getattr(model, term['part'], None) is None:
+            raise ValueError(f"{option_flag(option)} weights the loss of --model {name}'s {term['part']}, which "
+                             f"trains only with {option_flag(registry.OWN_LOSSES[name][1])} and a model that has one")
+    term = registry.OWN_LOSS_TERMS.get(args.model)
+    if own_loss is None or term is None or getattr(model, term['part'], None) is None:
+        return None
+    return term
 
 
 def _check_init(config, args, *, image_size, channels):

@@ -524,6 +524,8 @@ def evaluate(model, data, *, mean, std, batch_size=256, device='cpu', amp=False,
         labels = data.labels[index].to(device)
         with autocast(device, amp):
             logits = model(images)
+        if isinstance(logits, tuple):       # (logits, loss): a model built to return an auxiliary loss unasked
+            logits = logits[0]              # (registry.BUILT_AUX_LOSSES: wwt with sigreg_slots)
         totals += torch.stack([F.cross_entropy(logits.float(), labels, reduction='sum').double(),
                                (logits.argmax(dim=-1) == labels).sum().double(),
                                torch.tensor(len(index), dtype=torch.float64, device=device)])

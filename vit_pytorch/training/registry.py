@@ -108,6 +108,14 @@ AUX_LOSSES = {
     'simple_vit_with_sparse_gating': ('return_loss', 'sparsity_aux_loss_weight'),
 }
 
+# models that return an auxiliary loss as their last output whenever they are built to compute one (their forward
+# has no keyword for it), which the training command then adds to the cross-entropy as AUX_LOSSES': name -> (the
+# model's attribute, set from its option of that name, that is None, False or all False without the loss; the
+# training command's option that weights the loss)
+BUILT_AUX_LOSSES = {
+    'wwt': ('sigreg_slots', 'sigreg_loss_weight'),                  # the slots' SIGReg
+}
+
 # models whose training loss is their own function of all their outputs, in place of the cross-entropy of the
 # logits: name -> (the forward's keyword that returns every output, the training command's switch that trains on
 # the loss); `model.training_loss(outputs, targets, label_smoothing=...)` is the batch's mean loss and `outputs[-1]`
@@ -117,7 +125,15 @@ OWN_LOSSES = {
 }
 # the model options that shape only that loss: given without the switch they would do nothing, so they are refused
 OWN_LOSS_OPTIONS = {
-    'looped_vit': ('deep_supervision_weighting',),
+    'looped_vit': ('deep_supervision_weighting', 'adaptive_loop'),    # adaptive_loop: the exit gate, which only
+}                                                                      # the own loss trains (OWN_LOSS_TERMS)
+# terms of a model's own loss that a training-command option weights, on when the built model has the part they
+# train: name -> dict(part: the model's attribute, None without the part; keyword: the forward's keyword that adds
+# the term's outputs, so that the forward returns (outputs, term outputs); output: training_loss's keyword that
+# takes them; weight: the option, passed to training_loss under its own name)
+OWN_LOSS_TERMS = {
+    'looped_vit': dict(part='exit_gate', keyword='return_exit_benefits', output='exit_benefits',
+                       weight='exit_gate_loss_weight'),                 # the exit gate's regression
 }
 
 # models whose input is not a batch of images (b, c, h, w): name -> what they take (`--data ucr:NAME` gives
