@@ -2,8 +2,7 @@
 
 The registry-wide tests (tests/test_conformance.py) cover the face, gradients and export; here: the Fourier
 tokens against the DFT written out as sums of complex exponentials, their global reach, the pooling,
-vit-pytorch 1.26.14's checkpoints (fixture written by tests/fixtures/make_simple_vit_with_fft_fixtures.py) and
-its `__main__` block.
+vit-pytorch 1.26.14's checkpoints (fixture written by tests/fixtures/make_simple_vit_with_fft_fixtures.py).
 """
 
 import math
@@ -112,13 +111,3 @@ def test_vit_pytorch_checkpoints_load_and_give_its_outputs():
     net = load_vit_pytorch(SimpleViT(**config).eval(), state)
     with torch.no_grad():
         torch.testing.assert_close(net(img), expected, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.slow                     # vit-pytorch's sizes: 2048 tokens of width 1024, a batch of 8
-def test_vit_pytorchs_main_block_runs():
-    vit = SimpleViT(num_classes=1000, image_size=256, patch_size=8, freq_patch_size=8, dim=1024, depth=1, heads=8,
-                    mlp_dim=2048)
-    images = torch.randn(8, 3, 256, 256)
-    with torch.no_grad():
-        logits = vit(images)
-    assert logits.shape == (8, 1000)
