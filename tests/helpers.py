@@ -234,3 +234,33 @@ def first_training_step(monkeypatch, tmp_path, model, *options):
             '--label-smoothing', 0.1, '--quiet', '--no-plots', '--threads', 1, '--out', tmp_path / 'run',
             *options)])
     return seen
+
+
+def check_trainer_adds_auxiliary_loss(monkeypatch, tmp_path, model, option, weight, logits_and_loss):
+    """The training command's loss on its first batch with `option weight` (the weight of `model`'s auxiliary loss;
+    depth 2) is the cross-entropy (label smoothing 0.1) plus weight x the auxiliary loss, both recomputed from that
+    batch and the model it trained (`logits_and_loss(model, images)` gives its logits and auxiliary loss). The
+    auxiliary loss is large enough to show: at weight 5 a visible part of the sum, so that a weight of 0 trains on
+    the cross-entropy alone."""
+    import pytest
+
+    from vit_pytorch.evaluate import load_digits
+
+    seen = first_training_step(monkeypatch, tmp_path, model, '--depth', 2, option, weight)
+    labels = load_digits('train', image_size=8).labels[seen['index']]
+    with torch.no_grad():
+        logits, auxiliary = logits_and_loss(seen['model'], seen['images'])
+    cross_entropy = F.cross_entropy(logits, labels, label_smoothing=0.1)
+    assert 5 * auxiliary > 0.01 * cross_entropy
+    assert seen['loss'] == pytest.approx((cross_entropy + weight * auxiliary).item(), rel=1e-5)
+
+
+def refused_training_error(tmp_path, capsys, *options):
+    """The training command's error for `options` (at a small size), which it refuses in one line, exit status 2."""
+    from vit_pytorch import train
+
+    status = train.main([str(option) for option in (*options, '--image-size', 8, '--depth', 1, '--epochs', 1,
+                                                    '--quiet', '--no-plots', '--out', tmp_path / 'run')])
+    error = capsys.readouterr().err
+    assert status == 2 and len(error.strip().splitlines()) == 1, error
+    return error
