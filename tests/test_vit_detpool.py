@@ -2,7 +2,7 @@
 
 The registry-wide tests (tests/test_conformance.py, rows 'vit_detpool*') cover the face, gradients and export;
 here: the mask's effect, its three forms, the mask generator, the clear errors, vit-pytorch 1.26.14's
-checkpoints (fixture written by tests/fixtures/make_vit_detpool_fixtures.py) and its `__main__` block.
+checkpoints (fixture written by tests/fixtures/make_vit_detpool_fixtures.py).
 """
 
 import pytest
@@ -171,25 +171,6 @@ def test_vit_pytorch_checkpoints_load_and_give_its_outputs_with_and_without_a_ma
         torch.testing.assert_close(net(img), expected, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(net(img, object_mask=tensors['object_mask']), tensors['output_masked'],
                                    rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.slow                     # vit-pytorch's sizes: dim 1024, 6 layers (~4 s on 2 cores)
-def test_vit_pytorchs_main_block_runs():
-    vit = ViTDetPool(image_size=256, patch_size=32, num_classes=1000, dim=1024, depth=6, heads=16, mlp_dim=2048,
-                     dropout=0.1, emb_dropout=0.1)
-    img = torch.randn(1, 3, 256, 256)
-    object_mask = torch.randint(0, 2, (1, 256, 256)).bool()
-    assert vit(img, object_mask=object_mask).shape == (1, 1000)
-    assert vit(img).shape == (1, 1000)
-
-    class MockMasker(nn.Module):
-        def forward(self, img):
-            batch, _, height, width = img.shape
-            return torch.ones(batch, height, width).bool()
-
-    vit = ViTDetPool(image_size=256, patch_size=32, num_classes=1000, dim=1024, depth=1, heads=16, mlp_dim=2048,
-                     mask_generator=MockMasker())
-    assert vit(img).shape == (1, 1000)
 
 
 @pytest.mark.slow                     # an export: 8-22 s on 2 shared cores
