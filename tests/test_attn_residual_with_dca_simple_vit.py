@@ -127,3 +127,21 @@ def test_vit_pytorchs_checkpoint_loads_strictly_and_gives_its_output(name):
 def test_a_bad_argument_is_refused_by_name(kwargs, message):
     with pytest.raises((ValueError, TypeError), match=message):
         SimpleViT(**dict(TINY, **kwargs))
+
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
+
+@pytest.mark.slow                 # vit-pytorch's own sizes: seconds on 2 cores
+def test_vit_pytorchs_main_block_runs():
+    """Its `__main__` block: 32 pixels, patches of 8, width 32, depth 2; shared, 2 and 4 head groups with 4 and 2
+    MLP heads; every pseudo-query and the gate get a gradient."""
+    for head_groups, ffn_heads in ((1, 1), (2, 4), (4, 2)):
+        model = SimpleViT(image_size=32, patch_size=8, num_classes=10, dim=32, depth=2, heads=4, dim_head=8,
+                          mlp_dim=64, head_groups=head_groups, ffn_heads=ffn_heads)
+        logits = model(torch.randn(2, 3, 32, 32))
+        assert logits.shape == (2, 10)
+        logits.sum().backward()
+        block = model.transformer.layers[-1]
+        assert block.attn_res.pseudo_queries.grad is not None
+        assert block.ffn_res is None or block.ffn_res.pseudo_queries.grad is not None
+        assert block.attn.to_gate[0].weight.grad is not None

@@ -189,3 +189,18 @@ def test_a_search_step_that_the_windows_do_not_tile_is_refused():
     model = tiny(window_size=4, attn_layers=['LA', 'LA', 'FA'])
     with pytest.raises(ValueError, match='window_size 4'):
         model.set_attn_layers(['WA', 'LA', 'FA'])
+
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
+
+@pytest.mark.slow
+def test_vit_pytorchs_readme_example_runs():
+    """Its README's three stages: 224 pixels, patches of 16, width 512, depth 6, windows of 7 x 7."""
+    common = dict(image_size=224, patch_size=16, num_classes=1000, dim=512, depth=6, heads=8, dim_head=64,
+                  mlp_dim=3072, window_size=7)
+    JetViT(**common, attn_layers=[('WA', 'LA')] * 6)
+    JetViT(**common, attn_layers=[('LA', 'FA'), ('LA', 'FA'), ('WA', 'FA'), ('LA', 'FA'), ('LA', 'FA'), ('WA', 'FA')])
+    model = JetViT(**common, attn_layers=['LA', 'LA', 'WA', 'FA', 'LA', 'FA'])
+    img = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        assert model(img).shape == (1, 1000)

@@ -127,3 +127,15 @@ def test_named_configurations_take_the_papers_widths(variant, dim, k):
 def test_invalid_configuration_names_the_argument(override, error, message):
     with pytest.raises(error, match=message):
         JumboViT(**{**SMALL, **override})
+
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
+
+@pytest.mark.slow                 # vit-pytorch's own sizes: seconds on 2 cores
+def test_vit_pytorch_main_block_runs():
+    # vit-pytorch's jumbo_vit.py __main__
+    v = JumboViT(num_classes=1000, image_size=64, patch_size=8, dim=16, depth=2, heads=2, mlp_dim=32, jumbo_cls_k=3,
+                 jumbo_ff_mult=2)
+    images = torch.randn(1, 3, 64, 64)
+    logits = v(images)
+    assert logits.shape == (1, 1000)

@@ -214,3 +214,21 @@ def test_a_deep_supervision_weighting_without_deep_supervision_is_refused(tmp_pa
     assert '--deep-supervision-weighting shapes the loss of --deep-supervision, which is not given' in error
     assert len(error.strip().splitlines()) == 1
     assert not (tmp_path / 'run').exists()
+
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
+
+@pytest.mark.slow
+def test_vit_pytorchs_main_block_runs():
+    """Its `__main__` block: 256 pixels, patches of 16, width 512, 6 + 5 x 4 + 6 layers, the gate trained."""
+    model = LoopedViT(image_size=256, patch_size=16, num_classes=1000, dim=512, heads=8, dim_head=64, mlp_dim=2048,
+                      pre_loop_depth=6, num_looped_blocks=5, post_loop_depth=6, loop_depth=4,
+                      deep_supervision_weighting='final_mean', adaptive_loop=True)
+    img, labels = torch.randn(2, 3, 256, 256), torch.randint(0, 1000, (2,))
+    logits, exit_benefits = model(img, return_all_logits=True, return_exit_benefits=True)
+    loss = deep_supervision_loss(logits, labels, weighting='final_mean')
+    gate_loss = F.mse_loss(exit_benefits, adaptive_exit_targets(logits, labels))
+    (loss + gate_loss).backward()
+    with torch.no_grad():
+        assert model(img, loop_depth=8).shape == (2, 1000)
+        assert model(img, adaptive_exit=True, exit_threshold=0.05).shape == (2, 1000)

@@ -111,3 +111,15 @@ def test_vit_pytorch_checkpoints_load_and_give_its_outputs():
     net = load_vit_pytorch(SimpleViT(**config).eval(), state)
     with torch.no_grad():
         torch.testing.assert_close(net(img), expected, rtol=1e-5, atol=1e-5)
+
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
+
+@pytest.mark.slow                     # vit-pytorch's sizes: 2048 tokens of width 1024, a batch of 8
+def test_vit_pytorchs_main_block_runs():
+    vit = SimpleViT(num_classes=1000, image_size=256, patch_size=8, freq_patch_size=8, dim=1024, depth=1, heads=8,
+                    mlp_dim=2048)
+    images = torch.randn(8, 3, 256, 256)
+    with torch.no_grad():
+        logits = vit(images)
+    assert logits.shape == (8, 1000)

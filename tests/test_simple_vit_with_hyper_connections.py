@@ -151,3 +151,14 @@ def test_a_bad_argument_is_refused_by_name(name, value, error):
     kwargs = dict(tiny_vit_kwargs(num_residual_streams=2), **{name: value})
     with pytest.raises(error, match=name):
         SimpleViT(**kwargs)
+
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
+
+@pytest.mark.slow
+def test_vit_pytorchs_main_block_runs():
+    """Its `__main__` block: 256 pixels, patches of 8 (1024 tokens), width 1024, depth 12, 8 streams."""
+    model = SimpleViT(num_classes=1000, image_size=256, patch_size=8, dim=1024, depth=12, heads=8, mlp_dim=2048,
+                      num_residual_streams=8)
+    with torch.no_grad():
+        assert model(torch.randn(3, 3, 256, 256)).shape == (3, 1000)

@@ -133,3 +133,19 @@ def test_the_trainers_loss_is_the_cross_entropy_plus_the_weighted_sparsity_loss(
 ])
 def test_a_sparsity_weight_for_another_model_or_below_zero_is_refused(options, message, tmp_path, capsys):
     assert message in refused_training_error(tmp_path, capsys, *options)
+
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
+
+@pytest.mark.slow
+def test_vit_pytorchs_main_block_runs():
+    """Its `__main__` block: 256 pixels, patches of 32, width 1024, depth 6, both loss types, a backward pass."""
+    img = torch.randn(2, 3, 256, 256)
+    for loss_type in ('thresholded_l1', 'l1'):
+        model = SimpleViTWithSparseGating(image_size=256, patch_size=32, num_classes=1000, dim=1024, depth=6,
+                                          heads=16, mlp_dim=2048, num_register_tokens=4, dim_mask=4,
+                                          sparsity_loss_type=loss_type, sparsity_threshold=0.05)
+        assert model(img).shape == (2, 1000)
+        logits, loss = model(img, return_loss=True)
+        assert logits.shape == (2, 1000) and loss.ndim == 0
+        loss.backward()

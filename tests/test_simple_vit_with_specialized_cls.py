@@ -122,3 +122,13 @@ def test_vit_pytorch_checkpoints_load_and_give_its_outputs():
     net = load_vit_pytorch(SimpleViT(**config).eval(), state)
     with torch.no_grad():
         torch.testing.assert_close(net(img), expected, rtol=1e-5, atol=1e-5)
+
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
+
+@pytest.mark.slow                     # vit-pytorch's sizes: dim 1024, 6 layers
+def test_vit_pytorchs_main_block_runs():
+    v = SimpleViT(image_size=256, patch_size=32, num_classes=1000, dim=1024, depth=6, heads=16, mlp_dim=2048)
+    img = torch.randn(1, 3, 256, 256)
+    out = v(img)
+    assert out.shape == (1, 1000)

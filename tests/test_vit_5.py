@@ -116,3 +116,14 @@ def test_a_checkpoint_of_a_deeper_model_is_refused_naming_the_keys_no_layer_take
     refusal = r"no part of this ViT-5 takes transformer\.layers\.1\..*build it with the checkpoint's depth"
     with pytest.raises(CheckpointError, match=refusal):
         load_vit_pytorch(ViT(**{**config, 'depth': 1}), state_dict)
+
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
+
+@pytest.mark.slow
+def test_vit_pytorchs_readme_example_runs():
+    """Its README's ViT-5: 256 pixels, patches of 16, width 512, depth 6, 4 registers (13 s on the shared CPU)."""
+    model = ViT(image_size=256, patch_size=16, num_classes=1000, dim=512, depth=6, heads=8, mlp_dim=1024,
+                dim_head=64, dropout=0.1, emb_dropout=0.1, num_registers=4)
+    with torch.no_grad():
+        assert model(torch.randn(2, 3, 256, 256)).shape == (2, 1000)

@@ -186,3 +186,24 @@ def test_exports_with_the_object_mask_as_a_second_input_of_dynamic_batch():
     with torch.no_grad():
         torch.testing.assert_close(program.module()(images(3, seed=5), object_mask=other_mask),
                                    net(images(3, seed=5), object_mask=other_mask), rtol=1e-5, atol=1e-6)
+
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
+
+@pytest.mark.slow                     # vit-pytorch's sizes: dim 1024, 6 layers (~4 s on 2 cores)
+def test_vit_pytorchs_main_block_runs():
+    vit = ViTDetPool(image_size=256, patch_size=32, num_classes=1000, dim=1024, depth=6, heads=16, mlp_dim=2048,
+                     dropout=0.1, emb_dropout=0.1)
+    img = torch.randn(1, 3, 256, 256)
+    object_mask = torch.randint(0, 2, (1, 256, 256)).bool()
+    assert vit(img, object_mask=object_mask).shape == (1, 1000)
+    assert vit(img).shape == (1, 1000)
+
+    class MockMasker(nn.Module):
+        def forward(self, img):
+            batch, _, height, width = img.shape
+            return torch.ones(batch, height, width).bool()
+
+    vit = ViTDetPool(image_size=256, patch_size=32, num_classes=1000, dim=1024, depth=1, heads=16, mlp_dim=2048,
+                     mask_generator=MockMasker())
+    assert vit(img).shape == (1, 1000)

@@ -195,3 +195,19 @@ def test_an_input_of_another_shape_is_refused_with_the_expected_shape(shape):
     model = nd_model(3, (4, 8, 12), (2, 4, 4))
     with pytest.raises(ValueError, match=r'x must have shape \(b, 2, 4, 8, 12\)'):
         model(torch.randn(shape))
+
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
+
+@pytest.mark.slow
+def test_vit_pytorchs_main_block_runs():
+    """Its `__main__` block (less torch.compile): 4-D occupancy over time, 1024 patches, width 512, depth 6,
+    time causal."""
+    model = ViTND(ndim=4, input_shape=(8, 16, 32, 64), patch_size=(2, 4, 4, 8), num_classes=1000, dim=512,
+                  depth=6, heads=8, mlp_dim=2048, channels=3, dropout=0.1, emb_dropout=0.1, causal_dims=(0,))
+    occupancy_time = torch.randn(2, 3, 8, 16, 32, 64)
+    with torch.no_grad():
+        assert model(occupancy_time).shape == (2, 1000)
+        cls_token, patch_embeddings = model(occupancy_time, return_nd_patches=True)
+    assert cls_token.shape == (2, 512)
+    assert patch_embeddings.shape == (2, 512, 4, 4, 8, 8)

@@ -85,3 +85,15 @@ def test_vit_pytorchs_checkpoint_loads_and_gives_its_outputs_and_a_new_model_its
 def test_a_bad_argument_is_refused_by_name(changes, error, match):
     with pytest.raises(error, match=match):
         ViTND(**{**dict(ndim=3, input_shape=(4, 8, 12), patch_size=(2, 4, 4)), **TINY, **changes})
+
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
+
+@pytest.mark.slow                 # vit-pytorch's own sizes: seconds on 2 cores
+def test_vit_pytorchs_main_block_runs():
+    """vit-pytorch's __main__ (less torch.compile), at a 5-D input scaled down for a CPU."""
+    model = ViTND(ndim=5, input_shape=(4, 8, 8, 8, 16), patch_size=(2, 2, 4, 4, 8), num_classes=1000, dim=64,
+                  depth=2, heads=4, mlp_dim=128, channels=3, dropout=0.1, emb_dropout=0.1, causal_dims=(0,))
+    data = torch.randn(3, 3, 4, 8, 8, 8, 16)
+    assert model(data).shape == (3, 1000)
+    assert model(data, return_embed=True).shape == (3, 2, 4, 2, 2, 2, 64)

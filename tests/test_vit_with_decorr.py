@@ -195,3 +195,13 @@ def test_the_trainers_loss_is_the_cross_entropy_plus_the_weighted_decorrelation_
 ])
 def test_a_decorrelation_weight_for_another_model_or_below_zero_is_refused(options, message, tmp_path, capsys):
     assert message in refused_training_error(tmp_path, capsys, *options)
+
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
+
+@pytest.mark.slow                 # vit-pytorch's own sizes: seconds on 2 cores
+def test_vit_pytorchs_main_block_runs():
+    hiddens = torch.randn(6, 2, 512, 256)
+    assert DecorrelationLoss(0.1)(hiddens).ndim == 0
+    assert DecorrelationLoss(0.1)(hiddens[0]).ndim == 0
+    assert DecorrelationLoss(0.0001, soft_validate_num_sampled=True)(hiddens).item() == 0
