@@ -245,3 +245,88 @@ def feature_pyramid(maps, feature_info, width):
     for i in range(len(pyramid) - 2, -1, -1):
         pyramid[i] = pyramid[i] + F.interpolate(pyramid[i + 1], size=pyramid[i].shape[-2:])
     return pyramid
+
+
+def check_trainer_adds_auxiliary_loss(monkeypatch, tmp_path, model, option, weight, logits_and_loss):
+    """The training command's loss on its first batch with `option weight` (the weight of `model`'s auxiliary loss;
+    depth 2) is the cross-entropy (label smoothing 0.1) plus weight x the auxiliary loss, both recomputed from that
+    batch and the model it trained (`logits_and_loss(model, images)` gives its logits and auxiliary loss). The
+    auxiliary loss is large enough to show: at weight 5 a visible part of the sum, so that a weight of 0 trains on
+    the cross-entropy alone."""
+    import pytest
+
+    from vit_pytorch.evaluate import load_digits
+
+    seen = first_training_step(monkeypatch, tmp_path, model, '--depth', 2, option, weight)
+    labels = load_digits('train', image_size=8).labels[seen['index']]
+    with torch.no_grad():
+        logits, auxiliary = logits_and_loss(seen['model'], seen['images'])
+    cross_entropy = F.cross_entropy(logits, labels, label_smoothing=0.1)
+    assert 5 * auxiliary > 0.01 * cross_entropy
+    assert seen['loss'] == pytest.approx((cross_entropy + weight * auxiliary).item(), rel=1e-5)
+
+
+def refused_training_error(tmp_path, capsys, *options):
+    """The training command's error for `options` (at a small size), which it refuses in one line, exit status 2."""
+    from vit_pytorch import train
+
+    status = train.main([str(option) for option in (*options, '--image-size', 8, '--depth', 1, '--epochs', 1,
+                                                    '--quiet', '--no-plots', '--out', tmp_path / 'run')])
+    error = capsys.readouterr().err
+    assert status == 2 and len(error.strip().splitlines()) == 1, error
+    return error
+
+
+def check_vit_pytorch_nd_checkpoint(model_class, name, frequencies_key):
+    """vit-pytorch's checkpoint `name` of an N-D ViT with rotary (or polar) positions loads into `model_class` and
+    gives its logits and its patch embeddings on their grid (`return_embed=True`); a new model of the checkpoint's
+    configuration starts from its frequencies (`frequencies_key`)."""
+    from vit_pytorch.pretrained import load_vit_pytorch
+
+    config, state_dict, x, expected = reference_case(name, 'input_shape', 'patch_size', 'causal_dims')
+    _, _, tensors = load_fixture(name)
+    torch.testing.assert_close(model_class(**config).rotary_emb.frequencies, state_dict[frequencies_key])
+    model = load_vit_pytorch(model_class(**config), state_dict).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), expected, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(model(x, return_embed=True), tensors['embed'], rtol=1e-4, atol=1e-5)
+
+
+def check_it_trains_every_parameter(model, input_shape):
+    """One cross-entropy step of `model` (5 classes) on 2 inputs of 2 channels of `input_shape`: (2, 5) logits and a
+    non-zero gradient for every parameter."""
+    x = torch.randn(2, 2, *input_shape, generator=torch.Generator().manual_seed(2))
+    logits = model(x)
+    assert logits.shape == (2, 5)
+    F.cross_entropy(logits, torch.tensor([0, 3])).backward()
+    assert [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0] == []
+
+
+def check_only_position_differences_count(model):
+    """A 3-D ViT (inputs (2, 2, 4, 8, 12)) whose positions enter only through their differences (rotary or polar):
+    its whole grid of positions moved by (3, -2, 5) gives the same patch embeddings, one token's moved alone
+    changes them."""
+    x = torch.randn(2, 2, 4, 8, 12, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        before = model(x, return_embed=True)
+        positions = model.positions.clone()
+        model.positions = positions + torch.tensor([3, -2, 5])
+        shifted = model(x, return_embed=True)
+        moved = positions.clone()
+        moved[0] += torch.tensor([1, 0, 0])
+        model.positions = moved
+        one_moved = model(x, return_embed=True)
+    torch.testing.assert_close(shifted, before, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(one_moved, before, rtol=1e-3, atol=1e-3)
+
+
+def check_a_causal_first_dimension_hides_later_slices(patch_outputs):
+    """Inputs (2, 2, 8, 8, 12) whose dimension 0 (4 slices of patches of 2) is causal: moving the input's slices 2-3
+    leaves slices 0-1 of `patch_outputs(x)` ((b, *grid, dim)) bit for bit; the later slices do change."""
+    x = torch.randn(2, 2, 8, 8, 12, generator=torch.Generator().manual_seed(2))
+    later = x.clone()
+    later[:, :, 4:] += torch.randn(later[:, :, 4:].shape, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        before, after = patch_outputs(x), patch_outputs(later)
+    assert torch.equal(before[:, :2], after[:, :2])
+    assert not torch.allclose(before[:, 2:], after[:, 2:])

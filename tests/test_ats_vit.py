@@ -195,19 +195,6 @@ def test_loads_vit_pytorchs_checkpoint_and_gives_its_output_where_no_layer_sampl
     assert torch.equal(ids, token_ids)
 
 
-# vit-pytorch's README example
-
-
-@pytest.mark.slow                  # the README's model: 1024 wide, 256 patches (3 s)
-def test_vit_pytorchs_readme_example_runs():
-    v = ViT(image_size=256, patch_size=16, num_classes=1000, dim=1024, depth=6,
-            max_tokens_per_depth=(256, 128, 64, 32, 16, 8), heads=16, mlp_dim=2048, dropout=0.1, emb_dropout=0.1)
-    img = torch.randn(4, 3, 256, 256)
-    assert v(img).shape == (4, 1000)
-    preds, token_ids = v(img, return_sampled_token_ids=True)
-    assert preds.shape == (4, 1000) and token_ids.shape[0] == 4 and token_ids.shape[1] <= 8
-
-
 # clear errors
 
 
@@ -221,3 +208,15 @@ def test_vit_pytorchs_readme_example_runs():
 def test_a_bad_max_tokens_per_depth_is_refused_by_name(value, error, words):
     with pytest.raises(error, match=words):
         ViT(**{**SMALL, 'max_tokens_per_depth': value})
+
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
+
+@pytest.mark.slow                  # the README's model: 1024 wide, 256 patches (3 s)
+def test_vit_pytorchs_readme_example_runs():
+    v = ViT(image_size=256, patch_size=16, num_classes=1000, dim=1024, depth=6,
+            max_tokens_per_depth=(256, 128, 64, 32, 16, 8), heads=16, mlp_dim=2048, dropout=0.1, emb_dropout=0.1)
+    img = torch.randn(4, 3, 256, 256)
+    assert v(img).shape == (4, 1000)
+    preds, token_ids = v(img, return_sampled_token_ids=True)
+    assert preds.shape == (4, 1000) and token_ids.shape[0] == 4 and token_ids.shape[1] <= 8

@@ -116,6 +116,22 @@ def test_vit_pytorchs_checkpoint_loads_strictly_and_gives_its_output(name):
         torch.testing.assert_close(model(img), expected, rtol=1e-4, atol=1e-5)
 
 
+# clear errors
+
+
+@pytest.mark.parametrize('kwargs, message', [(dict(head_groups=3), r'head_groups must divide heads=4, got 3'),
+                                             (dict(ffn_heads=3), r'ffn_heads must divide mlp_dim=32, got 3'),
+                                             (dict(head_groups=0), 'head_groups'),
+                                             (dict(eps=0.), 'eps'),
+                                             (dict(gate=1), 'gate')])
+def test_a_bad_argument_is_refused_by_name(kwargs, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        SimpleViT(**dict(TINY, **kwargs))
+
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
+
+@pytest.mark.slow                 # vit-pytorch's own sizes: seconds on 2 cores
 def test_vit_pytorchs_main_block_runs():
     """Its `__main__` block: 32 pixels, patches of 8, width 32, depth 2; shared, 2 and 4 head groups with 4 and 2
     MLP heads; every pseudo-query and the gate get a gradient."""
@@ -129,16 +145,3 @@ def test_vit_pytorchs_main_block_runs():
         assert block.attn_res.pseudo_queries.grad is not None
         assert block.ffn_res is None or block.ffn_res.pseudo_queries.grad is not None
         assert block.attn.to_gate[0].weight.grad is not None
-
-
-# clear errors
-
-
-@pytest.mark.parametrize('kwargs, message', [(dict(head_groups=3), r'head_groups must divide heads=4, got 3'),
-                                             (dict(ffn_heads=3), r'ffn_heads must divide mlp_dim=32, got 3'),
-                                             (dict(head_groups=0), 'head_groups'),
-                                             (dict(eps=0.), 'eps'),
-                                             (dict(gate=1), 'gate')])
-def test_a_bad_argument_is_refused_by_name(kwargs, message):
-    with pytest.raises((ValueError, TypeError), match=message):
-        SimpleViT(**dict(TINY, **kwargs))

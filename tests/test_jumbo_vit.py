@@ -109,15 +109,6 @@ def test_vit_pytorch_checkpoint_is_refused_naming_what_differs():
         load_vit_pytorch(model, state)
 
 
-def test_vit_pytorch_main_block_runs():
-    # vit-pytorch's jumbo_vit.py __main__
-    v = JumboViT(num_classes=1000, image_size=64, patch_size=8, dim=16, depth=2, heads=2, mlp_dim=32, jumbo_cls_k=3,
-                 jumbo_ff_mult=2)
-    images = torch.randn(1, 3, 64, 64)
-    logits = v(images)
-    assert logits.shape == (1, 1000)
-
-
 @pytest.mark.parametrize('variant, dim, k', [('pico', 96, 6), ('tiny', 192, 6), ('base', 768, 3)])
 def test_named_configurations_take_the_papers_widths(variant, dim, k):
     with torch.device('meta'):
@@ -130,7 +121,6 @@ def test_named_configurations_take_the_papers_widths(variant, dim, k):
 @pytest.mark.parametrize('override, error, message', [
     (dict(jumbo_cls_k=0), ValueError, r'jumbo_cls_k must be a positive int, got 0'),
     (dict(num_jumbo_cls=1.5), TypeError, r'num_jumbo_cls must be a positive int, got 1.5'),
-    (dict(jumbo_ff_mult=float('nan')), ValueError, r'jumbo_ff_mult must be a positive finite float'),
     (dict(jumbo_ff_mult=0.001), ValueError, r'jumbo_ff_mult \* jumbo_cls_k \* dim must be at least 1'),
     (dict(dim=18), ValueError, r'dim must be a multiple of 4.*got 18'),
 ])
@@ -181,3 +171,15 @@ def test_the_official_checkpoint_needs_the_paper_patch_side():
         load_official(model, state)
     with pytest.raises(ValueError, match=r"patch_side must be 'simple' or 'paper', got 'timm'"):
         JumboViT(**{**SMALL, 'patch_side': 'timm'})
+
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
+
+@pytest.mark.slow                 # vit-pytorch's own sizes: seconds on 2 cores
+def test_vit_pytorch_main_block_runs():
+    # vit-pytorch's jumbo_vit.py __main__
+    v = JumboViT(num_classes=1000, image_size=64, patch_size=8, dim=16, depth=2, heads=2, mlp_dim=32, jumbo_cls_k=3,
+                 jumbo_ff_mult=2)
+    images = torch.randn(1, 3, 64, 64)
+    logits = v(images)
+    assert logits.shape == (1, 1000)

@@ -160,6 +160,7 @@ def test_vit_pytorchs_sigreg_quadrature_is_ours_on_the_symmetric_grid():
     torch.testing.assert_close(ours, half, rtol=1e-12, atol=0)
 
 
+@pytest.mark.slow                     # vit-pytorch's sizes: 8 frames of 96 pixels, width 256 (7.6 s on the shared CPU)
 def test_vit_pytorchs_main_block_runs_on_ours():
     # vit-pytorch's own example, which stops in vit-pytorch at create_block_mask (see the module docstring)
     encoder = VideoTransformer(image_size=96, patch_size=16, frames=8, dim=256, depth=3, heads=8, mlp_dim=512)

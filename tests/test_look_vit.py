@@ -120,15 +120,6 @@ def test_vit_pytorch_checkpoint_loads_and_gives_its_outputs():
         torch.testing.assert_close(model(img), expected, atol=1e-5, rtol=1e-5)
 
 
-def test_vit_pytorch_main_block_runs():
-    # vit-pytorch's look_vit.py __main__, less .cuda()
-    v = LookViT(image_size=256, num_classes=1000, dim=512, depth=2, heads=8, dim_head=64, patch_size=32,
-                highres_patch_size=8, highres_mlp_factor=2, cross_attn_heads=8, cross_attn_dim_head=64, dropout=0.1)
-    img = torch.randn(2, 3, 256, 256)
-    pred = v(img)
-    assert pred.shape == (2, 1000)
-
-
 @pytest.mark.parametrize('override, message', [
     (dict(patch_size=4), r'patch_size \(4, 4\).*larger than highres_patch_size \(4, 4\)'),
     (dict(highres_patch_size=(4, 5)), r'image_size \(16, 24\) must be divisible by highres_patch_size \(4, 5\)'),
@@ -145,3 +136,15 @@ def test_invalid_configuration_names_the_argument(override, message):
 def test_an_image_of_another_size_is_refused():
     with pytest.raises(ValueError, match=r"img must be 16x24.*the model's image_size"):
         LookViT(**SMALL)(torch.randn(1, 3, 16, 16))
+
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
+
+@pytest.mark.slow                 # vit-pytorch's own sizes: seconds on 2 cores
+def test_vit_pytorch_main_block_runs():
+    # vit-pytorch's look_vit.py __main__, less .cuda()
+    v = LookViT(image_size=256, num_classes=1000, dim=512, depth=2, heads=8, dim_head=64, patch_size=32,
+                highres_patch_size=8, highres_mlp_factor=2, cross_attn_heads=8, cross_attn_dim_head=64, dropout=0.1)
+    img = torch.randn(2, 3, 256, 256)
+    pred = v(img)
+    assert pred.shape == (2, 1000)

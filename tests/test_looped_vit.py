@@ -1,5 +1,5 @@
 """Looped ViT: one set of weights for every loop, one output a loop under deep supervision, the adaptive exit's
-criterion, the losses' formulas; vit-pytorch's weights and `__main__` block."""
+criterion, the losses' formulas; vit-pytorch's weights."""
 
 import pytest
 import torch
@@ -136,22 +136,6 @@ def test_vit_pytorchs_checkpoint_loads_strictly_and_gives_its_outputs():
         every, benefits = model(tensors['input'], return_all_logits=True, return_exit_benefits=True)
     torch.testing.assert_close(every, tensors['all_logits'], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(benefits, tensors['exit_benefits'], rtol=1e-4, atol=1e-5)
-
-
-@pytest.mark.slow
-def test_vit_pytorchs_main_block_runs():
-    """Its `__main__` block: 256 pixels, patches of 16, width 512, 6 + 5 x 4 + 6 layers, the gate trained."""
-    model = LoopedViT(image_size=256, patch_size=16, num_classes=1000, dim=512, heads=8, dim_head=64, mlp_dim=2048,
-                      pre_loop_depth=6, num_looped_blocks=5, post_loop_depth=6, loop_depth=4,
-                      deep_supervision_weighting='final_mean', adaptive_loop=True)
-    img, labels = torch.randn(2, 3, 256, 256), torch.randint(0, 1000, (2,))
-    logits, exit_benefits = model(img, return_all_logits=True, return_exit_benefits=True)
-    loss = deep_supervision_loss(logits, labels, weighting='final_mean')
-    gate_loss = F.mse_loss(exit_benefits, adaptive_exit_targets(logits, labels))
-    (loss + gate_loss).backward()
-    with torch.no_grad():
-        assert model(img, loop_depth=8).shape == (2, 1000)
-        assert model(img, adaptive_exit=True, exit_threshold=0.05).shape == (2, 1000)
 
 
 # clear errors
@@ -321,3 +305,21 @@ def test_an_exit_gate_that_the_trainer_would_not_train_is_refused(options, messa
     error = capsys.readouterr().err
     assert message in error
     assert len(error.strip().splitlines()) == 1
+
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
+
+@pytest.mark.slow
+def test_vit_pytorchs_main_block_runs():
+    """Its `__main__` block: 256 pixels, patches of 16, width 512, 6 + 5 x 4 + 6 layers, the gate trained."""
+    model = LoopedViT(image_size=256, patch_size=16, num_classes=1000, dim=512, heads=8, dim_head=64, mlp_dim=2048,
+                      pre_loop_depth=6, num_looped_blocks=5, post_loop_depth=6, loop_depth=4,
+                      deep_supervision_weighting='final_mean', adaptive_loop=True)
+    img, labels = torch.randn(2, 3, 256, 256), torch.randint(0, 1000, (2,))
+    logits, exit_benefits = model(img, return_all_logits=True, return_exit_benefits=True)
+    loss = deep_supervision_loss(logits, labels, weighting='final_mean')
+    gate_loss = F.mse_loss(exit_benefits, adaptive_exit_targets(logits, labels))
+    (loss + gate_loss).backward()
+    with torch.no_grad():
+        assert model(img, loop_depth=8).shape == (2, 1000)
+        assert model(img, adaptive_exit=True, exit_threshold=0.05).shape == (2, 1000)

@@ -111,21 +111,6 @@ def test_vit_pytorchs_checkpoint_is_refused_naming_its_cross_attention_over_dept
         load_vit_pytorch(SimpleViTAttnResidual(**config), state_dict)
 
 
-@pytest.mark.slow
-def test_vit_pytorchs_main_block_runs():
-    """Its `__main__` block: 256 pixels, patches of 32, width 1024, depth 6; a second run given the first's
-    history, with either query."""
-    for learned_query in (True, False):
-        model = SimpleViTAttnResidual(image_size=256, patch_size=32, num_classes=1000, dim=1024, depth=6, heads=16,
-                                      mlp_dim=2048, learned_query=learned_query)
-        img = torch.randn(2, 3, 256, 256)
-        with torch.no_grad():
-            preds, history = model(img, return_history=True)
-            assert preds.shape == (2, 1000)
-            preds, _ = model(img, history=history, return_history=True)
-        assert preds.shape == (2, 1000)
-
-
 # clear errors
 
 
@@ -144,3 +129,20 @@ def test_a_history_of_another_shape_is_refused_naming_the_entry():
 def test_a_bad_learned_query_is_refused_by_name():
     with pytest.raises(TypeError, match='learned_query'):
         SimpleViTAttnResidual(**tiny_vit_kwargs(learned_query='yes'))
+
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
+
+@pytest.mark.slow
+def test_vit_pytorchs_main_block_runs():
+    """Its `__main__` block: 256 pixels, patches of 32, width 1024, depth 6; a second run given the first's
+    history, with either query."""
+    for learned_query in (True, False):
+        model = SimpleViTAttnResidual(image_size=256, patch_size=32, num_classes=1000, dim=1024, depth=6, heads=16,
+                                      mlp_dim=2048, learned_query=learned_query)
+        img = torch.randn(2, 3, 256, 256)
+        with torch.no_grad():
+            preds, history = model(img, return_history=True)
+            assert preds.shape == (2, 1000)
+            preds, _ = model(img, history=history, return_history=True)
+        assert preds.shape == (2, 1000)

@@ -99,14 +99,6 @@ def test_vit_pytorchs_checkpoint_loads_strictly_and_gives_its_output(fixture):
         torch.testing.assert_close(model(img), expected, rtol=1e-4, atol=1e-5)
 
 
-def test_vit_pytorchs_main_block_runs():
-    """Its `__main__` block: 256 pixels, patches of 16, width 512, depth 2, the learned modulation."""
-    model = SimpleViT(image_size=256, patch_size=16, num_classes=10, dim=512, depth=2, heads=4, mlp_dim=2048,
-                      orthog_residual_update_kwargs=dict(learned=True))
-    with torch.no_grad():
-        assert model(torch.randn(2, 3, 256, 256)).shape == (2, 10)
-
-
 # clear errors
 
 
@@ -124,3 +116,14 @@ def test_bad_update_options_are_refused_by_name(value, error, match):
 def test_a_learned_update_without_dim_is_refused():
     with pytest.raises(ValueError, match='dim must be given'):
         OrthogonalResidualUpdate(torch.nn.Identity(), learned=True)
+
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
+
+@pytest.mark.slow                 # vit-pytorch's own sizes: seconds on 2 cores
+def test_vit_pytorchs_main_block_runs():
+    """Its `__main__` block: 256 pixels, patches of 16, width 512, depth 2, the learned modulation."""
+    model = SimpleViT(image_size=256, patch_size=16, num_classes=10, dim=512, depth=2, heads=4, mlp_dim=2048,
+                      orthog_residual_update_kwargs=dict(learned=True))
+    with torch.no_grad():
+        assert model(torch.randn(2, 3, 256, 256)).shape == (2, 10)

@@ -2,8 +2,7 @@
 
 The registry-wide tests (tests/test_conformance.py) cover the face, gradients and export; here: the Fourier
 tokens against the DFT written out as sums of complex exponentials, their global reach, the pooling,
-vit-pytorch 1.26.14's checkpoints (fixture written by tests/fixtures/make_simple_vit_with_fft_fixtures.py) and
-its `__main__` block.
+vit-pytorch 1.26.14's checkpoints (fixture written by tests/fixtures/make_simple_vit_with_fft_fixtures.py).
 """
 
 import math
@@ -113,6 +112,8 @@ def test_vit_pytorch_checkpoints_load_and_give_its_outputs():
     with torch.no_grad():
         torch.testing.assert_close(net(img), expected, rtol=1e-5, atol=1e-5)
 
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
 
 @pytest.mark.slow                     # vit-pytorch's sizes: 2048 tokens of width 1024, a batch of 8
 def test_vit_pytorchs_main_block_runs():

@@ -110,16 +110,6 @@ def test_vit_pytorchs_checkpoint_loads_strictly_and_gives_its_output():
         torch.testing.assert_close(model(img), expected, rtol=1e-4, atol=1e-5)
 
 
-def test_vit_pytorchs_main_block_runs():
-    """Its `__main__` block: the SimpleViT at 256 pixels, patches of 32, a backward pass; 1-D and 3-D biases."""
-    model = SimpleViT(image_size=256, patch_size=32, num_classes=1000, dim=1024, depth=2, heads=8, mlp_dim=2048)
-    out = model(torch.randn(2, 3, 256, 256))
-    assert out.shape == (2, 1000)
-    out.sum().backward()
-    assert RelativeProjPositionalBias(dim=64, heads=4, dim_pos=1)(torch.randn(2, 16, 64)).shape == (2, 4, 16, 16)
-    assert RelativeProjPositionalBias(dim=64, heads=4, dim_pos=3)(torch.randn(2, 4, 4, 4, 64)).shape == (2, 4, 64, 64)
-
-
 # clear errors
 
 
@@ -139,3 +129,16 @@ def test_the_fixture_holds_offsets_beyond_the_banks():
     metadata, _, _ = load_fixture('vit_pytorch_1.26.14_simple_vit_with_relative_proj_pos_bias')
     grid = [side // metadata['config']['patch_size'] for side in metadata['config']['image_size']]
     assert max(grid) > metadata['config']['max_dist']
+
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
+
+@pytest.mark.slow                 # vit-pytorch's own sizes: seconds on 2 cores
+def test_vit_pytorchs_main_block_runs():
+    """Its `__main__` block: the SimpleViT at 256 pixels, patches of 32, a backward pass; 1-D and 3-D biases."""
+    model = SimpleViT(image_size=256, patch_size=32, num_classes=1000, dim=1024, depth=2, heads=8, mlp_dim=2048)
+    out = model(torch.randn(2, 3, 256, 256))
+    assert out.shape == (2, 1000)
+    out.sum().backward()
+    assert RelativeProjPositionalBias(dim=64, heads=4, dim_pos=1)(torch.randn(2, 16, 64)).shape == (2, 4, 16, 16)
+    assert RelativeProjPositionalBias(dim=64, heads=4, dim_pos=3)(torch.randn(2, 4, 4, 4, 64)).shape == (2, 4, 64, 64)

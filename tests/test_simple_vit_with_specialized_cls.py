@@ -4,8 +4,7 @@ in attention.
 
 The registry-wide tests (tests/test_conformance.py) cover the face, gradients and export; here: which
 parameters each kind of token reads, where the specialization stops, the abstract's parameter figure,
-vit-pytorch 1.26.14's checkpoints (fixture written by tests/fixtures/make_simple_vit_with_specialized_cls_fixtures.py)
-and its `__main__` block.
+vit-pytorch 1.26.14's checkpoints (fixture written by tests/fixtures/make_simple_vit_with_specialized_cls_fixtures.py).
 """
 
 import copy
@@ -108,7 +107,6 @@ def test_specialization_adds_8_percent_parameters_to_a_vit_b_16_as_the_abstract_
 
 @pytest.mark.parametrize('value, error, message', [
     (4, ValueError, r'specialize_qkv_depth must be at most depth \(3\).* got 4'),
-    (-1, ValueError, r'specialize_qkv_depth must be a non-negative int, got -1'),
     (1.5, TypeError, r'specialize_qkv_depth must be a non-negative int, got 1.5'),
 ])
 def test_a_bad_specialize_qkv_depth_is_refused_by_name(value, error, message):
@@ -125,6 +123,8 @@ def test_vit_pytorch_checkpoints_load_and_give_its_outputs():
     with torch.no_grad():
         torch.testing.assert_close(net(img), expected, rtol=1e-5, atol=1e-5)
 
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
 
 @pytest.mark.slow                     # vit-pytorch's sizes: dim 1024, 6 layers
 def test_vit_pytorchs_main_block_runs():

@@ -2,7 +2,7 @@
 
 The registry-wide tests (tests/test_conformance.py, rows 'vit_detpool*') cover the face, gradients and export;
 here: the mask's effect, its three forms, the mask generator, the clear errors, vit-pytorch 1.26.14's
-checkpoints (fixture written by tests/fixtures/make_vit_detpool_fixtures.py) and its `__main__` block.
+checkpoints (fixture written by tests/fixtures/make_vit_detpool_fixtures.py).
 """
 
 import pytest
@@ -173,6 +173,23 @@ def test_vit_pytorch_checkpoints_load_and_give_its_outputs_with_and_without_a_ma
                                    rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow                     # an export: 8-22 s on 2 shared cores
+def test_exports_with_the_object_mask_as_a_second_input_of_dynamic_batch():
+    """The empty-mask check is data-dependent and skipped while exporting; the masked attention and pooling
+    export, the mask's batch symbolic like the images'."""
+    net, img, mask = model(), images(), grid_mask()
+    batch = torch.export.Dim('batch', min=1, max=1024)
+    program = torch.export.export(net, (img,), {'object_mask': mask},
+                                  dynamic_shapes={'img': {0: batch}, 'object_mask': {0: batch}})
+    other_mask = torch.ones(3, 4, 3, dtype=torch.bool)
+    other_mask[:, 0] = False
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(images(3, seed=5), object_mask=other_mask),
+                                   net(images(3, seed=5), object_mask=other_mask), rtol=1e-5, atol=1e-6)
+
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
+
 @pytest.mark.slow                     # vit-pytorch's sizes: dim 1024, 6 layers (~4 s on 2 cores)
 def test_vit_pytorchs_main_block_runs():
     vit = ViTDetPool(image_size=256, patch_size=32, num_classes=1000, dim=1024, depth=6, heads=16, mlp_dim=2048,
@@ -190,18 +207,3 @@ def test_vit_pytorchs_main_block_runs():
     vit = ViTDetPool(image_size=256, patch_size=32, num_classes=1000, dim=1024, depth=1, heads=16, mlp_dim=2048,
                      mask_generator=MockMasker())
     assert vit(img).shape == (1, 1000)
-
-
-@pytest.mark.slow                     # an export: 8-22 s on 2 shared cores
-def test_exports_with_the_object_mask_as_a_second_input_of_dynamic_batch():
-    """The empty-mask check is data-dependent and skipped while exporting; the masked attention and pooling
-    export, the mask's batch symbolic like the images'."""
-    net, img, mask = model(), images(), grid_mask()
-    batch = torch.export.Dim('batch', min=1, max=1024)
-    program = torch.export.export(net, (img,), {'object_mask': mask},
-                                  dynamic_shapes={'img': {0: batch}, 'object_mask': {0: batch}})
-    other_mask = torch.ones(3, 4, 3, dtype=torch.bool)
-    other_mask[:, 0] = False
-    with torch.no_grad():
-        torch.testing.assert_close(program.module()(images(3, seed=5), object_mask=other_mask),
-                                   net(images(3, seed=5), object_mask=other_mask), rtol=1e-5, atol=1e-6)

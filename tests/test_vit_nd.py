@@ -6,7 +6,8 @@ import torch
 from einops.layers.torch import Rearrange
 from torch import nn
 
-from helpers import load_fixture, move_off_initialisation, reference_case
+from helpers import (check_a_causal_first_dimension_hides_later_slices, check_it_trains_every_parameter, load_fixture,
+                     move_off_initialisation, reference_case)
 from vit_pytorch.pretrained import CheckpointError, load_vit_pytorch
 from vit_pytorch.vit import ViT
 from vit_pytorch.vit_nd import ViTND
@@ -52,12 +53,7 @@ def test_a_causal_dimension_hides_every_later_slice_exactly():
     """Time (dimension 0, 4 slices of patches) causal: moving frames of slices 2-3 leaves slices 0-1 of every
     patch output bit for bit; the later slices do change."""
     model = nd_model(3, (8, 8, 12), (2, 4, 4), causal_dims=0)
-    x = torch.randn(2, 2, 8, 8, 12, generator=torch.Generator().manual_seed(2))
-    later = x.clone()
-    later[:, :, 4:] += torch.randn(later[:, :, 4:].shape, generator=torch.Generator().manual_seed(3))
-    before, after = patch_outputs(model, x), patch_outputs(model, later)
-    assert torch.equal(before[:, :, :2], after[:, :, :2])
-    assert not torch.allclose(before[:, :, 2:], after[:, :, 2:])
+    check_a_causal_first_dimension_hides_later_slices(lambda x: patch_outputs(model, x).movedim(1, -1))
 
 
 def test_an_earlier_slice_reaches_the_later_ones():
@@ -101,12 +97,7 @@ def test_the_cls_token_of_a_causal_model_reads_every_slice():
 @pytest.mark.parametrize('ndim, input_shape, patch_size', [
     (1, (12,), (4,)), (2, (8, 12), (4, 4)), (3, (4, 8, 12), (2, 4, 4)), (4, (4, 4, 8, 6), (2, 2, 4, 3))])
 def test_it_trains_on_a_cpu_with_a_causal_dimension_every_parameter_getting_a_gradient(ndim, input_shape, patch_size):
-    model = nd_model(ndim, input_shape, patch_size, causal_dims=0).train()
-    x = torch.randn(2, 2, *input_shape, generator=torch.Generator().manual_seed(2))
-    logits = model(x)
-    assert logits.shape == (2, 5)
-    torch.nn.functional.cross_entropy(logits, torch.tensor([0, 3])).backward()
-    assert [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0] == []
+    check_it_trains_every_parameter(nd_model(ndim, input_shape, patch_size, causal_dims=0).train(), input_shape)
 
 
 @pytest.mark.parametrize('ndim, input_shape, patch_size, grid', [
@@ -181,20 +172,6 @@ def test_a_causal_model_refuses_vit_pytorchs_checkpoint_naming_the_cls_token():
         load_vit_pytorch(ViTND(**config), state_dict)
 
 
-@pytest.mark.slow
-def test_vit_pytorchs_main_block_runs():
-    """Its `__main__` block (less torch.compile): 4-D occupancy over time, 1024 patches, width 512, depth 6,
-    time causal."""
-    model = ViTND(ndim=4, input_shape=(8, 16, 32, 64), patch_size=(2, 4, 4, 8), num_classes=1000, dim=512,
-                  depth=6, heads=8, mlp_dim=2048, channels=3, dropout=0.1, emb_dropout=0.1, causal_dims=(0,))
-    occupancy_time = torch.randn(2, 3, 8, 16, 32, 64)
-    with torch.no_grad():
-        assert model(occupancy_time).shape == (2, 1000)
-        cls_token, patch_embeddings = model(occupancy_time, return_nd_patches=True)
-    assert cls_token.shape == (2, 512)
-    assert patch_embeddings.shape == (2, 512, 4, 4, 8, 8)
-
-
 # clear errors
 
 
@@ -218,3 +195,19 @@ def test_an_input_of_another_shape_is_refused_with_the_expected_shape(shape):
     model = nd_model(3, (4, 8, 12), (2, 4, 4))
     with pytest.raises(ValueError, match=r'x must have shape \(b, 2, 4, 8, 12\)'):
         model(torch.randn(shape))
+
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
+
+@pytest.mark.slow
+def test_vit_pytorchs_main_block_runs():
+    """Its `__main__` block (less torch.compile): 4-D occupancy over time, 1024 patches, width 512, depth 6,
+    time causal."""
+    model = ViTND(ndim=4, input_shape=(8, 16, 32, 64), patch_size=(2, 4, 4, 8), num_classes=1000, dim=512,
+                  depth=6, heads=8, mlp_dim=2048, channels=3, dropout=0.1, emb_dropout=0.1, causal_dims=(0,))
+    occupancy_time = torch.randn(2, 3, 8, 16, 32, 64)
+    with torch.no_grad():
+        assert model(occupancy_time).shape == (2, 1000)
+        cls_token, patch_embeddings = model(occupancy_time, return_nd_patches=True)
+    assert cls_token.shape == (2, 512)
+    assert patch_embeddings.shape == (2, 512, 4, 4, 8, 8)

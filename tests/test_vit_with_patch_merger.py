@@ -97,21 +97,6 @@ def test_loads_vit_pytorchs_patch_merger_and_gives_its_output():
         torch.testing.assert_close(module(tensors['merger_input']), tensors['merger_output'], rtol=1e-5, atol=1e-5)
 
 
-# vit-pytorch's README examples
-
-
-@pytest.mark.slow                  # the README's model: 1024 wide, 12 layers (about 5 s)
-def test_vit_pytorchs_readme_example_runs():
-    v = ViT(image_size=256, patch_size=16, num_classes=1000, dim=1024, depth=12, heads=8, patch_merge_layer=6,
-            patch_merge_num_tokens=8, mlp_dim=2048, dropout=0.1, emb_dropout=0.1)
-    assert v(torch.randn(4, 3, 256, 256)).shape == (4, 1000)
-
-
-def test_vit_pytorchs_readme_patch_merger_example_runs():
-    merger_module = PatchMerger(dim=1024, num_tokens_out=8)
-    assert merger_module(torch.randn(4, 256, 1024)).shape == (4, 8, 1024)
-
-
 # clear errors
 
 
@@ -129,3 +114,18 @@ def test_a_merge_layer_outside_the_encoder_is_refused_by_name(changes, words):
 def test_the_merger_refuses_tokens_of_another_width():
     with pytest.raises(ValueError, match=r'PatchMerger takes tokens \(batch, tokens, 16\), got \(2, 5, 8\)'):
         merger()(torch.randn(2, 5, 8))
+
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
+
+@pytest.mark.slow                  # the README's model: 1024 wide, 12 layers (about 5 s)
+def test_vit_pytorchs_readme_example_runs():
+    v = ViT(image_size=256, patch_size=16, num_classes=1000, dim=1024, depth=12, heads=8, patch_merge_layer=6,
+            patch_merge_num_tokens=8, mlp_dim=2048, dropout=0.1, emb_dropout=0.1)
+    assert v(torch.randn(4, 3, 256, 256)).shape == (4, 1000)
+
+
+@pytest.mark.slow                 # vit-pytorch's own sizes: seconds on 2 cores
+def test_vit_pytorchs_readme_patch_merger_example_runs():
+    merger_module = PatchMerger(dim=1024, num_tokens_out=8)
+    assert merger_module(torch.randn(4, 256, 1024)).shape == (4, 8, 1024)

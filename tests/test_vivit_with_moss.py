@@ -182,18 +182,6 @@ def test_a_causal_cls_model_refuses_vit_pytorchs_checkpoint_naming_why():
         load_vit_pytorch(ViViT(**config), state_dict)
 
 
-@pytest.mark.slow
-def test_vit_pytorchs_main_block_runs():
-    """Its `__main__` block: 8 frames of 256 pixels, tubelets of 2 x 32 x 32, width 512; then the MOSS block
-    alone on (2, 8, 16, 16, 512) tokens."""
-    model = ViViT(dim=512, spatial_depth=2, temporal_depth=2, heads=4, mlp_dim=2048, image_size=256,
-                  image_patch_size=32, frames=8, frame_patch_size=2, num_classes=1000, moss_causal=True)
-    with torch.no_grad():
-        assert model(torch.randn(2, 3, 8, 256, 256), mask=None).shape == (2, 1000)
-        moss = MOSS(dim=512, local_time=3, local_height=3, local_width=3, hidden_dim=64, orders=2, causal=True)
-        assert moss(torch.randn(2, 8, 16, 16, 512)).shape == (2, 8, 16, 16, 512)
-
-
 # clear errors
 
 
@@ -217,3 +205,17 @@ def test_a_mask_is_refused_by_a_causal_model():
 def test_a_cache_is_refused_by_a_non_causal_moss():
     with pytest.raises(ValueError, match='cache is for a causal MOSS'):
         block(causal=False)(tokens(), cache=(None, None))
+
+
+# vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
+
+@pytest.mark.slow
+def test_vit_pytorchs_main_block_runs():
+    """Its `__main__` block: 8 frames of 256 pixels, tubelets of 2 x 32 x 32, width 512; then the MOSS block
+    alone on (2, 8, 16, 16, 512) tokens."""
+    model = ViViT(dim=512, spatial_depth=2, temporal_depth=2, heads=4, mlp_dim=2048, image_size=256,
+                  image_patch_size=32, frames=8, frame_patch_size=2, num_classes=1000, moss_causal=True)
+    with torch.no_grad():
+        assert model(torch.randn(2, 3, 8, 256, 256), mask=None).shape == (2, 1000)
+        moss = MOSS(dim=512, local_time=3, local_height=3, local_width=3, hidden_dim=64, orders=2, causal=True)
+        assert moss(torch.randn(2, 8, 16, 16, 512)).shape == (2, 8, 16, 16, 512)
