@@ -8,7 +8,8 @@ and in interleaved rounds (every model once per round, the order rotated each ro
   - the machine's fp32 matmul peak, measured in every round, and from it the MFU
     (model FLOP/s over that peak), with model FLOPs counted by `torch.utils.flop_counter`;
   - peak memory of a training step: the peak RSS increase over two steps, each model in a
-    fresh subprocess (so that no allocator state leaks between models);
+    fresh subprocess (so that no allocator state leaks between models), with glibc's mmap threshold
+    fixed (`MALLOC_MMAP_THRESHOLD`), so that freed buffers leave the resident set;
 
 against two baselines with identical weights (logits checked to agree before timing):
 
@@ -1107,9 +1108,22 @@ def memory_child(spec):
     return dict(peak_increase_mib=peak - before, params_mib=params, step_s=times[-1])
 
 
+# glibc's malloc threshold, fixed for the memory child: above it, every buffer is its own mapping, returned to the
+# system when freed. Left to glibc, the threshold rises to the size of each mapped buffer freed, so that later
+# buffers come from the heap, whose freed pages stay resident: the peak RSS then depends on the order of
+# allocations, not on the live bytes (PVT v2 b0 read 504 / 419 MiB = 1.20x against timm's with the same profiled
+# peak of live tensor bytes, 351.3 MiB in both; with the threshold fixed, 392 / 391 MiB; docs/performance.md)
+MALLOC_MMAP_THRESHOLD = 64 * 1024
+
+
+def memory_child_env():
+    """The environment of every memory child, ours and the reference's alike: this one's, the threshold fixed."""
+    return dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MALLOC_MMAP_THRESHOLD))
+
+
 def measure_memory(spec):
     out = subprocess.run([sys.executable, os.path.abspath(__file__), '--memory-child', json.dumps(spec)],
-                         capture_output=True, text=True, check=False)
+                         capture_output=True, text=True, check=False, env=memory_child_env())
     if out.returncode:
         raise RuntimeError(f'memory subprocess failed for {spec}:\n{out.stderr[-2000:]}')
     return json.loads(out.stdout.strip().splitlines()[-1])

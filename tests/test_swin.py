@@ -341,6 +341,44 @@ def test_v2_recorded_maps_sum_to_one_and_both_paths_agree():
 # weight decay
 
 
+def sdpa_kernels(fn):
+    """The names of the scaled_dot_product_attention kernels that `fn()` runs (torch.profiler)."""
+    with torch.profiler.profile() as prof:
+        fn()
+    return {e.name for e in prof.events() if e.name.startswith('aten::_scaled_dot_product')}
+
+
+@both
+def test_training_on_the_cpu_takes_the_explicit_product_with_the_fused_kernels_outputs_and_gradients(cls):
+    # with the learned bias in its mask, scaled_dot_product_attention would run its (slower) math kernel in training
+    model = perturb(tiny(cls)).train()
+    img = torch.randn(2, 3, 40, 48)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        out = model(img)
+        out.square().sum().backward()
+        return out.detach(), {name: p.grad for name, p in model.named_parameters()}
+
+    assert sdpa_kernels(step) == set()
+    out, grads = step()
+    # the same step through scaled_dot_product_attention (its math kernel, given the bias's gradient)
+    original = swin.attend_windows
+    try:
+        swin.attend_windows = lambda attention, q, k, v, *, scale, mask: swin.vit.attend(
+            q, k, v, scale=scale, mask=mask, fused=True)
+        assert sdpa_kernels(step) == {'aten::_scaled_dot_product_attention_math'}
+        sdpa_out, sdpa_grads = step()
+    finally:
+        swin.attend_windows = original
+    torch.testing.assert_close(out, sdpa_out, atol=1e-5, rtol=0)
+    assert grads.keys() == sdpa_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, sdpa_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+    with torch.no_grad():                                              # inference keeps the fused kernel
+        assert 'aten::_scaled_dot_product_flash_attention_for_cpu' in sdpa_kernels(lambda: model.eval()(img))
+
+
 def test_no_weight_decay_names_what_timm_exempts():
     assert tiny().no_weight_decay() == {f'stages.{i}.blocks.layers.{j}.0.fn.relative_position_bias_table'
                                         for i in range(3) for j in range(2)}
