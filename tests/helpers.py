@@ -207,9 +207,11 @@ class OneStep(Exception):
     """Stops the training command after the loss of its first batch."""
 
 
-def first_training_step(monkeypatch, tmp_path, model, *options):
+def first_training_step(monkeypatch, tmp_path, model, *options, backward=False, before_step=None):
     """The training command's loss on its first batch (16 digits of 8 pixels) with `--model model`, a small
-    size and label smoothing 0.1: dict(loss, index (the digits' indices), images (as the model saw them), model)."""
+    size and label smoothing 0.1: dict(loss, index (the digits' indices), images (as the model saw them), model).
+    With `backward` the loss is backpropagated and `grads` holds the parameters' gradients by name (None where
+    none flowed); `before_step()` runs just before the step (after the command's own checks)."""
     import random
 
     import pytest
@@ -219,12 +221,18 @@ def first_training_step(monkeypatch, tmp_path, model, *options):
     seen = {}
 
     def one_step(network, optimizer, step_loss, **_):
+        if before_step is not None:
+            before_step()
         images = []
         hook = network.register_forward_pre_hook(lambda module, args: images.append(args[0].clone()))
         seen['index'] = torch.arange(16)
-        seen['loss'] = step_loss(seen['index'], torch.Generator().manual_seed(0), random.Random(0), 0)[0].item()
+        loss = step_loss(seen['index'], torch.Generator().manual_seed(0), random.Random(0), 0)[0]
         hook.remove()
-        seen.update(images=images[0], model=network)
+        if backward:
+            network.zero_grad()
+            loss.backward()
+            seen['grads'] = {name: p.grad for name, p in network.named_parameters()}
+        seen.update(loss=loss.item(), images=images[0], model=network)
         raise OneStep
 
     monkeypatch.setattr(train, 'train_epoch', one_step)

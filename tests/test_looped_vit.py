@@ -220,13 +220,9 @@ def test_a_deep_supervision_weighting_without_deep_supervision_is_refused(tmp_pa
 
 
 def trainer_step_gradients(monkeypatch, tmp_path, model, *options):
-    """The training command's first step on 16 digits (as first_training_step), its loss backpropagated: dict(loss,
-    index, images, model, labels (the ones LoopedViT.training_loss was given)) and `grads`, the parameters'
-    gradients by name (None where none flowed)."""
-    import random
-
-    from helpers import OneStep
-    from vit_pytorch import train
+    """helpers.first_training_step, its loss backpropagated (`grads`), and `labels`: the ones
+    LoopedViT.training_loss was given."""
+    from helpers import first_training_step
 
     seen = {}
     own_loss = LoopedViT.training_loss
@@ -236,26 +232,7 @@ def trainer_step_gradients(monkeypatch, tmp_path, model, *options):
         return own_loss(self, logits, labels, *args, **kwargs)
 
     monkeypatch.setattr(LoopedViT, 'training_loss', training_loss)
-
-    def one_step(network, optimizer, step_loss, **_):
-        images = []
-        hook = network.register_forward_pre_hook(lambda module, args: images.append(args[0].clone()))
-        seen['index'] = torch.arange(16)
-        loss = step_loss(seen['index'], torch.Generator().manual_seed(0), random.Random(0), 0)[0]
-        hook.remove()
-        network.zero_grad()
-        loss.backward()
-        seen.update(loss=loss.item(), images=images[0], model=network,
-                    grads={name: p.grad for name, p in network.named_parameters()})
-        raise OneStep
-
-    monkeypatch.setattr(train, 'train_epoch', one_step)
-    with pytest.raises(OneStep):
-        train.main([str(option) for option in (
-            '--model', model, '--image-size', 8, '--dim', 32, '--heads', 2, '--dim-head', 16, '--mlp-dim', 64,
-            '--label-smoothing', 0.1, '--quiet', '--no-plots', '--threads', 1, '--out', tmp_path / 'run',
-            *options)])
-    return seen
+    return {**first_training_step(monkeypatch, tmp_path, model, *options, backward=True), **seen}
 
 
 @pytest.mark.parametrize('weight', [None, 0.5])

@@ -204,45 +204,29 @@ def epps_pulley_by_hand(samples, projections, knots=17):
 
 
 def wwt_trainer_step(monkeypatch, tmp_path, *options):
-    """The training command's first step on 16 digits of 8 pixels with --model wwt --sigreg-slots True (a small
-    size, label smoothing 0.1), its loss backpropagated: dict(loss, images, labels (the cross-entropy's targets),
-    projections (SIGReg's directions, as drawn), model, grads (the slots' gradients))."""
-    import random
-
+    """helpers.first_training_step with --model wwt --sigreg-slots True --depth 1, its loss backpropagated:
+    dict(loss, images, labels (the cross-entropy's targets), projections (SIGReg's directions, as drawn), model,
+    grads (the slots' gradients))."""
     import torch.nn.functional as F
 
-    from helpers import OneStep
-    from vit_pytorch import sigreg, train
+    from helpers import first_training_step
+    from vit_pytorch import sigreg
 
-    seen = dict(projections=[], targets=[])
+    drawn, targets = [], []
     draw, cross_entropy = sigreg.random_projections, F.cross_entropy
-    monkeypatch.setattr(sigreg, 'random_projections',
-                        lambda *a, **k: seen['projections'].append(draw(*a, **k)) or seen['projections'][-1])
+    monkeypatch.setattr(sigreg, 'random_projections', lambda *a, **k: drawn.append(draw(*a, **k)) or drawn[-1])
     monkeypatch.setattr(F, 'cross_entropy',
-                        lambda input, target, **k: seen['targets'].append(target) or cross_entropy(input, target, **k))
+                        lambda input, target, **k: targets.append(target) or cross_entropy(input, target, **k))
 
-    def one_step(network, optimizer, step_loss, **_):
-        images = []
-        seen['projections'].clear()                             # the trainer's checks before training drew some
-        seen['targets'].clear()
-        hook = network.register_forward_pre_hook(lambda module, args: images.append(args[0].clone()))
-        loss = step_loss(torch.arange(16), torch.Generator().manual_seed(0), random.Random(0), 0)[0]
-        hook.remove()
-        network.zero_grad()
-        loss.backward()
-        seen.update(loss=loss.item(), images=images[0], model=network,
-                    grads=[p.grad.clone() for p in network.slots])
-        raise OneStep
+    def before_step():                                  # the trainer's checks before training drew some
+        drawn.clear()
+        targets.clear()
 
-    monkeypatch.setattr(train, 'train_epoch', one_step)
-    with pytest.raises(OneStep):
-        train.main([str(option) for option in (
-            '--model', 'wwt', '--sigreg-slots', 'True', '--image-size', 8, '--dim', 32, '--heads', 2,
-            '--dim-head', 16, '--mlp-dim', 64, '--depth', 1, '--label-smoothing', 0.1, '--quiet', '--no-plots',
-            '--threads', 1, '--out', tmp_path / 'run', *options)])
+    seen = first_training_step(monkeypatch, tmp_path, 'wwt', '--sigreg-slots', 'True', '--depth', 1, *options,
+                               backward=True, before_step=before_step)
     monkeypatch.undo()
-    seen['labels'] = seen['targets'][0].argmax(dim=1)
-    return seen
+    return dict(seen, projections=drawn, labels=targets[0].argmax(dim=1),
+                grads=[p.grad.clone() for p in seen['model'].slots])
 
 
 def sigreg_by_hand(model, images, projections):
