@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from helpers import as_tuples, count, feature_pyramid, load_fixture, move_off_initialisation
 from vit_pytorch import multiscale, swin
@@ -350,7 +351,8 @@ def sdpa_kernels(fn):
 
 @both
 def test_training_on_the_cpu_takes_the_explicit_product_with_the_fused_kernels_outputs_and_gradients(cls):
-    # with the learned bias in its mask, scaled_dot_product_attention would run its (slower) math kernel in training
+    # with the learned bias in its mask, scaled_dot_product_attention would run its (slower) math kernel in training;
+    # vit.attend takes the explicit product there
     model = move_off_initialisation(tiny(cls)).train()
     img = torch.randn(2, 3, 40, 48)
 
@@ -365,8 +367,8 @@ def test_training_on_the_cpu_takes_the_explicit_product_with_the_fused_kernels_o
     # the same step through scaled_dot_product_attention (its math kernel, given the bias's gradient)
     original = swin.attend_windows
     try:
-        swin.attend_windows = lambda attention, q, k, v, *, scale, mask: swin.vit.attend(
-            q, k, v, scale=scale, mask=mask, fused=True)
+        swin.attend_windows = lambda attention, q, k, v, *, scale, mask: F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=scale)
         assert sdpa_kernels(step) == {'aten::_scaled_dot_product_attention_math'}
         sdpa_out, sdpa_grads = step()
     finally:

@@ -86,19 +86,9 @@ def log_spaced_coordinates(window, pretrained_window):
 
 
 def attend_windows(attention, q, k, v, *, scale, mask):
-    """`vit.attend` with the module's switches (the position bias is part of the mask).
-
-    The explicit product where `scaled_dot_product_attention` would run its math kernel: on the CPU, with a mask
-    that needs a gradient (the learned position bias, in training) and no dropout. That kernel computes the same
-    softmax(q k^T * scale + mask) v, plus a safe softmax's `all` and `where` over every window's maps (a mask of
-    -100 never fills a row, so these change nothing); the explicit product's forward and backward are 1.09-1.18x
-    faster than that kernel's at Swin-T's window shapes (torch 2.13; 1.18-1.23x on 2.14). Inference, where the mask
-    needs no gradient, keeps the fused kernel."""
-    dropout = attention.dropout if attention.training else 0.
-    math_path = (q.device.type == 'cpu' and dropout == 0. and torch.is_grad_enabled()
-                 and mask is not None and mask.requires_grad)
-    return vit.attend(q, k, v, scale=scale, mask=mask, fused=attention.fused and not math_path, dropout=dropout,
-                      probs=attention.attention_probs)
+    """`vit.attend` with the module's switches (the position bias is part of the mask)."""
+    return vit.attend(q, k, v, scale=scale, mask=mask, fused=attention.fused,
+                      dropout=attention.dropout if attention.training else 0., probs=attention.attention_probs)
 
 
 def merge_heads(out):
