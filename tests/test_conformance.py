@@ -17,9 +17,11 @@ rounding of one CPU kernel:
   - every token path reaches the output (the pooling reads the tokens the parameters act on).
 """
 
+import ast
 import fnmatch
 import importlib
 import io
+import re
 import textwrap
 from dataclasses import dataclass, field
 
@@ -573,7 +575,35 @@ def test_the_models_without_a_docstring_example_are_the_declared_ones():
 @pytest.mark.slow                 # the examples build the papers' sizes: 4-90 s each on 2 cores
 @pytest.mark.parametrize('name', sorted(set(MODELS) - NO_EXAMPLE))
 def test_the_module_docstring_example_runs(name):
-    exec(compile(docstring_example(model_module(name)), f'{MODELS[name]} docstring', 'exec'), {})
+    # every example states the shape of what it computes in a comment (`logits = model(x)   # (2, 1000)`): each
+    # stated shape is checked right after its statement
+    code = checked_example(docstring_example(model_module(name)))
+    assert 'assert ' in code, 'the example states no shape of its results'
+    exec(compile(code, f'{MODELS[name]} docstring', 'exec'), {})
+
+
+STATED = re.compile(r'^\s*([A-Za-z_][\w, ]*?)\s*=[^#]*#\s*((?:\(\d+(?:, \d+)*\)(?:,\s*|\s+and\s+)?)+)')
+
+
+def checked_example(code):
+    """`code` with `assert tuple(name.shape) == shape` after each statement whose line states its targets' shapes
+    (`a, b = ...   # (2, 10), (2, 8)`: the shapes in order, as many as are stated; one name with several shapes is
+    a list of tensors of those shapes)."""
+    lines = code.splitlines()
+    ends = {node.lineno: node.end_lineno for node in ast.parse(code).body}
+    checks = {}
+    for number, line in enumerate(lines, 1):
+        stated = STATED.match(line)
+        if stated and number in ends:
+            names = [n.strip() for n in stated.group(1).split(',')]
+            shapes = re.findall(r'\((\d+(?:, \d+)*)\)', stated.group(2))
+            if len(names) == 1 and len(shapes) > 1:      # one name, a list of tensors: the shape of each
+                checks[ends[number]] = [f'assert [tuple(t.shape) for t in {names[0]}] == [{"), (".join(shapes).join("()")}]']
+            else:
+                checks[ends[number]] = [f'assert tuple({n}.shape) == ({s},), ({n!r}, tuple({n}.shape))'
+                                        for n, s in zip(names, shapes) if n != '_']
+    return '\n'.join(line + ''.join('\n' + check for check in checks.get(number, []))
+                     for number, line in enumerate(lines, 1))
 
 
 # torch.compile

@@ -14,7 +14,7 @@ training step adds to its task loss; no decorrelation matrix is inserted. So doe
     model = ViT(image_size=256, patch_size=32, num_classes=1000, dim=1024, depth=6, heads=16,
                 mlp_dim=2048, decorr_sample_frac=0.25)
     images, labels = torch.randn(2, 3, 256, 256), torch.tensor([3, 7])
-    logits, decorr_loss = model(images)           # in training mode; (2, 1000) and a scalar
+    logits, decorr_loss = model(images)           # (2, 1000) and a scalar, in training mode
     loss = torch.nn.functional.cross_entropy(logits, labels) + 0.1 * decorr_loss
     loss.backward()
 
