@@ -25,6 +25,7 @@ from torch import nn
 from vit_pytorch.training.checkpoints import CheckpointError, load_config, load_state
 from vit_pytorch.training.data import data_source, normalise
 from vit_pytorch.training.extras import MissingExtra, require
+from vit_pytorch.training.run_folder import warn
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -384,10 +385,6 @@ def require_extras(command, args, source):
 def format_seconds(seconds):
     seconds = int(round(seconds))
     return f'{seconds // 60}:{seconds % 60:02d}'
-
-
-def warn(line):
-    print(f"warning: {line}", file=sys.stderr, flush=True)
 
 
 class TrainingDiverged(ValueError):

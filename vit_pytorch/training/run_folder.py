@@ -35,7 +35,8 @@ except ImportError:                                      # Windows: the PID in t
 LOCK_FILE = 'run.lock'
 
 
-def _warn(line):
+def warn(line):
+    """One warning line on stderr, for the commands (never from a model's forward)."""
     print(f"warning: {line}", file=sys.stderr, flush=True)
 
 
@@ -109,7 +110,7 @@ def locked(out, *, command):
         if owner is not None and owner['pid'] != os.getpid():
             if owner.get('host') != ours['host'] or _running(owner['pid']):
                 busy(owner)
-            _warn(f"took over {path} from {_describe(owner)}, which no longer runs: that run was killed")
+            warn(f"took over {path} from {_describe(owner)}, which no longer runs: that run was killed")
         os.ftruncate(descriptor, 0)
         os.lseek(descriptor, 0, os.SEEK_SET)
         os.write(descriptor, (json.dumps(ours) + '\n').encode())
@@ -129,7 +130,7 @@ def remove_unfinished_saves(out, checkpoints):
         for staging in sorted(Path(out).glob(pattern + '.tmp')):
             if staging.is_dir():
                 shutil.rmtree(staging)
-                _warn(f"removed {staging}, a checkpoint that a killed run left half-written (a checkpoint is "
+                warn(f"removed {staging}, a checkpoint that a killed run left half-written (a checkpoint is "
                       f"written there first and renamed to {staging.name[:-len('.tmp')]} once complete)")
 
 
@@ -168,7 +169,7 @@ def check_new_run(out, *, names, continuing, overwrite, how_to_continue):
                          f"or start a new one there with --overwrite (which moves those files to "
                          f"{out}/previous-<n>/), or give another --out")
     folder = move_aside(out, files)
-    _warn(f"--overwrite: moved the run that was in {out} ({shown}) to {folder}")
+    warn(f"--overwrite: moved the run that was in {out} ({shown}) to {folder}")
 
 
 @contextlib.contextmanager
