@@ -125,7 +125,8 @@ class MOSS(nn.Module):
     convolutions of `official_channels` after it, a Linear back to `dim`), no projection of the tokens; time is
     centred (`causal=False` only), and a `local_time` of 1 compares each frame with the one before it (the first
     with itself), as the official code does. `official_channels` (extraction, integration, integration, fusion)
-    defaults to the official configurations' (64, 64, 64, 128) and is read only in that layout.
+    defaults to (64, 64, 64, 128), 13 of the official code's 20 MOSS configurations' (the others' (96, 96, 96,
+    192)), and is read only in that layout.
     """
 
     def __init__(self, dim, local_time=3, local_height=3, local_width=3, hidden_dim=64, orders=2, causal=False, *,
