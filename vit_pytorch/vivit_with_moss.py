@@ -226,7 +226,8 @@ class ViViT(vivit.ViViT):
         patches = rearrange(patches, 'b f (h w) d -> b f h w d', h=rows, w=columns)
         # the official layout's features carry no projection of the tokens: added to them, as the official code adds
         # them to its side network's tokens
-        patches = self.moss(patches) + (patches if self.moss.layout == 'official' else 0)
+        features = self.moss(patches)
+        patches = features + patches if self.moss.layout == 'official' else features
         x = reduce(patches, 'b f h w d -> b f d', 'mean')
         if self.pool == 'cls':
             x = torch.cat((repeat(self.temporal_cls_token, '1 d -> b 1 d', b=batch), prefix[:, :, 0] + x), dim=1)
