@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 
 FIXTURES = Path(__file__).parent / 'fixtures'
 
@@ -338,3 +339,47 @@ def check_a_causal_first_dimension_hides_later_slices(patch_outputs):
         before, after = patch_outputs(x), patch_outputs(later)
     assert torch.equal(before[:, :2], after[:, :2])
     assert not torch.allclose(before[:, 2:], after[:, 2:])
+
+
+# LeVJEPA's objective against the official code's (tests/test_levjepa.py, tests/test_levjepa_nd.py; the fixture is
+# of a reference reconstructed from the search index's text of MLO-lab/LeVJEPA @ 481a99b, weaker than a checkout)
+
+
+class LeVJEPACls(torch.nn.Module):
+    """An encoder whose cls token is its input, (n, dim) -> tokens (n, 1, dim): the fixture's stand-in."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.dim, self.ndim = dim, 1
+
+    def forward(self, x, drop_ratio=None):
+        return x[:, None]
+
+
+def levjepa_official_objective_matches(learner, project):
+    """Our loss and its gradient against the official multiview_forward's on the fixture's cls tokens: the official
+    Projector's weights loaded into ours, its SIGReg directions given, training mode (BatchNorm's batch statistics).
+    `project(global_cls, local_cls)`: the learner's projections (b, 1 + v, K)."""
+    metadata, state, tensors = load_fixture('levjepa_official')
+    learner.projector.load_state_dict({key.removeprefix('net.'): value for key, value in state.items()})
+    learner.train()
+    global_cls = tensors['global_cls'].clone().requires_grad_()
+    local_cls = tensors['local_cls'].clone().requires_grad_()
+    invariance, sigreg = learner.loss(project(global_cls, rearrange(local_cls, 'b v d -> (b v) d')),
+                                      projections_directions=tensors['directions'])
+    (invariance + sigreg).backward()
+    # float32, as the official code ran: its knot table is float32 (ours float64), its sums in another order
+    torch.testing.assert_close(invariance, tensors['pred_loss'], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(sigreg, metadata['config']['sigreg_weight'] * tensors['sigreg_loss'],
+                               rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(invariance + sigreg, tensors['loss'], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(global_cls.grad, tensors['grad.global_cls'], rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(local_cls.grad, tensors['grad.local_cls'], rtol=1e-4, atol=1e-6)
+
+
+def levjepa_official_config():
+    metadata, _, _ = load_fixture('levjepa_official')
+    config = metadata['config']
+    return config, dict(num_classes_K=config['output_dim'], projection_hidden=config['hidden_dim'], drop_ratio=None,
+                        sigreg_loss_weight=config['sigreg_weight'],
+                        sigreg_loss_kwargs=dict(num_proj=config['num_proj'], knots=config['knots']))

@@ -7,10 +7,10 @@ import pytest
 import torch
 from einops import rearrange
 
-from helpers import load_fixture
+from helpers import LeVJEPACls, levjepa_official_config, levjepa_official_objective_matches, load_fixture
 from vit_pytorch.lejepa import sigreg_loss
 from vit_pytorch import vit
-from vit_pytorch.levjepa import LeVJEPA, VideoTransformer, video_frequencies
+from vit_pytorch.levjepa import LeVJEPA, VideoTransformer, block_causal_mask, video_frequencies
 from vit_pytorch.pretrained import load_vit_pytorch
 
 ENCODER = dict(image_size=16, patch_size=8, frames=3, dim=32, depth=2, heads=2, dim_head=16, mlp_dim=64)
@@ -170,3 +170,30 @@ def test_vit_pytorchs_main_block_runs_on_ours():
     loss.backward()
     embed = learner(video, return_embedding=True)
     assert embed.shape == (2, 256) and torch.isfinite(loss)
+
+
+# the official code, MLO-lab/LeVJEPA @ 481a99b (tests/fixtures/make_levjepa_official_fixtures.py): a RECONSTRUCTED
+# reference, weaker than a checkout. No snapshot of the repository could be fetched, so its SIGReg, Projector,
+# build_block_causal_mask and multiview_forward were copied verbatim from the search index's text at that commit into
+# a folder outside this repository and run there; a slip in that copy would not show here. Its encoder (V-JEPA's)
+# is not vit-pytorch's, which ours keeps: the objective and the mask are what is compared.
+
+
+def test_the_objective_is_the_official_codes_loss_and_gradient():
+    """Each clip's local views pulled to its own global view (mean squared distance over every view, the global
+    one's zero included, no stop-gradient), SIGReg per view with the factor N (its 17 knots on [0, 3] doubled: our
+    33 on [-3, 3]) weighted 0.02, the projector's BatchNorm over all views at once."""
+    config, kwargs = levjepa_official_config()
+    learner = LeVJEPA(LeVJEPACls(config['dim']), 1, local_size=1, num_local_views=config['local_views'], **kwargs)
+    levjepa_official_objective_matches(learner, lambda global_cls, local_cls: learner.project(global_cls, local_cls))
+
+
+def test_the_block_causal_mask_is_the_official_codes():
+    # the frame of each kept patch (its grid index // patches per frame), the cls token's -1, in the kept order
+    metadata, _, tensors = load_fixture('levjepa_official')
+    m = metadata['config']['mask']
+    per_frame = m['H_patches'] * m['W_patches']
+    for token_ids, expected in ((tensors['token_ids'], tensors['mask']),
+                                (torch.arange(m['T'] * per_frame)[None], tensors['mask_all'])):
+        frame = torch.cat((token_ids.new_full((token_ids.shape[0], 1), -1), token_ids // per_frame), dim=1)
+        assert torch.equal(block_causal_mask(frame), expected)

@@ -5,9 +5,9 @@ import pytest
 import torch
 from einops import rearrange
 
-from helpers import load_fixture
+from helpers import LeVJEPACls, levjepa_official_config, levjepa_official_objective_matches, load_fixture
 from vit_pytorch.levjepa import VideoTransformer
-from vit_pytorch.levjepa_nd import LeVJEPAND, NDTransformer
+from vit_pytorch.levjepa_nd import LeVJEPAND, NDTransformer, causal_mask
 from vit_pytorch.pretrained import load_vit_pytorch
 
 VOLUME = dict(ndim=4, input_shape=(2, 4, 8, 8), patch_size=(1, 2, 4, 4), dim=32, depth=2, heads=2, dim_head=16,
@@ -135,3 +135,31 @@ def test_vit_pytorchs_main_block_runs_on_ours():
     loss_4d = learner_4d(volumetric)
     loss_4d.backward()
     assert torch.isfinite(loss_3d) and torch.isfinite(loss_4d)
+
+
+# the official code, MLO-lab/LeVJEPA @ 481a99b (tests/fixtures/make_levjepa_official_fixtures.py): a RECONSTRUCTED
+# reference, weaker than a checkout. No snapshot of the repository could be fetched, so its SIGReg, Projector,
+# build_block_causal_mask and multiview_forward were copied verbatim from the search index's text at that commit into
+# a folder outside this repository and run there; a slip in that copy would not show here. The official code is for
+# video; LeVJEPAND's objective is LeVJEPA's, and its mask along a causal first axis is the block-causal one.
+
+
+def test_the_objective_is_the_official_codes_loss_and_gradient():
+    """The source view as the official global view, the target views as its local views: each input's targets
+    pulled to its own source, SIGReg per view with the factor N, the projector's BatchNorm over all views at once."""
+    config, kwargs = levjepa_official_config()
+    learner = LeVJEPAND(LeVJEPACls(config['dim']), input_shape=1, num_target_aug_views=config['local_views'],
+                        **kwargs)
+    levjepa_official_objective_matches(learner, lambda source, targets: learner.project(source, targets))
+
+
+def test_a_causal_first_axis_gives_the_official_block_causal_mask():
+    # the official mask's frames are the first axis of the (frame, row, column) grid: causal_dims=(0,)
+    metadata, _, tensors = load_fixture('levjepa_official')
+    m = metadata['config']['mask']
+    grid = torch.tensor((m['T'], m['H_patches'], m['W_patches']))
+    for token_ids, expected in ((tensors['token_ids'], tensors['mask']),
+                                (torch.arange(int(grid.prod()))[None], tensors['mask_all'])):
+        index = torch.stack(torch.unravel_index(token_ids, tuple(grid.tolist())), dim=-1)     # (b, n, 3)
+        coords = torch.cat((index.new_full((index.shape[0], 1, 3), -1), index), dim=1)
+        assert torch.equal(causal_mask(coords, (0,)), expected)

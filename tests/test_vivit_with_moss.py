@@ -5,6 +5,7 @@ import itertools
 
 import pytest
 import torch
+from einops import reduce
 
 from helpers import load_fixture, move_off_initialisation, reference_case
 from vit_pytorch.pretrained import CheckpointError, load_vit_pytorch
@@ -182,6 +183,89 @@ def test_a_causal_cls_model_refuses_vit_pytorchs_checkpoint_naming_why():
         load_vit_pytorch(ViViT(**config), state_dict)
 
 
+# the official code, KimManjin/CorrelationSideTuning @ 67aaf40 (Recognition/modules/moss.py; fixture written by
+# tests/fixtures/make_moss_official_fixtures.py): its MOSSBlock, float64, BatchNorm statistics set
+
+
+def official_names(key):
+    """Our name of an official MOSSBlock parameter: stss_encoders.<k>.{ln_pre, in_proj, stss_extraction.conv0,
+    stss_integration.conv0, .conv1, .conv2_fuse (its first entry the rearrangement), out_proj}."""
+    key = key.replace('stss_encoders.', 'encoders.', 1)
+    key = key.replace('stss_extraction.conv0.', 'extraction.').replace('stss_integration.conv0.', 'integration.0.')
+    key = key.replace('stss_integration.conv1.', 'integration.1.')
+    if 'stss_integration.conv2_fuse.' in key:
+        head, tail = key.split('stss_integration.conv2_fuse.')
+        index, rest = tail.split('.', 1)
+        key = f'{head}fuse.{int(index) - 1}.{rest}'
+    return key
+
+
+def official_moss(window_name, **changes):
+    metadata, _, tensors = load_fixture('moss_official')
+    config = metadata['config']
+    block, (lt, lh, lw) = config['block'], config['windows'][window_name]
+    moss = MOSS(block['d_in'], lt, lh, lw, hidden_dim=block['d_hid'], orders=block['n_encoders'], causal=False,
+                **{'layout': 'official', 'official_channels': (*block['ext_chnls'], *block['int_chnls']), **changes})
+    prefix = f'{window_name}.state_dict.'
+    state = {official_names(key.removeprefix(prefix)): value for key, value in tensors.items()
+             if key.startswith(prefix)}
+    moss.double()
+    if changes.get('layout', 'official') == 'official':
+        moss.load_state_dict(state, strict=True)
+    return moss, {key.removeprefix(f'{window_name}.'): value for key, value in tensors.items()
+                           if key.startswith(f'{window_name}.') and not key.startswith(prefix)}
+
+
+@pytest.mark.parametrize('window', ['centred', 'one_frame'])
+def test_the_official_layout_is_the_official_codes_moss_block(window):
+    """The sum of the orders' features, each order's encoder reading the one before's (LayerNorm, a Linear, the STSS,
+    BatchNorm'd convolutions over the offsets, the time offsets fused, a Linear back): in eval mode (running
+    statistics) and in training mode (the batch's)."""
+    moss, tensors = official_moss(window)
+    with torch.no_grad():
+        torch.testing.assert_close(moss.eval()(tensors['input']), tensors['output'], rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(moss.train()(tensors['input']), tensors['output_train'], rtol=1e-12, atol=1e-13)
+
+
+def test_the_centred_stss_is_the_official_codes_in_both_layouts_and_one_frame_reads_the_one_before():
+    """Centred in time, the official STSSTransformation is our non-causal STSS in either layout; with a window of one
+    frame it compares each frame with the one before (the first with itself), which the official layout does and
+    vit-pytorch's (each frame with itself) does not."""
+    for window in ('centred', 'one_frame'):
+        moss, tensors = official_moss(window)
+        encoder = moss.encoders[0]
+        with torch.no_grad():
+            projected = encoder.in_proj(encoder.ln_pre(tensors['input']))
+            expected = tensors['stss'][:, :, :, :, 0]
+            torch.testing.assert_close(moss.stss_transform(projected), expected, rtol=1e-12, atol=1e-14)
+            theirs = official_moss(window, layout='vit_pytorch')[0].stss_transform(projected)
+            assert torch.allclose(theirs, expected, rtol=1e-12, atol=1e-14) == (window == 'centred')
+
+
+def test_the_official_layout_in_vivit_adds_its_features_to_the_patch_tokens_and_refuses_causal_time():
+    # pool='mean': the temporal transformer reads each slice's mean over its patches of tokens + MOSS features
+    torch.manual_seed(0)
+    model = ViViT(**TINY, pool='mean', moss_causal=False, moss_layout='official',
+                  moss_official_channels=(4, 3, 5, 7)).eval()
+    seen = {}
+    model.moss.register_forward_hook(lambda module, args, output: seen.update(tokens=args[0], features=output))
+    model.temporal_transformer.register_forward_pre_hook(lambda module, args, kwargs: seen.update(slices=args[0]),
+                                                         with_kwargs=True)
+    with torch.no_grad():
+        assert model(videos(count=1)[0]).shape == (2, 5)
+    expected = reduce(seen['tokens'] + seen['features'], 'b f h w d -> b f d', 'mean')
+    torch.testing.assert_close(seen['slices'], expected, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"moss_causal must be False with layout='official'"):
+        ViViT(**TINY, moss_causal=True, moss_layout='official')
+
+
+def test_a_model_in_the_official_layout_refuses_vit_pytorchs_checkpoint_naming_the_option():
+    config, state_dict, _, _ = reference_case('vit_pytorch_1.26.14_vivit_with_moss_mean_causal', *TUPLES)
+    config = dict(config, moss_causal=False, moss_layout='official')
+    with pytest.raises(CheckpointError, match=r"moss_layout='official'.*moss_layout='vit_pytorch'"):
+        load_vit_pytorch(ViViT(**config), state_dict)
+
+
 # clear errors
 
 
@@ -190,6 +274,8 @@ def test_a_causal_cls_model_refuses_vit_pytorchs_checkpoint_naming_why():
     (dict(moss_local_width=0), ValueError, 'moss_local_width'),
     (dict(moss_orders=0), ValueError, 'moss_orders'),
     (dict(moss_causal='yes'), TypeError, 'moss_causal'),
+    (dict(moss_layout='paper'), ValueError, "moss_layout must be 'vit_pytorch' or 'official'"),
+    (dict(moss_official_channels=(4, 3, 5)), TypeError, 'moss_official_channels'),
 ])
 def test_a_bad_moss_argument_is_refused_by_name(changes, error, match):
     with pytest.raises(error, match=match):
