@@ -102,7 +102,8 @@ def tested(model, data, device):
 
 
 def run_seed(config, data, plan, seed, device):
-    """The plain run of `seed` (with its plug-in models tested) and the trained ATS runs: {setting: record}."""
+    """[(setting, run)] of `seed`: the plain run (which also tests its plug-in models), then the trained ATS runs;
+    each run() trains and tests, returning its record."""
     def plain():
         model = build(config, PLAIN, seed)
         record = fit(model, data, plan, seed=seed, device=device, title=f'seed {seed} plain')
