@@ -1,0 +1,107 @@
+"""examples/ats_tokens.py (issue 26): its count of kept tokens, its FLOP formula, and the script at a tiny size."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import move_off_initialisation
+from vit_pytorch.ats_vit import ViT
+from torch.utils.flop_counter import FlopCounterMode
+
+from vit_pytorch.flops import FLOP_FORMULAS, explicit_attention
+from vit_pytorch.training.data import load_digits
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def example():
+    spec = importlib.util.spec_from_file_location('ats_tokens', ROOT / 'examples' / 'ats_tokens.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ats_tokens = example()
+
+# the example's model (the trainer's small ats_vit on the 16-pixel digits: 16 patch tokens)
+SMALL = dict(image_size=16, patch_size=4, channels=1, num_classes=10, dim=64, depth=4, heads=4, dim_head=16,
+             mlp_dim=128)
+
+
+@pytest.mark.parametrize('budget', [(16, 8, 8, 4), (16, 8, 4, 2), (12, 12, 5, 1)])
+def test_no_layer_keeps_more_patch_tokens_than_its_budget_on_the_digits(budget):
+    torch.manual_seed(0)
+    model = move_off_initialisation(ViT(**SMALL, max_tokens_per_depth=budget), scale=0.5).eval()
+    images = load_digits('test', image_size=16).floats()[:64]
+    counts = ats_tokens.kept_tokens(model, images)                           # (layers, b)
+    assert counts.shape == (4, 64)
+    limits = torch.tensor([min(16, k) for k in budget])[:, None]
+    assert (counts >= 1).all() and (counts <= limits).all()
+    assert (counts[1:] <= counts[:-1]).all()                                 # a dropped token never comes back
+    # the last layer's count is the number of distinct patches the model returns
+    with torch.no_grad():
+        _, ids = model(images, return_sampled_token_ids=True)
+    assert torch.equal(counts[-1], (ids >= 0).sum(dim=1))
+    # the sampler's duplicates leave slots empty: the digits' scores keep fewer than K somewhere
+    assert (counts < limits).any()
+
+
+@pytest.mark.parametrize('budget', [(16, 16, 16, 16), (16, 8, 8, 4), (16, 8, 4, 2), (8, 8, 8, 8), (15, 3, 2, 1)])
+@pytest.mark.parametrize('widths', [dict(), dict(dim=24, heads=3, dim_head=10, mlp_dim=40, num_classes=7)])
+def test_the_flop_formula_is_the_flop_counters(budget, widths):
+    arguments = {**SMALL, **widths}
+    model = explicit_attention(ViT(**arguments, max_tokens_per_depth=budget)).eval()   # as flops.training_flops
+    with FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS) as counter:
+        model(torch.randn(1, 1, 16, 16))
+    counted = counter.get_total_flops()
+    assert ats_tokens.forward_flops(**arguments, max_tokens_per_depth=budget) == counted
+
+
+def test_the_plain_vits_count_is_written_out():
+    # 17 tokens through 4 layers: qkv 2*17*64*192, attention 2*2*4*17*17*16, projection 2*17*64*64,
+    # MLP 2*2*17*64*128; the patch projection 2*16*16*64 and the head 2*64*10
+    layer = 2 * 17 * 64 * 192 + 2 * 2 * 4 * 17 * 17 * 16 + 2 * 17 * 64 * 64 + 2 * 2 * 17 * 64 * 128
+    assert ats_tokens.forward_flops(**SMALL, max_tokens_per_depth=(16,) * 4) == 4 * layer + 2 * 16 * 16 * 64 + 1280
+
+
+@pytest.mark.slow                       # three trainings of one epoch each on the 1,347 digits: ~10 s
+def test_the_script_at_a_tiny_size(tmp_path, monkeypatch):
+    seen = []
+    tested = ats_tokens.tested
+
+    def spy(model, data, device):
+        seen.append((model.max_tokens_per_depth, {key: value.clone() for key, value in model.state_dict().items()}))
+        return tested(model, data, device)
+
+    monkeypatch.setattr(ats_tokens, 'tested', spy)
+    lines = ats_tokens.main(['--seeds', '0', '--epochs', '1', '--out', str(tmp_path), '--quiet'])
+    runs = json.loads((tmp_path / 'results.json').read_text())['runs']
+    assert sorted(run['setting'] for run in runs) == ['ATS 16,8,4,2', 'ATS 16,8,8,4', 'plain']
+    assert (tmp_path / 'table.md').read_text().splitlines() == lines
+    assert len(lines) == 2 + 5
+
+    # the plug-in models hold the trained plain ViT's weights, with the sampler on
+    (plain_budget, plain), *plugged = seen[:3]
+    assert plain_budget == (16, 16, 16, 16) and [budget for budget, _ in plugged] == list(ats_tokens.BUDGETS)
+    for _, state in plugged:
+        assert state.keys() == plain.keys() and all(torch.equal(state[key], plain[key]) for key in plain)
+
+    # each row's paired difference is its accuracy minus the plain ViT's, and its two FLOP counts agree
+    by_setting = {run['setting']: run for run in runs}
+    plain_accuracy = 100 * by_setting['plain']['test_accuracy']
+    accuracies = [100 * by_setting[f'ATS {name}']['test_accuracy'] for name in ('16,8,8,4', '16,8,4,2')] + \
+        [100 * by_setting['plain'][f'plug-in {name}']['test_accuracy'] for name in ('16,8,8,4', '16,8,4,2')]
+    for line, accuracy in zip(lines[3:], accuracies):
+        cells = [cell.strip() for cell in line.strip('|').split('|')]
+        assert cells[1] == f'{accuracy:.2f} +- 0.00%'
+        assert cells[2] == f'{accuracy - plain_accuracy:+.2f} +- 0.00 points'
+        counted, formula = cells[3].split(', ')
+        assert counted == formula
+    assert lines[2].split('|')[4].strip() == '4.79, 4.79'          # test_the_plain_vits_count_is_written_out
+
+    # run again, it trains nothing: the recorded runs are read back
+    monkeypatch.setattr(ats_tokens, 'fit', lambda *args, **kwargs: pytest.fail('trained a recorded run again'))
+    assert ats_tokens.main(['--seeds', '0', '--epochs', '1', '--out', str(tmp_path), '--quiet']) == lines
