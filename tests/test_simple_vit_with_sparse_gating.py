@@ -95,7 +95,7 @@ def test_the_sparsity_loss_alone_trains_every_gate_projection():
 
 
 # the official code (qiuzh20/gated_attention @ 49645df, Qwen3 attention with the elementwise G1 gate; fixture written
-# by tests/fixtures/make_gated_attention_official_fixtures.py, run outside this repository)
+# by tests/fixtures/make_llm_attention_official_fixtures.py gated_attention, run outside this repository)
 
 
 def official_attention():

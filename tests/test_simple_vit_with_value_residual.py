@@ -98,7 +98,7 @@ def test_the_first_layer_has_no_mix_and_every_later_layer_learns_one_by_default(
 
 
 # the official code (Zcchill/Value-Residual-Learning @ 95652f6, ResFormer's Llama attention; fixture written by
-# tests/fixtures/make_value_residual_official_fixtures.py, run outside this repository)
+# tests/fixtures/make_llm_attention_official_fixtures.py value_residual, run outside this repository)
 
 
 def official_stack():
