@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import move_off_initialisation, reference_case, tiny_vit_kwargs
+from helpers import load_fixture, move_off_initialisation, reference_case, tiny_vit_kwargs
 from vit_pytorch.normalized_vit import NormLinear, nViT
-from vit_pytorch.pretrained import load_vit_pytorch
+from vit_pytorch.pretrained import CheckpointError, load_vit_pytorch
 
 
 def model_of(dtype=torch.float64, **kwargs):
@@ -174,9 +174,70 @@ def test_a_vit_pytorch_checkpoint_whose_query_and_key_scales_differ_in_sign_is_r
         load_vit_pytorch(nViT(**config), state_dict)
 
 
+def test_a_model_taking_the_absolute_step_refuses_vit_pytorchs_checkpoint_naming_the_option():
+    config, state_dict, _, _ = reference_case('vit_pytorch_1.26.14_normalized_vit', 'image_size')
+    with pytest.raises(CheckpointError, match=r'\|alpha\| \(alpha_abs=True.*alpha_abs=False'):
+        load_vit_pytorch(nViT(**config, alpha_abs=True), state_dict)
+
+
+# the official code (NVIDIA/ngpt @ ed19eb2, a language model; fixture written by
+# tests/fixtures/make_ngpt_official_fixtures.py, run outside this repository, its attention kernel and rotary
+# positions replaced as that script says)
+
+
+def official_blocks(alpha_abs=True):
+    """(our nViT holding the official GPT's blocks and head, the fixture's tensors). Its query, key and value rows
+    are our to_qkv, its c_fc our to_hidden_and_gate (u, then the half that goes through SiLU); sqk (dim,) is s_qk
+    per head; suv is (s_u, s_v), both times sqrt(dim) there: on u that constant factor is removed by the
+    normalisation of the branch's output, so s_u is suv's first half as it is. Its factors are stored as ours
+    (base_scale 1 / sqrt(dim), alpha's init 0.05 hard-coded there)."""
+    metadata, state, tensors = load_fixture('ngpt_official')
+    config = metadata['config']
+    dim, heads, depth = config['n_embd'], config['n_head'], config['n_layer']
+    assert config['base_scale'] == dim ** -0.5
+    model = nViT(image_size=8, patch_size=4, num_classes=config['vocab_size'], dim=dim, depth=depth, heads=heads,
+                 dim_head=dim // heads, mlp_dim=6 * dim, residual_lerp_scale_init=0.05,
+                 alpha_abs=alpha_abs).double().eval()          # SwiGLU width int(6 * dim * 2 / 3) = 4 * dim
+    ours = dict(model.state_dict())
+    ours.update({'to_pred.weight': state['lm_head.weight'], 's_z.param': state['sz']})
+    for i in range(depth):
+        block, layer = f'transformer.h.{i}', f'transformer.layers.{i}'
+        inner = state[f'{block}.suv'].shape[0] // 2
+        ours.update({
+            f'{layer}.0.block.to_qkv.weight': torch.cat([state[f'{block}.{x}.weight'] for x in ('query', 'key',
+                                                                                                  'value')]),
+            f'{layer}.0.block.s_qk.param': state[f'{block}.sqk'].reshape(heads, 1, dim // heads),
+            f'{layer}.0.block.to_out.weight': state[f'{block}.att_c_proj.weight'],
+            f'{layer}.0.alpha.param': state[f'{block}.attn_alpha'],
+            f'{layer}.1.block.to_hidden_and_gate.weight': state[f'{block}.c_fc.weight'],
+            f'{layer}.1.block.s_u.param': state[f'{block}.suv'][:inner],
+            f'{layer}.1.block.s_v.param': state[f'{block}.suv'][inner:],
+            f'{layer}.1.block.to_out.weight': state[f'{block}.mlp_c_proj.weight'],
+            f'{layer}.1.alpha.param': state[f'{block}.mlp_alpha'],
+        })
+    model.load_state_dict({key: value.to(torch.float64) for key, value in ours.items()})
+    return model, tensors
+
+
+def test_the_official_codes_blocks_and_logits_are_ours_with_the_absolute_step():
+    # float64: agreement to float64 rounding (measured 1.1e-16 on the unit hidden states, 2.2e-16 on logits of size
+    # 0.7); the step by alpha as it is (the paper's, vit-pytorch's) moves the hidden states by 0.19, every other
+    # channel's alpha being negative in the fixture. Leaving the branch's output unnormalised moves them by 3e-2
+    model, tensors = official_blocks()
+    with torch.no_grad():
+        hidden = model.transformer(tensors['tokens'])
+        logits = model.to_pred(hidden) * model.s_z()
+    torch.testing.assert_close(hidden, tensors['hidden'], rtol=0, atol=1e-13)
+    torch.testing.assert_close(logits, tensors['logits'], rtol=0, atol=1e-12)
+    signed, _ = official_blocks(alpha_abs=False)
+    with torch.no_grad():
+        assert (signed.transformer(tensors['tokens']) - tensors['hidden']).abs().max() > 1e-2
+
+
 @pytest.mark.parametrize('kwargs, error, match', [
     (dict(residual_lerp_scale_init=0.), ValueError, 'residual_lerp_scale_init must be a positive finite float'),
     (dict(mlp_dim=1), ValueError, 'mlp_dim must be at least 2'),
+    (dict(alpha_abs=1), TypeError, 'alpha_abs must be True or False'),
 ])
 def test_bad_arguments_are_refused_by_name(kwargs, error, match):
     with pytest.raises(error, match=match):

@@ -28,6 +28,10 @@ weights unit, so that a step's size does not shrink as their norm grows. The ima
 flattened as (c p1 p2) and embedded by a unit-column matrix, a learned table of unit position rows added, the sum
 normalised; the classifier reads the mean of the tokens.
 
+The official code (github.com/NVIDIA/ngpt, a language model) steps by |alpha|: `alpha_abs=True` does so, and with
+it the official blocks' weights give its hidden states and logits to float64 rounding (tests/test_normalized_vit.py,
+its attention kernel and rotary positions aside).
+
 Where it differs from vit-pytorch 1.26.14 (whose checkpoints load, converted, through `load_vit_pytorch`):
   - one s_qk scales both queries and keys, as in the paper (vit-pytorch learns a separate q_scale and k_scale);
     a checkpoint loads with s_qk = sqrt(q_scale k_scale / sqrt(d_k)), the same attention logits, and is refused
@@ -129,24 +133,27 @@ class FeedForward(nn.Module):
 
 class HypersphereStep(nn.Module):
     """One residual branch of nGPT: h <- Norm(h + alpha (Norm(block(h)) - h)) per token, alpha (dim,) learned
-    (eq. 10-11); h (b, n, dim) on the unit sphere in, on the sphere out."""
+    (eq. 10-11); h (b, n, dim) on the unit sphere in, on the sphere out. `alpha_abs`: the step is |alpha| (the
+    official code's)."""
 
-    def __init__(self, block, dim, alpha_init):
+    def __init__(self, block, dim, alpha_init, alpha_abs=False):
         super().__init__()
         self.block = block
         self.alpha = Scale((dim,), init=alpha_init, scale=dim ** -0.5)
+        self.alpha_abs = alpha_abs
 
     def forward(self, h):
-        return l2norm(torch.lerp(h, l2norm(self.block(h)), self.alpha()))     # h + alpha (end - h), fused
+        alpha = self.alpha().abs() if self.alpha_abs else self.alpha()
+        return l2norm(torch.lerp(h, l2norm(self.block(h)), alpha))     # h + alpha (end - h), fused
 
 
 class Transformer(vit.Stack):
     """`depth` layers of (attention, MLP) `HypersphereStep`s; no norm: every step ends on the sphere."""
 
-    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout=0., *, alpha_init):
+    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout=0., *, alpha_init, alpha_abs=False):
         super().__init__([
-            (HypersphereStep(Attention(dim, heads, dim_head, dropout), dim, alpha_init),
-             HypersphereStep(FeedForward(dim, mlp_dim, dropout), dim, alpha_init))
+            (HypersphereStep(Attention(dim, heads, dim_head, dropout), dim, alpha_init, alpha_abs),
+             HypersphereStep(FeedForward(dim, mlp_dim, dropout), dim, alpha_init, alpha_abs))
             for _ in range(depth)
         ])
 
@@ -161,6 +168,10 @@ class nViT(vit.TokenFace, nn.Module):
     """A ViT of nGPT blocks (vit-pytorch's `normalized_vit.nViT`, its arguments); `residual_lerp_scale_init` is
     alpha's init (None: 1 / depth, "in the order of 1 / n_layers" as the paper says).
 
+    `alpha_abs` (keyword only, ours; default False, as the paper and vit-pytorch): each step size is |alpha|, as
+    the official code (NVIDIA/ngpt) takes it, so that a learned alpha below zero still steps towards the branch.
+    vit-pytorch's checkpoints are refused for such a model (`load_vit_pytorch` names the option).
+
     `forward_features` returns the tokens, each on the unit sphere, (b, h * w, dim); the head takes their mean
     to `to_pred` (unit rows) times s_z. `num_classes=0` makes `forward` return that mean (b, dim).
     Call `norm_weights_()` after each optimizer step (vit_pytorch.training does).
@@ -169,7 +180,7 @@ class nViT(vit.TokenFace, nn.Module):
     num_prefix_tokens = 0
 
     def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, dropout=0., channels=3,
-                 dim_head=64, residual_lerp_scale_init=None):
+                 dim_head=64, residual_lerp_scale_init=None, alpha_abs=False):
         check_arguments(**vit.arguments(locals()))
         super().__init__()
         self.image_size, self.patch_size = vit.pair(image_size), vit.pair(patch_size)
@@ -183,7 +194,9 @@ class nViT(vit.TokenFace, nn.Module):
         )
         self.abs_pos_emb = NormLinear(dim, self.grid_size[0] * self.grid_size[1])    # its rows: the positions
         alpha_init = 1 / depth if residual_lerp_scale_init is None else residual_lerp_scale_init
-        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout, alpha_init=alpha_init)
+        self.alpha_abs = alpha_abs
+        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout, alpha_init=alpha_init,
+                                       alpha_abs=alpha_abs)
         self.build_head(num_classes)
 
     def token_grid(self, image_size):
@@ -238,7 +251,7 @@ class nViT(vit.TokenFace, nn.Module):
 
 
 def check_arguments(*, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, dropout, channels, dim_head,
-                    residual_lerp_scale_init):
+                    residual_lerp_scale_init, alpha_abs):
     vit.patch_grid(vit.positive_pair('image_size', image_size), vit.positive_pair('patch_size', patch_size))
     for name, value in dict(dim=dim, depth=depth, heads=heads, channels=channels, dim_head=dim_head).items():
         vit.positive_int(name, value)
@@ -248,6 +261,7 @@ def check_arguments(*, image_size, patch_size, num_classes, dim, depth, heads, m
     vit.probability('dropout', dropout)
     if residual_lerp_scale_init is not None:
         vit.positive_float('residual_lerp_scale_init', residual_lerp_scale_init)
+    vit.boolean('alpha_abs', alpha_abs)
 
 
 # loading checkpoints
@@ -257,6 +271,9 @@ def vit_pytorch_plan(model, keys):
     """vit-pytorch's nViT, converted: its parametrized weights (`linear.parametrizations.weight.original`)
     normalised as its forward does, q/k/v and the MLP's halves concatenated, its alpha and logit scale (used
     times sqrt(dim)) and its q_scale k_scale pair (see the module docstring) turned into our stored factors."""
+    if model.alpha_abs:
+        raise ValueError("vit-pytorch's nViT steps by alpha as it is; this model takes |alpha| (alpha_abs=True, the "
+                         "official code's): build it with alpha_abs=False to load the checkpoint")
     dim = model.embed_dim
 
     def weight(name, norm_dim):

@@ -20,6 +20,10 @@ mean(relu(p - sparsity_threshold)) ('thresholded_l1', the default), a push towar
     logits = model(img)                              # (2, 10)
     logits, loss = model(img, return_loss=True)      # loss: a scalar
 
+The attention computes the official code's with its elementwise G1 gate (github.com/qiuzh20/gated_attention, a
+Qwen3 language model): its weights give its outputs (tests/test_simple_vit_with_sparse_gating.py, its causal mask
+and rotary positions aside); there each head's gate logits come out of the query projection, after its queries.
+
 Where it differs from vit-pytorch 1.26.14, whose checkpoints it refuses: vit-pytorch's module of this name does not
 gate the attention output; it multiplies each attention weight by sigmoid(q_mask . k_mask) of a low-rank query and
 key (`dim_mask` channels a head, the registers left ungated as sinks), a gate on the scores that the paper does not

@@ -17,6 +17,10 @@ layer maps its normed input through a Linear(dim, heads) and a sigmoid, one weig
     model = SimpleViT(num_classes=1000, image_size=256, patch_size=8, dim=1024, depth=6, heads=8, mlp_dim=2048)
     logits = model(torch.randn(2, 3, 256, 256))   # (2, 1000)
 
+With `value_residual_mix=0.5` the attention layers compute the official ResFormer's (github.com/Zcchill/
+Value-Residual-Learning, a Llama language model): its weights give its outputs over a residual stream of three
+layers (tests/test_simple_vit_with_value_residual.py, its causal mask and rotary positions aside).
+
 Where it differs from vit-pytorch 1.26.14 (whose checkpoints load unchanged, same keys): the fixed mix
 `value_residual_mix` is ours (vit-pytorch's model always learns it); the first layer's values are handed down as the
 stack's layer-to-layer state, so gradient checkpointing and `forward_intermediates` work as for every SimpleViT.

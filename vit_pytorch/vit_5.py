@@ -19,7 +19,7 @@ Where it differs from vit-pytorch 1.26.14, whose checkpoints load through `load_
 same function, other key names): vit-pytorch takes the patch grid as the square root of the token count, so only
 square images work; here the rows and columns of any (h, w) grid get their own positions, and an image smaller than
 `image_size` the top-left ones (as `vit.ViT`). Its RMSNorm divides by the norm with no epsilon; here torch's
-`nn.RMSNorm` (epsilon the dtype's machine epsilon). The tokens start at std 0.02, as in the paper's code.
+`nn.RMSNorm` (epsilon the dtype's machine epsilon, or `norm_eps`). The tokens start at std 0.02, as in the paper's code.
 
 Where vit-pytorch (and this module, so that its checkpoints load) differs from the official code
 (github.com/wangf3014/ViT-5): the patches' frequencies there use theta 10,000 (here 100,000); the 4 registers lie on
@@ -30,8 +30,9 @@ counts are the official code's plus those (1 + registers) table rows.
 
 `rope_layout='official'` (keyword only, ours) gives the official code's rotary positions instead: theta 10,000 for
 the patches, the registers (a square number of them) on their own sqrt x sqrt grid, turned by row and column with
-theta 100 as the patches are. With it the official code's weights give its outputs (tests/test_vit_5.py) but for its
-RMSNorms' epsilon, 1e-6 there (computed in float32), the dtype's machine epsilon here.
+theta 100 as the patches are. With it and `norm_eps=1e-6` (the official RMSNorms' epsilon; here
+by default the dtype's machine epsilon) the official code's weights give its outputs (tests/test_vit_5.py) but for
+its RMSNorms' float32 arithmetic.
 """
 
 import functools
@@ -59,12 +60,13 @@ CONFIGS = {
 
 class Attention(vit.RotaryAttention):
     """ViT-5's attention, (b, n, dim) -> (b, n, dim): an RMSNorm before, each head's queries and keys RMS-normed
-    (gains shared by the heads), then turned by the rotary `angles` (see `vit.RotaryAttention`)."""
+    (gains shared by the heads), then turned by the rotary `angles` (see `vit.RotaryAttention`); `norm_eps` is the
+    RMSNorms' epsilon (None: the dtype's machine epsilon)."""
 
-    def __init__(self, dim, heads=8, dim_head=64, dropout=0.):
-        super().__init__(dim, heads, dim_head, dropout, norm=nn.RMSNorm(dim))
-        self.q_norm = nn.RMSNorm(dim_head)
-        self.k_norm = nn.RMSNorm(dim_head)
+    def __init__(self, dim, heads=8, dim_head=64, dropout=0., *, norm_eps=None):
+        super().__init__(dim, heads, dim_head, dropout, norm=nn.RMSNorm(dim, eps=norm_eps))
+        self.q_norm = nn.RMSNorm(dim_head, eps=norm_eps)
+        self.k_norm = nn.RMSNorm(dim_head, eps=norm_eps)
 
     def qkv(self, x):
         q, k, v = super().qkv(x)
@@ -72,18 +74,20 @@ class Attention(vit.RotaryAttention):
 
 
 class Transformer(vit.Stack):
-    """`depth` layers of (attention, feedforward), each branch LayerScaled from 1e-4, then an RMSNorm;
+    """`depth` layers of (attention, feedforward), each branch LayerScaled from 1e-4, then an RMSNorm (every RMSNorm's
+    epsilon `rms_norm_eps`, None: the dtype's machine epsilon);
     `forward(x, angles=...)` hands the rotary angles to every attention. `vit.ViT`'s options of its own blocks
-    (LayerNorm epsilon, qkv bias, GELU approximation, block builders) are not ViT-5's: `_` takes them."""
+    (LayerNorm epsilon `norm_eps`, qkv bias, GELU approximation, block builders) are not ViT-5's: `_` takes them."""
 
-    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout=0., *, layer_scale_init=1e-4, **_):
+    def __init__(self, dim, depth, heads, dim_head, mlp_dim, dropout=0., *, layer_scale_init=1e-4,
+                 rms_norm_eps=None, **_):
         def scaled(block):
             return vit.LayerScale(dim, block, layer_scale_init)
         super().__init__([
-            (scaled(Attention(dim, heads, dim_head, dropout)),
-             scaled(vit.FeedForward(dim, mlp_dim, dropout, norm=nn.RMSNorm(dim))))
+            (scaled(Attention(dim, heads, dim_head, dropout, norm_eps=rms_norm_eps)),
+             scaled(vit.FeedForward(dim, mlp_dim, dropout, norm=nn.RMSNorm(dim, eps=rms_norm_eps))))
             for _ in range(depth)
-        ], norm=nn.RMSNorm(dim))
+        ], norm=nn.RMSNorm(dim, eps=rms_norm_eps))
 
 
 class ViT(vit.ViT):
@@ -97,17 +101,21 @@ class ViT(vit.ViT):
 
     `layer_scale_init` (keyword only, ours; the official code's `init_scale`): the LayerScales' start, the paper's
     1e-4 by default. `rope_layout` (keyword only, ours): 'vit_pytorch' (the default) or 'official' (the official
-    code's frequencies and register grid; see the module's docstring).
+    code's frequencies and register grid; see the module's docstring). `norm_eps` (keyword only, ours): the epsilon
+    of every RMSNorm (the blocks', the queries' and keys', the final one); None (the default) is torch's, the
+    dtype's machine epsilon; the official code's is 1e-6 (vit-pytorch's none).
     """
 
     def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, channels=3, dim_head=64,
-                 dropout=0., emb_dropout=0., num_registers=4, layer_scale_init=1e-4, rope_layout='vit_pytorch'):
+                 dropout=0., emb_dropout=0., num_registers=4, layer_scale_init=1e-4, rope_layout='vit_pytorch',
+                 norm_eps=None):
         check_arguments(**vit.arguments(locals()))
         self.extra_tokens = num_registers        # after the cls token, before the patches (read by vit.ViT)
         super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim, depth=depth,
                          heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head, dropout=dropout,
                          emb_dropout=emb_dropout, patch_norm=False,
-                         transformer=functools.partial(Transformer, layer_scale_init=layer_scale_init))
+                         transformer=functools.partial(Transformer, layer_scale_init=layer_scale_init,
+                                                       rms_norm_eps=norm_eps))
         if num_registers:
             self.register_tokens = nn.Parameter(torch.zeros(num_registers, dim))
             vit.init_tokens(self.register_tokens, patch_norm=False)
@@ -157,7 +165,7 @@ def vit_5(variant, *, image_size=224, num_classes=1000, **overrides):
 # argument checks
 
 
-def check_arguments(*, dim_head, num_registers, layer_scale_init, rope_layout, **_):
+def check_arguments(*, dim_head, num_registers, layer_scale_init, rope_layout, norm_eps, **_):
     vit.non_negative_int('num_registers', num_registers)
     if rope_layout not in ('vit_pytorch', 'official'):
         raise ValueError(f"rope_layout must be 'vit_pytorch' or 'official', got {rope_layout!r}")
@@ -165,6 +173,8 @@ def check_arguments(*, dim_head, num_registers, layer_scale_init, rope_layout, *
         raise ValueError(f"num_registers must be a square number with rope_layout='official' (the registers lie on "
                          f"a square grid), got {num_registers}")
     vit.positive_float('layer_scale_init', layer_scale_init)
+    if norm_eps is not None:
+        vit.positive_float('norm_eps', norm_eps)
     vit.positive_int('dim_head', dim_head)
     if dim_head % 4:
         raise ValueError(f"dim_head must be divisible by 4 (a quarter of each head's channel pairs turns by each "
