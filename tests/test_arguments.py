@@ -44,6 +44,7 @@ OPTIONAL_NUMBERS = {
     'residual_lerp_scale_init',     # normalized_vit: alpha's init, None: 1 / depth
     'keel_residual_scale',      # vit_with_keel_post_ln: alpha, None: the number of sub-layers (2 * depth)
     'input_shape', 'image_size',    # looped_vit: the input's size (either one), an int or one a dimension
+    'norm_eps',         # vit_5: the RMSNorms' epsilon, None: the dtype's machine epsilon (nn.RMSNorm's default)
 }
 NOT_NUMBERS = {
     'transformer',      # T2T-ViT: a custom backbone module
