@@ -959,3 +959,23 @@ def test_the_recorders_forward_intermediates_is_the_models_method(case_id):
     model, x = build_face(case_id)
     for ours, its in zip(run(recorder.forward_intermediates, model, x), run(model.forward_intermediates, x), strict=True):
         torch.testing.assert_close(ours, its, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# forward_intermediates refuses out-of-range indices by name, before it runs the model
+
+
+@pytest.mark.parametrize('case_id', sorted(FACE_CASES))
+def test_forward_intermediates_refuse_out_of_range_indices_before_running_the_model(case_id):
+    model, x = build_face(case_id)
+    count = len(model.feature_info)
+    ran = []
+    for module in model.modules():
+        module.register_forward_pre_hook(lambda module, args: ran.append(type(module).__name__))
+    valid_range = rf'(1 <= n <= {count}\b|\[-{count}, {count}\))'
+    # an int past the count, 0 and a negative int (n counts the last n), a list entry past the end, one before
+    # the start, a valid entry beside one past the end
+    for indices in (count + 1, 0, -1, [count], [-count - 1], [0, count + 3]):
+        with pytest.raises(ValueError, match=rf'indices.*{valid_range}'):
+            run(model.forward_intermediates, x, indices=indices)
+    assert ran == []
