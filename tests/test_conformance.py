@@ -962,6 +962,98 @@ def test_the_recorders_forward_intermediates_is_the_models_method(case_id):
 
 
 # ---------------------------------------------------------------------------------------------
+# forward_features' layout, as the class docstring declares it
+#
+# The declared layout is the first shape after `forward_features` in the class docstring: a parenthesised tuple
+# whose first entry is `b` (the batch), `1` (NaViT's packed sequence) or `sequences` (NaViT's packed sequences).
+# A tuple output (CrossViT's two branches) declares one shape per element, in order. The number of entries
+# gives the kind: (b, width) a vector, (b, n, width) tokens, (b, width, h, w) maps, (b, h, w, width)
+# channels-last maps (the entry after `b` is the map's height, `h...`). The width expression is evaluated over
+# the row's arguments, the constructor's defaults, `num_features` (`width` and `c` name it too) and `stages`
+# (the length of a tuple `depth`); `^` is a power. A token count with a leading `k +` declares at least k prefix tokens; a plain product of the grid
+# (`h * w`, `prod(grid)`), with no `+`, declares none.
+
+SHAPE_START = re.compile(r'\((?=(?:b|1|sequences),)')
+
+
+def declared_shapes(doc):
+    """Every parenthesised shape after the first `forward_features` of `doc`, as lists of entry strings."""
+    text, shapes = doc[doc.index('forward_features'):], []
+    for match in SHAPE_START.finditer(text):
+        depth, entries, entry = 0, [], ''
+        for char in text[match.start() + 1:]:
+            if char == '(':
+                depth += 1
+            elif char == ')':
+                if depth == 0:
+                    break
+                depth -= 1
+            if char == ',' and depth == 0:
+                entries.append(' '.join(entry.split()))
+                entry = ''
+            else:
+                entry += char
+        shapes.append(entries + [' '.join(entry.split())])
+    return shapes
+
+
+def model_class(name):
+    module_name, class_name = MODELS[name].split(':')
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def feature_tensors(out):
+    """The tensors forward_features returns: one, a tuple's (NaViT's packed tokens: the first only), or
+    `PackedTokens.tokens`."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if hasattr(out, 'tokens'):
+        return [out.tokens]
+    if isinstance(out[1], torch.Tensor) and out[1].ndim == 3:
+        return list(out)                      # a pair of token tensors (CrossViT)
+    return [out[0]]                           # packed tokens, then their layout
+
+
+def width_of(expression, model, case):
+    import inspect
+    namespace = {name: parameter.default for name, parameter in inspect.signature(type(model)).parameters.items()
+                 if parameter.default is not inspect.Parameter.empty}
+    namespace.update(case.kwargs, num_features=model.num_features, width=model.num_features, c=model.num_features)
+    if isinstance(namespace.get('depth'), (tuple, list)):
+        namespace['stages'] = len(namespace['depth'])
+    return eval(expression.replace('^', '**'), {}, namespace)
+
+
+def check_layout(shape, tensor, model, case, x):
+    kind = {2: 'vector', 3: 'tokens', 4: 'channels-last' if shape[1].startswith('h') else 'maps'}[len(shape)]
+    assert tensor.ndim == len(shape), (shape, tuple(tensor.shape))
+    batch = {'b': batch_size(x), '1': 1}.get(shape[0])
+    if batch is not None:
+        assert tensor.shape[0] == batch, (shape, tuple(tensor.shape))
+    channel_axis = {'vector': 1, 'tokens': 2, 'maps': 1, 'channels-last': 3}[kind]
+    assert tensor.shape[channel_axis] == width_of(shape[channel_axis], model, case), (shape, tuple(tensor.shape))
+    if kind == 'tokens':
+        count = shape[1]
+        leading = re.match(r'(\d+) \+', count)
+        if leading:
+            assert model.num_prefix_tokens >= int(leading.group(1)), (shape, model.num_prefix_tokens)
+            assert tensor.shape[1] > int(leading.group(1))
+        elif '+' not in count and ('*' in count or 'prod(' in count):
+            assert model.num_prefix_tokens == 0, (shape, model.num_prefix_tokens)
+
+
+@pytest.mark.parametrize('case_id', sorted(FACE_CASES))
+def test_forward_features_has_the_layout_its_class_docstring_declares(case_id):
+    model, x = build_face(case_id)
+    case = FACE_CASES[case_id]
+    tensors = feature_tensors(run(model.forward_features, x, **case.forward))
+    shapes = declared_shapes(model_class(registry_name(case_id)).__doc__)
+    assert len(shapes) >= len(tensors), shapes
+    for shape, tensor in zip(shapes, tensors):
+        check_layout(shape, tensor, model, case, x)
+
+
+# ---------------------------------------------------------------------------------------------
 # forward_intermediates refuses out-of-range indices by name, before it runs the model
 
 
