@@ -1071,3 +1071,53 @@ def test_forward_intermediates_refuse_out_of_range_indices_before_running_the_mo
         with pytest.raises(ValueError, match=rf'indices.*{valid_range}'):
             run(model.forward_intermediates, x, indices=indices)
     assert ran == []
+
+
+# ---------------------------------------------------------------------------------------------
+# the wrappers' frozen parts: a frozen backbone, an EMA teacher, a distillation teacher
+
+
+VAT_FROZEN = "the vision tower runs under no_grad with freeze_vit=True; its parameters keep requires_grad"
+FREEZE_STEPS = {
+    # row -> (wrapper, its training loss)
+    **{name: (name, step) for name, step in WRAPPER_STEPS.items()},
+    'vat[freeze_vit]': ('vat', lambda wrapper: wrapper(torch.randn(2, 2, 3, 2, 16, 24), actions=torch.randn(2, 3, 2),
+                                                       tasks=torch.tensor([0, 1]), advantages=torch.tensor([-1, 1]),
+                                                       extra=torch.randn(2, 3), freeze_vit=True)),
+    'vaat[freeze_vit,freeze_ast]': ('vaat', lambda wrapper: wrapper(
+        torch.randn(2, 2, 3, 2, 16, 24), torch.randn(2, 2, 300), actions=torch.randn(2, 3, 2),
+        tasks=torch.tensor([0, 1]), advantages=torch.tensor([-1, 1]), extra=torch.randn(2, 3), freeze_vit=True,
+        freeze_ast=True)),
+}
+# row -> the frozen parameters (glob patterns); each must match a parameter
+FROZEN = {
+    'dino': ['teacher.*'],
+    'es_vit': ['teacher.*'],
+    'distill_wrapper': ['teacher.*'],
+    'vat[freeze_vit]': ['vit.*'],
+    'vaat[freeze_vit,freeze_ast]': ['vit.*', 'ast.*'],
+}
+# rows whose freeze is the forward's (no_grad); every other frozen parameter has requires_grad off
+FROZEN_BY_FORWARD = {'vat[freeze_vit]': VAT_FROZEN, 'vaat[freeze_vit,freeze_ast]': VAT_FROZEN}
+
+
+@pytest.mark.parametrize('row', sorted(FREEZE_STEPS))
+def test_one_adamw_step_leaves_frozen_parameters_bit_identical_and_moves_the_trainable_ones(row):
+    name, step = FREEZE_STEPS[row]
+    wrapper = move_off_initialisation(build_wrapper(name).train())
+    named = dict(wrapper.named_parameters())
+    patterns = FROZEN.get(row, [])
+    assert [pattern for pattern in patterns if not fnmatch.filter(named, pattern)] == []
+    frozen = {n for n in named if any(fnmatch.fnmatch(n, pattern) for pattern in patterns)}
+    # a parameter with requires_grad off is a declared frozen one, and a declared frozen one (but those the
+    # forward freezes) has requires_grad off
+    assert {n for n, p in named.items() if not p.requires_grad} == (set() if row in FROZEN_BY_FORWARD else frozen)
+    before = {n: p.detach().clone() for n, p in named.items()}
+    torch.manual_seed(4)
+    step(wrapper).backward()
+    assert [n for n in sorted(frozen) if named[n].grad is not None] == []
+    torch.optim.AdamW(wrapper.parameters(), lr=1e-2, weight_decay=0.1).step()
+    assert [n for n in sorted(frozen) if not torch.equal(named[n], before[n])] == []
+    exempt = WRAPPER_NO_GRADIENT.get(name, {}) if row == name else {}
+    trainable = [n for n in named if n not in frozen and not any(fnmatch.fnmatch(n, p) for p in exempt)]
+    assert trainable and [n for n in trainable if torch.equal(named[n], before[n])] == []
