@@ -250,8 +250,3 @@ def test_an_image_whose_stage_maps_the_window_does_not_divide_is_refused():
     with pytest.raises(ValueError, match=r'img of 32x40 gives stage maps 8x10, 4x5; .* divisible by the window 2x3: '
                                          r'use sides that are multiples of 16x24 \(e.g. 32x48\)'):
         tiny_max_vit()(torch.randn(1, 3, 32, 40))
-
-
-def test_bad_indices_are_refused():
-    with pytest.raises(ValueError, match='indices'):
-        tiny_max_vit().forward_intermediates(torch.randn(1, 3, 32, 48), indices=[3])

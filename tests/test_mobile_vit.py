@@ -202,8 +202,3 @@ def test_bad_arguments_are_refused_with_their_name(overrides, error, match):
 def test_an_image_with_other_channels_is_refused():
     with pytest.raises(ValueError, match='3 channels'):
         tiny_mobile_vit()(torch.randn(1, 1, 40, 56))
-
-
-def test_bad_indices_are_refused():
-    with pytest.raises(ValueError, match='indices'):
-        tiny_mobile_vit().forward_intermediates(torch.randn(1, 3, 40, 56), indices=6)
