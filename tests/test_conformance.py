@@ -1042,8 +1042,16 @@ def check_layout(shape, tensor, model, case, x):
             assert model.num_prefix_tokens == 0, (shape, model.num_prefix_tokens)
 
 
+# a multi-stage model whose forward_features is not laid on its last stage's map
+NOT_ON_THE_LAST_MAP = {'regionvit': "forward_features holds the regional tokens, on a grid a window coarser than the "
+                                    "last stage's local map that forward_intermediates returns"}
+
+
 @pytest.mark.parametrize('case_id', sorted(FACE_CASES))
 def test_forward_features_has_the_layout_its_class_docstring_declares(case_id):
+    """And, for a multi-stage model (its last intermediate a map of the image batch, whose stride
+    test_forward_intermediates_match_feature_info checks), forward_features lies on that map: prefix + h * w
+    tokens, or the map's (h, w)."""
     model, x = build_face(case_id)
     case = FACE_CASES[case_id]
     tensors = feature_tensors(run(model.forward_features, x, **case.forward))
@@ -1051,6 +1059,14 @@ def test_forward_features_has_the_layout_its_class_docstring_declares(case_id):
     assert len(shapes) >= len(tensors), shapes
     for shape, tensor in zip(shapes, tensors):
         check_layout(shape, tensor, model, case, x)
+    last = run(model.forward_intermediates, x)[-1]
+    if isinstance(x, list) or x.ndim != 4 or last.ndim != 4 or registry_name(case_id) in NOT_ON_THE_LAST_MAP:
+        return
+    features, grid = tensors[0], tuple(last.shape[-2:])
+    if features.ndim == 3:
+        assert features.shape[1] == model.num_prefix_tokens + grid[0] * grid[1]
+    else:
+        assert grid in (tuple(features.shape[-2:]), tuple(features.shape[1:3]))
 
 
 # ---------------------------------------------------------------------------------------------
