@@ -18,12 +18,7 @@ def tiny_pit(**overrides):
     return PiT(**kwargs)
 
 
-# the layout its docstring states (the rest of the face: tests/test_conformance.py)
-
-
-def test_forward_features_are_the_cls_token_and_the_last_stages_tokens():
-    # patches of 4 every 2 pixels: a 7 x 11 grid, pooled to 4 x 6
-    assert tiny_pit().forward_features(torch.randn(3, 3, 16, 24)).shape == (3, 1 + 4 * 6, 16)
+# the face and forward_features' declared layout: tests/test_conformance.py
 
 
 def test_vit_pytorchs_readme_arguments_build_the_model():
