@@ -1100,6 +1100,9 @@ FREEZE_STEPS = {
     'vat[freeze_vit]': ('vat', lambda wrapper: wrapper(torch.randn(2, 2, 3, 2, 16, 24), actions=torch.randn(2, 3, 2),
                                                        tasks=torch.tensor([0, 1]), advantages=torch.tensor([-1, 1]),
                                                        extra=torch.randn(2, 3), freeze_vit=True)),
+    'vat_siglip[freeze_vit]': ('vat_siglip', lambda wrapper: wrapper(
+        torch.randn(2, 2, 3, 2, 16, 16), actions=torch.randn(2, 3, 2), tasks=torch.tensor([0, 1]),
+        advantages=torch.tensor([-1, 1]), extra=torch.randn(2, 3), freeze_vit=True)),
     'vaat[freeze_vit,freeze_ast]': ('vaat', lambda wrapper: wrapper(
         torch.randn(2, 2, 3, 2, 16, 24), torch.randn(2, 2, 300), actions=torch.randn(2, 3, 2),
         tasks=torch.tensor([0, 1]), advantages=torch.tensor([-1, 1]), extra=torch.randn(2, 3), freeze_vit=True,
@@ -1111,10 +1114,12 @@ FROZEN = {
     'es_vit': ['teacher.*'],
     'distill_wrapper': ['teacher.*'],
     'vat[freeze_vit]': ['vit.*'],
+    'vat_siglip[freeze_vit]': ['vit.*'],
     'vaat[freeze_vit,freeze_ast]': ['vit.*', 'ast.*'],
 }
 # rows whose freeze is the forward's (no_grad); every other frozen parameter has requires_grad off
-FROZEN_BY_FORWARD = {'vat[freeze_vit]': VAT_FROZEN, 'vaat[freeze_vit,freeze_ast]': VAT_FROZEN}
+FROZEN_BY_FORWARD = {'vat[freeze_vit]': VAT_FROZEN, 'vat_siglip[freeze_vit]': VAT_FROZEN,
+                     'vaat[freeze_vit,freeze_ast]': VAT_FROZEN}
 
 
 @pytest.mark.parametrize('row', sorted(FREEZE_STEPS))
