@@ -959,3 +959,186 @@ def test_the_recorders_forward_intermediates_is_the_models_method(case_id):
     model, x = build_face(case_id)
     for ours, its in zip(run(recorder.forward_intermediates, model, x), run(model.forward_intermediates, x), strict=True):
         torch.testing.assert_close(ours, its, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# forward_features' layout, as the class docstring declares it
+#
+# The declared layout is the first shape after `forward_features` in the class docstring: a parenthesised tuple
+# whose first entry is `b` (the batch), `1` (NaViT's packed sequence) or `sequences` (NaViT's packed sequences).
+# A tuple output (CrossViT's two branches) declares one shape per element, in order. The number of entries
+# gives the kind: (b, width) a vector, (b, n, width) tokens, (b, width, h, w) maps, (b, h, w, width)
+# channels-last maps (the entry after `b` is the map's height, `h...`). The width expression is evaluated over
+# the row's arguments, the constructor's defaults, `num_features` (`width` and `c` name it too) and `stages`
+# (the length of a tuple `depth`); `^` is a power. A token count with a leading `k +` declares at least k prefix tokens; a plain product of the grid
+# (`h * w`, `prod(grid)`), with no `+`, declares none.
+
+SHAPE_START = re.compile(r'\((?=(?:b|1|sequences),)')
+
+
+def declared_shapes(doc):
+    """Every parenthesised shape after the first `forward_features` of `doc`, as lists of entry strings."""
+    text, shapes = doc[doc.index('forward_features'):], []
+    for match in SHAPE_START.finditer(text):
+        depth, entries, entry = 0, [], ''
+        for char in text[match.start() + 1:]:
+            if char == '(':
+                depth += 1
+            elif char == ')':
+                if depth == 0:
+                    break
+                depth -= 1
+            if char == ',' and depth == 0:
+                entries.append(' '.join(entry.split()))
+                entry = ''
+            else:
+                entry += char
+        shapes.append(entries + [' '.join(entry.split())])
+    return shapes
+
+
+def model_class(name):
+    module_name, class_name = MODELS[name].split(':')
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def feature_tensors(out):
+    """The tensors forward_features returns: one, a tuple's (NaViT's packed tokens: the first only), or
+    `PackedTokens.tokens`."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if hasattr(out, 'tokens'):
+        return [out.tokens]
+    if isinstance(out[1], torch.Tensor) and out[1].ndim == 3:
+        return list(out)                      # a pair of token tensors (CrossViT)
+    return [out[0]]                           # packed tokens, then their layout
+
+
+def width_of(expression, model, case):
+    import inspect
+    namespace = {name: parameter.default for name, parameter in inspect.signature(type(model)).parameters.items()
+                 if parameter.default is not inspect.Parameter.empty}
+    namespace.update(case.kwargs, num_features=model.num_features, width=model.num_features, c=model.num_features)
+    if isinstance(namespace.get('depth'), (tuple, list)):
+        namespace['stages'] = len(namespace['depth'])
+    return eval(expression.replace('^', '**'), {}, namespace)
+
+
+def check_layout(shape, tensor, model, case, x):
+    kind = {2: 'vector', 3: 'tokens', 4: 'channels-last' if shape[1].startswith('h') else 'maps'}[len(shape)]
+    assert tensor.ndim == len(shape), (shape, tuple(tensor.shape))
+    batch = {'b': batch_size(x), '1': 1}.get(shape[0])
+    if batch is not None:
+        assert tensor.shape[0] == batch, (shape, tuple(tensor.shape))
+    channel_axis = {'vector': 1, 'tokens': 2, 'maps': 1, 'channels-last': 3}[kind]
+    assert tensor.shape[channel_axis] == width_of(shape[channel_axis], model, case), (shape, tuple(tensor.shape))
+    if kind == 'tokens':
+        count = shape[1]
+        leading = re.match(r'(\d+) \+', count)
+        if leading:
+            assert model.num_prefix_tokens >= int(leading.group(1)), (shape, model.num_prefix_tokens)
+            assert tensor.shape[1] > int(leading.group(1))
+        elif '+' not in count and ('*' in count or 'prod(' in count):
+            assert model.num_prefix_tokens == 0, (shape, model.num_prefix_tokens)
+
+
+# a multi-stage model whose forward_features is not laid on its last stage's map
+NOT_ON_THE_LAST_MAP = {'regionvit': "forward_features holds the regional tokens, on a grid a window coarser than the "
+                                    "last stage's local map that forward_intermediates returns"}
+
+
+@pytest.mark.parametrize('case_id', sorted(FACE_CASES))
+def test_forward_features_has_the_layout_its_class_docstring_declares(case_id):
+    """And, for a multi-stage model (its last intermediate a map of the image batch, whose stride
+    test_forward_intermediates_match_feature_info checks), forward_features lies on that map: prefix + h * w
+    tokens, or the map's (h, w)."""
+    model, x = build_face(case_id)
+    case = FACE_CASES[case_id]
+    tensors = feature_tensors(run(model.forward_features, x, **case.forward))
+    shapes = declared_shapes(model_class(registry_name(case_id)).__doc__)
+    assert len(shapes) >= len(tensors), shapes
+    for shape, tensor in zip(shapes, tensors):
+        check_layout(shape, tensor, model, case, x)
+    last = run(model.forward_intermediates, x)[-1]
+    if isinstance(x, list) or x.ndim != 4 or last.ndim != 4 or registry_name(case_id) in NOT_ON_THE_LAST_MAP:
+        return
+    features, grid = tensors[0], tuple(last.shape[-2:])
+    if features.ndim == 3:
+        assert features.shape[1] == model.num_prefix_tokens + grid[0] * grid[1]
+    else:
+        assert grid in (tuple(features.shape[-2:]), tuple(features.shape[1:3]))
+
+
+# ---------------------------------------------------------------------------------------------
+# forward_intermediates refuses out-of-range indices by name, before it runs the model
+
+
+@pytest.mark.parametrize('case_id', sorted(FACE_CASES))
+def test_forward_intermediates_refuse_out_of_range_indices_before_running_the_model(case_id):
+    model, x = build_face(case_id)
+    count = len(model.feature_info)
+    ran = []
+    for module in model.modules():
+        module.register_forward_pre_hook(lambda module, args: ran.append(type(module).__name__))
+    valid_range = rf'(1 <= n <= {count}\b|\[-{count}, {count}\))'
+    # an int past the count, 0 and a negative int (n counts the last n), a list entry past the end, one before
+    # the start, a valid entry beside one past the end
+    for indices in (count + 1, 0, -1, [count], [-count - 1], [0, count + 3]):
+        with pytest.raises(ValueError, match=rf'indices.*{valid_range}'):
+            run(model.forward_intermediates, x, indices=indices)
+    assert ran == []
+
+
+# ---------------------------------------------------------------------------------------------
+# the wrappers' frozen parts: a frozen backbone, an EMA teacher, a distillation teacher
+
+
+VAT_FROZEN = "the vision tower runs under no_grad with freeze_vit=True; its parameters keep requires_grad"
+FREEZE_STEPS = {
+    # row -> (wrapper, its training loss)
+    **{name: (name, step) for name, step in WRAPPER_STEPS.items()},
+    'vat[freeze_vit]': ('vat', lambda wrapper: wrapper(torch.randn(2, 2, 3, 2, 16, 24), actions=torch.randn(2, 3, 2),
+                                                       tasks=torch.tensor([0, 1]), advantages=torch.tensor([-1, 1]),
+                                                       extra=torch.randn(2, 3), freeze_vit=True)),
+    'vat_siglip[freeze_vit]': ('vat_siglip', lambda wrapper: wrapper(
+        torch.randn(2, 2, 3, 2, 16, 16), actions=torch.randn(2, 3, 2), tasks=torch.tensor([0, 1]),
+        advantages=torch.tensor([-1, 1]), extra=torch.randn(2, 3), freeze_vit=True)),
+    'vaat[freeze_vit,freeze_ast]': ('vaat', lambda wrapper: wrapper(
+        torch.randn(2, 2, 3, 2, 16, 24), torch.randn(2, 2, 300), actions=torch.randn(2, 3, 2),
+        tasks=torch.tensor([0, 1]), advantages=torch.tensor([-1, 1]), extra=torch.randn(2, 3), freeze_vit=True,
+        freeze_ast=True)),
+}
+# row -> the frozen parameters (glob patterns); each must match a parameter
+FROZEN = {
+    'dino': ['teacher.*'],
+    'es_vit': ['teacher.*'],
+    'distill_wrapper': ['teacher.*'],
+    'vat[freeze_vit]': ['vit.*'],
+    'vat_siglip[freeze_vit]': ['vit.*'],
+    'vaat[freeze_vit,freeze_ast]': ['vit.*', 'ast.*'],
+}
+# rows whose freeze is the forward's (no_grad); every other frozen parameter has requires_grad off
+FROZEN_BY_FORWARD = {'vat[freeze_vit]': VAT_FROZEN, 'vat_siglip[freeze_vit]': VAT_FROZEN,
+                     'vaat[freeze_vit,freeze_ast]': VAT_FROZEN}
+
+
+@pytest.mark.parametrize('row', sorted(FREEZE_STEPS))
+def test_one_adamw_step_leaves_frozen_parameters_bit_identical_and_moves_the_trainable_ones(row):
+    name, step = FREEZE_STEPS[row]
+    wrapper = move_off_initialisation(build_wrapper(name).train())
+    named = dict(wrapper.named_parameters())
+    patterns = FROZEN.get(row, [])
+    assert [pattern for pattern in patterns if not fnmatch.filter(named, pattern)] == []
+    frozen = {n for n in named if any(fnmatch.fnmatch(n, pattern) for pattern in patterns)}
+    # a parameter with requires_grad off is a declared frozen one, and a declared frozen one (but those the
+    # forward freezes) has requires_grad off
+    assert {n for n, p in named.items() if not p.requires_grad} == (set() if row in FROZEN_BY_FORWARD else frozen)
+    before = {n: p.detach().clone() for n, p in named.items()}
+    torch.manual_seed(4)
+    step(wrapper).backward()
+    assert [n for n in sorted(frozen) if named[n].grad is not None] == []
+    torch.optim.AdamW(wrapper.parameters(), lr=1e-2, weight_decay=0.1).step()
+    assert [n for n in sorted(frozen) if not torch.equal(named[n], before[n])] == []
+    exempt = WRAPPER_NO_GRADIENT.get(name, {}) if row == name else {}
+    trainable = [n for n in named if n not in frozen and not any(fnmatch.fnmatch(n, p) for p in exempt)]
+    assert trainable and [n for n in trainable if torch.equal(named[n], before[n])] == []

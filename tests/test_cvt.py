@@ -19,14 +19,7 @@ def tiny_cvt(**overrides):
     return CvT(**{**TINY, **overrides})
 
 
-# the layout its docstring states (the rest of the face: tests/test_conformance.py)
-
-
-def test_forward_features_are_the_last_stages_tokens_after_the_cls_token():
-    img = torch.randn(3, 3, 40, 56)
-    # embeddings 7x7/4 (padding 3), 3x3/2, 3x3/2: 10 x 14, 5 x 7, 3 x 4
-    assert tiny_cvt().eval().forward_features(img).shape == (3, 3 * 4, 24)
-    assert tiny_cvt(cls_token=True).eval().forward_features(img).shape == (3, 1 + 3 * 4, 24)
+# the face and forward_features' declared layout: tests/test_conformance.py
 
 
 def test_vit_pytorchs_default_arguments_build_cvt_13s_shape():

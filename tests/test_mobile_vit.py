@@ -20,11 +20,7 @@ def tiny_mobile_vit(**overrides):
     return MobileViT(**{**TINY, **overrides})
 
 
-# the layout its docstring states (the rest of the face: tests/test_conformance.py)
-
-
-def test_forward_features_are_the_last_convolutions_map():
-    assert tiny_mobile_vit().forward_features(torch.randn(2, 3, 40, 56)).shape == (2, 32, 2, 2)
+# the face and forward_features' declared layout: tests/test_conformance.py
 
 
 # the paper's models: counts of the reference, timm 1.0.31's mobilevit_*
@@ -202,8 +198,3 @@ def test_bad_arguments_are_refused_with_their_name(overrides, error, match):
 def test_an_image_with_other_channels_is_refused():
     with pytest.raises(ValueError, match='3 channels'):
         tiny_mobile_vit()(torch.randn(1, 1, 40, 56))
-
-
-def test_bad_indices_are_refused():
-    with pytest.raises(ValueError, match='indices'):
-        tiny_mobile_vit().forward_intermediates(torch.randn(1, 3, 40, 56), indices=6)

@@ -21,11 +21,7 @@ def tiny(**overrides):
     return NesT(**kwargs)
 
 
-# the layout its docstring states (the rest of the face: tests/test_conformance.py)
-
-
-def test_forward_features_are_the_last_levels_map():
-    assert tiny().forward_features(torch.randn(2, 3, 32, 32)).shape == (2, 32, 2, 2)
+# the face and forward_features' declared layout: tests/test_conformance.py
 
 
 def test_vit_pytorchs_readme_arguments_build_a_model():

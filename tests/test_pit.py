@@ -18,12 +18,7 @@ def tiny_pit(**overrides):
     return PiT(**kwargs)
 
 
-# the layout its docstring states (the rest of the face: tests/test_conformance.py)
-
-
-def test_forward_features_are_the_cls_token_and_the_last_stages_tokens():
-    # patches of 4 every 2 pixels: a 7 x 11 grid, pooled to 4 x 6
-    assert tiny_pit().forward_features(torch.randn(3, 3, 16, 24)).shape == (3, 1 + 4 * 6, 16)
+# the face and forward_features' declared layout: tests/test_conformance.py
 
 
 def test_vit_pytorchs_readme_arguments_build_the_model():
@@ -203,11 +198,6 @@ def test_bad_arguments_are_refused_with_their_name(overrides, error, match):
 def test_wrong_image_size_is_refused():
     with pytest.raises(ValueError, match='img must be 16x24'):
         tiny_pit()(torch.randn(1, 3, 16, 16))
-
-
-def test_bad_indices_are_refused():
-    with pytest.raises(ValueError, match='indices'):
-        tiny_pit().forward_intermediates(torch.randn(1, 3, 16, 24), indices=[2])
 
 
 # the module's example

@@ -292,13 +292,11 @@ def test_bad_arguments_are_refused_with_their_name(overrides, error, match):
         tiny(**overrides)
 
 
-def test_bad_images_and_indices_are_refused():
+def test_bad_images_are_refused():
     with pytest.raises(ValueError, match='3 channels'):
         tiny()(torch.randn(1, 1, 32, 32))
     with pytest.raises(ValueError, match=r'divisible by patch_size \(4, 4\)'):
         tiny()(torch.randn(1, 3, 30, 32))
-    with pytest.raises(ValueError, match='indices'):
-        tiny().forward_intermediates(torch.randn(1, 3, 32, 32), indices=[2])
 
 
 # the module's example

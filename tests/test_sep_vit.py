@@ -33,11 +33,7 @@ def blocks(model):
     return [layer[0].fn for stage in model.stages for layer in stage.blocks.layers if hasattr(layer[0], 'fn')]
 
 
-# the layout its docstring states (the rest of the face: tests/test_conformance.py)
-
-
-def test_forward_features_are_the_last_stages_tokens():
-    assert tiny().forward_features(torch.randn(2, 3, 64, 64)).shape == (2, 4, 64)
+# the face and forward_features' declared layout: tests/test_conformance.py
 
 
 def test_a_non_square_image_with_windows_per_stage():

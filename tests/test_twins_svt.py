@@ -28,11 +28,7 @@ def tiny(**overrides):
     return TwinsSVT(**{'num_classes': 5, **stage_kwargs(), **overrides})
 
 
-# the layout its docstring states (the rest of the face: tests/test_conformance.py)
-
-
-def test_forward_features_are_the_last_stages_tokens():
-    assert tiny().forward_features(torch.randn(2, 3, 32, 48)).shape == (2, 1, 32)
+# the face and forward_features' declared layout: tests/test_conformance.py
 
 
 def test_vit_pytorchs_readme_arguments_build_a_model():

@@ -99,13 +99,6 @@ def test_tasks_advantages_and_the_extra_token_each_change_the_prediction():
         assert not torch.allclose(predict(model, x, **dict(base, **{name: value})), reference, atol=1e-4), name
 
 
-def test_a_frozen_tower_gets_no_gradient_and_the_policy_does():
-    model = build().train()
-    model(video(), actions=torch.zeros(2, 3, 2), freeze_vit=True).backward()
-    assert all(p.grad is None for p in model.vit.parameters())
-    assert model.to_pred_action.weight.grad.abs().sum() > 0
-
-
 def test_an_image_batch_is_one_view_of_one_frame():
     torch.manual_seed(0)
     model = VAT(ViT(**TOWER), **dict(POLICY, num_views=None, time_seq_len=1)).eval()

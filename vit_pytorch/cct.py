@@ -252,7 +252,7 @@ class CCT(vit.TokenFace, nn.Module):
     `positional_embedding`: 'learnable' (a trained table, the paper's CIFAR models), 'sine' (a fixed
     1D sin-cos table, a buffer that is not saved) or 'none' (then any input size works).
 
-    `forward_features` returns the tokens after the final norm, (b, h' * w', dim) on the tokenizer's grid.
+    `forward_features` returns the tokens after the final norm, (b, h' * w', embedding_dim) on the tokenizer's grid.
     The arguments up to `stochastic_depth_rate` may be positional, in vit-pytorch's order; the
     transformer's (`num_layers` on) are keyword-only there too (they pass on as keywords).
     """

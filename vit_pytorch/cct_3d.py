@@ -84,7 +84,7 @@ class CCT(vit.TokenFace, nn.Module):
     or 'none' (then any video size the tokenizer leaves tokens of works). `frame_padding` and
     `frame_pooling_padding` default to half their kernels.
 
-    `forward_features` returns the tokens after the final norm, (b, f' * h' * w', dim) on the tokenizer's grid.
+    `forward_features` returns the tokens after the final norm, (b, f' * h' * w', embedding_dim) on the tokenizer's grid.
     """
 
     num_prefix_tokens = 0

@@ -128,8 +128,8 @@ class MultiScaleEncoder(nn.Module):
 class CrossViT(vit.TokenFace, nn.Module):
     """CrossViT with vit-pytorch's keyword arguments.
 
-    `forward_features` returns both branches' normed tokens, (sm_tokens, lg_tokens), each
-    (b, 1 + n, dim); `num_classes=0` makes `forward` return them. The logits are the mean of
+    `forward_features` returns both branches' normed tokens, (sm_tokens, lg_tokens), of shapes
+    (b, 1 + n_sm, sm_dim) and (b, 1 + n_lg, lg_dim); `num_classes=0` makes `forward` return them. The logits are the mean of
     the two heads, as in the paper (vit-pytorch sums them).
 
     Options beyond vit-pytorch's API (the named configurations such as `crossvit_tiny_240`

@@ -246,7 +246,7 @@ class MaxViT(nn.Module):
     offset (y, x) in raster order, their tokens in raster order of the tiles (see MaxViTBlock).
 
     `forward_features` returns the last stage's map, (b, dim * 2^(stages - 1), h / 2^(stages + 1), w / 2^(stages +
-    1)).
+    1)), stages = len(depth).
     """
 
     def __init__(self, *, num_classes, dim, depth, dim_head=32, dim_conv_stem=None, window_size=7,

@@ -229,7 +229,7 @@ class RegisteredMobileViT(MobileViT):
         model = RegisteredMobileViT(image_size=16, dims=(8, 8, 8), widths=(8,) * 10 + (16,), num_classes=10,
                                     channels=1)
 
-    `forward_features` returns the final 1x1 convolution's map, (b, channels[-1], h / 32, w / 32) (rounded up).
+    `forward_features` returns the final 1x1 convolution's map, (b, widths[-1], h / 32, w / 32) (rounded up).
     `num_classes=0` makes `forward` return the pooled embedding (b, num_features).
     """
 

@@ -177,7 +177,8 @@ class ScalableViT(multiscale.StagedModel):
     head_hidden_dim     the head's hidden width (Linear, LayerNorm, GELU before the classifier); None: none.
     channels            input channels. num_classes=0: `forward` returns the pre-logits (b, num_features).
 
-    `forward_features` returns the last stage's tokens after the final norm, (b, h * w, dim * 8).
+    `forward_features` returns the last stage's tokens after the final norm, (b, h * w, dim * 2^(stages - 1)),
+    stages = len(depth).
     Recorder layout: one map per attention block, in stage and block order: IWSA blocks (b * windows,
     heads, wh * ww, wh * ww) (see `InteractiveWindowAttention`), SSA blocks (b, heads, h * w, m), m the
     reduced tokens (h // r) * (w // r).

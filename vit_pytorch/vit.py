@@ -492,7 +492,8 @@ class TokenFace:
         """The chosen blocks' outputs, one run of the model: indices None for every block, an int n for the last
         n, or a list of block numbers (negative from the end). output 'tokens' gives each as the block returns it,
         before the final norm ((b, n, num_chs) for most; NaViT's packed (1, n, num_chs)); 'maps' lays the patch
-        tokens on their grid, (b, num_chs, h, w)."""
+        tokens on their grid, (b, num_chs, h, w). Indices out of range are refused before the model runs."""
+        take_indices(indices, len(self.feature_info), what='block')
         return block_outputs(self, x, indices, output=output, transformer=self.get_submodule(self.intermediates_from))
 
 
