@@ -675,11 +675,34 @@ def sep_vit_pointwise_attention(module, tokens, maps):
     return scaled_softmax(q, k, q.shape[-1] ** -0.5)
 
 
+def regionvit_attention(module, x, mask=None, entry='forward'):
+    """RegionViT. forward: the local tokens of a window and its regional token (first) attend to each other,
+    softmax(q k^T / sqrt(d) + B + mask), B[key - query] from a (heads, 2 ws - 1, 2 ws - 1) table between local
+    tokens, 0 in the regional token's row and column (section 3.2). among_regions: the regional tokens, normed by
+    their own LayerNorm, attend to each other without a bias."""
+    if entry == 'among_regions':
+        q, k, _ = explicit_linear(explicit_layer_norm(x, module.region_norm), module.to_qkv).chunk(3, dim=-1)
+        q, k = split_heads(q, module.heads), split_heads(k, module.heads)
+        return scaled_softmax(q, k, q.shape[-1] ** -0.5)
+    q, k = self_attention_q_k(module, x)
+    window = (module.relative_position_bias.shape[-1] + 1) // 2
+    rows, cols = window_positions((window, window), (window, window))
+    delta = -offsets(rows, cols)[0]                                            # key minus query
+    bias = module.relative_position_bias[:, delta[..., 0] + window - 1, delta[..., 1] + window - 1]
+    bias = nn.functional.pad(bias, (1, 0, 1, 0))
+    return masked(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 + bias, mask).softmax(dim=-1)
+
+
+# attention methods besides forward that record a map (RegionViT's regional attention)
+ENTRY_POINTS = {'among_regions'}
+
+
 def explicit_formulas():
     """Attention class (exactly: a subclass may change the formula) -> its map recomputed from the module's input."""
     from vit_pytorch import deepvit, rvt, simple_vit, simple_vit_with_qk_norm, vit, vit_5, vit_for_small_dataset
     from vit_pytorch import looped_vit, simple_vit_with_sparse_gating
-    from vit_pytorch import crossformer, cvt, levit, max_vit, multiscale, scalable_vit, sep_vit, swin, twins_svt, xcit
+    from vit_pytorch import crossformer, cvt, levit, max_vit, multiscale, regionvit, scalable_vit, sep_vit, swin
+    from vit_pytorch import twins_svt, xcit
     multi_scale = {swin.WindowAttention: swin_attention, swin.CosineWindowAttention: swin_v2_attention,
                    max_vit.WindowAttention: max_vit_attention, crossformer.CrossScaleAttention: crossformer_attention,
                    levit.Attention: levit_attention, levit.SubsampleAttention: levit_attention,
@@ -688,7 +711,8 @@ def explicit_formulas():
                    scalable_vit.InteractiveWindowAttention: scalable_interactive_attention,
                    scalable_vit.ScalableSelfAttention: scalable_self_attention, cvt.ConvAttention: cvt_attention,
                    xcit.XCAttention: xcit_attention, sep_vit.DepthwiseSelfAttention: sep_vit_depthwise_attention,
-                   sep_vit.PointwiseSelfAttention: sep_vit_pointwise_attention}
+                   sep_vit.PointwiseSelfAttention: sep_vit_pointwise_attention,
+                   regionvit.RegionToLocalAttention: regionvit_attention}
     return {**multi_scale, vit.Attention: core_attention, simple_vit.Attention: core_attention,
             simple_vit_with_qk_norm.Attention: qk_norm_attention, vit_for_small_dataset.LSA: locality_attention,
             vit.ClassAttention: class_attention, deepvit.ReAttention: re_attention,
@@ -724,6 +748,16 @@ def recorded_run(case_id):
     handles = [module.register_forward_pre_hook(
         lambda module, args, kwargs, name=name: calls.append((name, module, args, kwargs)), with_kwargs=True)
         for name, module in attention_modules(model)]
+    # an attention entry point besides forward (RegionViT's regional attention) is logged as a call with
+    # entry=<method> among its keyword arguments, in call order with the forward calls
+    entered = []
+    for name, module in attention_modules(model):
+        for method in ENTRY_POINTS.intersection(dir(module)):
+            def logged(*args, name=name, module=module, method=method, original=getattr(module, method), **kwargs):
+                calls.append((name, module, args, {**kwargs, 'entry': method}))
+                return original(*args, **kwargs)
+            setattr(module, method, logged)
+            entered.append((module, method))
     try:
         recorder = Recorder(model)
         with torch.no_grad():
@@ -731,6 +765,8 @@ def recorded_run(case_id):
     finally:
         for handle in handles:
             handle.remove()
+        for module, method in entered:
+            delattr(module, method)
     return model, calls, recorder
 
 
@@ -780,7 +816,7 @@ def test_recorded_maps_equal_the_attention_recomputed_from_each_modules_input(ca
     shift mask, Swin V2's cosine attention, MaxViT's windows with registers, CrossFormer's groups with padding,
     LeViT's and its shrinking attention with the offset bias, PVT's spatial reduction (PVT v2, Twins), Twins'
     local windows, CvT's convolutional projections, XCiT's cross-covariance, ScalableViT's SSA and IWSA, SepViT's
-    DSA and PSA): the i-th map of a module is its formula on the module's input of its i-th call. Window, shift
+    DSA and PSA, RegionViT's local and regional attention): the i-th map of a module is its formula on the module's input of its i-th call. Window, shift
     and group sizes are read from the module (its configuration); the scores, scales, biases and masks are
     recomputed. The other classes get the distribution check alone."""
     formulas = explicit_formulas()
