@@ -129,7 +129,6 @@ def test_vit_pytorch_checkpoint_loads_and_reproduces_its_outputs():
     (dict(proj_embed_to_dim=8), ValueError, r'dim_emb'),
     (dict(forward_function='predict'), ValueError, r'forward_function'),
     (dict(moss=dict(dim=16)), ValueError, r'moss.*not offered'),
-    (dict(time_seq_len=0), ValueError, r'time_seq_len'),
 ])
 def test_bad_arguments_are_refused_with_their_name(kwargs, error, match):
     with pytest.raises(error, match=match):

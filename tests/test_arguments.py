@@ -1,9 +1,12 @@
 """Every numeric constructor argument of every registered model and wrapper is checked when it is built.
 
 For each model of `vit_pytorch.models.MODELS` (a new one joins by its registry entry) and each wrapper, each
-numeric argument found in the constructor's signature is given NaN, infinity, -1, a string and True in turn
-(and, for a tuple, each of these as its first entry): every one must be a ValueError/TypeError at
-construction that names the argument, never a model that computes NaN or fails later in `forward`.
+numeric argument found in the constructor's signature is given NaN, infinity, -1, a string and True in turn;
+an int argument (a count, a depth, a width, a size) also 0 (unless ZERO_ALLOWED says why 0 is valid) and 2.5
+(unless REAL_NUMBERS says it takes a real number); a rate or share (RATES) also 1.5, and 1.0 where RATES says
+why 1 is no valid rate (for a tuple, each of these as its first entry too): every one must be a
+ValueError/TypeError at construction that names the argument and shows the value, never a model that computes
+NaN or fails later in `forward`. The values the tables exempt must then build, as they do in vit-pytorch.
 """
 
 import inspect
@@ -56,10 +59,74 @@ NOT_NUMBERS = {
     'sigreg_slots', 'interactions',     # wwt: booleans per level (None: no SIGReg), level pairs (None: tokens-slots)
 }
 
+# arguments whose refusal need not show the value: MPP's and DINO's mean and std are refused first for coming
+# without their partner (test_a_normalisation_must_be_finite_with_a_positive_std checks their values)
+VALUE_NOT_SHOWN = {'mean', 'std'}
+
 # (owner, argument, value) a constructor may accept, with the reason
 ALLOWED = {
     # a position in the wrapped model's outputs: -1 is the last, as in Python indexing
     ('accept_video_wrapper', 'output_pos_add_pos_emb', -1),
+}
+
+# int-valued arguments that take a real number: 2.5 is not tried (0 still is)
+REAL_NUMBERS = {
+    'temperature',      # attn_residual_with_dca_simple_vit: the rotary base (10000), distill: a softmax temperature
+    # width multipliers that vit-pytorch (or timm, for PVT v2) applies as int(width * factor): 2.5 builds there
+    'mlp_factor', 'highres_mlp_factor',     # look_vit
+    'jumbo_ff_mult',                        # jumbo_vit
+    'expansion',                            # mobile_vit's inverted residual blocks
+    'mbconv_expansion_rate',                # max_vit's MBConv
+    'mlp_ratios',                           # pvt_v2 (timm's name and rule)
+    'ff_mult',                              # sep_vit
+}
+# arguments left None by default that take an int when given (the others of OPTIONAL_NUMBERS take floats)
+OPTIONAL_INTS = {
+    'pre_logits_dim', 'lg_image_size', 'pretrained_window_sizes', 'num_distill_classes', 's1_emb_padding',
+    's2_emb_padding', 's3_emb_padding', 's1_heads', 's2_heads', 's3_heads', 's4_heads', 'dim_head', 'heads',
+    'ssa_dim_value', 'iwsa_dim_key', 'iwsa_dim_value', 'frame_padding', 'frame_pooling_padding', 'patch_size',
+    'dim', 'channels', 'local_image_size', 'dim_emb', 'time_seq_len', 'proj_embed_to_dim', 'specialize_qkv_depth',
+    'patch_merge_layer', 'input_shape', 'image_size',
+}
+# int arguments for which 0 is a valid value, with the reason (every other int argument must refuse 0)
+ZERO_ALLOWED = {
+    'num_classes': 'no head: the model returns its features',
+    'padding': 'no padding', 'pooling_padding': 'no padding', 'frame_padding': 'no padding',
+    'frame_pooling_padding': 'no padding', 's1_emb_padding': 'no padding', 's2_emb_padding': 'no padding',
+    's3_emb_padding': 'no padding',
+    'num_register_tokens': 'no registers: the plain model', 'num_registers': 'no registers: the plain model',
+    'num_register_slots': 'no registers: the plain model',
+    'specialize_qkv_depth': 'no layer with a cls-specific projection (what depth // 3 gives below depth 3)',
+    'pre_loop_depth': 'no layer before the loop', 'post_loop_depth': 'no layer after the loop',
+    'causal_dims': 'an index: the first axis', 'output_pos_add_pos_emb': 'an index: the first output',
+    'num_local_crops': "DINO's two global crops alone",
+}
+# rates and shares: name -> (whether 1.0 is refused, why); 1.5 is refused by every one: no probability, share or
+# decay exceeds 1
+DROPOUT = (True, "torch's Dropout takes p=1 but then zeroes every activation in training: the branch passes "
+                 "nothing and no weight before it is trained; the shared vit.probability is [0, 1)")
+STOCHASTIC_DEPTH = (True, 'a branch dropped with probability 1 never runs in training, and the kept branch is '
+                          'scaled by 1 / (1 - p)')
+RATES = {
+    **dict.fromkeys(('dropout', 'emb_dropout', 'attention_dropout', 'attn_dropout', 'attn_drop_rate', 'drop_rate',
+                     'proj_drop_rate', 'ff_dropout', 'dropout_rate'), DROPOUT),
+    **dict.fromkeys(('drop_path_rate', 'stochastic_depth_rate', 'layer_dropout'), STOCHASTIC_DEPTH),
+    'patch_dropout': (True, 'keeps no patch'),
+    'token_dropout_prob': (True, 'keeps no token'),
+    'masking_ratio': (True, 'leaves no visible patch (vit-pytorch asserts masking_ratio < 1)'),
+    'rope_p_zero_freqs': (True, 'leaves no rotating frequency'),
+    'pope_p_zero_freqs': (True, 'leaves no rotating frequency'),
+    'mask_prob': (True, 'corrupts every patch: no patch is left at its own position to predict from'),
+    'random_patch_prob': (False, 'every masked patch replaced by a random one'),
+    'replace_prob': (False, 'every masked patch replaced by the mask token'),
+    'alpha': (False, 'the distillation loss alone'),
+    'moving_average_decay': (False, 'a frozen teacher'),
+    'center_moving_average_decay': (False, 'a frozen centre'),
+    'global_lower_crop_scale': (False, 'a crop of the whole image'),
+    'local_upper_crop_scale': (False, 'a crop of the whole image'),
+    'decorr_sample_frac': (False, 'every token sampled (the default)'),
+    'sparsity_threshold': (False, 'a gate score of 1 is the top of its range'),
+    'value_residual_mix': (False, "each layer's own values alone"),
 }
 
 IMAGE_SIZE, CHANNELS, NUM_CLASSES = 32, 3, 10
@@ -128,11 +195,42 @@ def first_entry_replaced(value, bad):
     return None if inner is None else type(value)((inner, *value[1:]))
 
 
-def substitutions(value):
-    """(label, bad value) pairs for an argument whose valid value is `value`."""
-    cases = [(repr(bad), bad) for bad in BAD_VALUES]
+def first_entry(value):
+    """The first (innermost) entry of a tuple or list, `value` itself otherwise; None when there is no entry."""
+    while isinstance(value, (tuple, list)):
+        if not value:
+            return None
+        value = value[0]
+    return value
+
+
+def is_integer_argument(name, value):
+    """Whether `name` takes an int (or ints): its valid value is one, or it is an optional count or size."""
+    if name in REAL_NUMBERS:
+        return False
+    if value is None:
+        return name in OPTIONAL_INTS
+    entry = first_entry(value)
+    return isinstance(entry, int) and not isinstance(entry, bool)
+
+
+def bad_values(name, value):
+    """The values `name` must refuse: BAD_VALUES for every number, 0 and 2.5 for an int, 1.5 (and 1.0 where
+    RATES says so) for a rate."""
+    bad = list(BAD_VALUES)
+    if is_integer_argument(name, value):
+        bad += [2.5] if name in ZERO_ALLOWED else [0, 2.5]
+    if name in RATES:
+        bad += [1.5] + ([1.0] if RATES[name][0] else [])
+    return bad
+
+
+def substitutions(name, value):
+    """(label, bad value) pairs for an argument `name` whose valid value is `value`."""
+    bad_ones = bad_values(name, value)
+    cases = [(repr(bad), bad) for bad in bad_ones]
     if isinstance(value, (tuple, list)):
-        cases += [(f'first entry {bad!r}', first_entry_replaced(value, bad)) for bad in BAD_VALUES]
+        cases += [(f'first entry {bad!r}', first_entry_replaced(value, bad)) for bad in bad_ones]
     return [(label, bad) for label, bad in cases if bad is not None]
 
 
@@ -140,7 +238,7 @@ def unchecked(owner, cls, make_kwargs):
     """Every (argument, substituted value) that `cls` did not refuse by a ValueError/TypeError naming it."""
     failures = []
     for name, value in numeric_arguments(cls, make_kwargs()).items():
-        for label, bad in substitutions(value):
+        for label, bad in substitutions(name, value):
             if (owner, name, bad) in ALLOWED:
                 continue
             try:
@@ -148,6 +246,9 @@ def unchecked(owner, cls, make_kwargs):
             except (ValueError, TypeError) as error:
                 if not re.search(rf'\b{re.escape(name)}\b', str(error)):
                     failures.append(f'{name}={label}: {type(error).__name__} not naming it: {error}')
+                elif name not in VALUE_NOT_SHOWN and not any(
+                        shown in str(error) for value in (bad, first_entry(bad)) for shown in (repr(value), str(value))):
+                    failures.append(f'{name}={label}: {type(error).__name__} not showing the value: {error}')
             except Exception as error:      # any other error is a failure to report
                 failures.append(f'{name}={label}: {type(error).__name__}: {error}')
             else:
@@ -225,3 +326,34 @@ def test_a_normalisation_must_be_finite_with_a_positive_std(name, mean, std, arg
     cls, make_kwargs = WRAPPERS[name]
     with pytest.raises((ValueError, TypeError), match=argument):
         cls(**make_kwargs(), mean=mean, std=std)
+
+
+# the exemptions hold: a width multiplier of 2.5 builds (vit-pytorch takes int(width * factor)), and a share of 1.0
+# builds where RATES says 1 is valid
+def exempted_values():
+    owners = [('model', name, models.model_class(name), lambda name=name: model_kwargs(name)) for name in models.MODELS]
+    owners += [('wrapper', name, cls, make_kwargs) for name, (cls, make_kwargs) in WRAPPERS.items()]
+    cases = []
+    for kind, owner, cls, make_kwargs in owners:
+        for name, value in numeric_arguments(cls, make_kwargs()).items():
+            if name in REAL_NUMBERS and name != 'temperature':
+                multiplier = type(value)(2.5 for _ in value) if isinstance(value, (tuple, list)) else 2.5
+                cases.append(pytest.param(kind, owner, name, multiplier, id=f'{kind}-{owner}-{name}'))
+            if name in RATES and not RATES[name][0]:
+                cases.append(pytest.param(kind, owner, name, 1.0, id=f'{kind}-{owner}-{name}'))
+    return cases
+
+
+# MPP's replace_prob and random_patch_prob share the corrupted patches: 1 for one leaves 0 for the other
+SHARE_PARTNERS = {'replace_prob': 'random_patch_prob', 'random_patch_prob': 'replace_prob'}
+
+
+@pytest.mark.parametrize('kind, owner, name, value', exempted_values())
+def test_an_exempted_value_builds(kind, owner, name, value):
+    cls, make_kwargs = WRAPPERS[owner] if kind == 'wrapper' else (models.model_class(owner),
+                                                                    lambda: model_kwargs(owner))
+    kwargs = {**make_kwargs(), name: value}
+    if name in SHARE_PARTNERS:
+        kwargs[SHARE_PARTNERS[name]] = 0.0
+    # building is the check: a width left a float (dim * 2.5) fails in nn.Linear/nn.Conv2d's constructor
+    assert isinstance(cls(**kwargs), torch.nn.Module)

@@ -147,16 +147,6 @@ def test_patches_attend_over_the_patches_and_the_class_attention_is_one_query_ov
 # errors
 
 
-@pytest.mark.parametrize('overrides, error, match', [
-    (dict(cls_depth=0), ValueError, 'cls_depth'),
-    (dict(depth=2.5), TypeError, 'depth'),
-    (dict(layer_dropout=1.0), ValueError, 'layer_dropout'),
-])
-def test_bad_arguments_are_refused_with_their_name(overrides, error, match):
-    with pytest.raises(error, match=match):
-        tiny_cait(**overrides)
-
-
 def test_wrong_image_size_is_refused():
     with pytest.raises(ValueError, match='image_size'):
         tiny_cait()(torch.randn(1, 3, 16, 16))

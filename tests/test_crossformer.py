@@ -365,12 +365,10 @@ def test_recorded_maps_are_per_block_in_stage_order_and_equal_the_softmax_of_q_a
     (dict(depth=(2, 0, 1)), ValueError, 'depth of stage 2'),
     (dict(dim=(32, 48.5, 64)), TypeError, 'dim of stage 2'),
     (dict(heads=(1, 5, 2)), ValueError, 'heads 5 of stage 2 must divide its dim 48'),
-    (dict(local_window_size=0), ValueError, 'local_window_size of stage 1'),
     (dict(interval=(2, 2)), ValueError, 'one value per stage'),
     (dict(cross_embed_kernel_sizes=((2, 3), (2, 4), (2, 4))), ValueError, 'kernel 3 minus the stride 2 must be even'),
     (dict(cross_embed_kernel_sizes=((1, 4), (2, 4), (2, 4))), ValueError, 'kernel 1 minus the stride 2'),
     (dict(cross_embed_kernel_sizes=4), TypeError, 'cross_embed_kernel_sizes must be a tuple'),
-    (dict(attn_dropout=1.0), ValueError, 'attn_dropout'),
 ])
 def test_bad_arguments_are_refused_with_their_name(overrides, error, match):
     with pytest.raises(error, match=match):

@@ -282,9 +282,7 @@ def test_vit_pytorchs_readme_example_runs_one_step():
 
 @pytest.mark.parametrize('overrides, error, match', [
     (dict(hidden_layer='transformer'), ValueError, 'hidden_layer'),
-    (dict(num_classes_K=0), ValueError, 'num_classes_K'),
     (dict(student_temp=0.), ValueError, 'student_temp'),
-    (dict(moving_average_decay=1.5), ValueError, 'moving_average_decay'),
     (dict(local_upper_crop_scale=0.01), ValueError, 'local_upper_crop_scale'),
     (dict(global_lower_crop_scale=0.), ValueError, 'global_lower_crop_scale'),
     (dict(augment_fn=3), TypeError, 'augment_fn'),

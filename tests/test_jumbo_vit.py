@@ -119,7 +119,6 @@ def test_named_configurations_take_the_papers_widths(variant, dim, k):
 
 
 @pytest.mark.parametrize('override, error, message', [
-    (dict(jumbo_cls_k=0), ValueError, r'jumbo_cls_k must be a positive int, got 0'),
     (dict(num_jumbo_cls=1.5), TypeError, r'num_jumbo_cls must be a positive int, got 1.5'),
     (dict(jumbo_ff_mult=0.001), ValueError, r'jumbo_ff_mult \* jumbo_cls_k \* dim must be at least 1'),
     (dict(dim=18), ValueError, r'dim must be a multiple of 4.*got 18'),

@@ -249,7 +249,6 @@ def test_reset_classifier_keeps_the_distillation_head_and_brings_it_back_after_0
     (dict(image_size=40), ValueError, 'image_size must be divisible by 16'),
     (dict(dim=(12, 24)), ValueError, 'divisible by 8'),
     (dict(dim=(16, 24, 32)), ValueError, 'at most 2'),
-    (dict(heads=0), ValueError, 'heads'),
     (dict(dim_key=32), ValueError, 'dim_key'),
     (dict(num_distill_classes=4), ValueError, 'num_distill_classes'),
     (dict(mlp_mult=1.5), TypeError, 'mlp_mult'),

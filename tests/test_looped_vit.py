@@ -147,7 +147,6 @@ def test_vit_pytorchs_checkpoint_loads_strictly_and_gives_its_outputs():
     (dict(pool='max'), 'pool'),
     (dict(deep_supervision_weighting='linear'), 'weighting'),
     (dict(deep_supervision_weighting=[1., 2.]), 'weighting'),
-    (dict(loop_depth=0), 'loop_depth'),
 ])
 def test_a_bad_argument_is_refused_by_name(overrides, message):
     with pytest.raises(ValueError, match=message):

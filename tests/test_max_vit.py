@@ -233,7 +233,6 @@ def test_recorded_maps_are_block_then_grid_per_block_and_equal_the_softmax_of_q_
     (dict(dim=10), ValueError, 'dim_head'),
     (dict(window_size=(2, 0)), ValueError, 'window_size'),
     (dict(mbconv_shrinkage_rate=0.01), ValueError, 'mbconv_shrinkage_rate'),
-    (dict(dropout=1.5), ValueError, 'dropout'),
     (dict(layer_dropout=-0.1), ValueError, 'layer_dropout'),
     (dict(pre_logits=1), TypeError, 'pre_logits'),
 ])

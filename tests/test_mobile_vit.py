@@ -187,7 +187,6 @@ def test_registered_class_is_mobilevit_with_the_images_channels_as_channels():
     (dict(kernel_size=4), ValueError, 'kernel_size must be odd'),
     (dict(channels=(8, 8, 8, 16, 8, 8, 16, 16, 16, 16, 32)), ValueError, r'channels\[2\] and channels\[3\]'),
     (dict(expansion=0), ValueError, 'expansion'),
-    (dict(image_size=0), ValueError, 'image_size'),
     (dict(in_chans=1.5), TypeError, 'in_chans'),
 ])
 def test_bad_arguments_are_refused_with_their_name(overrides, error, match):

@@ -158,14 +158,11 @@ def test_recorded_maps_are_per_layer_in_level_order_and_equal_the_softmax_of_q_a
 
 @pytest.mark.parametrize('overrides, error, match', [
     (dict(image_size=(32, 64)), ValueError, r'image_size must be square'),
-    (dict(image_size=2.5), TypeError, 'image_size'),
     (dict(image_size=24), ValueError, r'image_size 24 must be divisible by patch_size 4 times 2 \*\* \(num_hierarchies'),
     (dict(heads=3), ValueError, 'heads 3 must divide dim 8'),
     (dict(block_repeats=(1, 1)), ValueError, 'block_repeats'),
     (dict(block_repeats=(1, 0, 1)), ValueError, 'block_repeats'),
-    (dict(num_hierarchies=0), ValueError, 'num_hierarchies'),
     (dict(dim_head=64), ValueError, 'dim_head 64 must be'),
-    (dict(dropout=1.5), ValueError, 'dropout'),
 ])
 def test_bad_arguments_are_refused_with_their_name(overrides, error, match):
     with pytest.raises(error, match=match):

@@ -51,9 +51,7 @@ def test_two_branches_at_half_depth_have_the_parameters_of_the_sequential_model(
 
 
 @pytest.mark.parametrize('override, error, message', [
-    (dict(num_parallel_branches=0), ValueError, r'num_parallel_branches must be a positive int, got 0'),
     (dict(num_parallel_branches=1.5), TypeError, r'num_parallel_branches must be a positive int'),
-    (dict(depth=0), ValueError, r'depth must be a positive int'),
     (dict(pool='max'), ValueError, r"pool must be 'cls'"),
 ])
 def test_invalid_configuration(override, error, message):

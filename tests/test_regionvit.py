@@ -279,12 +279,10 @@ def test_stochastic_depth_grows_linearly_over_the_blocks():
     (dict(dim=()), ValueError, 'dim'),
     (dict(depth=(1, 0)), ValueError, 'depth'),
     (dict(dim_head=12), ValueError, 'dim_head 12 must divide'),
-    (dict(window_size=0), ValueError, 'window_size'),
     (dict(local_patch_size=8), ValueError, 'tokenize_local_3_conv=True .* needs local_patch_size 4'),
     (dict(dim=(18, 36), dim_head=9), ValueError, 'divisible by 4'),
     (dict(tokenize_local_3_conv=False, local_patch_size=1), ValueError, 'local_patch_size must be at least 2'),
     (dict(tokenize_local_3_conv=1), TypeError, 'tokenize_local_3_conv'),
-    (dict(attn_dropout=1.0), ValueError, 'attn_dropout'),
     (dict(drop_path_rate=-0.1), ValueError, 'drop_path_rate'),
 ])
 def test_bad_arguments_are_refused_with_their_name(overrides, error, match):

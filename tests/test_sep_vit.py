@@ -287,16 +287,12 @@ def test_recorded_maps_are_dsa_then_psa_per_block_and_equal_the_softmax_of_q_and
 @pytest.mark.parametrize('overrides, error, match', [
     (dict(depth=(1, 2, 2)), TypeError, 'depth must be a tuple of 4'),
     (dict(depth=(1, 0, 2, 1)), ValueError, 'depth'),
-    (dict(dim=2.5), TypeError, 'dim'),
     (dict(heads=(1, 3, 2, 4)), ValueError, 'heads 3 of stage 2 must divide its width 16'),
     (dict(heads=(1, 2)), ValueError, 'heads must be an int or 4 values'),
     (dict(dim_head=4), ValueError, 'dim_head must be None or each stage.s width over its heads'),
     (dict(window_size=3), ValueError, "window_size 3 must divide the 16x16 map of stage 1"),
     (dict(grouped_window_size=(4, 3, 4, 4)), ValueError, "grouped_window_size 3 must divide the 8x8 map of stage 2"),
-    (dict(window_size=0), ValueError, 'window_size'),
-    (dict(image_size=0), ValueError, 'image_size'),
     (dict(ff_mult=None), TypeError, 'ff_mult'),
-    (dict(dropout=1.0), ValueError, 'dropout'),
 ])
 def test_bad_arguments_are_refused_with_their_name(overrides, error, match):
     with pytest.raises(error, match=match):

@@ -131,14 +131,12 @@ def test_one_token_attention_over_the_8x12_tokens_then_the_backbones_over_the_4x
 
 @pytest.mark.parametrize('overrides, error, match', [
     (dict(depth=None), ValueError, 'depth'),
-    (dict(heads=0), ValueError, 'heads'),
     (dict(pool='max'), ValueError, 'pool'),
     (dict(t2t_layers=()), ValueError, 't2t_layers'),
     (dict(t2t_layers=((7, 4, 1),)), ValueError, 't2t_layers'),
     (dict(t2t_layers=((7, 0),)), ValueError, 'stride'),
     (dict(image_size=2, t2t_layers=((7, 4),)), ValueError, 'too small'),
     (dict(transformer='encoder'), TypeError, 'transformer'),
-    (dict(token_dim=0), ValueError, 'token_dim'),
 ])
 def test_bad_arguments_are_refused_with_their_name(overrides, error, match):
     with pytest.raises(error, match=match):

@@ -176,7 +176,6 @@ def test_a_causal_model_refuses_vit_pytorchs_checkpoint_naming_the_cls_token():
 
 
 @pytest.mark.parametrize('changes, error, match', [
-    (dict(ndim=0), ValueError, 'ndim'),
     (dict(ndim=2.0), TypeError, 'ndim'),
     (dict(input_shape=(8, 12)), ValueError, 'input_shape must be an int or a tuple of ndim=3'),
     (dict(input_shape=(4, 8, 10)), ValueError, r'divisible by patch_size .*dimension 2: 10 by 4'),

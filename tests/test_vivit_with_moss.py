@@ -271,8 +271,6 @@ def test_a_model_in_the_official_layout_refuses_vit_pytorchs_checkpoint_naming_t
 
 @pytest.mark.parametrize('changes, error, match', [
     (dict(moss_local_time=2), ValueError, 'moss_local_time must be odd'),
-    (dict(moss_local_width=0), ValueError, 'moss_local_width'),
-    (dict(moss_orders=0), ValueError, 'moss_orders'),
     (dict(moss_causal='yes'), TypeError, 'moss_causal'),
     (dict(moss_layout='paper'), ValueError, "moss_layout must be 'vit_pytorch' or 'official'"),
     (dict(moss_official_channels=(4, 3, 5)), TypeError, 'moss_official_channels'),

@@ -169,7 +169,6 @@ def test_the_autoencoding_head_carries_the_top_slots_down_to_the_patch_grid():
 
 @pytest.mark.parametrize('changes, error, match', [
     (dict(num_slots=(3, 6)), ValueError, 'num_slots must strictly decrease'),
-    (dict(num_slots=0), ValueError, 'num_slots'),
     (dict(num_slots=2.0), TypeError, 'num_slots'),
     (dict(sigreg_slots=(True,)), ValueError, 'sigreg_slots must be one value or a tuple of one per level'),
     (dict(num_register_slots=(1, 1, 1)), ValueError, 'num_register_slots'),

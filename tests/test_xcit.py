@@ -165,7 +165,6 @@ def test_the_maps_are_channel_maps_then_one_cls_query_over_every_token():
     (dict(patch_size=(4, 8)), ValueError, 'patch_size'),
     (dict(dim=30, patch_size=8, image_size=16), ValueError, 'dim'),
     (dict(local_patch_kernel_size=4), ValueError, 'local_patch_kernel_size'),
-    (dict(cls_depth=0), ValueError, 'cls_depth'),
 ])
 def test_bad_arguments_are_refused_with_their_name(overrides, error, match):
     with pytest.raises(error, match=match):

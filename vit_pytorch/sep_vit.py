@@ -164,7 +164,8 @@ class SepViT(multiscale.StagedModel):
     image_size           the images the model takes (int or (h, w)): it sets the number of window tokens; every
                          stage's map must be a whole number of windows.
     dim_head             None, or width / heads of every stage (vit-pytorch's argument; there it was free).
-    ff_mult              the feedforward width over the stage's width (int or one per stage).
+    ff_mult              the feedforward width over the stage's width (a positive number, or one per stage);
+                         the hidden width is int(width * ff_mult), as in vit-pytorch, so 2.5 is accepted.
     channels, dropout, drop_path_rate  input channels; dropout of the attention weights, after the attention
                          projection and in the feedforward; stochastic depth of the last block, growing from 0.
 
@@ -199,7 +200,7 @@ class SepViT(multiscale.StagedModel):
                 side = self.windows[i][j]
                 attention = SeparableAttention(width, heads[i], dropout, window_size=side,
                                                windows=(size[0] // side) * (size[1] // side))
-                feedforward = vit.FeedForward(width, width * ff_mult[i], dropout, norm_eps=BLOCK_EPS)
+                feedforward = vit.FeedForward(width, int(width * ff_mult[i]), dropout, norm_eps=BLOCK_EPS)
                 layers.append((multiscale.DropPath(attention, rate), multiscale.DropPath(feedforward, rate)))
                 if j == 0:
                     layers.append((multiscale.PositionEncodingGenerator(width),))
@@ -293,14 +294,19 @@ def check_arguments(*, num_classes, dim, depth, heads, window_size, grouped_wind
         if isinstance(value, (tuple, list)) and len(value) != NUM_STAGES:
             raise ValueError(f"{name} must be an int or {NUM_STAGES} values, one per stage, got {tuple(value)!r}")
         for item in per_stage(value):
-            if not (name == 'grouped_window_size' and item is None):
+            if name == 'ff_mult':
+                vit.positive_float(name, item)      # a width ratio: vit-pytorch takes int(width * ff_mult)
+            elif not (name == 'grouped_window_size' and item is None):
                 vit.positive_int(name, item)
     image_size = vit.positive_pair('image_size', image_size)
     vit.positive_int('channels', channels)
     vit.probability('dropout', dropout)
     vit.probability('drop_path_rate', drop_path_rate)
-    for i, stage_heads in enumerate(per_stage(heads)):
+    for i, (stage_heads, stage_ff_mult) in enumerate(zip(per_stage(heads), per_stage(ff_mult))):
         width = dim * 2 ** i
+        if int(width * stage_ff_mult) < 1:
+            raise ValueError(f"ff_mult {stage_ff_mult} of stage {i + 1} leaves no hidden unit: the feedforward width "
+                             f"is int({width} * ff_mult), which must be at least 1")
         if width % stage_heads:
             raise ValueError(f"heads {stage_heads} of stage {i + 1} must divide its width {width} (dim * {2 ** i})")
         if dim_head is not None and vit.positive_int('dim_head', dim_head) != width // stage_heads:
