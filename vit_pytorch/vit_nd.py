@@ -307,11 +307,13 @@ def check_arguments(*, ndim, input_shape, patch_size, num_classes, dim, depth, h
         check_causal_dims(causal_dims, ndim)
 
 
-def check_rotary_arguments(prefix, min_freq, max_freq, zero_fraction, *, pairs, **arguments):
+def check_rotary_arguments(prefix, min_freq, max_freq, zero_fraction, *, channels_per_frequency, **arguments):
     """A rotary variant's arguments: the N-D ViT's `arguments` (its tokens mean-pooled), then its golden-gate
-    frequencies' (`check_frequencies`)."""
+    frequencies' (`check_frequencies`), dim_head // channels_per_frequency of them a head (RoPE turns channel
+    pairs: 2; PoPE gives every channel a phase: 1)."""
     check_arguments(pool='mean', **arguments)
-    check_frequencies(prefix, arguments['dim_head'], min_freq, max_freq, zero_fraction, pairs=pairs)
+    dim_head = arguments['dim_head']
+    check_frequencies(prefix, dim_head, min_freq, max_freq, zero_fraction, pairs=dim_head // channels_per_frequency)
 
 
 def check_frequencies(prefix, dim_head, min_freq, max_freq, zero_fraction, *, pairs):

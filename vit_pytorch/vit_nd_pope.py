@@ -93,7 +93,7 @@ class ViTND(vit_nd.RotaryViTND):
 def check_arguments(*, pope_min_freq, pope_max_freq, pope_p_zero_freqs, pope_init_learned_bias_uniform, **arguments):
     """The N-D ViT's arguments (`vit_nd.check_arguments`), then the frequencies', dim_head of them a head."""
     vit_nd.check_rotary_arguments('pope', pope_min_freq, pope_max_freq, pope_p_zero_freqs,
-                                  pairs=arguments['dim_head'], **arguments)
+                                  channels_per_frequency=1, **arguments)
     if not isinstance(pope_init_learned_bias_uniform, bool):
         raise TypeError(f"pope_init_learned_bias_uniform must be a bool, got {pope_init_learned_bias_uniform!r}")
 

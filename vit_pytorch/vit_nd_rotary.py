@@ -67,7 +67,7 @@ class ViTND(vit_nd.RotaryViTND):
 def check_arguments(*, rope_min_freq, rope_max_freq, rope_p_zero_freqs, **arguments):
     """The N-D ViT's arguments (`vit_nd.check_arguments`), then the frequencies', dim_head // 2 of them a head."""
     vit_nd.check_rotary_arguments('rope', rope_min_freq, rope_max_freq, rope_p_zero_freqs,
-                                  pairs=arguments['dim_head'] // 2, **arguments)
+                                  channels_per_frequency=2, **arguments)
 
 
 # loading checkpoints
