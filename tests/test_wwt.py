@@ -114,6 +114,51 @@ def test_sigreg_reads_only_the_levels_sigreg_slots_names():
     assert first.abs().sum() > 0 and second.abs().sum() == 0
 
 
+# what the trainer scores
+
+
+def logits_by_hand(model, img):
+    """The slot head's logits (the mean over the levels of the mean over each level's slots of `mlp_head`), and with
+    `return_tokens` the mean of those and the token head's (the mean over the patches of `mlp_head_tokens`)."""
+    slots, tokens, _ = model(img, return_embeddings=True)
+    slot_logits = sum(model.mlp_head(level).mean(dim=1) for level in slots) / len(slots)
+    return slot_logits if tokens is None else (slot_logits + model.mlp_head_tokens(tokens).mean(dim=1)) / 2
+
+
+@pytest.mark.parametrize('training', [True, False], ids=['training', 'eval'])
+@pytest.mark.parametrize('sigreg_slots', [None, True], ids=['no_sigreg', 'sigreg'])
+@pytest.mark.parametrize('return_tokens', [False, True], ids=['slots', 'tokens'])
+def test_the_trainer_scores_the_mean_of_the_slot_and_token_heads_logits(return_tokens, sigreg_slots, training):
+    """Whatever WWT returns (logits, WWTReturn(slot_logits, token_logits), either with the SIGReg loss after it),
+    `predicted_logits` gives the logits the trainer and its evaluation score: the slot head's, or with
+    `return_tokens` the mean of both heads'."""
+    from vit_pytorch.training.loop import predicted_logits
+
+    model = tiny(return_tokens=return_tokens, sigreg_slots=sigreg_slots).train(training)
+    with torch.no_grad():
+        torch.testing.assert_close(predicted_logits(model(images())), logits_by_hand(model, images()),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_the_evaluation_of_wwt_with_both_heads_and_sigreg_scores_the_heads_mean_logits():
+    """The training command's evaluation of a WWT built with `return_tokens` and `sigreg_slots` (it crashed on the
+    WWTReturn): its test loss is the cross-entropy of the two heads' mean logits, its accuracy their argmax's."""
+    import torch.nn.functional as F
+
+    from vit_pytorch.training.data import ImageSet
+    from vit_pytorch.training.loop import evaluate
+
+    model = tiny(return_tokens=True, sigreg_slots=True)
+    img = torch.rand(6, 3, 16, 24, generator=torch.Generator().manual_seed(2))
+    labels = torch.tensor([0, 1, 2, 3, 4, 0])
+    tested = evaluate(model, ImageSet(img, labels, classes=list('abcde')), mean=(0.5,) * 3, std=(0.25,) * 3,
+                      batch_size=4)
+    with torch.no_grad():
+        logits = logits_by_hand(model, (img - 0.5) / 0.25)
+    assert tested['loss'] == pytest.approx(F.cross_entropy(logits, labels).item(), rel=1e-5)
+    assert tested['correct'] == (logits.argmax(dim=-1) == labels).sum().item()
+
+
 # vit-pytorch 1.26.14's module (tests/fixtures/make_wwt_fixtures.py)
 
 

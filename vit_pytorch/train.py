@@ -81,9 +81,9 @@ from vit_pytorch.training.loop import (CONTINUABLE_ARGUMENTS, RUNTIME_ARGUMENTS,
                                        check_step, check_weights, command_flags, did_you_mean, epoch_batches,
                                        epoch_seed, epoch_time, evaluate, format_seconds, label_subset, learning_rate,
                                        least_batch, option_flag, parameter_groups, parse_model_kwargs, pick_examples,
-                                       progress, random_sizes, require_extras, restore_arguments, run_command,
-                                       run_name, run_steps, same_setting, setup_distributed, share, start_log,
-                                       train_epoch, translate, warn, write)
+                                       predicted_logits, progress, random_sizes, require_extras, restore_arguments,
+                                       run_command, run_name, run_steps, same_setting, setup_distributed, share,
+                                       start_log, train_epoch, translate, warn, write)
 
 # fewer patches than this and attention has next to nothing to relate (one token: none at all)
 MIN_PATCHES = 4
@@ -445,7 +445,7 @@ def _train(args, model_kwargs, rank, world_size, device, run):
                                            reduction='sum') for output in outputs) / len(outputs)
         # the auxiliary loss is a mean over this process's images: weighted by their count, as the sums are
         aux_sum = loss_sum.new_zeros(()) if aux is None else aux.float() * len(labels)
-        logits = sum(output.detach().float() for output in outputs)
+        logits = predicted_logits(outputs).detach().float()               # scored as the evaluation scores it
         sums = torch.tensor([loss_sum.item(), (logits.argmax(-1) == labels).sum().item(), len(labels),
                              aux_sum.item()], dtype=torch.float64)
         total = loss_sum + aux_weight * aux_sum
@@ -655,7 +655,8 @@ def draw_inside(model, data, *, mean, std, device, out, count=8):
     pictures = data.floats(index)
     model.eval()
     with torch.no_grad():
-        logits, attns = recorder(normalise(pictures.to(device), mean, std))
+        outputs, attns = recorder(normalise(pictures.to(device), mean, std))
+    logits = predicted_logits(outputs)
     grid, prefix = recorder.grid, recorder.num_prefix_tokens
     if grid is None or not isinstance(attns, torch.Tensor):         # maps of several shapes (CaiT, CrossViT)
         return []

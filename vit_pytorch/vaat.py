@@ -169,22 +169,6 @@ class AST(nn.Module):
         return self.mlp_head(pooled)
 
 
-class AudioVisualStack(core.Stack):
-    """The policy's layers: (FiLM or None, self-attention or None, image cross-attention, audio cross-attention,
-    feedforward); layer l reads `image_contexts[l]` and `audio_contexts[l]`."""
-
-    def step(self, entry, x, state, *, image_contexts, audio_contexts, task_emb=None):
-        film, self_attn, image_attn, audio_attn, ff = entry
-        layer = state.get('layer', 0)
-        if film is not None and task_emb is not None:
-            x = film(x, task_emb)
-        x = image_attn(x, image_contexts[layer]) + x
-        x = audio_attn(x, audio_contexts[layer]) + x
-        if self_attn is not None:
-            x = self_attn(x) + x
-        return ff(x) + x, {'layer': layer + 1}
-
-
 class VAAT(vat.ActionPolicy, nn.Module):
     """Multi-view images or videos and multi-view audio to a chunk of actions; see the module docstring.
 
@@ -209,30 +193,18 @@ class VAAT(vat.ActionPolicy, nn.Module):
             tuple(range(depth)) if ast_layer_indices is None else tuple(ast_layer_indices)), persistent=False)
 
         self.time_seq_len, self.is_video = time_seq_len, time_seq_len > 1
-        self.time_pos_emb = nn.Parameter(torch.randn(time_seq_len, vit_dim) * 1e-2) if self.is_video else None
+        self.time_pos_emb = vat.embedding_rows(time_seq_len, vit_dim)
         # `num_views` (the image views) is what the shared input check reads
         self.num_image_views = self.num_views = 1 if num_image_views is None else num_image_views
         self.num_audio_views = 1 if num_audio_views is None else num_audio_views
-        self.image_view_emb = nn.Parameter(torch.randn(num_image_views, vit_dim) * 1e-2) \
-            if self.num_image_views > 1 else None
-        self.audio_view_emb = nn.Parameter(torch.randn(num_audio_views, ast_dim) * 1e-2) \
-            if self.num_audio_views > 1 else None
-        self.add_policy_tokens(dim, num_tasks=num_tasks, num_register_tokens=num_register_tokens,
-                               action_chunk_len=action_chunk_len, num_advantage_bins=num_advantage_bins)
-
-        self.transformer = AudioVisualStack([
-            (vat.FiLM(dim) if num_tasks is not None else None,
-             vat.Attention(dim, heads=self_attn_heads, dim_head=self_attn_dim_head, dropout=dropout)
-             if add_self_attn else None,
-             vat.Attention(dim, vit_dim, heads=heads, dim_head=dim_head, dropout=dropout, cross_attend=True),
-             vat.Attention(dim, ast_dim, heads=heads, dim_head=dim_head, dropout=dropout, cross_attend=True),
-             core.FeedForward(dim, mlp_dim, dropout))
-            for _ in range(depth)])
-        self.final_norm = nn.LayerNorm(dim)
-        self.to_pred_action = nn.Linear(dim, dim_action, bias=False)
-        self.dim_extra_token = dim_extra_token
-        if dim_extra_token is not None:
-            self.to_extra_token = nn.Linear(dim_extra_token, dim)
+        self.image_view_emb = vat.embedding_rows(self.num_image_views, vit_dim)
+        self.audio_view_emb = vat.embedding_rows(self.num_audio_views, ast_dim)
+        # each layer cross-attends to the ViT's states, then to the AST's
+        self.build_policy(dim, (vit_dim, ast_dim), depth=depth, heads=heads, dim_head=dim_head, dim_action=dim_action,
+                          mlp_dim=mlp_dim, dropout=dropout, num_tasks=num_tasks, dim_extra_token=dim_extra_token,
+                          num_register_tokens=num_register_tokens, action_chunk_len=action_chunk_len,
+                          num_advantage_bins=num_advantage_bins, add_self_attn=add_self_attn,
+                          self_attn_heads=self_attn_heads, self_attn_dim_head=self_attn_dim_head)
 
     def audio_contexts(self, audio, freeze_ast):
         """(depth, b, audio views * tokens, ast_dim)."""
@@ -252,12 +224,8 @@ class VAAT(vat.ActionPolicy, nn.Module):
         image_contexts = vat.vision_contexts(self.vit, video, self.vit_layer_indices, time_pos_emb=self.time_pos_emb,
                                              view_emb=self.image_view_emb, freeze_vit=freeze_vit)
         audio_contexts = self.audio_contexts(audio, freeze_ast)
-
-        tokens, start = self.policy_tokens(batch, advantages, extra)
-        task_emb = self.task_emb[tasks] if tasks is not None else None
-        out, states = self.transformer(tokens, image_contexts=image_contexts, audio_contexts=audio_contexts,
-                                       task_emb=task_emb, return_layers=True)
-        return self.predict(out, start, actions=actions, hiddens=(tokens, *states) if return_hiddens else None)
+        return self.act((image_contexts, audio_contexts), extra=extra, tasks=tasks, advantages=advantages,
+                        actions=actions, return_hiddens=return_hiddens)
 
     def check_audio(self, audio, batch):
         """(b, audio views, samples) or (b, audio views, time, freq), or a ValueError saying what was expected."""

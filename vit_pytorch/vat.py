@@ -134,28 +134,51 @@ def representation_trajectory(vit, images):
 
 
 class PolicyStack(core.Stack):
-    """The action tokens' layers: (FiLM or None, self-attention or None, cross-attention, feedforward). Layer l
-    cross-attends to `contexts[l]`; the state counts the layers run so far."""
+    """The action tokens' layers: (FiLM or None, self-attention or None, one cross-attention per context,
+    feedforward). Layer l cross-attends with its c-th cross-attention to `contexts[c][l]` in turn (VAT: the ViT's
+    states; VAAT: the ViT's, then the AST's), then attends to itself; the state counts the layers run so far."""
 
     def step(self, entry, x, state, *, contexts, task_emb=None):
-        film, self_attn, cross_attn, ff = entry
+        film, self_attn, *cross_attns, ff = entry
         layer = state.get('layer', 0)
         if film is not None and task_emb is not None:
             x = film(x, task_emb)
-        x = cross_attn(x, contexts[layer]) + x
+        for cross_attn, context in zip(cross_attns, contexts):
+            x = cross_attn(x, context[layer]) + x
         if self_attn is not None:
             x = self_attn(x) + x
         return ff(x) + x, {'layer': layer + 1}
 
 
-class ActionPolicy:
-    """What the action transformers (VAT, VAAT) share around their stacks: the policy's input tokens, the action
-    head and loss, the checks of their inputs. A subclass has `register_tokens`, `action_pos_emb`,
-    `num_advantage_bins` (and `advantage_emb`), `dim_extra_token` (and `to_extra_token`), `num_tasks`,
-    `num_views`, `time_seq_len`, `is_video`, `final_norm` and `to_pred_action`."""
+def embedding_rows(count, dim):
+    """`count` learned rows (count, dim) of small random values (frames, views), or None for a single one."""
+    return nn.Parameter(torch.randn(count, dim) * 1e-2) if count > 1 else None
 
-    def add_policy_tokens(self, dim, *, num_tasks, num_register_tokens, action_chunk_len, num_advantage_bins):
-        """The learned tokens and embeddings: tasks (for FiLM), registers, action positions, advantage bins."""
+
+class ActionPolicy:
+    """What the action transformers (VAT, VAAT, the SigLIP VAT) share: the policy (its learned tokens, its stack,
+    the action head and loss, built by `build_policy`), its run over the towers' states (`act`) and the checks of
+    their inputs. A subclass sets `num_views`, `time_seq_len` and `is_video`; its blocks are these static methods,
+    which the SigLIP VAT overrides."""
+
+    @staticmethod
+    def self_attention(dim, heads, dim_head, dropout):
+        return Attention(dim, heads=heads, dim_head=dim_head, dropout=dropout)
+
+    @staticmethod
+    def cross_attention(dim, dim_context, heads, dim_head, dropout):
+        return Attention(dim, dim_context, heads=heads, dim_head=dim_head, dropout=dropout, cross_attend=True)
+
+    @staticmethod
+    def feedforward(dim, mlp_dim, dropout):
+        return core.FeedForward(dim, mlp_dim, dropout)
+
+    def build_policy(self, dim, context_dims, *, depth, heads, dim_head, dim_action, mlp_dim, dropout, num_tasks,
+                     dim_extra_token, num_register_tokens, action_chunk_len, num_advantage_bins, add_self_attn,
+                     self_attn_heads, self_attn_dim_head):
+        """The learned tokens and embeddings (tasks for FiLM, registers, action positions, advantage bins), the
+        `PolicyStack` of `depth` layers with one cross-attention per context width of `context_dims`, the final
+        norm, the action head and the extra token's projection."""
         self.num_tasks = num_tasks
         if num_tasks is not None:
             self.task_emb = nn.Parameter(torch.randn(num_tasks, dim) * 1e-2)
@@ -164,6 +187,26 @@ class ActionPolicy:
         self.num_advantage_bins = num_advantage_bins
         if num_advantage_bins > 0:
             self.advantage_emb = nn.Embedding(num_advantage_bins + 1, dim)
+
+        self.transformer = PolicyStack([
+            (FiLM(dim) if num_tasks is not None else None,
+             self.self_attention(dim, self_attn_heads, self_attn_dim_head, dropout) if add_self_attn else None,
+             *(self.cross_attention(dim, dim_context, heads, dim_head, dropout) for dim_context in context_dims),
+             self.feedforward(dim, mlp_dim, dropout))
+            for _ in range(depth)])
+        self.final_norm = nn.LayerNorm(dim)
+        self.to_pred_action = nn.Linear(dim, dim_action, bias=False)
+        self.dim_extra_token = dim_extra_token
+        if dim_extra_token is not None:
+            self.to_extra_token = nn.Linear(dim_extra_token, dim)
+
+    def act(self, contexts, *, extra, tasks, advantages, actions, return_hiddens):
+        """The policy's run over `contexts` (one (depth, b, n, dim_context) stack of states per cross-attention):
+        the predicted chunk, the L1 loss against `actions`, or the chunk and the token states (`predict`)."""
+        tokens, start = self.policy_tokens(contexts[0].shape[1], advantages, extra)
+        task_emb = self.task_emb[tasks] if tasks is not None else None
+        out, states = self.transformer(tokens, contexts=contexts, task_emb=task_emb, return_layers=True)
+        return self.predict(out, start, actions=actions, hiddens=(tokens, *states) if return_hiddens else None)
 
     def policy_tokens(self, batch, advantages, extra):
         """(registers, advantage?, actions, extra?) tokens (b, n, dim), and where the action tokens start."""
@@ -219,7 +262,6 @@ class ActionPolicy:
         return video
 
 
-
 def vision_contexts(vit, video, layer_indices, *, time_pos_emb, view_emb, freeze_vit):
     """The ViT states each policy layer reads: (depth, b, views * frames * tokens, vit_dim), with the frame and
     view embeddings added."""
@@ -262,52 +304,23 @@ class VAT(ActionPolicy, nn.Module):
         self.register_buffer('layer_indices', torch.tensor(vit_layer_indices), persistent=False)
 
         self.time_seq_len, self.is_video = time_seq_len, time_seq_len > 1
-        self.time_pos_emb = nn.Parameter(torch.randn(time_seq_len, vit_dim) * 1e-2) if self.is_video else None
+        self.time_pos_emb = embedding_rows(time_seq_len, vit_dim)
         self.num_views = 1 if num_views is None else num_views
-        self.view_emb = nn.Parameter(torch.randn(num_views, vit_dim) * 1e-2) if self.num_views > 1 else None
-        self.add_policy_tokens(dim, num_tasks=num_tasks, num_register_tokens=num_register_tokens,
-                               action_chunk_len=action_chunk_len, num_advantage_bins=num_advantage_bins)
-
-        self.transformer = PolicyStack([
-            (FiLM(dim) if num_tasks is not None else None,
-             self.self_attention(dim, self_attn_heads, self_attn_dim_head, dropout) if add_self_attn else None,
-             self.cross_attention(dim, vit_dim, heads, dim_head, dropout),
-             self.feedforward(dim, mlp_dim, dropout))
-            for _ in range(depth)])
-        self.final_norm = nn.LayerNorm(dim)
-        self.to_pred_action = nn.Linear(dim, dim_action, bias=False)
-        self.dim_extra_token = dim_extra_token
-        if dim_extra_token is not None:
-            self.to_extra_token = nn.Linear(dim_extra_token, dim)
-
-    # the policy's blocks; the SigLIP VAT (vat_siglip) overrides them
-    @staticmethod
-    def self_attention(dim, heads, dim_head, dropout):
-        return Attention(dim, heads=heads, dim_head=dim_head, dropout=dropout)
-
-    @staticmethod
-    def cross_attention(dim, vit_dim, heads, dim_head, dropout):
-        return Attention(dim, vit_dim, heads=heads, dim_head=dim_head, dropout=dropout, cross_attend=True)
-
-    @staticmethod
-    def feedforward(dim, mlp_dim, dropout):
-        return core.FeedForward(dim, mlp_dim, dropout)
-
-    def contexts(self, video, freeze_vit):
-        """Each policy layer's keys and values: (depth, b, views * frames * tokens, vit_dim)."""
-        return vision_contexts(self.vit, video, self.layer_indices, time_pos_emb=self.time_pos_emb,
-                               view_emb=self.view_emb, freeze_vit=freeze_vit)
+        self.view_emb = embedding_rows(self.num_views, vit_dim)
+        self.build_policy(dim, (vit_dim,), depth=depth, heads=heads, dim_head=dim_head, dim_action=dim_action,
+                          mlp_dim=mlp_dim, dropout=dropout, num_tasks=num_tasks, dim_extra_token=dim_extra_token,
+                          num_register_tokens=num_register_tokens, action_chunk_len=action_chunk_len,
+                          num_advantage_bins=num_advantage_bins, add_self_attn=add_self_attn,
+                          self_attn_heads=self_attn_heads, self_attn_dim_head=self_attn_dim_head)
 
     def forward(self, video_or_image, *, extra=None, tasks=None, advantages=None, actions=None,
                 return_hiddens=False, freeze_vit=False):
         video = self.check_input(video_or_image, extra=extra, tasks=tasks, advantages=advantages, actions=actions)
-        batch = video.shape[0]
-        contexts = self.contexts(video, freeze_vit)
-
-        tokens, start = self.policy_tokens(batch, advantages, extra)
-        task_emb = self.task_emb[tasks] if tasks is not None else None
-        out, states = self.transformer(tokens, contexts=contexts, task_emb=task_emb, return_layers=True)
-        return self.predict(out, start, actions=actions, hiddens=(tokens, *states) if return_hiddens else None)
+        # each policy layer's keys and values: (depth, b, views * frames * tokens, vit_dim)
+        contexts = vision_contexts(self.vit, video, self.layer_indices, time_pos_emb=self.time_pos_emb,
+                                   view_emb=self.view_emb, freeze_vit=freeze_vit)
+        return self.act((contexts,), extra=extra, tasks=tasks, advantages=advantages, actions=actions,
+                        return_hiddens=return_hiddens)
 
 # argument checks
 
@@ -368,11 +381,15 @@ def vit_pytorch_plan(model, keys):
             plan[ours] = ({theirs: (tensor.shape[0] - prefix, tensor.shape[1])},
                           lambda t, prefix=prefix: torch.cat((t.new_zeros(prefix, t.shape[1]), t)))
         elif ours.endswith('to_gamma_beta.0.bias'):
-            plan[ours] = ({theirs: tuple(tensor.shape)},
-                          lambda t: torch.cat((t[:t.shape[0] // 2] - 1, t[t.shape[0] // 2:])))
+            plan[ours] = ({theirs: tuple(tensor.shape)}, film_bias_from_vit_pytorch)
         else:
             plan[ours] = ({theirs: tuple(tensor.shape)}, lambda t: t)
     return plan, ('vit.mlp_head.',) if isinstance(model, VAT) else ('mlp_head.',)
+
+
+def film_bias_from_vit_pytorch(bias):
+    """vit-pytorch's FiLM bias (gamma's, then beta's) as ours: gamma's minus one (ours scales by 1 + gamma)."""
+    return torch.cat((bias[:bias.shape[0] // 2] - 1, bias[bias.shape[0] // 2:]))
 
 
 def model_of(model, key):

@@ -60,8 +60,8 @@ class SigLIPVAT(vat.VAT):
                              norm_eps=1e-6)
 
     @staticmethod
-    def cross_attention(dim, vit_dim, heads, dim_head, dropout):
-        return vat.Attention(dim, vit_dim, heads=heads, dim_head=dim_head, dropout=dropout, cross_attend=True,
+    def cross_attention(dim, dim_context, heads, dim_head, dropout):
+        return vat.Attention(dim, dim_context, heads=heads, dim_head=dim_head, dropout=dropout, cross_attend=True,
                              qkv_bias=True, norm_eps=1e-6)
 
     @staticmethod
@@ -183,7 +183,7 @@ def vit_pytorch_plan(model, keys):
         theirs = ours.replace('transformer.layers.', 'layers.', 1).replace('.context_norm.', '.norm_context.') \
             .replace('.3.net.', '.3.')
         if ours.endswith('to_gamma_beta.0.bias'):
-            plan[ours] = ({theirs: shape}, lambda t: torch.cat((t[:t.shape[0] // 2] - 1, t[t.shape[0] // 2:])))
+            plan[ours] = ({theirs: shape}, vat.film_bias_from_vit_pytorch)
         else:
             plan[ours] = ({theirs: shape}, lambda t: t)
     for ours, shape in shapes.items():

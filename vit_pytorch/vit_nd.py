@@ -52,7 +52,58 @@ def patch_pattern(ndim):
     return f"b c {sides} -> b ({' '.join(axes)}) ({patch} c)"
 
 
-class ViTND(vit.TokenFace, nn.Module):
+class PatchGrid(vit.TokenFace, nn.Module):
+    """What the N-D ViTs share (`ViTND`, `RotaryViTND`): the input cut into N-D patches (`to_patch_embedding`: a
+    Linear on each flattened patch, then a LayerNorm) on a grid of `grid_size` (`to_nd_patches` lays tokens
+    (b, prod(grid), dim) on it as (b, dim, *grid)), the one causal mask over the tokens (`causal_mask_over`), and
+    the face's grid, intermediate maps, head reset and gradient checkpointing."""
+
+    def __init__(self, *, ndim, input_shape, patch_size, num_classes, dim, channels, causal_dims):
+        super().__init__()
+        self.ndim, self.channels, self.num_classes = ndim, channels, num_classes
+        self.input_shape, self.patch_size = as_tuple(input_shape, ndim), as_tuple(patch_size, ndim)
+        self.grid_size = tuple(side // patch for side, patch in zip(self.input_shape, self.patch_size))
+        self.num_features = self.embed_dim = dim
+        self.causal_dims = None if causal_dims is None else check_causal_dims(causal_dims, ndim)
+
+        self.to_patch_embedding = nn.Sequential(
+            Rearrange(patch_pattern(ndim), **{f'p{i}': p for i, p in enumerate(self.patch_size)}),
+            nn.Linear(channels * math.prod(self.patch_size), dim),
+            nn.LayerNorm(dim),
+        )
+        self.to_nd_patches = Rearrange(f"b ({' '.join(axis_names(ndim))}) d -> b d {' '.join(axis_names(ndim))}",
+                                       **dict(zip(axis_names(ndim), self.grid_size)))
+
+    def causal_mask_over(self, heads, *, has_cls):
+        """The dense (n, n) boolean mask of the causal dimensions over the patches (row-major), after a cls token
+        with `has_cls` (it attends to every patch and no patch attends to it); None without causal dimensions."""
+        mask_fn = get_nd_causal_mask_fn(self.grid_size, self.causal_dims, ndim=self.ndim, has_cls=has_cls,
+                                        patches_attend_cls=False)
+        return None if mask_fn is None else create_nd_block_mask(mask_fn, heads, has_cls + math.prod(self.grid_size),
+                                                                 device=None)
+
+    def token_grid(self, input_shape):
+        """The grid of patch tokens of an input of `input_shape` (its last `ndim` sides)."""
+        return tuple(side // patch for side, patch in zip(tuple(input_shape)[-self.ndim:], self.patch_size))
+
+    def forward_intermediates(self, x, indices=None, *, output='tokens'):
+        """Each chosen block's output (see `TokenFace`); output 'maps' lays its patches on the grid,
+        (b, dim, *grid), for any `ndim`."""
+        if output != 'maps':
+            return super().forward_intermediates(x, indices, output=output)
+        return [self.to_nd_patches(tokens[:, self.num_prefix_tokens:])
+                for tokens in super().forward_intermediates(x, indices)]
+
+    def reset_classifier(self, num_classes):
+        """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
+        vit.reset_head(self, num_classes, self.num_features, like=self.to_patch_embedding[1].weight,
+                       removed=nn.Identity())
+
+    def set_grad_checkpointing(self, enable=True):
+        self.transformer.grad_checkpointing = enable
+
+
+class ViTND(PatchGrid):
     """ViT over `ndim`-dimensional inputs (b, channels, *input_shape), with optional causal dimensions.
 
     `forward(x)` gives the logits; `forward(x, return_nd_patches=True)` the normed cls token (b, dim) and
@@ -66,36 +117,17 @@ class ViTND(vit.TokenFace, nn.Module):
     def __init__(self, *, ndim, input_shape, patch_size, num_classes, dim, depth, heads, mlp_dim, pool='cls',
                  channels=3, dim_head=64, dropout=0., emb_dropout=0., causal_dims=None):
         check_arguments(**vit.arguments(locals()))
-        super().__init__()
-        self.ndim, self.pool, self.channels, self.num_classes = ndim, pool, channels, num_classes
-        self.input_shape, self.patch_size = as_tuple(input_shape, ndim), as_tuple(patch_size, ndim)
-        self.grid_size = tuple(side // patch for side, patch in zip(self.input_shape, self.patch_size))
-        self.num_features = self.embed_dim = dim
-        self.causal_dims = None if causal_dims is None else check_causal_dims(causal_dims, ndim)
-
-        self.to_patch_embedding = nn.Sequential(
-            Rearrange(patch_pattern(ndim), **{f'p{i}': p for i, p in enumerate(self.patch_size)}),
-            nn.Linear(channels * math.prod(self.patch_size), dim),
-            nn.LayerNorm(dim),
-        )
-        self.to_nd_patches = Rearrange(f"b ({' '.join(axis_names(ndim))}) d -> b d {' '.join(axis_names(ndim))}",
-                                       **dict(zip(axis_names(ndim), self.grid_size)))
+        super().__init__(ndim=ndim, input_shape=input_shape, patch_size=patch_size, num_classes=num_classes, dim=dim,
+                         channels=channels, causal_dims=causal_dims)
+        self.pool = pool
         self.cls_token = nn.Parameter(torch.zeros(1, dim))
         self.pos_embedding = nn.Parameter(torch.zeros(1 + math.prod(self.grid_size), dim))
         vit.init_tokens(self.pos_embedding, self.cls_token, patch_norm=True)
         self.dropout = nn.Dropout(emb_dropout)
-
-        mask_fn = get_nd_causal_mask_fn(self.grid_size, self.causal_dims, ndim=ndim, has_cls=True,
-                                                patches_attend_cls=False)
-        self.register_buffer('causal_mask', None if mask_fn is None else create_nd_block_mask(
-            mask_fn, heads, self.pos_embedding.shape[0], device=None), persistent=False)
+        self.register_buffer('causal_mask', self.causal_mask_over(heads, has_cls=True), persistent=False)
 
         self.transformer = vit.Transformer(dim, depth, heads, dim_head, mlp_dim, dropout)
         self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
-
-    def token_grid(self, input_shape):
-        """The grid of patch tokens of an input of `input_shape` (its last `ndim` sides)."""
-        return tuple(side // patch for side, patch in zip(tuple(input_shape)[-self.ndim:], self.patch_size))
 
     def forward_features(self, x):
         """All tokens after the final norm: (b, 1 + prod(grid), dim), the cls token first."""
@@ -116,22 +148,8 @@ class ViTND(vit.TokenFace, nn.Module):
             return tokens[:, 0], self.to_nd_patches(tokens[:, 1:])
         return self.forward_head(tokens)
 
-    def forward_intermediates(self, x, indices=None, *, output='tokens'):
-        """Each chosen block's output (see `TokenFace`); output 'maps' gives its patches on the grid,
-        (b, dim, *grid), for any `ndim`."""
-        if output != 'maps':
-            return super().forward_intermediates(x, indices, output=output)
-        return [self.to_nd_patches(tokens[:, 1:]) for tokens in super().forward_intermediates(x, indices)]
 
-    def reset_classifier(self, num_classes):
-        """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
-        vit.reset_head(self, num_classes, self.num_features, like=self.pos_embedding, removed=nn.Identity())
-
-    def set_grad_checkpointing(self, enable=True):
-        self.transformer.grad_checkpointing = enable
-
-
-class RotaryViTND(vit.TokenFace, nn.Module):
+class RotaryViTND(PatchGrid):
     """The N-D ViT of the rotary variants (`vit_nd_rotary`, `vit_nd_pope`): no position table and no cls token, the
     tokens mean-pooled; each attention (`attention`, built like `vit.Attention`) takes `rotary_angles()`, the
     angles `rotary_emb` gives the patches' grid positions, as `angles=`.
@@ -146,34 +164,15 @@ class RotaryViTND(vit.TokenFace, nn.Module):
 
     def __init__(self, *, ndim, input_shape, patch_size, num_classes, dim, depth, heads, mlp_dim, channels, dim_head,
                  dropout, emb_dropout, causal_dims, rotary_emb, attention):
-        super().__init__()
-        self.ndim, self.channels, self.num_classes = ndim, channels, num_classes
-        self.input_shape, self.patch_size = as_tuple(input_shape, ndim), as_tuple(patch_size, ndim)
-        self.grid_size = tuple(side // patch for side, patch in zip(self.input_shape, self.patch_size))
-        self.num_features = self.embed_dim = dim
-        self.causal_dims = None if causal_dims is None else check_causal_dims(causal_dims, ndim)
-
-        self.to_patch_embedding = nn.Sequential(
-            Rearrange(patch_pattern(ndim), **{f'p{i}': p for i, p in enumerate(self.patch_size)}),
-            nn.Linear(channels * math.prod(self.patch_size), dim),
-            nn.LayerNorm(dim),
-        )
-        self.to_nd_patches = Rearrange(f"b ({' '.join(axis_names(ndim))}) d -> b d {' '.join(axis_names(ndim))}",
-                                       **dict(zip(axis_names(ndim), self.grid_size)))
+        super().__init__(ndim=ndim, input_shape=input_shape, patch_size=patch_size, num_classes=num_classes, dim=dim,
+                         channels=channels, causal_dims=causal_dims)
         self.dropout = nn.Dropout(emb_dropout)
         self.rotary_emb = rotary_emb
         self.register_buffer('positions', grid_positions(self.grid_size), persistent=False)
-
-        mask_fn = get_nd_causal_mask_fn(self.grid_size, self.causal_dims, ndim=ndim)
-        self.register_buffer('causal_mask', None if mask_fn is None else create_nd_block_mask(
-            mask_fn, heads, math.prod(self.grid_size), device=None), persistent=False)
+        self.register_buffer('causal_mask', self.causal_mask_over(heads, has_cls=False), persistent=False)
 
         self.transformer = vit.Transformer(dim, depth, heads, dim_head, mlp_dim, dropout, attention=attention)
         self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
-
-    def token_grid(self, input_shape):
-        """The grid of patch tokens of an input of `input_shape` (its last `ndim` sides)."""
-        return tuple(side // patch for side, patch in zip(tuple(input_shape)[-self.ndim:], self.patch_size))
 
     def forward_features(self, x):
         """The tokens after the final norm: (b, prod(grid), dim), row-major."""
@@ -196,20 +195,6 @@ class RotaryViTND(vit.TokenFace, nn.Module):
         if return_embed:
             return rearrange(self.to_nd_patches(tokens), 'b d ... -> b ... d')
         return self.forward_head(tokens)
-
-    def forward_intermediates(self, x, indices=None, *, output='tokens'):
-        """Each chosen block's output (see `TokenFace`); output 'maps' lays it on the grid, (b, dim, *grid)."""
-        if output != 'maps':
-            return super().forward_intermediates(x, indices, output=output)
-        return [self.to_nd_patches(tokens) for tokens in super().forward_intermediates(x, indices)]
-
-    def reset_classifier(self, num_classes):
-        """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
-        vit.reset_head(self, num_classes, self.num_features, like=self.to_patch_embedding[1].weight,
-                       removed=nn.Identity())
-
-    def set_grad_checkpointing(self, enable=True):
-        self.transformer.grad_checkpointing = enable
 
 
 def golden_ratio(dims):
@@ -320,6 +305,15 @@ def check_arguments(*, ndim, input_shape, patch_size, num_classes, dim, depth, h
         raise ValueError(f"pool must be 'cls' (cls token) or 'mean' (mean pooling), got {pool!r}")
     if causal_dims is not None:
         check_causal_dims(causal_dims, ndim)
+
+
+def check_rotary_arguments(prefix, min_freq, max_freq, zero_fraction, *, channels_per_frequency, **arguments):
+    """A rotary variant's arguments: the N-D ViT's `arguments` (its tokens mean-pooled), then its golden-gate
+    frequencies' (`check_frequencies`), dim_head // channels_per_frequency of them a head (RoPE turns channel
+    pairs: 2; PoPE gives every channel a phase: 1)."""
+    check_arguments(pool='mean', **arguments)
+    dim_head = arguments['dim_head']
+    check_frequencies(prefix, dim_head, min_freq, max_freq, zero_fraction, pairs=dim_head // channels_per_frequency)
 
 
 def check_frequencies(prefix, dim_head, min_freq, max_freq, zero_fraction, *, pairs):

@@ -90,13 +90,10 @@ class ViTND(vit_nd.RotaryViTND):
 # argument checks
 
 
-def check_arguments(*, ndim, input_shape, patch_size, num_classes, dim, depth, heads, mlp_dim, channels, dim_head,
-                    dropout, emb_dropout, pope_min_freq, pope_max_freq, pope_p_zero_freqs,
-                    pope_init_learned_bias_uniform, causal_dims):
-    vit_nd.check_arguments(ndim=ndim, input_shape=input_shape, patch_size=patch_size, num_classes=num_classes,
-                           dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, pool='mean', channels=channels,
-                           dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout, causal_dims=causal_dims)
-    vit_nd.check_frequencies('pope', dim_head, pope_min_freq, pope_max_freq, pope_p_zero_freqs, pairs=dim_head)
+def check_arguments(*, pope_min_freq, pope_max_freq, pope_p_zero_freqs, pope_init_learned_bias_uniform, **arguments):
+    """The N-D ViT's arguments (`vit_nd.check_arguments`), then the frequencies', dim_head of them a head."""
+    vit_nd.check_rotary_arguments('pope', pope_min_freq, pope_max_freq, pope_p_zero_freqs,
+                                  channels_per_frequency=1, **arguments)
     if not isinstance(pope_init_learned_bias_uniform, bool):
         raise TypeError(f"pope_init_learned_bias_uniform must be a bool, got {pope_init_learned_bias_uniform!r}")
 

@@ -64,12 +64,10 @@ class ViTND(vit_nd.RotaryViTND):
 # argument checks
 
 
-def check_arguments(*, ndim, input_shape, patch_size, num_classes, dim, depth, heads, mlp_dim, channels, dim_head,
-                    dropout, emb_dropout, rope_min_freq, rope_max_freq, rope_p_zero_freqs, causal_dims):
-    vit_nd.check_arguments(ndim=ndim, input_shape=input_shape, patch_size=patch_size, num_classes=num_classes,
-                           dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim, pool='mean', channels=channels,
-                           dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout, causal_dims=causal_dims)
-    vit_nd.check_frequencies('rope', dim_head, rope_min_freq, rope_max_freq, rope_p_zero_freqs, pairs=dim_head // 2)
+def check_arguments(*, rope_min_freq, rope_max_freq, rope_p_zero_freqs, **arguments):
+    """The N-D ViT's arguments (`vit_nd.check_arguments`), then the frequencies', dim_head // 2 of them a head."""
+    vit_nd.check_rotary_arguments('rope', rope_min_freq, rope_max_freq, rope_p_zero_freqs,
+                                  channels_per_frequency=2, **arguments)
 
 
 # loading checkpoints

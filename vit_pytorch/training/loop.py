@@ -508,6 +508,26 @@ def autocast(device, enabled):
     return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=enabled)
 
 
+def predicted_logits(outputs):
+    """The logits to score (accuracy, test loss) from whatever a registered model's forward returns, in training
+    or in eval mode alike: a tensor is the logits. A tuple whose members are all tensors of one shape is several
+    heads' logits for the same images, scored by their mean: the What-Where Transformer built with `return_tokens`
+    returns `WWTReturn(slot_logits, token_logits)`, as vit-pytorch 1.26.14's `wwt.WWT` does: the slot head's
+    logits (the mean over the levels of the mean over the slots, its classification) and a second head's on the
+    patch tokens (the mean over the patches), two predictions of the class that vit-pytorch returns side by side
+    and does not combine; the trainer trains both on the labels. Any other tuple leads with the prediction and
+    carries what the model adds unasked after it (wwt with `sigreg_slots`: (logits or WWTReturn, SIGReg loss),
+    registry.BUILT_AUX_LOSSES; task heads' maps), whose prediction is scored as above."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    if not isinstance(outputs, (tuple, list)) or not outputs:
+        raise TypeError(f"a model's output must be its logits (a tensor) or a tuple leading with them, got "
+                        f"{type(outputs).__name__}")
+    if all(isinstance(head, torch.Tensor) and head.shape == outputs[0].shape for head in outputs):
+        return outputs[0] if len(outputs) == 1 else torch.stack(tuple(outputs)).mean(dim=0)
+    return predicted_logits(outputs[0])
+
+
 @torch.no_grad()
 def evaluate(model, data, *, mean, std, batch_size=256, device='cpu', amp=False, rank=0, world_size=1):
     """dict(loss, accuracy, correct, count) of `model` on `data`; with several processes each takes a shard."""
@@ -520,9 +540,7 @@ def evaluate(model, data, *, mean, std, batch_size=256, device='cpu', amp=False,
         images = normalise(data.floats(index).to(device), mean, std)
         labels = data.labels[index].to(device)
         with autocast(device, amp):
-            logits = model(images)
-        if isinstance(logits, tuple):       # (logits, loss): a model built to return an auxiliary loss unasked
-            logits = logits[0]              # (registry.BUILT_AUX_LOSSES: wwt with sigreg_slots)
+            logits = predicted_logits(model(images))
         totals += torch.stack([F.cross_entropy(logits.float(), labels, reduction='sum').double(),
                                (logits.argmax(dim=-1) == labels).sum().double(),
                                torch.tensor(len(index), dtype=torch.float64, device=device)])
