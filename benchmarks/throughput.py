@@ -29,18 +29,20 @@ each at a named configuration of its paper where its module has a constructor fo
 `distillable_vit`). Their FLOPs are counted with explicit attention (`fused=False`), which
 the counter sees. Where `REFERENCES` has the reference implementation of a preset (timm's Swin,
 ...), it runs in the same rounds with our model's weights, and the report gives the paired
-ratios and the memory ratio. For models only vit-pytorch has, the reference is vit-pytorch 1.26.14's own
+ratios and the memory ratio. One model and its reference are measured at a time, and freed (with their optimiser
+states and gradients) before the next pair is built, so that a run of the whole registry holds one pair's memory. For models only vit-pytorch has, the reference is vit-pytorch 1.26.14's own
 module, imported from $VIT_PYTORCH_SOURCE (its wheel, from `pip download vit-pytorch==1.26.14 --no-deps`, or
 the unpacked `vit_pytorch` folder) beside ours. `--tiny` shrinks them to a few milliseconds a step, for tests.
 
 `--markdown FILE` writes the registry table for the docs: a row for every registered model with its preset, its
 reference (or why there is none: none exists, not installed, not run, failed), the paired ratios ours / reference
-with their spread, the memory ratio and a verdict ('>= 1.0', parity where the spread includes 1.0, or below, with
-the docs' explanation), under the command, machine, CPU capability, load average and date of each run.
+with their spread, the memory ratio with its spread over the memory runs, and a verdict read from the ratios as
+printed ('>= 1.0', parity where the spread includes 1.0, or below where the whole spread misses, with the docs'
+explanation), under the command, machine, CPU capability, load average, memory runs, `--note` and date of each run.
 `--markdown-from A.json B.json` measures nothing: it merges the runs' `--json` files in order, a later file's row
 replacing an earlier one's, and writes the table again (with `--json`, the merged table, which merges again).
 `--budget` sets the table's settings (every registered model, batches 1 and 8, training at 8, 3 rounds, one
-thread on the CPU clock, one memory run each) and prints the expected time once the models are counted;
+thread on the CPU clock, three memory runs each) and prints each pair's expected time once it is counted;
 `--shard K/N` measures every N-th model from the K-th, so that N processes fill N cores:
 
     python benchmarks/throughput.py --budget --shard 1/2 --json a.json & python benchmarks/throughput.py --budget --shard 2/2 --json b.json; wait
@@ -75,6 +77,7 @@ import importlib.util
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -1702,7 +1705,7 @@ def main(argv=None):
     global CLOCK
     CLOCK = time.process_time if args.clock == 'cpu' else time.perf_counter
     log = lambda msg: print(msg, file=sys.stderr, flush=True)
-    results = dict(machine=dict(machine(args.threads, args.clock, args.device), bf16=args.bf16, compile=args.compile), command=' '.join(['python', 'benchmarks/throughput.py'] + sys.argv[1:]),
+    results = dict(machine=dict(machine(args.threads, args.clock, args.device), bf16=args.bf16, compile=args.compile), command=shlex.join(['python', 'benchmarks/throughput.py'] + sys.argv[1:]),
                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'), configs=[],
                    load_average=dict(start=os.getloadavg()), memory_runs=args.memory, note=args.note)
     if 'throughput' in args.sections:
