@@ -29,18 +29,20 @@ each at a named configuration of its paper where its module has a constructor fo
 `distillable_vit`). Their FLOPs are counted with explicit attention (`fused=False`), which
 the counter sees. Where `REFERENCES` has the reference implementation of a preset (timm's Swin,
 ...), it runs in the same rounds with our model's weights, and the report gives the paired
-ratios and the memory ratio. For models only vit-pytorch has, the reference is vit-pytorch 1.26.14's own
+ratios and the memory ratio. One model and its reference are measured at a time, and freed (with their optimiser
+states and gradients) before the next pair is built, so that a run of the whole registry holds one pair's memory. For models only vit-pytorch has, the reference is vit-pytorch 1.26.14's own
 module, imported from $VIT_PYTORCH_SOURCE (its wheel, from `pip download vit-pytorch==1.26.14 --no-deps`, or
 the unpacked `vit_pytorch` folder) beside ours. `--tiny` shrinks them to a few milliseconds a step, for tests.
 
 `--markdown FILE` writes the registry table for the docs: a row for every registered model with its preset, its
 reference (or why there is none: none exists, not installed, not run, failed), the paired ratios ours / reference
-with their spread, the memory ratio and a verdict ('>= 1.0', parity where the spread includes 1.0, or below, with
-the docs' explanation), under the command, machine, CPU capability, load average and date of each run.
+with their spread, the memory ratio with its spread over the memory runs, and a verdict read from the ratios as
+printed ('>= 1.0', parity where the spread includes 1.0, or below where the whole spread misses, with the docs'
+explanation), under the command, machine, CPU capability, load average, memory runs, `--note` and date of each run.
 `--markdown-from A.json B.json` measures nothing: it merges the runs' `--json` files in order, a later file's row
 replacing an earlier one's, and writes the table again (with `--json`, the merged table, which merges again).
 `--budget` sets the table's settings (every registered model, batches 1 and 8, training at 8, 3 rounds, one
-thread on the CPU clock, one memory run each) and prints the expected time once the models are counted;
+thread on the CPU clock, three memory runs each) and prints each pair's expected time once it is counted;
 `--shard K/N` measures every N-th model from the K-th, so that N processes fill N cores:
 
     python benchmarks/throughput.py --budget --shard 1/2 --json a.json & python benchmarks/throughput.py --budget --shard 2/2 --json b.json; wait
@@ -66,13 +68,16 @@ process's CPU time instead, which other jobs barely disturb.
 
 import argparse
 import copy
+import ctypes
 import datetime
+import gc
 import importlib
 import importlib.machinery
 import importlib.util
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -434,6 +439,10 @@ def vit_nd_reference(ours):
 
 
 REFERENCES['vit_nd'] = ('vit-pytorch 1.26.14 vit_nd.ViTND', vit_nd_reference)
+# timm has no CCT: vit-pytorch 1.26.14's cct_7 takes the preset's arguments as ours does (CCT-7/3x1 at 32 px, 3,760,139
+# parameters in both), and its weights load into ours
+REFERENCES['cct'] = ('vit-pytorch 1.26.14 cct.cct_7', lambda ours: vit_pytorch_reference(
+    'cct', 'cct_7', ours, **REGISTRY['cct'][2]))
 REFERENCES['vit_nd_rotary'] = ('vit-pytorch 1.26.14 vit_nd_rotary.ViTND', lambda ours: vit_pytorch_reference(
     'vit_nd_rotary', 'ViTND', ours, **REGISTRY['vit_nd_rotary'][2]))
 REFERENCES['vit_nd_pope'] = ('vit-pytorch 1.26.14 vit_nd_pope.ViTND', lambda ours: vit_pytorch_reference(
@@ -833,7 +842,6 @@ FLEX_ATTENTION = ('vit_nd', 'vit_nd_rotary', 'vit_nd_pope')
 # registry models with no reference in REFERENCES, and why (the table's reference column says so)
 NO_REFERENCE = {
     't2t': "timm has no T2T-ViT; vit-pytorch's T2TViT takes other arguments than t2t_vit_14's: not wired up yet",
-    'cct': "timm has no CCT; vit-pytorch 1.26.14's cct_7 is not wired up yet",
     'small_dataset_vit': "vit-pytorch's shifted patch tokenization shifts by one pixel, the paper's (ours) by half a "
                          "patch diagonally: another function, its weights refused",
     'simple_vit_with_qk_norm': "vit-pytorch's qk-norm SimpleViT is another function (RMS qk-norm with per-head "
@@ -1205,63 +1213,111 @@ def expected_seconds(flops, args, peak):
     return total + args.rounds * 2 * 2048 ** 3 * 4 / peak
 
 
+def release_memory():
+    """Collect what the last pair left (reference cycles among modules) and hand glibc's free heap pages back to the
+    system, so that each pair starts from about the resident set the first one started from."""
+    gc.collect()
+    try:
+        ctypes.CDLL('libc.so.6').malloc_trim(0)
+    except (OSError, AttributeError):       # not glibc
+        pass
+
+
 def bench_registry(args, log):
     """Speed, FLOPs, MFU and memory of models registered in `vit_pytorch.models`, each at its preset.
 
-    The models differ in cost, so each times as many steps as fill `--seconds` for it; they are
-    still interleaved, every model once per round. FLOPs are counted with explicit attention.
+    One model and its reference at a time (`bench_pair`): built, timed in paired interleaved rounds, their memory
+    children run, and both (with their optimiser states and gradients) freed before the next pair is built, so that
+    a run holds one pair's memory however many models it measures. FLOPs are counted with explicit attention.
     """
+    torch.manual_seed(0)
+    tasks = [('infer', b) for b in args.batches] + ([('train', args.train_batch)] if args.train_batch else [])
+    result = dict(config='registry', image_size=None, tokens=None, models=[], failures={}, presets={},
+                  references={}, iterations={}, matmul_peak_flops=None, flops_per_image={}, speed={}, ratios={},
+                  mfu={}, memory={}, memory_failures={})
+    log(f'registry: {", ".join(args.registry)}; tasks {tasks}; one model and its reference at a time')
+    peaks, forecast = [], 0.
+    for i, name in enumerate(args.registry):
+        forecast += bench_pair(name, args, tasks, result, peaks, log)
+        release_memory()
+        log(f'{i + 1}/{len(args.registry)} done; forecast so far {forecast / 60:.1f} min; resident now '
+            f'{rss_mib("VmRSS"):.0f} MiB, peak {rss_mib("VmHWM"):.0f} MiB')
+    result['matmul_peak_flops'] = summary(peaks or [matmul_peak()])
+    return result
+
+
+def bench_pair(name, args, tasks, result, peaks, log):
+    """One registered model and its reference (where there is one) into `result`: speeds in paired interleaved
+    rounds (each model times as many steps as fill `--seconds` for it), their ratios, then `--memory` fresh-process
+    memory runs of each, ours and the reference's alternating. A preset that fails to build, count or time is
+    recorded in result['failures'] and the caller goes on with the next model. Everything built here is freed on
+    return; returns the forecast seconds of the pair (`expected_seconds`), 0 where it failed to build."""
     def count(w):
         return training_flops(w['model'], w['image_size'], channels=w['channels'], num_classes=w['num_classes'],
                               loss=w['loss'])
 
-    torch.manual_seed(0)
-    workloads, flops, failures, missing = {}, {}, {}, {}
-    for name in args.registry:
-        # one model's broken preset is reported as its own failure rather than stopping every other model's
-        # measurement; `main` exits non-zero when any failed
-        try:
-            workload = registry_workload(name, args.tiny)
-            flops[name] = count(workload)
+    try:
+        workload = registry_workload(name, args.tiny)
+        flops = {name: count(workload)}
+    except Exception as error:
+        result['failures'][name] = f'{type(error).__name__}: {error}'
+        log(f'{name}: failed to build or count: {result["failures"][name]}')
+        return 0.
+    # the reference implementation, timed in the same rounds; why there is none goes into the table
+    reference, missing = try_reference(workload, args.tiny)
+    if reference is not None:
+        try:            # a reference that cannot take the training step (or be counted) is stated, not fatal
+            flops[reference['name']] = count(reference)
         except Exception as error:
-            failures[name] = f'{type(error).__name__}: {error}'
-            log(f'{name}: failed to build or count: {failures[name]}')
-            continue
-        workloads[name] = workload
-        # the reference implementation, timed in the same rounds; why there is none goes into the table
-        reference, missing[name] = try_reference(workload, args.tiny)
-        if reference is not None:
-            try:            # a reference that cannot take the training step (or be counted) is stated, not fatal
-                flops[reference['name']] = count(reference)
-            except Exception as error:
-                missing[name] = f'failed: its training step: {type(error).__name__}: {str(error)[:300]}'
-                log(f'{name}: reference failed in its training step: {missing[name]}')
-                continue
-            workloads[reference['name']] = reference
-    runners = {name: Runner(w['model'], w['image_size'], args.batches, args.train_batch, channels=w['channels'],
-                            num_classes=w['num_classes'], loss=w['loss']) for name, w in workloads.items()}
-    tasks = [('infer', b) for b in args.batches] + ([('train', args.train_batch)] if args.train_batch else [])
-    peaks = [matmul_peak()]
-    log(f'registry: {", ".join(workloads)}; tasks {tasks}')
-    log(f'expected time, from the FLOPs counted and this matmul peak: {expected_seconds(flops, args, peaks[0]) / 60:.1f} '
-        f'min (rough: the MFU differs between models)')
-    peaks = []
-    speeds, iterations = interleaved(runners, tasks, args.rounds, args.seconds, peaks, log, same_steps=False)
-    presets = {name: {k: w[k] for k in ('preset', 'image_size', 'channels', 'num_classes', 'params')}
-               for name, w in workloads.items()}
-    result = dict(config='registry', image_size=None, tokens=None, models=list(workloads), failures=failures,
-                  presets=presets, references={name: reason for name, reason in missing.items() if reason},
-                  iterations={f'{k}@{b}': n for (k, b), n in iterations.items()},
-                  matmul_peak_flops=summary(peaks), flops_per_image={}, speed={}, ratios={}, mfu={}, memory={})
-    fill_speeds(result, tasks, speeds, peaks, flops)
-    for name in args.registry:
-        if f'{name}:ref' in workloads:
-            result['ratios'][f'{name}/{name}:ref'] = {
-                f'{k}@{b}': paired(speeds[(k, b)], name, f'{name}:ref') for k, b in tasks}
+            missing = f'failed: its training step: {type(error).__name__}: {str(error)[:300]}'
+            log(f'{name}: reference failed in its training step: {missing}')
+            reference = None
+    if missing:
+        result['references'][name] = missing
+    workloads = {w['name']: w for w in (workload, reference) if w is not None}
+    del workload, reference
+    runners = {n: Runner(w['model'], w['image_size'], args.batches, args.train_batch, channels=w['channels'],
+                         num_classes=w['num_classes'], loss=w['loss']) for n, w in workloads.items()}
+    pair_peaks = [matmul_peak()]
+    forecast = expected_seconds(flops, args, pair_peaks[0])
+    log(f'{" and ".join(workloads)}: expected {forecast / 60:.1f} min (rough: the MFU differs between models)')
+    pair_peaks = []
+    try:
+        speeds, iterations = interleaved(runners, tasks, args.rounds, args.seconds, pair_peaks, log, same_steps=False)
+    except Exception as error:
+        result['failures'][name] = f'its timing: {type(error).__name__}: {str(error)[:300]}'
+        log(f'{name}: failed while timed: {result["failures"][name]}')
+        return forecast
+    peaks += pair_peaks
+    result['models'] += list(workloads)
+    for n, w in workloads.items():
+        result['presets'][n] = {k: w[k] for k in ('preset', 'image_size', 'channels', 'num_classes', 'params')}
+    for (k, b), steps in iterations.items():
+        result['iterations'].setdefault(f'{k}@{b}', {}).update(steps)
+    fill_speeds(result, tasks, speeds, pair_peaks, flops)
+    if f'{name}:ref' in workloads:
+        result['ratios'][f'{name}/{name}:ref'] = {f'{k}@{b}': paired(speeds[(k, b)], name, f'{name}:ref')
+                                                  for k, b in tasks}
+    names = list(workloads)
+    # the models, their optimisers and gradients go before the memory children start (they rebuild both)
+    del runners, workloads
+    release_memory()
     if args.memory and args.train_batch:
-        fill_memory(result, args, log, lambda name: dict(registry=name.removesuffix(':ref'), tiny=args.tiny,
-                                                         reference=name.endswith(':ref')))
-    return result
+        runs = {n: [] for n in names}
+        try:
+            for _ in range(args.memory):
+                for n in names:         # ours and the reference alternate: run i of each is a pair in time
+                    spec = dict(registry=name, tiny=args.tiny, reference=n.endswith(':ref'), batch=args.train_batch,
+                                threads=args.threads, device=args.device, bf16=args.bf16, compile=args.compile)
+                    runs[n].append(measure_memory(spec)['peak_increase_mib'])
+        except RuntimeError as error:
+            result['memory_failures'][name] = str(error)[-300:]
+            log(f'{name}: a memory run failed: {result["memory_failures"][name]}')
+            return forecast
+        for n in names:
+            result['memory'][n] = summary(runs[n])
+            log(f'  memory {n}: {statistics.median(runs[n]):.0f} MiB over {args.memory} run(s)')
+    return forecast
 
 
 def bench_compile(args, log):
@@ -1383,7 +1439,7 @@ def registry_table(results):
     ours / reference per task, speeds, memory of both and their ratio, and the failure where ours was not measured."""
     if 'registry_table' in results:
         return results['registry_table']
-    run = {key: results.get(key) for key in ('command', 'date', 'machine', 'load_average')}
+    run = {key: results.get(key) for key in ('command', 'date', 'machine', 'load_average', 'memory_runs', 'note')}
     rows, tasks = {}, []
     for r in results['configs']:
         if r['config'] != 'registry':
@@ -1423,18 +1479,26 @@ def merge_tables(tables):
                 rows={name: dict(row, run=index[row['run']]) for name, row in rows.items()})
 
 
+def printed(value):
+    """A ratio as the table prints it (two decimals): the verdict reads what the reader reads, so that a memory
+    ratio of 1066 / 1062 MiB = 1.004, printed 1.00, is not a miss."""
+    return float(f'{value:.2f}')
+
+
 def verdict(name, row):
-    """'>= 1.0' (every speed ratio at least 1.0 and memory at most 1.0), 'parity (spread includes 1.0)' (each one
-    that misses has 1.0 within its min-max over rounds), or 'below (...)' naming the ratios that miss, with the docs'
-    explanation where BELOW_EXPLAINED has one."""
+    """From the printed ratios and their spreads (min-max over rounds, over memory runs): '>= 1.0' (every speed
+    ratio at least 1.00 and memory at most 1.00), 'parity (spread includes 1.0)' (each one that misses has 1.00
+    within its spread), or 'below (...)' naming the ratios whose whole spread misses (a speed ratio whose max is
+    below 1.00, a memory ratio whose min is above 1.00), with the docs' explanation where BELOW_EXPLAINED has one."""
     if row['failure']:
         return 'not measured'
     if not row['ratios']:
         return '-'
-    misses = [(f'{task} {s["median"]:.2f}', s['max'] >= 1.0) for task, s in row['ratios'].items() if s['median'] < 1.0]
+    misses = [(f'{task} {s["median"]:.2f}', printed(s['max']) >= 1.0) for task, s in row['ratios'].items()
+              if printed(s['median']) < 1.0]
     memory = row['memory_ratio']
-    if memory and memory['median'] > 1.0:
-        misses.append((f'memory {memory["median"]:.2f}', memory['min'] <= 1.0))
+    if memory and printed(memory['median']) > 1.0:
+        misses.append((f'memory {memory["median"]:.2f}', printed(memory['min']) <= 1.0))
     if not misses:
         return '>= 1.0'
     if all(within for _, within in misses):
@@ -1451,7 +1515,9 @@ def describe_run(number, run):
             f"{m.get('clock')} clock, torch {m.get('torch')}, timm {m.get('timm') or 'not installed'}, "
             f"CPU capability {m.get('cpu_capability', 'not recorded')}"
             f"{', bf16 autocast' if m.get('bf16') else ''}{', compiled' if m.get('compile') else ''}"
-            f"{', on ' + m['gpu'] if m.get('gpu') else ''}; load average (1 min) {loads}")
+            f"{', on ' + m['gpu'] if m.get('gpu') else ''}; load average (1 min) {loads}"
+            + (f"; {run['memory_runs']} memory run(s) of each model" if run.get('memory_runs') is not None else '')
+            + (f"; {run['note']}" if run.get('note') else ''))
 
 
 def markdown_table(table):
@@ -1522,9 +1588,9 @@ def machine(threads, clock, device='cpu'):
 
 
 # `--budget`: the settings of the docs' registry table (paired rounds at one thread on CPU time, each timing at
-# least one step, one fresh-process memory run of each model and reference)
+# least one step, three fresh-process memory runs of each model and reference, alternating, for a spread)
 BUDGET_ARGS = ['--registry', 'all', '--batches', '1,8', '--train-batch', '8', '--rounds', '3', '--seconds', '0.25',
-               '--memory', '1', '--threads', '1', '--clock', 'cpu']
+               '--memory', '3', '--threads', '1', '--clock', 'cpu']
 
 
 def shard(names, spec, parser):
@@ -1550,7 +1616,8 @@ def parse_args(argv=None):
     parser.add_argument('--train-batch', type=int, default=8, help='training-step batch size (0: no training)')
     parser.add_argument('--rounds', type=int, default=5, help='interleaved rounds')
     parser.add_argument('--seconds', type=float, default=0.5, help='target length of one timing')
-    parser.add_argument('--memory', type=int, default=1, help='fresh-process memory runs per model (0: none)')
+    parser.add_argument('--memory', type=int, default=3,
+                        help='fresh-process memory runs per model (0: none); the memory ratio\'s spread is over them')
     parser.add_argument('--sections', type=names, default=None,
                         help='comma-separated, of throughput (speed, MFU, memory per model), compile '
                              '(torch.compile speed-up over eager), checkpointing (memory saved in a deep ViT); '
@@ -1564,7 +1631,9 @@ def parse_args(argv=None):
                              'and --markdown-from merges their JSON files')
     parser.add_argument('--budget', action='store_true',
                         help='the registry table\'s settings (' + ' '.join(BUDGET_ARGS) + '), any of them '
-                             'overridden by giving it; prints its expected time once the models are counted')
+                             'overridden by giving it; prints each pair\'s expected time once it is counted')
+    parser.add_argument('--note', help='a line about the machine for the table\'s header (e.g. what else runs on '
+                                       'it), kept with the run')
     parser.add_argument('--tiny', action='store_true',
                         help=f'registry models at the training command\'s small size on {TINY["image_size"]}-pixel '
                              f'images with {TINY["channels"]} channel (a few ms a step; for tests)')
@@ -1636,9 +1705,9 @@ def main(argv=None):
     global CLOCK
     CLOCK = time.process_time if args.clock == 'cpu' else time.perf_counter
     log = lambda msg: print(msg, file=sys.stderr, flush=True)
-    results = dict(machine=dict(machine(args.threads, args.clock, args.device), bf16=args.bf16, compile=args.compile), command=' '.join(['python', 'benchmarks/throughput.py'] + sys.argv[1:]),
+    results = dict(machine=dict(machine(args.threads, args.clock, args.device), bf16=args.bf16, compile=args.compile), command=shlex.join(['python', 'benchmarks/throughput.py'] + sys.argv[1:]),
                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'), configs=[],
-                   load_average=dict(start=os.getloadavg()))
+                   load_average=dict(start=os.getloadavg()), memory_runs=args.memory, note=args.note)
     if 'throughput' in args.sections:
         for config in args.configs:
             for image_size in args.image_sizes:
