@@ -693,7 +693,9 @@ def sep_vit_spec():
         bad_arguments=dict(
             {name: bad_positive_ints() for name in ('dim', 'channels')},
             depth=st.sampled_from([(), (0, 1, 1, 1), (2.5, 1, 1, 1), 3, None, (True, 1, 1, 1), (1, 1, 1)]),
-            heads=bad_stage_ints(), window_size=bad_stage_ints(), ff_mult=bad_stage_ints(),
+            heads=bad_stage_ints(), window_size=bad_stage_ints(),
+            # a real ratio, as vit-pytorch's int(dim * ff_mult): 2.5 is valid, 0 leaves no hidden unit
+            ff_mult=st.sampled_from([0, -1.0, math.nan, '4', None, True]),
             grouped_window_size=bad_stage_ints().filter(lambda v: v is not None),
             dim_head=bad_positive_ints().filter(lambda v: v is not None), image_size=bad_pairs(),
             num_classes=bad_non_negative_ints(), dropout=bad_probabilities(), drop_path_rate=bad_probabilities()),
