@@ -356,7 +356,7 @@ class LeVJEPACls(torch.nn.Module):
         return x[:, None]
 
 
-def levjepa_official_objective_matches(learner, project):
+def check_levjepa_official_objective(learner, project):
     """Our loss and its gradient against the official multiview_forward's on the fixture's cls tokens: the official
     Projector's weights loaded into ours, its SIGReg directions given, training mode (BatchNorm's batch statistics).
     `project(global_cls, local_cls)`: the learner's projections (b, 1 + v, K)."""

@@ -7,7 +7,7 @@ import pytest
 import torch
 from einops import rearrange
 
-from helpers import LeVJEPACls, levjepa_official_config, levjepa_official_objective_matches, load_fixture
+from helpers import LeVJEPACls, levjepa_official_config, check_levjepa_official_objective, load_fixture
 from vit_pytorch.lejepa import sigreg_loss
 from vit_pytorch import vit
 from vit_pytorch.levjepa import LeVJEPA, VideoTransformer, block_causal_mask, video_frequencies
@@ -185,7 +185,7 @@ def test_the_objective_is_the_official_codes_loss_and_gradient():
     33 on [-3, 3]) weighted 0.02, the projector's BatchNorm over all views at once."""
     config, kwargs = levjepa_official_config()
     learner = LeVJEPA(LeVJEPACls(config['dim']), 1, local_size=1, num_local_views=config['local_views'], **kwargs)
-    levjepa_official_objective_matches(learner, lambda global_cls, local_cls: learner.project(global_cls, local_cls))
+    check_levjepa_official_objective(learner, lambda global_cls, local_cls: learner.project(global_cls, local_cls))
 
 
 def test_the_block_causal_mask_is_the_official_codes():
