@@ -21,12 +21,12 @@ def l1(pred, actions):
     return (pred - actions).abs().mean().item()
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--epochs', type=int, default=3)
     parser.add_argument('--train', type=int, default=1024, help='training clips')
     parser.add_argument('--test', type=int, default=450, help='test clips')
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.manual_seed(0)
     torch.set_num_threads(1)
     train, test = action_clips('train', count=args.train), action_clips('test', count=args.test)

@@ -1,0 +1,58 @@
+"""The example scripts without a test of their own run at a tiny size and print what their docstrings promise
+(examples/vat_actions.py and examples/looped_exit_gate.py; ats_tokens, moving_digits and the others are tested
+where their results are used)."""
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from vit_pytorch.clips import action_clips
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def example(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / 'examples' / f'{name}.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_vat_actions_prints_its_baselines_and_a_finite_error_per_epoch(capsys):
+    example('vat_actions').main(['--epochs', '2', '--train', '64', '--test', '40'])
+    lines = capsys.readouterr().out.splitlines()
+    zero, last = map(float, re.fullmatch(r'test L1: zero ([\d.]+), last step repeated ([\d.]+)', lines[0]).groups())
+    # predicting zero errs by the mean absolute displacement of the test clips, computed here from the data
+    assert zero == pytest.approx(action_clips('test', count=40).actions.abs().mean().item(), abs=5e-4)
+    assert 0 <= last
+    assert len(lines) == 3
+    for epoch, line in enumerate(lines[1:], start=1):
+        loss, error = map(float, re.match(rf'epoch {epoch}: train loss ([\d.]+), test L1 ([\d.]+) ', line).groups())
+        assert torch.isfinite(torch.tensor([loss, error])).all()
+
+
+@pytest.mark.slow
+def test_looped_exit_gate_reports_both_checkpoints_and_reuses_them(tmp_path, capsys):
+    module = example('looped_exit_gate')
+    module.main(['--out', str(tmp_path), '--epochs', '1'])
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if line.startswith('--')] == [
+        '--exit-gate-loss-weight 1:', '--exit-gate-loss-weight 0:']
+    for weight in (1, 0):
+        report = module.gate_report(tmp_path / f'weight_{weight}' / 'checkpoint', thresholds=(-1.0, 1e9))
+        accuracies = [float(a) for a in report[0].split('accuracy after each loop ')[1].split()]
+        # a threshold below every predicted gain never exits early: each image runs every loop and scores the last
+        # loop's accuracy; one above every gain exits after the first loop
+        never = re.fullmatch(r'threshold -1.0: accuracy ([\d.]+), mean loops ([\d.]+)', report[1]).groups()
+        first = re.fullmatch(r'threshold 1000000000.0: accuracy ([\d.]+), mean loops ([\d.]+)', report[2]).groups()
+        assert float(never[0]) == pytest.approx(accuracies[-1]) and float(never[1]) == len(accuracies)
+        assert float(first[0]) == pytest.approx(accuracies[0]) and float(first[1]) == 1.0
+    # a second call trains nothing: the checkpoints are reused, not replaced
+    stamps = {p: p.stat().st_mtime_ns for p in tmp_path.rglob('*') if p.is_file()}
+    module.main(['--out', str(tmp_path), '--epochs', '1'])
+    assert 'test accuracy' not in capsys.readouterr().out
+    assert stamps == {p: p.stat().st_mtime_ns for p in tmp_path.rglob('*') if p.is_file()}
