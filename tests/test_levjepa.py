@@ -7,10 +7,11 @@ import pytest
 import torch
 from einops import rearrange
 
-from helpers import LeVJEPACls, levjepa_official_config, check_levjepa_official_objective, load_fixture
+from helpers import LeVJEPACls, count, levjepa_official_config, check_levjepa_official_objective, load_fixture
 from vit_pytorch.lejepa import sigreg_loss
 from vit_pytorch import vit
-from vit_pytorch.levjepa import LeVJEPA, VideoTransformer, block_causal_mask, video_frequencies
+from vit_pytorch.levjepa import (CONFIGS, RECIPE, LeVJEPA, VideoTransformer, block_causal_mask, levjepa,
+                                 video_frequencies, video_transformer)
 from vit_pytorch.pretrained import load_vit_pytorch
 
 ENCODER = dict(image_size=16, patch_size=8, frames=3, dim=32, depth=2, heads=2, dim_head=16, mlp_dim=64)
@@ -197,3 +198,70 @@ def test_the_block_causal_mask_is_the_official_codes():
                                 (torch.arange(m['T'] * per_frame)[None], tensors['mask_all'])):
         frame = torch.cat((token_ids.new_full((token_ids.shape[0], 1), -1), token_ids // per_frame), dim=1)
         assert torch.equal(block_causal_mask(frame), expected)
+
+
+# the paper's named encoders and recipe, from its code (MLO-lab/LeVJEPA @ 481a99b): module.py's vit_tiny, vit_small,
+# vit_base, vit_large (embed_dim, depth, num_heads; patch_size 16, mlp_ratio 4, head_dim embed_dim // num_heads) and
+# conf/config.yaml (img_size 224, num_frames 16, tubelet_size 1, use_rope: no position table)
+OFFICIAL_ENCODERS = {'tiny': (192, 12, 3), 'small': (384, 12, 6), 'base': (768, 12, 12), 'large': (1024, 24, 16)}
+
+
+def official_encoder_count(dim, depth, channels=3, patch=16):
+    """The official VisionTransformer's parameters, from module.py's layers: PatchEmbed3D's Conv3d (tubelet 1, with
+    bias), the cls token, per Block two LayerNorms (weight and bias), qkv (bias) and proj (bias) Linears and the MLP's
+    fc1 and fc2 (bias), the final LayerNorm; with use_rope there is no pos_embed."""
+    hidden = 4 * dim
+    block = 2 * 2 * dim + (dim * 3 * dim + 3 * dim) + (dim * dim + dim) + (dim * hidden + hidden) + (hidden * dim + dim)
+    return (channels * patch * patch * dim + dim) + dim + depth * block + 2 * dim
+
+
+def test_the_official_large_encoder_count_is_the_released_checkpoints_303m():
+    # README: LeVJEPA-VideoMix-Large, "the ViT-L/16 ... 303M parameters"
+    assert official_encoder_count(1024, 24) == 303_099_904
+    assert round(official_encoder_count(1024, 24) / 1e6) == 303
+
+
+@pytest.mark.parametrize('variant', sorted(OFFICIAL_ENCODERS))
+def test_named_encoders_take_the_official_widths(variant):
+    dim, depth, heads = OFFICIAL_ENCODERS[variant]
+    with torch.device('meta'):
+        encoder = video_transformer(variant)
+    layers = encoder.transformer.layers
+    attention, feedforward = layers[0]
+    assert (encoder.dim, len(layers), attention.heads, encoder.frames) == (dim, depth, heads, 16)
+    assert attention.to_qkv.out_features == 3 * dim                      # heads of dim // heads channels
+    assert feedforward.net[1].out_features == 4 * dim                     # mlp_ratio 4
+    assert (encoder.patch_h, encoder.patch_w) == (16, 16)
+    assert encoder.to_patch_embedding[2].in_features == 3 * 16 * 16       # one frame a token (tubelet 1)
+    assert set(CONFIGS) == set(OFFICIAL_ENCODERS)
+
+
+@pytest.mark.parametrize('variant', sorted(OFFICIAL_ENCODERS))
+def test_named_encoders_count_the_official_encoders_less_vit_pytorchs_missing_biases(variant):
+    """vit-pytorch's layout, which ours keeps, against V-JEPA's: per layer no qkv biases (3 dim), no output bias
+    (dim), RMSNorms without the LayerNorms' biases (2 dim); the final norm's bias (dim) likewise; a LayerNorm on
+    the flattened patch (3 * 16 * 16) and one after the projection (dim) that the Conv3d does not have."""
+    dim, depth, _ = OFFICIAL_ENCODERS[variant]
+    with torch.device('meta'):
+        encoder = video_transformer(variant)
+    expected = official_encoder_count(dim, depth) - depth * (3 * dim + dim + 2 * dim) - dim + 3 * 16 * 16 + dim
+    assert count(encoder) == expected
+
+
+def test_the_recipe_is_the_official_configs():
+    # conf/config.yaml: augmentation local_size 96, local_crops_number 10, local/global crops scales, token_drop_rate
+    # 0.95, projector hidden_dim 2048 output_dim 256, loss.sigreg weight 0.02, knots 17, num_proj 1024
+    with torch.device('meta'):
+        learner = levjepa('base')
+    assert (learner.image_size, learner.local_size, learner.num_local_views) == ((224, 224), (96, 96), 10)
+    assert (learner.local_crop_scale, learner.global_crop_scale, learner.drop_ratio) == ((0.02, 0.4), (0.8, 1.0), 0.95)
+    assert learner.sigreg_loss_weight == 0.02 and learner.sigreg_loss_kwargs == dict(num_proj=1024, knots=17)
+    # the official Projector(768, 2048, 256): Linear, BatchNorm1d (weight and bias), GELU, Linear
+    assert count(learner.projector) == (768 * 2048 + 2048) + 2 * 2048 + (2048 * 256 + 256)
+    assert isinstance(learner.projector[1], torch.nn.BatchNorm1d)
+    assert RECIPE['num_classes_K'] == 256
+
+
+def test_an_unknown_variant_is_refused_naming_the_known_ones():
+    with pytest.raises(ValueError, match=r"variant must be one of \['base', 'large', 'small', 'tiny'\], got 'huge'"):
+        video_transformer('huge')

@@ -40,6 +40,9 @@ Where ours differs from vit-pytorch's:
     (clip, view) with `'(b v) d -> b v d'`, so for a batch of more than one clip the view it takes as a clip's
     global view, and the local views it pulls to it, are mostly other clips' (its loss on fixed views is ours on
     that arrangement: tests/test_levjepa.py); ours pulls each clip's local views to its own global view.
+The paper's encoders (its code's vit_tiny to vit_large) are `CONFIGS`, built by `video_transformer(variant)`;
+`levjepa(variant)` adds its code's recipe (`RECIPE`). They are its widths on vit-pytorch's layout, not its parameter
+counts (the comment at CONFIGS says what differs).
 SIGReg is `lejepa.sigreg_loss`, the Epps-Pulley statistic with the factor N as vit-pytorch's (and the official
 code's): vit-pytorch's `knots` on [0, 3] doubled is the same trapezoidal rule as 2 * knots - 1 knots on [-3, 3].
 """
@@ -298,6 +301,42 @@ def losses(learner, projections, directions=None):
     sigreg = lejepa.sigreg_loss(views, num_slices=learner.sigreg_loss_kwargs['num_proj'], domain=(-3., 3.),
                                 num_knots=2 * knots - 1, projections=directions)
     return invariance * learner.invariance_loss_weight, sigreg * learner.sigreg_loss_weight
+
+
+# The paper's encoders, from its code (MLO-lab/LeVJEPA @ 481a99b, module.py: vit_tiny, vit_small, vit_base,
+# vit_large; the README names ViT-Tiny and ViT-S/B/L): name -> (dim, depth, heads). All take patches of 16, heads of
+# dim // heads channels and an MLP 4 * dim wide (mlp_ratio=4); conf/config.yaml's clips are 16 frames at 224, one
+# frame a token (tubelet_size 1). module.py also has vit_huge, vit_giant and vit_gigantic, which the paper does not
+# train. The widths go onto vit-pytorch's VideoTransformer, which ours keeps: bias-free RMSNorms and attention
+# projections, a normed linear patch embedding; the official encoder is V-JEPA's (LayerNorms with biases, qkv and
+# output biases, a Conv3d patch embedding), so the counts differ by those (tests/test_levjepa.py writes the
+# differences out).
+CONFIGS = {'tiny': (192, 12, 3), 'small': (384, 12, 6), 'base': (768, 12, 12), 'large': (1024, 24, 16)}
+
+# conf/config.yaml's recipe (same commit), in LeVJEPA's arguments: one global 224 crop (scale 0.8 to 1) and 10 local
+# 96 crops (scale 0.02 to 0.4), 95 % of the patch tokens dropped, a projector 2048 wide to 256 with BatchNorm,
+# SIGReg weight 0.02 with 17 knots and 1024 directions. Its photometric augmentation (jitter 0.8, grayscale 0.2, no
+# blur, flips, hue 0.1) is PhotometricAugment's default.
+RECIPE = dict(image_size=224, local_size=96, num_local_views=10, num_classes_K=256, projection_hidden=2048,
+              local_crop_scale=(0.02, 0.4), global_crop_scale=(0.8, 1.0), drop_ratio=0.95, use_batch_norm=True,
+              sigreg_loss_weight=0.02, sigreg_loss_kwargs=dict(num_proj=1024, knots=17))
+
+
+def video_transformer(variant, *, image_size=224, frames=16, **overrides):
+    """The paper's ViT-`variant` encoder (a key of CONFIGS) on 16-frame clips at 224, patches of 16; keyword
+    arguments override the table."""
+    if variant not in CONFIGS:
+        raise ValueError(f"variant must be one of {sorted(CONFIGS)}, got {variant!r}")
+    dim, depth, heads = CONFIGS[variant]
+    kwargs = dict(dim=dim, depth=depth, heads=heads, dim_head=dim // heads, mlp_dim=4 * dim, image_size=image_size,
+                  patch_size=16, frames=frames)
+    return VideoTransformer(**{**kwargs, **overrides})
+
+
+def levjepa(variant, **overrides):
+    """LeVJEPA with the paper's ViT-`variant` encoder (`video_transformer(variant)`) and its code's recipe
+    (RECIPE); keyword arguments override the recipe."""
+    return LeVJEPA(video_transformer(variant), **{**RECIPE, **overrides})
 
 
 def check_clip(video, *, channels, patch):

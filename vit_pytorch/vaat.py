@@ -1,6 +1,6 @@
 """VAAT: the Vision Action Transformer with an audio branch (vit-pytorch's `vaat`).
 
-VAT ("VAT: Vision Action Transformer by Unlocking Full Representation of ViT", openreview TalHOvvLZu; see
+VAT ("VAT: Vision Action Transformer by Unlocking Full Representation of ViT", arXiv 2512.06013; see
 `vit_pytorch.vat`) with a second tower, an Audio Spectrogram Transformer (Gong et al., "AST: Audio Spectrogram
 Transformer", arXiv 2104.01778): the spectrogram cut into patches like an image, a transformer over them. Each
 policy layer cross-attends to the ViT's trajectory state `vit_layer_indices[l]` over every view and frame, then

@@ -1,6 +1,7 @@
 """VAT: Vision Action Transformer (vit-pytorch's `vat`).
 
-"VAT: Vision Action Transformer by Unlocking Full Representation of ViT" (openreview TalHOvvLZu; no arXiv id).
+"VAT: Vision Action Transformer by Unlocking Full Representation of ViT", Li et al., arXiv 2512.06013 (openreview
+TalHOvvLZu).
 The idea: a policy reads the whole representation trajectory of a ViT, not only its last layer. A short
 chunk of learned action tokens runs through its own stack of layers, and layer l cross-attends to the
 hidden states of ViT layer `vit_layer_indices[l]` over every view and frame at once; a linear map of the
@@ -22,6 +23,12 @@ The trajectory of a ViT of depth D holds D + 1 states: index 0 the embedded toke
 layer i (the input of layer i + 1), index D the final normed tokens. The tower is our ViT (`vit_pytorch.vit.ViT`
 or this module's `ViT`, which adds vit-pytorch's register tokens and output gates); the policy's attention goes
 through `vit.attend`, so `vit_pytorch.recorder` records both.
+
+The paper's own code (sellerbubble/VAT @ f34b283, prismatic/models/backbones/vision/vat_modeling.py) is another
+architecture: its action tokens run inside the vision tower itself (SigLIP So400m/14 at 224: 1152 wide, 27 layers,
+16 heads), each layer giving them their own query and key-value projections (`SeparatedAttention`), not through a
+separate policy stack as here and in vit-pytorch. So there are no named configurations with the paper's counts
+here; its LIBERO runs take chunks of 8 actions of 7 numbers (prismatic/vla/constants.py).
 
 Where this differs from vit-pytorch 1.26.14 (its checkpoints load with equal outputs all the same, converted):
   - task conditioning (FiLM) scales the tokens by 1 + gamma; vit-pytorch scales by gamma from a zero-initialised

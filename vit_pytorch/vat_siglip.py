@@ -1,6 +1,6 @@
 """VAT on a SigLIP vision tower (vit-pytorch's `vat_siglip`).
 
-"VAT: Vision Action Transformer by Unlocking Full Representation of ViT" (openreview TalHOvvLZu) with the vision
+"VAT: Vision Action Transformer by Unlocking Full Representation of ViT" (arXiv 2512.06013) with the vision
 tower of SigLIP ("Sigmoid Loss for Language Image Pre-Training", arXiv 2303.15343; So400m/14 at 224 by
 default, PaliGemma's and pi-zero's tower): the policy of `vit_pytorch.vat` (action tokens, layer l
 cross-attending to the tower's trajectory state `vit_layer_indices[l]`, the L1 loss when actions are given)
