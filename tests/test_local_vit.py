@@ -1,12 +1,14 @@
 """LocalViT: the patch tokens' feed-forward is 1x1 conv, depthwise 3x3, 1x1 conv on the token grid (against the
-convolutions computed explicitly), so it mixes only 3x3 neighbourhoods; the cls token bypasses it; vit-pytorch's
-checkpoints, which compute another function, are refused naming the difference."""
+convolutions computed explicitly), so it mixes only 3x3 neighbourhoods; the cls token bypasses it; the official
+code's feed-forward and block give ours' outputs with its weights; vit-pytorch's checkpoints, which compute another
+function, are refused naming the difference."""
 
 import pytest
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 
-from helpers import move_off_initialisation, reference_case, tiny_vit_kwargs
+from helpers import load_fixture, move_off_initialisation, reference_case, tiny_vit_kwargs
 from vit_pytorch.local_vit import LocalViT
 from vit_pytorch.pretrained import load_vit_pytorch
 
@@ -74,3 +76,67 @@ def test_vit_pytorchs_checkpoint_is_refused_naming_its_width_axis_norm_and_extra
     config, state_dict, _, _ = reference_case('vit_pytorch_1.26.14_local_vit')
     with pytest.raises(ValueError, match=r"over the width axis .* second 1x1 convolution"):
         load_vit_pytorch(LocalViT(**config), state_dict)
+
+
+# the paper's official code (ofsoundof/LocalViT @ f497260, models/localvit.py; fixture written by
+# tests/fixtures/make_local_vit_official_fixtures.py, run outside this repository). Its LocalityFeedForward is
+# 1x1 conv, BatchNorm, h-swish, depthwise 3x3, BatchNorm, h-swish, 1x1 conv, BatchNorm (act='hs'; the official
+# models default to 'hs+se', an SE layer after the depthwise convolution, which ours leaves out) on the raw stream,
+# convolutions without biases. In eval mode a BatchNorm after a bias-free convolution is that convolution with
+# its weights scaled and a bias, which is how ours (biased 1x1 and depthwise convolutions) takes the official
+# weights. Ours also norms the feed-forward's input per token (vit-pytorch's pre-LN) where the official block feeds
+# it the raw stream: the fixture's official block has that one LayerNorm put in front of its convolutions.
+
+
+def folded(state, conv, batchnorm, eps=1e-5):
+    """(weight, bias) of the official bias-free convolution `conv` followed by the eval-mode BatchNorm
+    `batchnorm`: gamma (W x - mean) / sqrt(var + eps) + beta = (s W) x + (beta - s mean), s = gamma / sqrt(var + eps)."""
+    weight = state[f'{conv}.weight'].double()
+    scale = state[f'{batchnorm}.weight'].double() / (state[f'{batchnorm}.running_var'].double() + eps).sqrt()
+    bias = state[f'{batchnorm}.bias'].double() - scale * state[f'{batchnorm}.running_mean'].double()
+    return scale.view(-1, *[1] * (weight.dim() - 1)) * weight, bias
+
+
+def official_layer():
+    """A one-layer LocalViT on a 3x3 grid loaded with the fixture's official block, and the fixture's tensors."""
+    metadata, state, tensors = load_fixture('local_vit_official')
+    config = metadata['config']
+    assert config['act'] == 'hs' and not config['qkv_bias']
+    dim, heads = config['dim'], config['num_heads']
+    model = LocalViT(image_size=12, patch_size=4, num_classes=5, dim=dim, depth=1, heads=heads, dim_head=dim // heads,
+                     mlp_dim=int(dim * config['mlp_ratio'])).double().eval()
+    attn, ff = model.transformer.layers[0]
+    with torch.no_grad():
+        attn.norm.weight.copy_(state['norm1.weight']), attn.norm.bias.copy_(state['norm1.bias'])
+        attn.to_qkv.weight.copy_(state['attn.qkv.weight'])                 # both lay out (qkv, head, channel)
+        attn.to_out[0].weight.copy_(state['attn.proj.weight']), attn.to_out[0].bias.copy_(state['attn.proj.bias'])
+        ff.norm.weight.copy_(tensors['norm.weight']), ff.norm.bias.copy_(tensors['norm.bias'])
+        for ours, conv, batchnorm in ((ff.expand, 'conv.conv.0', 'conv.conv.1'),
+                                      (ff.depthwise, 'conv.conv.3', 'conv.conv.4'),
+                                      (ff.reduce, 'conv.conv.6', 'conv.conv.7')):
+            weight, bias = folded(state, conv, batchnorm)
+            ours.weight.copy_(weight.view(ours.weight.shape)), ours.bias.copy_(bias)
+    return model, tensors
+
+
+# The weights are float32 values and both sides run in float64; what differs is the order of float64 sums, the
+# BatchNorm folded into the convolution (one rounding of s W instead of two steps) and F.hardswish against the
+# official x * relu6(x + 3) / 6: a few ulps of outputs of order 1, so 1e-12 holds with a wide margin.
+
+
+def test_the_official_locality_feed_forward_gives_ours_output_on_a_non_square_grid():
+    model, tensors = official_layer()
+    ff = model.transformer.layers[0][1]
+    tokens = rearrange(tensors['ff_input'], 'b c h w -> b (h w) c')          # a 3x4 grid
+    with torch.no_grad():
+        out = ff(tokens, (3, 4))
+    torch.testing.assert_close(out, rearrange(tensors['ff_output'], 'b c h w -> b (h w) c'), rtol=0, atol=1e-12)
+
+
+def test_the_official_block_gives_ours_layers_output():
+    """The official block (pre-LN attention over every token, the cls token split off, the patch tokens' locality
+    feed-forward with its residual on the grid) against ours' layer, on a cls token and a 3x3 grid."""
+    model, tensors = official_layer()
+    with torch.no_grad():
+        out = model.transformer.layer(model.transformer.layers[0], tensors['block_input'], grid=(3, 3))
+    torch.testing.assert_close(out, tensors['block_output'], rtol=0, atol=1e-12)

@@ -1,10 +1,11 @@
 """Orthogonal residual updates: what a branch adds to the stream is orthogonal to it, by the explicit projection;
-the stream's norm never shrinks; vit-pytorch's weights."""
+the stream's norm never shrinks; the official code's update; vit-pytorch's weights."""
 
 import pytest
 import torch
+from torch import nn
 
-from helpers import move_off_initialisation, reference_case, tiny_vit_kwargs
+from helpers import load_fixture, move_off_initialisation, reference_case, tiny_vit_kwargs
 from vit_pytorch.pretrained import load_vit_pytorch
 from vit_pytorch.simple_vit_orthog_residual_update import OrthogonalResidualUpdate, SimpleViT
 
@@ -85,6 +86,59 @@ def test_a_zero_stream_token_takes_the_whole_branch_output():
     x = torch.zeros(1, 3, 32, dtype=torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(branch(x), branch.block(x), rtol=0, atol=0)
+
+
+# the paper's official code (BootsofLagrangian/ortho-residual @ 4f663d3, src/ortho_residual/vit/residual.py
+# `connect(x, f_x, method='orthogonal', orthogonal_method='feature')`, what its OrthoViT does after each branch;
+# fixture written by tests/fixtures/make_simple_vit_orthog_residual_update_official_fixtures.py, run outside this
+# repository). The official update is x + f - <f, x> / (|x|^2 + eps) x with eps = 1e-6; ours (vit-pytorch's
+# F.normalize) has no eps: <f, x> / |x|^2 x, a zero token's norm clamped at 1e-12. Its 'global' option (one
+# projection per image over all tokens and channels) ours does not implement.
+
+
+class Fixed(nn.Module):
+    """A branch that returns `output` whatever its input."""
+
+    def __init__(self, output):
+        super().__init__()
+        self.output = output
+
+    def forward(self, x):
+        return self.output
+
+
+def updated(stream, branch):
+    """The stream after our orthogonal update of the branch output `branch`: x + u."""
+    with torch.no_grad():
+        return stream + OrthogonalResidualUpdate(Fixed(branch))(stream)
+
+
+def test_the_update_is_the_official_codes_with_its_epsilon_set_to_zero():
+    """On tokens of norms 1e-4 to about 30 (float64 throughout: only the order of the sums differs, so rounding of
+    the outputs' magnitude, below 1e-12)."""
+    _, _, tensors = load_fixture('simple_vit_orthog_residual_update_official')
+    torch.testing.assert_close(updated(tensors['stream'], tensors['branch']), tensors['feature_eps0'],
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_the_official_epsilon_moves_the_update_by_at_most_eps_f_over_x_squared():
+    """The official eps removes <f, x> eps / (|x|^2 (|x|^2 + eps)) x less of each token's parallel part, at most
+    eps |f| / |x|^2 in norm (Cauchy-Schwarz): within that bound of ours where |x|^2 >> eps; where |x|^2 is below
+    eps (the first token, |x| = 1e-4) the official update keeps most of the parallel part, ours none of it."""
+    _, _, tensors = load_fixture('simple_vit_orthog_residual_update_official')
+    stream, branch = tensors['stream'], tensors['branch']
+    difference = (updated(stream, branch) - tensors['feature']).norm(dim=-1)
+    bound = 1e-6 * branch.norm(dim=-1) / stream.norm(dim=-1) ** 2
+    assert (difference[0, 1:] <= bound[0, 1:] + 1e-12).all() and (difference[1] <= bound[1] + 1e-12).all()
+    x, f = stream[0, 0], branch[0, 0]
+    parallel = (f @ x) / (x @ x) * x
+    assert difference[0, 0] > 0.9 * parallel.norm()
+
+
+def test_a_zero_stream_token_takes_the_whole_branch_output_as_in_the_official_code():
+    _, _, tensors = load_fixture('simple_vit_orthog_residual_update_official')
+    torch.testing.assert_close(updated(tensors['zero_stream'], tensors['zero_branch']), tensors['zero_feature'],
+                               rtol=0, atol=0)
 
 
 # vit-pytorch 1.26.14's module (tests/fixtures/make_value_orthog_fixtures.py)
