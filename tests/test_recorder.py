@@ -1152,3 +1152,55 @@ def test_recorded_maps_equal_the_attention_recomputed_from_each_modules_input(ca
             assert index < len(maps.get(name, [])), f'{name}: map {index} was not recorded'
             torch.testing.assert_close(maps[name][index], attn, atol=1e-10, rtol=0, msg=name)
     assert all(len(maps[name]) == count + 1 for name, count in seen.items())
+
+
+def maps_and_formulas(model, x, **forward):
+    """[(name, recorded map, its formula)] of every attention call of `model` on `x` (float64), in call order."""
+    formulas, calls = explicit_formulas(), []
+    handles = [module.register_forward_pre_hook(
+        lambda module, args, kwargs, name=name: calls.append((name, module, args, kwargs)), with_kwargs=True)
+        for name, module in attention_modules(model)]
+    try:
+        recorder = Recorder(model)
+        with torch.no_grad():
+            recorder(x, **forward)
+    finally:
+        for handle in handles:
+            handle.remove()
+    expected = []
+    for name, module, args, kwargs in calls:
+        attn = formulas[type(module)](module, *args, **kwargs)
+        expected += [(name, map_) for map_ in (attn if isinstance(attn, list) else [attn])]
+    assert [name for name, _ in expected] == recorder.names
+    return [(name, recorded, attn) for (name, attn), recorded in zip(expected, recorder.maps)]
+
+
+def navit_packed_with_a_mask():
+    from vit_pytorch.na_vit import NaViT
+    model = NaViT(image_size=(32, 48), patch_size=8, num_classes=5, dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32,
+                  packing='mask').double().eval()
+    images = [[torch.randn(3, 16, 24), torch.randn(3, 32, 16)], [torch.randn(3, 24, 48)]]
+    return model, [[image.double() for image in group] for group in images]
+
+
+def memories_with_their_mask():
+    from vit_pytorch.learnable_memory_vit import Adapter, ViT as MemoryViT
+    adapter = Adapter(vit=MemoryViT(**tiny_vit_kwargs()), num_memories_per_layer=3, num_classes=4).double().eval()
+    return adapter, torch.randn(2, 3, 16, 24, dtype=torch.float64)
+
+
+@pytest.mark.parametrize('build', [navit_packed_with_a_mask, memories_with_their_mask])
+def test_formula_paths_no_conformance_row_reaches(build):
+    """NaViT's 'mask' packing (padded sequences of several images, a block-diagonal mask, padding tokens whose QK norm
+    is 0 / 0 unless floored, the pooling's masked cross-attention) and learnable memories with the adapter's mask:
+    the rows run neither, so their formulas' masks are checked here."""
+    torch.manual_seed(0)
+    model, x = build()
+    with torch.no_grad():
+        for _, module in attention_modules(model):
+            for param in module.parameters():
+                param.add_(0.05 * torch.randn_like(param))
+    pairs = maps_and_formulas(model, x)
+    assert any((recorded == 0).any() for _, recorded, _ in pairs)          # some key masked out
+    for name, recorded, attn in pairs:
+        torch.testing.assert_close(recorded, attn, atol=1e-10, rtol=0, msg=name)
