@@ -693,6 +693,227 @@ def regionvit_attention(module, x, mask=None, entry='forward'):
     return masked(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 + bias, mask).softmax(dim=-1)
 
 
+def token_sampling_attention(module, x, *, mask=None):
+    """ATS: softmax(q k^T / sqrt(d)) over the real keys (`mask` (b, n): which tokens are real); in a sampling layer
+    (n - 1 > K) only the rows of the cls token and of the K sampled tokens, which the parameter-free sampler (checked
+    against the official one in tests/test_ats_vit.py) picks from this map's cls row and the values."""
+    h = explicit_linear(explicit_layer_norm(x, module.norm), module.to_qkv)
+    q, k, v = (split_heads(t, module.heads) for t in h.chunk(3, dim=-1))
+    attn = masked(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), None if mask is None else mask[:, None, None])
+    attn = attn.softmax(dim=-1)
+    if module.ats is None or x.shape[1] - 1 <= module.output_num_tokens:
+        return attn
+    ids, _ = module.ats(attn[:, :, 0], v)
+    rows = torch.cat((torch.zeros_like(ids[:, :1]), ids), dim=1)
+    return attn.gather(2, rows[:, None, :, None].expand(-1, attn.shape[1], -1, attn.shape[-1]))
+
+
+def grouped_projection(x, linear, heads):
+    """A Linear, or DCA's grouped one: group g of x (g, b, n, dim) through rows g of the weight; split in heads."""
+    if x.ndim == 3:
+        return split_heads(explicit_linear(x, linear), heads)
+    weight = rearrange(linear.weight, '(g e) d -> g e d', g=x.shape[0])
+    return split_heads(rearrange(torch.einsum('gbnd,ged->bnge', x, weight), 'b n g e -> b n (g e)'), heads)
+
+
+def depth_mixed_attention(module, xq, xk, xv):
+    """Attention residuals with DCA: q from RMS(xq), k from RMS(xk) (each its RMSNorm; with head groups a group of
+    heads from its own mix); softmax(q k^T / sqrt(d)). The gate multiplies the output, after the map."""
+    q = grouped_projection(explicit_rms_norm(xq, module.norm_q), module.to_q, module.heads)
+    k = grouped_projection(explicit_rms_norm(xk, module.norm_k), module.to_k, module.heads)
+    return scaled_softmax(q, k, q.shape[-1] ** -0.5)
+
+
+def talking_heads_attention(module, x):
+    """CaiT's talking heads: softmax over the keys of the logits q k^T / sqrt(d) mixed across heads by the pre-softmax
+    map (heads x heads weight, and a bias per head); the post-softmax mixing comes after the recorded map."""
+    q, k = self_attention_q_k(module, x)
+    logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    mix = module.mix_heads_pre_attn
+    return (torch.einsum('bhij,gh->bgij', logits, mix.weight) + mix.bias[:, None, None]).softmax(dim=-1)
+
+
+def jet_linear_attention(module, x):
+    """JetViT's LA records relu(q) relu(k)^T with each row divided by its sum (floored at 1e-6), no scale: the
+    weights its linear-time path applies to the values (not a softmax)."""
+    q, k = (t.relu() for t in self_attention_q_k(module, x))
+    weights = q @ k.transpose(-1, -2)
+    return weights / weights.sum(dim=-1, keepdim=True).clamp(min=1e-6)
+
+
+def jet_window_attention(module, x):
+    """JetViT's WA: within each window_size^2 window of the grid (windows row-major), softmax(q k^T / sqrt(d) +
+    B[query - key]), B the (2 w - 1)^2 x heads table (vit-pytorch's index, query minus key)."""
+    window = (module.window_size,) * 2
+    h = rearrange(explicit_layer_norm(x, module.norm), 'b (y x) d -> b y x d', y=module.grid[0])
+    q, k, _ = explicit_linear(h, module.to_qkv).chunk(3, dim=-1)
+    rows, cols = window_positions(module.grid, window)
+    q, k = (windowed_heads(t, rows, cols, module.heads) for t in (q, k))
+    bias = rearrange(table_at(module.rel_pos_bias.weight, offsets(rows, cols), window), 'w i j h -> w h i j')
+    return scaled_softmax(q, k, q.shape[-1] ** -0.5, per_batch(bias, x.shape[0]))
+
+
+def memory_attention(module, x, *, memories=None, mask=None):
+    """Learnable memory: the layer's memory tokens join the keys (normed and projected as tokens), only the n
+    tokens ask queries; softmax(q k^T / sqrt(d) + mask) over the tokens, then the memories."""
+    num_tokens = x.shape[1]
+    if memories is not None:
+        x = torch.cat((x, memories[module.layer_index].expand(x.shape[0], -1, -1)), dim=1)
+    q, k = self_attention_q_k(module, x)
+    return masked(q[:, :, :num_tokens] @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), mask).softmax(dim=-1)
+
+
+def lookup_attention(module, compressed, lookup):
+    """LookViT's lookup attention: the compressed tokens (normed by `norm`) ask, the lookup tokens (normed by
+    `norm_context`) answer: softmax(q k^T / sqrt(d))."""
+    q = split_heads(explicit_linear(explicit_layer_norm(compressed, module.norm), module.to_q), module.heads)
+    k = split_heads(explicit_linear(explicit_layer_norm(lookup, module.norm_context), module.to_kv).chunk(2, -1)[0],
+                    module.heads)
+    return scaled_softmax(q, k, q.shape[-1] ** -0.5)
+
+
+def reverse_attention(module, compressed, q, k):
+    """LookViT's reverse attention reuses the lookup attention's q (compressed) and k (lookup) of the same layer:
+    the lookup tokens' weights over the compressed tokens, softmax(k q^T / sqrt(d)): its logits transposed."""
+    return scaled_softmax(k, q, q.shape[-1] ** -0.5)
+
+
+def qk_normed(t, gamma):
+    """NaViT's QK norm: each head's vector scaled to norm sqrt(d) (a zero vector, a padding token's, stays zero: the
+    norm floored at 1e-12), times the learned gain."""
+    return t / t.norm(dim=-1, keepdim=True).clamp_min(1e-12) * math.sqrt(t.shape[-1]) * gamma
+
+
+def segment_maps(q, k, segments, logits_of):
+    """One map per run of `segments` (count, queries, keys) of a packed sequence (1, h, n, d): the images of a run
+    stacked, (count, h, queries, keys), each attending within itself."""
+    maps, q_start, k_start = [], 0, 0
+    for count, queries, keys in segments:
+        q_run = rearrange(q[:, :, q_start:q_start + count * queries], '1 h (c n) d -> c h n d', c=count)
+        k_run = rearrange(k[:, :, k_start:k_start + count * keys], '1 h (c n) d -> c h n d', c=count)
+        maps.append(logits_of(q_run, k_run).softmax(dim=-1))
+        q_start, k_start = q_start + count * queries, k_start + count * keys
+    return maps
+
+
+def na_vit_attention(module, x, *, context=None, mask=None, segments=None):
+    """NaViT: q from the normed tokens, k from the context (default: the normed tokens; not normed again, its
+    non-finite values zeroed under a mask), both QK-normed (norm sqrt(d) times a gain), no scale: softmax(q k^T +
+    mask); with `segments` one map per run of images of a packed sequence."""
+    h = explicit_layer_norm(x, module.norm)
+    context = h if context is None else context
+    if mask is not None:
+        context = torch.nan_to_num(context, nan=0., posinf=0., neginf=0.)
+    q = qk_normed(split_heads(explicit_linear(h, module.to_q), module.heads), module.q_norm.gamma)
+    k = qk_normed(split_heads(explicit_linear(context, module.to_kv).chunk(2, dim=-1)[0], module.heads),
+                  module.k_norm.gamma)
+    if segments is not None:
+        return segment_maps(q, k, segments, lambda q, k: q @ k.transpose(-1, -2))
+    return masked(q @ k.transpose(-1, -2), mask).softmax(dim=-1)
+
+
+def nested_na_vit_attention(module, x, *, context=None, segments):
+    """NaViT (nested tensors): q from the normed tokens, k from the context (default: the same), each head's q and k
+    layer-normed (no bias); softmax(q k^T / sqrt(d)) within each image of each run of `segments`."""
+    h = explicit_layer_norm(x, module.norm)
+    context = h if context is None else context
+    q = explicit_layer_norm(split_heads(explicit_linear(h, module.to_queries), module.heads), module.query_norm)
+    k = explicit_layer_norm(split_heads(explicit_linear(context, module.to_keys), module.heads), module.key_norm)
+    return segment_maps(q, k, segments, lambda q, k: q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]))
+
+
+def normalized_attention(module, x):
+    """nGPT (eq. 15-16): q, k from the unit-row projection (the weight's rows normalised), each head's vector
+    normalised then times s_qk (param * init / scale), softmax(q k^T * sqrt(d_head)); no norm before it."""
+    weight = module.to_qkv.weight / module.to_qkv.weight.norm(dim=-1, keepdim=True)
+    q, k, _ = (x @ weight.T).chunk(3, dim=-1)
+    s_qk = module.s_qk.param * module.s_qk.factor
+    q, k = (split_heads(t, module.heads) for t in (q, k))
+    q, k = (t / t.norm(dim=-1, keepdim=True) * s_qk for t in (q, k))
+    return scaled_softmax(q, k, math.sqrt(q.shape[-1]))
+
+
+def relative_projected_attention(module, x, *, grid):
+    """softmax(q k^T / sqrt(d) + b), b[h, i, j] = sum over the axes a and curves c of w(x_i)[a, h, c] *
+    bank[a, c, pos_i,a - pos_j,a + max_dist - 1], w a Linear of the block's input before its norm; 0 where an offset
+    reaches max_dist."""
+    position_bias = module.rel_pos_bias
+    axes, basis, max_dist = position_bias.dim_pos, position_bias.num_distance_basis, position_bias.max_dist
+    weights = rearrange(explicit_linear(x, position_bias.to_distance_weights[0]), 'b n (a h c) -> a b h n c',
+                        a=axes, h=module.heads)
+    positions = torch.cartesian_prod(*(torch.arange(side) for side in grid)).reshape(-1, len(grid))
+    delta = positions[:, None, :] - positions[None, :, :]                           # (n, n, axes) query minus key
+    bias = 0.
+    for axis in range(axes):
+        curves = position_bias.distance_banks[axis][:, (delta[..., axis] + max_dist - 1).clamp(0, 2 * max_dist - 2)]
+        bias = bias + torch.einsum('bhic,cij->bhij', weights[axis], curves)
+    bias = bias.masked_fill((delta.abs() >= max_dist).any(dim=-1), 0.)
+    return core_attention(module, x, bias)
+
+
+def specialized_cls_attention(module, x):
+    """SimpleViT with a specialized cls: the cls token normed (and projected, where specialized) by its own
+    LayerNorm (and Linear), the patches by theirs; softmax(q k^T / sqrt(d))."""
+    norms = module.norm.fns
+    h = torch.cat((explicit_layer_norm(x[:, :1], norms[0]), explicit_layer_norm(x[:, 1:], norms[1])), dim=1)
+    to_qkv = module.to_qkv.fns if hasattr(module.to_qkv, 'fns') else (module.to_qkv, module.to_qkv)
+    qkv = torch.cat((explicit_linear(h[:, :1], to_qkv[0]), explicit_linear(h[:, 1:], to_qkv[1])), dim=1)
+    q, k, _ = (split_heads(t, module.heads) for t in qkv.chunk(3, dim=-1))
+    return scaled_softmax(q, k, q.shape[-1] ** -0.5)
+
+
+def value_residual_attention(module, x, value_residual=None):
+    """Value residual learning mixes the values only: the map is SimpleViT's softmax(q k^T / sqrt(d))."""
+    return core_attention(module, x)
+
+
+def token_attention(module, x):
+    """T2T's token attention: one head, softmax(q k^T / sqrt(dim)) scaled by the INPUT width (the official code's),
+    not the head's."""
+    q, k = self_attention_q_k(module, x)
+    return scaled_softmax(q, k, x.shape[-1] ** -0.5)
+
+
+def rotary_attention(module, x, *, angles=None, mask=None):
+    """RoPE: softmax(R q (R k)^T / sqrt(d) + mask), R the rotary turn of each channel pair by its angle."""
+    q, k = self_attention_q_k(module, x)
+    if angles is not None:
+        q, k = turned(q, angles), turned(k, angles)
+    return masked(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), mask).softmax(dim=-1)
+
+
+def pope_attention(module, x, *, angles, key_angles, mask=None):
+    """PoPE: logit(i, j) = sum_f softplus(q_if) softplus(k_jf) cos(angle_if - key_angle_jf) / sqrt(d) + mask, the
+    real part of the complex product of the polar query and the conjugate key (key_angles: the angles plus the
+    model's clamped phase offset)."""
+    q, k = (nn.functional.softplus(t) for t in self_attention_q_k(module, x))
+    cosines = torch.cos(angles[..., :, None, :] - key_angles[..., None, :, :])      # (..., i, j, f)
+    logits = (q[..., :, None, :] * k[..., None, :, :] * cosines).sum(dim=-1)
+    return masked(logits / math.sqrt(q.shape[-1]), mask).softmax(dim=-1)
+
+
+def prenormed_attention(module, normed):
+    """ViT with decorrelation: the core attention on tokens the stack has normed already (with `module.norm`)."""
+    q, k, _ = explicit_linear(normed, module.to_qkv).chunk(3, dim=-1)
+    q, k = split_heads(q, module.heads), split_heads(k, module.heads)
+    return scaled_softmax(q, k, q.shape[-1] ** -0.5)
+
+
+def patch_merger_attention(module, x):
+    """The patch merger: its learned queries over the normed tokens, one head, softmax(queries . LN(x) / sqrt(dim))."""
+    h = explicit_layer_norm(x, module.norm)
+    return (module.queries @ h.transpose(-1, -2) / math.sqrt(x.shape[-1])).softmax(dim=-1)[:, None]
+
+
+def mutual_attention(module, tokens, slots, mask):
+    """WWT's slot gathering: each token's weights over the slots, softmax over the slots of q_tokens k_slots^T /
+    sqrt(d) + mask, the first query group and mask group (the tokens and slots come normed)."""
+    q = rearrange(tokens @ module.to_qkv.weight.T, 'b t (g h d) -> g b h t d', g=module.q_groups + 1,
+                  h=module.heads)[0]
+    k = split_heads((slots @ module.to_k_v_slots.weight.T).chunk(2, dim=-1)[0], module.heads)
+    return scaled_softmax(q, k, q.shape[-1] ** -0.5, mask[:, 0])
+
+
 # attention methods besides forward that record a map (RegionViT's regional attention)
 ENTRY_POINTS = {'among_regions'}
 
@@ -713,11 +934,95 @@ def explicit_formulas():
                    xcit.XCAttention: xcit_attention, sep_vit.DepthwiseSelfAttention: sep_vit_depthwise_attention,
                    sep_vit.PointwiseSelfAttention: sep_vit_pointwise_attention,
                    regionvit.RegionToLocalAttention: regionvit_attention}
-    return {**multi_scale, vit.Attention: core_attention, simple_vit.Attention: core_attention,
+    from vit_pytorch import ats_vit, attn_residual_with_dca_simple_vit, cait, jet_vit, learnable_memory_vit, look_vit
+    from vit_pytorch import na_vit, na_vit_nested_tensor, normalized_vit, simple_vit_with_relative_proj_pos_bias
+    from vit_pytorch import simple_vit_with_specialized_cls, simple_vit_with_value_residual, t2t, vit_nd_pope
+    from vit_pytorch import vit_with_decorr, vit_with_patch_merger, wwt
+    long_tail = {ats_vit.Attention: token_sampling_attention,
+                 attn_residual_with_dca_simple_vit.Attention: depth_mixed_attention,
+                 cait.TalkingHeadsAttention: talking_heads_attention, jet_vit.LinearAttention: jet_linear_attention,
+                 jet_vit.WindowAttention: jet_window_attention, learnable_memory_vit.Attention: memory_attention,
+                 look_vit.LookupAttention: lookup_attention, look_vit.ReverseAttention: reverse_attention,
+                 na_vit.Attention: na_vit_attention, na_vit_nested_tensor.Attention: nested_na_vit_attention,
+                 normalized_vit.Attention: normalized_attention,
+                 simple_vit_with_relative_proj_pos_bias.Attention: relative_projected_attention,
+                 simple_vit_with_specialized_cls.Attention: specialized_cls_attention,
+                 simple_vit_with_value_residual.Attention: value_residual_attention,
+                 t2t.TokenAttention: token_attention, vit.RotaryAttention: rotary_attention,
+                 vit_nd_pope.Attention: pope_attention, vit_with_decorr.Attention: prenormed_attention,
+                 vit_with_patch_merger.PatchMerger: patch_merger_attention, wwt.MutualAttention: mutual_attention}
+    return {**multi_scale, **long_tail, vit.Attention: core_attention, simple_vit.Attention: core_attention,
             simple_vit_with_qk_norm.Attention: qk_norm_attention, vit_for_small_dataset.LSA: locality_attention,
             vit.ClassAttention: class_attention, deepvit.ReAttention: re_attention,
             vit_5.Attention: vit_5_attention, rvt.Attention: rvt_attention,
             simple_vit_with_sparse_gating.GatedAttention: gated_attention, looped_vit.Attention: core_attention}
+
+
+# the window, shift and group sizes the formulas read from a module, against the sizes the row was built with (its
+# kwargs): a module that silently used another window (Twins with (w, w + 1)) would pass the formula, which reads the
+# same wrong size. Each entry: (module, its name, the row's kwargs, the call's arguments) -> (read, configured).
+
+
+def index_after(name, part):
+    """The index after `part.` in a module name: index_after('stages.1.blocks.layers.0.0.fn', 'stages') == 1."""
+    return int(name.split(f'{part}.')[1].split('.')[0])
+
+
+def per_stage(value, stage):
+    return value[stage] if isinstance(value, (tuple, list)) else value
+
+
+def pair(value):
+    return tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+
+
+def table_window(table):
+    """The (wh, ww) window of a (..., 2 wh - 1, 2 ww - 1) relative bias table."""
+    return (table.shape[-2] + 1) // 2, (table.shape[-1] + 1) // 2
+
+
+def swin_windows(module, name, kwargs, x):
+    """Swin: window_size on every stage, the whole map where it is no larger (no shift there); every second block
+    shifted by half a window (section 3.2)."""
+    side, shifted = kwargs['window_size'], index_after(name, 'layers') % 2 == 1
+    window = tuple(min(length, side) for length in x.shape[1:3])
+    shift = tuple(side // 2 if shifted and length > side else 0 for length in x.shape[1:3])
+    return (module.windows.window_size, module.windows.shift_size), (window, shift)
+
+
+def twins_windows(module, name, kwargs, x, size):
+    return ((module.windows.window_size, module.windows.shift_size),
+            (pair(kwargs[f"s{index_after(name, 'stages') + 1}_local_patch_size"]), (0, 0)))
+
+
+def crossformer_groups(module, name, kwargs, x, size):
+    """CrossFormer (vit-pytorch's arguments): SDA blocks (even) groups of local_window_size[stage], LDA blocks (odd)
+    global_window_size tokens a side spread over the map (interval None)."""
+    stage, lda = index_after(name, 'stages'), index_after(name, 'layers') % 2 == 1
+    configured = (kwargs['global_window_size'], None) if lda else (per_stage(kwargs['local_window_size'], stage), 1)
+    return (module.group_size, module.interval), configured
+
+
+def configured_windows():
+    from vit_pytorch import crossformer, jet_vit, max_vit, regionvit, scalable_vit, swin, twins_svt
+    return {
+        swin.WindowAttention: swin_windows, swin.CosineWindowAttention: swin_windows,
+        twins_svt.LocallyGroupedAttention: twins_windows, crossformer.CrossScaleAttention: crossformer_groups,
+        max_vit.WindowAttention: lambda module, name, kwargs, *args: (
+            table_window(module.relative_position_bias), pair(kwargs['window_size'])),
+        regionvit.RegionToLocalAttention: lambda module, name, kwargs, *args, **entry: (
+            table_window(module.relative_position_bias), pair(kwargs['window_size'])),
+        scalable_vit.InteractiveWindowAttention: lambda module, name, kwargs, *args: (
+            module.window_size, per_stage(kwargs['window_size'], index_after(name, 'stages'))),
+        jet_vit.WindowAttention: lambda module, name, kwargs, *args: (
+            (module.window_size, module.grid),
+            (kwargs['window_size'], tuple(side // patch for side, patch in
+                                          zip(pair(kwargs['image_size']), pair(kwargs['patch_size']))))),
+    }
+
+
+# attention classes that run in a row but get no formula, with the reason (none: every one has its formula)
+NO_FORMULA = {}
 
 
 # the recorded map is not a distribution over keys by design: DeepViT records the re-attention map (mixed and
@@ -811,27 +1116,91 @@ def test_every_recorded_attention_of_a_conformance_row_weighs_at_least_two_keys(
 
 @pytest.mark.parametrize('case_id', conformance_rows())
 def test_recorded_maps_equal_the_attention_recomputed_from_each_modules_input(case_id):
-    """For the attention classes with a formula in `explicit_formulas` (ViT's, SimpleViT's, QK-norm, LSA, class
-    attention, re-attention, ViT-5's and RvT's rotary attention; Swin's window attention with its relative bias and
-    shift mask, Swin V2's cosine attention, MaxViT's windows with registers, CrossFormer's groups with padding,
-    LeViT's and its shrinking attention with the offset bias, PVT's spatial reduction (PVT v2, Twins), Twins'
-    local windows, CvT's convolutional projections, XCiT's cross-covariance, ScalableViT's SSA and IWSA, SepViT's
-    DSA and PSA, RegionViT's local and regional attention): the i-th map of a module is its formula on the module's input of its i-th call. Window, shift
-    and group sizes are read from the module (its configuration); the scores, scales, biases and masks are
-    recomputed. The other classes get the distribution check alone."""
-    formulas = explicit_formulas()
+    """Every attention class that runs in a row has a formula in `explicit_formulas`: ViT's, SimpleViT's, QK-norm,
+    LSA, class attention, re-attention, ViT-5's and RvT's rotary attention; Swin's window attention with its relative
+    bias and shift mask, Swin V2's cosine attention, MaxViT's windows with registers, CrossFormer's groups with
+    padding, LeViT's and its shrinking attention with the offset bias, PVT's spatial reduction (PVT v2, Twins),
+    Twins' local windows, CvT's convolutional projections, XCiT's cross-covariance, ScalableViT's SSA and IWSA,
+    SepViT's DSA and PSA, RegionViT's local and regional attention; ATS's sampled rows, DCA's depth-mixed q and k,
+    CaiT's talking heads, JetViT's linear (row-normalised relu(q) relu(k)^T, not a softmax) and window attention,
+    learnable memories, LookViT's lookup and reverse attention, NaViT's QK-normed attention (per packed run),
+    nViT's, the projected relative bias, the specialized cls norms, value residuals, T2T's token attention, RoPE
+    (vit_nd_rotary), PoPE, ViT with decorrelation, the patch merger's learned queries, WWT's slot gathering. The
+    i-th map of a module is its formula on the module's input of its i-th call (a formula gives a list where a call
+    records several maps). Window, shift and group sizes are read from the module and checked against the row's
+    configuration (`configured_windows`); the scores, scales, biases and masks are recomputed."""
+    import test_conformance as conformance
+    formulas, windows = explicit_formulas(), configured_windows()
     _, calls, recorder = recorded_run(case_id)
+    missing = {class_name(module) for _, module, *_ in calls if type(module) not in formulas} - set(NO_FORMULA)
+    assert not missing, f'{case_id}: no formula for {sorted(missing)} (add one, or its reason to NO_FORMULA)'
     exact = [(name, module, args, kwargs) for name, module, args, kwargs in calls if type(module) in formulas]
     if not exact:
-        pytest.skip(f"{case_id}: no attention class with an explicit formula here "
-                    f"({', '.join(sorted({class_name(module) for _, module, *_ in calls}))})")
+        pytest.skip(f'{case_id}: its attention classes are in NO_FORMULA')
     maps = {}
     for name, attn in zip(recorder.names, recorder.maps, strict=True):
         maps.setdefault(name, []).append(attn)
     seen = {}
     for name, module, args, kwargs in exact:
-        index = seen[name] = seen.get(name, -1) + 1
-        assert index < len(maps.get(name, [])), f'{name}: call {index} left no map'
+        if type(module) in windows:
+            read, configured = windows[type(module)](module, name, conformance.CASES[case_id].kwargs, *args, **kwargs)
+            assert read == configured, f'{name}: the formula would read {read}, the row configures {configured}'
         expected = formulas[type(module)](module, *args, **kwargs)
-        torch.testing.assert_close(maps[name][index], expected, atol=1e-10, rtol=0, msg=name)
+        # a formula gives a list where one call records several maps (NaViT's runs of packed images)
+        for attn in expected if isinstance(expected, list) else [expected]:
+            index = seen[name] = seen.get(name, -1) + 1
+            assert index < len(maps.get(name, [])), f'{name}: map {index} was not recorded'
+            torch.testing.assert_close(maps[name][index], attn, atol=1e-10, rtol=0, msg=name)
     assert all(len(maps[name]) == count + 1 for name, count in seen.items())
+
+
+def maps_and_formulas(model, x, **forward):
+    """[(name, recorded map, its formula)] of every attention call of `model` on `x` (float64), in call order."""
+    formulas, calls = explicit_formulas(), []
+    handles = [module.register_forward_pre_hook(
+        lambda module, args, kwargs, name=name: calls.append((name, module, args, kwargs)), with_kwargs=True)
+        for name, module in attention_modules(model)]
+    try:
+        recorder = Recorder(model)
+        with torch.no_grad():
+            recorder(x, **forward)
+    finally:
+        for handle in handles:
+            handle.remove()
+    expected = []
+    for name, module, args, kwargs in calls:
+        attn = formulas[type(module)](module, *args, **kwargs)
+        expected += [(name, map_) for map_ in (attn if isinstance(attn, list) else [attn])]
+    assert [name for name, _ in expected] == recorder.names
+    return [(name, recorded, attn) for (name, attn), recorded in zip(expected, recorder.maps)]
+
+
+def navit_packed_with_a_mask():
+    from vit_pytorch.na_vit import NaViT
+    model = NaViT(image_size=(32, 48), patch_size=8, num_classes=5, dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32,
+                  packing='mask').double().eval()
+    images = [[torch.randn(3, 16, 24), torch.randn(3, 32, 16)], [torch.randn(3, 24, 48)]]
+    return model, [[image.double() for image in group] for group in images]
+
+
+def memories_with_their_mask():
+    from vit_pytorch.learnable_memory_vit import Adapter, ViT as MemoryViT
+    adapter = Adapter(vit=MemoryViT(**tiny_vit_kwargs()), num_memories_per_layer=3, num_classes=4).double().eval()
+    return adapter, torch.randn(2, 3, 16, 24, dtype=torch.float64)
+
+
+@pytest.mark.parametrize('build', [navit_packed_with_a_mask, memories_with_their_mask])
+def test_formula_paths_no_conformance_row_reaches(build):
+    """NaViT's 'mask' packing (padded sequences of several images, a block-diagonal mask, padding tokens whose QK norm
+    is 0 / 0 unless floored, the pooling's masked cross-attention) and learnable memories with the adapter's mask:
+    the rows run neither, so their formulas' masks are checked here."""
+    torch.manual_seed(0)
+    model, x = build()
+    with torch.no_grad():
+        for _, module in attention_modules(model):
+            for param in module.parameters():
+                param.add_(0.05 * torch.randn_like(param))
+    pairs = maps_and_formulas(model, x)
+    assert any((recorded == 0).any() for _, recorded, _ in pairs)          # some key masked out
+    for name, recorded, attn in pairs:
+        torch.testing.assert_close(recorded, attn, atol=1e-10, rtol=0, msg=name)

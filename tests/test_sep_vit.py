@@ -16,7 +16,6 @@ from torch import nn
 from helpers import count, feature_pyramid, load_fixture, move_off_initialisation
 from vit_pytorch import sep_vit
 from vit_pytorch.pretrained import CheckpointError, load_official, load_vit_pytorch
-from vit_pytorch.recorder import Recorder
 from vit_pytorch.sep_vit import SeparableAttention, SepViT
 from vit_pytorch.multiscale import PositionEncodingGenerator
 
@@ -235,50 +234,6 @@ def test_vit_pytorch_checkpoint_is_refused_with_what_differs():
     with pytest.raises(CheckpointError, match=r"vit-pytorch's SepViT computes another function: it has no grouped"):
         load_vit_pytorch(model, state_dict)
     assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
-
-
-# the recorder
-
-
-def expected_maps(attention, x, size):
-    """DSA's softmax(q k^T / sqrt(d)) per window (window token first), then PSA's among the window tokens."""
-    side = attention.window_size
-    windows = rearrange(x, 'b (nh wh nw ww) d -> b (nh nw) (wh ww) d', nh=size[0] // side, wh=side, ww=side)
-    if attention.window_tokens is not None:
-        windows = torch.cat((repeat(attention.window_tokens, 'w d -> b w 1 d', b=x.shape[0]), windows), dim=2)
-    normed = attention.norm(windows)
-    heads = attention.dsa.heads
-    q, k, _ = rearrange(attention.dsa.to_qkv(normed), 'b w n (qkv h d) -> qkv (b w) h n d', qkv=3, h=heads)
-    scale = 1 / math.sqrt(q.shape[-1])
-    maps = [(q @ k.transpose(-1, -2) * scale).softmax(dim=-1)]
-    if attention.psa is not None:
-        tokens = (attention.dsa(normed) + normed)[:, :, 0]
-        psa = attention.psa
-        q, k = rearrange(psa.to_qk(nn.functional.gelu(psa.norm(tokens))), 'b w (qk h d) -> qk b h w d', qk=2, h=heads)
-        maps.append((q @ k.transpose(-1, -2) * scale).softmax(dim=-1))
-    return maps
-
-
-def test_recorded_maps_are_dsa_then_psa_per_block_and_equal_the_softmax_of_q_and_k():
-    model = move_off_initialisation(tiny()).double().eval()
-    img = torch.randn(2, 3, 64, 64, dtype=torch.float64)
-    inputs = []
-    hooks = [block.register_forward_pre_hook(lambda module, args: inputs.append((module, *args)))
-             for block in blocks(model)]
-    with torch.no_grad():
-        logits, maps = Recorder(model)(img)
-    for hook in hooks:
-        hook.remove()
-    # stage 1: 16x16 map, 64 windows of 2x2 (+ token); stage 2: 16 windows of 2x2, then 4 of 4x4;
-    # stage 3: 4 windows of 2x2, then one 4x4 window (global, no token); stage 4: one 2x2 window
-    assert [tuple(m.shape) for m in maps] == [
-        (2 * 64, 1, 5, 5), (2, 1, 64, 64), (2 * 16, 2, 5, 5), (2, 2, 16, 16), (2 * 4, 2, 17, 17), (2, 2, 4, 4),
-        (2 * 4, 2, 5, 5), (2, 2, 4, 4), (2, 2, 16, 16), (2, 4, 4, 4)]
-    with torch.no_grad():
-        expected = [m for attention, x, size in inputs for m in expected_maps(attention, x, size)]
-        for recorded, recomputed in zip(maps, expected, strict=True):
-            torch.testing.assert_close(recorded, recomputed, atol=1e-12, rtol=0)
-        torch.testing.assert_close(logits, model(img))
 
 
 # errors
