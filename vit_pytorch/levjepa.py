@@ -338,7 +338,9 @@ def check_arguments(*, encoder, image_size, local_size, num_local_views, num_cla
                             augment=dict(local_augment_fn=local_augment_fn, global_augment_fn=global_augment_fn))
     vit.positive_pair('image_size', image_size)
     vit.positive_pair('local_size', local_size)
-    vit.non_negative_int('num_local_views', num_local_views)
+    if vit.non_negative_int('num_local_views', num_local_views) == 0:
+        raise ValueError("num_local_views must be a positive int: the invariance loss pulls each local view to the "
+                         "global one, so it needs at least one, got 0")
     for name, value in dict(local_crop_scale=local_crop_scale, global_crop_scale=global_crop_scale).items():
         if not isinstance(value, (tuple, list)) or len(value) != 2 or not \
                 0 < vit.finite_number(name, value[0], 'a (low, high) pair in (0, 1]') <= \
