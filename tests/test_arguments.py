@@ -9,6 +9,7 @@ ValueError/TypeError at construction that names the argument and shows the value
 NaN or fails later in `forward`. The values the tables exempt must then build, as they do in vit-pytorch.
 """
 
+import functools
 import inspect
 import math
 import re
@@ -163,6 +164,17 @@ VAT_POLICY = dict(dim=16, depth=2, heads=2, dim_head=8, dim_action=2, mlp_dim=32
                   self_attn_dim_head=8, vit_layer_indices=(0, 1), num_advantage_bins=2)
 
 
+# the towers of VAT and VAAT, built once: a policy only reads its tower (the sweep builds a policy a case)
+@functools.cache
+def vat_tower():
+    return VATViT(**tiny_vit_kwargs(depth=2))
+
+
+@functools.cache
+def ast_tower():
+    return AST(dim=16, depth=2, mlp_dim=32, patch_size=8, dim_head=8, heads=2)
+
+
 # wrapper -> (its class, the keyword arguments of a small valid one)
 WRAPPERS = {
     'mae': (MAE, lambda: dict(encoder=vit(), decoder_dim=32, decoder_depth=1, decoder_heads=2, decoder_dim_head=16)),
@@ -189,9 +201,8 @@ WRAPPERS = {
         sigreg_loss_kwargs=dict(num_proj=16))),
     'es_vit': (EsViTTrainer, lambda: dict(net=vit(), image_size=(16, 24), projection_hidden_size=32, num_classes_K=64,
                                           bottleneck_dim=16, num_local_crops=1)),
-    'vat': (VAT, lambda: dict(vit=VATViT(**tiny_vit_kwargs(depth=2)), **VAT_POLICY)),
-    'vaat': (VAAT, lambda: dict(vit=VATViT(**tiny_vit_kwargs(depth=2)),
-                                ast=AST(dim=16, depth=2, mlp_dim=32, patch_size=8, dim_head=8, heads=2),
+    'vat': (VAT, lambda: dict(vit=vat_tower(), **VAT_POLICY)),
+    'vaat': (VAAT, lambda: dict(vit=vat_tower(), ast=ast_tower(),
                                 **{('num_image_views' if key == 'num_views' else key): value
                                    for key, value in VAT_POLICY.items()},
                                 num_audio_views=1, ast_layer_indices=(0, 1))),

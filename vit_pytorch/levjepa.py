@@ -300,6 +300,16 @@ def losses(learner, projections, directions=None):
     return invariance * learner.invariance_loss_weight, sigreg * learner.sigreg_loss_weight
 
 
+def sigreg_loss(x, num_proj=1024, knots=17):
+    """vit-pytorch's `levjepa.sigreg_loss`: SIGReg of x (..., n, d) over `num_proj` random directions, its
+    integral on `knots` points of [0, 3] (the integrand is even: `lejepa.sigreg_loss` on 2 * knots - 1 points of
+    [-3, 3] is the same trapezoidal sum), averaged over the directions and the leading dimensions."""
+    vit.positive_int('num_proj', num_proj)
+    if vit.positive_int('knots', knots) < 2:
+        raise ValueError(f"knots must be at least 2 (the trapezoidal rule's two ends), got {knots}")
+    return lejepa.sigreg_loss(x, num_slices=num_proj, domain=(-3., 3.), num_knots=2 * knots - 1)
+
+
 def check_clip(video, *, channels, patch):
     if not isinstance(video, torch.Tensor) or video.ndim != 5 or video.shape[1] != channels \
             or video.shape[-2] % patch[0] or video.shape[-1] % patch[1]:

@@ -40,6 +40,9 @@ from torch import nn
 
 from vit_pytorch import levjepa, vit
 
+# vit-pytorch's levjepa_nd defines these again, the same as its levjepa's
+sigreg_loss, WeightStandardizedLinear = levjepa.sigreg_loss, levjepa.WeightStandardizedLinear
+
 LeVJEPANDLosses = namedtuple('LeVJEPANDLosses', ['invariance_loss', 'sigreg_loss'])
 
 AXES = 'fghijkl'                                       # vit-pytorch's names of up to 7 axes
