@@ -164,7 +164,11 @@ VAT_POLICY = dict(dim=16, depth=2, heads=2, dim_head=8, dim_action=2, mlp_dim=32
                   self_attn_dim_head=8, vit_layer_indices=(0, 1), num_advantage_bins=2)
 
 
-# the towers of VAT and VAAT, built once: a policy only reads its tower (the sweep builds a policy a case)
+# the networks of LeJEPA, EsViT, VAT and VAAT, built once: a wrapper only reads its network when it is built (the
+# sweep builds a wrapper a case)
+shared_vit = functools.cache(vit)
+
+
 @functools.cache
 def vat_tower():
     return VATViT(**tiny_vit_kwargs(depth=2))
@@ -187,8 +191,8 @@ WRAPPERS = {
     'vit_with_decorr': (ViTWithDecorr, lambda: tiny_vit_kwargs(decorr_sample_frac=0.5)),
     'mp3': (MP3, lambda: dict(vit=MP3ViT(**tiny_vit_kwargs()), masking_ratio=0.5)),
     'mp3_vit': (MP3ViT, lambda: tiny_vit_kwargs(dropout=0.1)),
-    'lejepa': (LeJEPA, lambda: dict(net=vit(), image_size=(16, 24), projection_hidden_size=32, num_classes_K=16,
-                                    sigreg_loss_kwargs=dict(num_slices=32), num_local_crops=1)),
+    'lejepa': (LeJEPA, lambda: dict(net=shared_vit(), image_size=(16, 24), projection_hidden_size=32,
+                                    num_classes_K=16, sigreg_loss_kwargs=dict(num_slices=32), num_local_crops=1)),
     'levjepa': (LeVJEPA, lambda: dict(
         encoder=VideoTransformer(image_size=(16, 24), patch_size=8, frames=2, dim=16, depth=1, heads=2, dim_head=8,
                                  mlp_dim=32),
@@ -199,8 +203,8 @@ WRAPPERS = {
                               mlp_dim=32, channels=2),
         input_shape=(8, 12), num_classes_K=8, projection_hidden=16, drop_ratio=0.5,
         sigreg_loss_kwargs=dict(num_proj=16))),
-    'es_vit': (EsViTTrainer, lambda: dict(net=vit(), image_size=(16, 24), projection_hidden_size=32, num_classes_K=64,
-                                          bottleneck_dim=16, num_local_crops=1)),
+    'es_vit': (EsViTTrainer, lambda: dict(net=shared_vit(), image_size=(16, 24), projection_hidden_size=32,
+                                          num_classes_K=64, bottleneck_dim=16, num_local_crops=1)),
     'vat': (VAT, lambda: dict(vit=vat_tower(), **VAT_POLICY)),
     'vaat': (VAAT, lambda: dict(vit=vat_tower(), ast=ast_tower(),
                                 **{('num_image_views' if key == 'num_views' else key): value
