@@ -17,7 +17,9 @@ parameters (a class's: its constructor's). For the 37 modules of LONG_TAIL this 
 Exception: vit-pytorch's vaat imports torchaudio, and its dino, es_vit, lejepa and levjepa import torchvision, which
 its environment lacks; the fixture script read those modules with empty stand-ins for the two packages (they are used
 only inside functions), so their names and signatures are vit-pytorch's own, but vaat's code was not run (no `calls`
-of it). The fixture covers vit-pytorch's other 47 modules too; they are not checked here.
+of it). Of vit-pytorch's other 47 modules the fixture covers, the main class of each of the 38 that
+vit_pytorch_1.26.14_default_keys.json builds (the model at that path) is checked by the same rule (OTHER_MAIN_DIFFERS
+names the exceptions); their other names are not checked here.
 """
 
 import importlib
@@ -34,6 +36,8 @@ sys.path.insert(0, str(FIXTURES))
 from make_vit_pytorch_signature_fixtures import inputs, parameters  # noqa: E402  (the script's own reading)
 
 FIXTURE = json.loads((FIXTURES / 'vit_pytorch_1.26.14_signatures.json').read_text())
+MAIN_CLASSES = {module: entry['class'] for module, entry in
+                json.loads((FIXTURES / 'vit_pytorch_1.26.14_default_keys.json').read_text())['models'].items()}
 
 LONG_TAIL = (
     'ats_vit', 'vit_with_patch_merger', 'look_vit', 'jumbo_vit', 'vit_detpool', 'simple_vit_with_specialized_cls',
@@ -177,6 +181,7 @@ def test_the_fixture_is_vit_pytorchs_and_covers_the_long_tail():
     assert len(FIXTURE['modules']) == 84 and len(LONG_TAIL) == 37 and set(LONG_TAIL) <= set(FIXTURE['modules'])
     assert FIXTURE['stand_ins'] == ['torchvision', 'torchaudio']
     assert set(NOT_PROVIDED) <= set(LONG_TAIL) and {module for module, _ in SIGNATURE_DIFFERS} <= set(LONG_TAIL)
+    assert len(set(MAIN_CLASSES) - set(LONG_TAIL)) == 38 and set(MAIN_CLASSES) <= set(FIXTURE['modules'])
 
 
 @pytest.mark.parametrize('module', LONG_TAIL)
@@ -203,6 +208,44 @@ def test_every_name_here_takes_vit_pytorchs_parameters(module):
     assert set(differing) == listed, (f'{module}: differing and not listed '
                                       f'{ {name: differing[name] for name in set(differing) - listed} }, '
                                       f'listed but the same {sorted(listed - set(differing))}')
+
+
+# (module, main class) outside the long tail -> why ours takes other parameters than vit-pytorch's
+OTHER_MAIN_DIFFERS = {
+    ('cct', 'CCT'): "vit-pytorch's *args, **kwargs go on to its TransformerClassifier; ours names those arguments, "
+                    "keyword-only (test_vit_pytorch_dropin.py: test_cct_keeps_the_transformers_arguments_keyword_only)",
+    ('cct_3d', 'CCT'): "vit-pytorch's *args, **kwargs go on to its TransformerClassifier; ours names those "
+                       "arguments, keyword-only",
+    ('distill', 'DistillableViT'): "vit-pytorch's *args, **kwargs go on to its ViT, whose arguments are keyword-only; "
+                                   "ours takes those of ViT, keyword-only",
+    ('nest', 'NesT'): "dim_head=None: vit-pytorch's 64 is unused there (its heads are dim / heads wide); ours refuses "
+                      "a dim_head it would not use (test_vit_pytorch_dropin.py: test_an_unused_dim_head_is_refused)",
+    ('scalable_vit', 'ScalableViT'): "dim and the arguments vit-pytorch requires default to the paper's ScalableViT-S "
+                                     "(the module docstring); every call of vit-pytorch's passes them",
+    ('sep_vit', 'SepViT'): "dim, depth and heads, which vit-pytorch requires, default to the paper's SepViT-T "
+                           "(CONFIGS 'tiny'); every call of vit-pytorch's passes them",
+    ('twins_svt', 'TwinsSVT'): "vit-pytorch's TwinsSVT computes another function (the module docstring): the "
+                               "defaults are the paper's Twins-SVT-S, sN_global_k 8, 4, 2, 1 for its 7 in every stage",
+}
+
+
+def constructor_parameters(cls):
+    """The parameters of `cls(...)`, read at the first class of its MRO whose constructor names them (DeepViT's
+    passes **kwargs on to vit.ViT's)."""
+    for klass in cls.__mro__:
+        if '__init__' in vars(klass):
+            found = parameters(klass.__init__)[1:]
+            if not all(entry.startswith('*') and entry != '*' for entry in found):
+                return found
+    raise AssertionError(f'{cls.__name__} names no parameter')
+
+
+@pytest.mark.parametrize('module', sorted(set(MAIN_CLASSES) - set(LONG_TAIL)))
+def test_the_main_class_of_every_other_module_takes_vit_pytorchs_parameters(module):
+    name = MAIN_CLASSES[module]
+    ours = getattr(importlib.import_module(f'vit_pytorch.{module}'), name)
+    found = drop_in_differences(FIXTURE['modules'][module][name][2], constructor_parameters(ours))
+    assert bool(found) == ((module, name) in OTHER_MAIN_DIFFERS), f'{module}.{name}: {found}'
 
 
 def test_the_rule_accepts_keyword_only_additions_and_refuses_the_rest():
