@@ -9,6 +9,7 @@ ValueError/TypeError at construction that names the argument and shows the value
 NaN or fails later in `forward`. The values the tables exempt must then build, as they do in vit-pytorch.
 """
 
+import functools
 import inspect
 import math
 import re
@@ -21,11 +22,19 @@ from vit_pytorch import models, train
 from vit_pytorch.accept_video_wrapper import AcceptVideoWrapper
 from vit_pytorch.dino import Dino
 from vit_pytorch.distill import DistillableViT, DistillWrapper
+from vit_pytorch.es_vit import EsViTTrainer
+from vit_pytorch.lejepa import LeJEPA
+from vit_pytorch.levjepa import LeVJEPA, VideoTransformer
+from vit_pytorch.levjepa_nd import LeVJEPAND, NDTransformer
 from vit_pytorch.mae import MAE
 from vit_pytorch.mp3 import MP3
 from vit_pytorch.mp3 import ViT as MP3ViT
 from vit_pytorch.mpp import MPP
 from vit_pytorch.simmim import SimMIM
+from vit_pytorch.vaat import AST, VAAT
+from vit_pytorch.vat import VAT
+from vit_pytorch.vat import ViT as VATViT
+from vit_pytorch.vat_siglip import SigLIPVAT
 from vit_pytorch.vit import ViT
 from vit_pytorch.vit_with_decorr import ViT as ViTWithDecorr
 
@@ -57,6 +66,10 @@ NOT_NUMBERS = {
     'orthog_residual_update_kwargs',    # simple_vit_orthog_residual_update: a dict of options, None: {}
     'attn_layers',      # jet_vit: one attention choice a layer, None: full attention everywhere
     'sigreg_slots', 'interactions',     # wwt: booleans per level (None: no SIGReg), level pairs (None: tokens-slots)
+    # lejepa: vit-pytorch's EMA-teacher mode, refused whatever the value (tests/test_lejepa.py), and two flags
+    'use_ema', 'moving_average_decay', 'use_sigreg',
+    # levjepa, levjepa_nd: callables (None: the paper's augmentations or the identity, a BatchNorm/RMSNorm)
+    'norm_fn', 'local_augment_fn', 'global_augment_fn', 'augment_src', 'augment_tgt',
 }
 
 # arguments whose refusal need not show the value: MPP's and DINO's mean and std are refused first for coming
@@ -100,6 +113,9 @@ ZERO_ALLOWED = {
     'pre_loop_depth': 'no layer before the loop', 'post_loop_depth': 'no layer after the loop',
     'causal_dims': 'an index: the first axis', 'output_pos_add_pos_emb': 'an index: the first output',
     'num_local_crops': "DINO's two global crops alone",
+    'num_advantage_bins': 'no advantage conditioning (the default of VAT, VAAT and SigLIPVAT)',
+    'vit_layer_indices': 'an index of the tower trajectory: its first entry is the embedded tokens',
+    'ast_layer_indices': 'an index of the tower trajectory: its first entry is the embedded tokens',
 }
 # rates and shares: name -> (whether 1.0 is refused, why); 1.5 is refused by every one: no probability, share or
 # decay exceeds 1
@@ -127,6 +143,7 @@ RATES = {
     'decorr_sample_frac': (False, 'every token sampled (the default)'),
     'sparsity_threshold': (False, 'a gate score of 1 is the top of its range'),
     'value_residual_mix': (False, "each layer's own values alone"),
+    'drop_ratio': (True, 'drops every patch: the LeVJEPA encoder sees its cls token alone'),
 }
 
 IMAGE_SIZE, CHANNELS, NUM_CLASSES = 32, 3, 10
@@ -141,6 +158,27 @@ def vit():
     return ViT(**tiny_vit_kwargs())
 
 
+# a small action policy of VAT, VAAT and SigLIPVAT: two layers, reading tower trajectory states 0 and 1
+VAT_POLICY = dict(dim=16, depth=2, heads=2, dim_head=8, dim_action=2, mlp_dim=32, num_views=1, num_tasks=2,
+                  dim_extra_token=3, num_register_tokens=1, action_chunk_len=2, time_seq_len=2, self_attn_heads=2,
+                  self_attn_dim_head=8, vit_layer_indices=(0, 1), num_advantage_bins=2)
+
+
+# the networks of LeJEPA, EsViT, VAT and VAAT, built once: a wrapper only reads its network when it is built (the
+# sweep builds a wrapper a case)
+shared_vit = functools.cache(vit)
+
+
+@functools.cache
+def vat_tower():
+    return VATViT(**tiny_vit_kwargs(depth=2))
+
+
+@functools.cache
+def ast_tower():
+    return AST(dim=16, depth=2, mlp_dim=32, patch_size=8, dim_head=8, heads=2)
+
+
 # wrapper -> (its class, the keyword arguments of a small valid one)
 WRAPPERS = {
     'mae': (MAE, lambda: dict(encoder=vit(), decoder_dim=32, decoder_depth=1, decoder_heads=2, decoder_dim_head=16)),
@@ -153,6 +191,27 @@ WRAPPERS = {
     'vit_with_decorr': (ViTWithDecorr, lambda: tiny_vit_kwargs(decorr_sample_frac=0.5)),
     'mp3': (MP3, lambda: dict(vit=MP3ViT(**tiny_vit_kwargs()), masking_ratio=0.5)),
     'mp3_vit': (MP3ViT, lambda: tiny_vit_kwargs(dropout=0.1)),
+    'lejepa': (LeJEPA, lambda: dict(net=shared_vit(), image_size=(16, 24), projection_hidden_size=32,
+                                    num_classes_K=16, sigreg_loss_kwargs=dict(num_slices=32), num_local_crops=1)),
+    'levjepa': (LeVJEPA, lambda: dict(
+        encoder=VideoTransformer(image_size=(16, 24), patch_size=8, frames=2, dim=16, depth=1, heads=2, dim_head=8,
+                                 mlp_dim=32),
+        image_size=(16, 24), local_size=(8, 16), num_local_views=2, num_classes_K=8, projection_hidden=16,
+        drop_ratio=0.5, sigreg_loss_kwargs=dict(num_proj=16))),
+    'levjepa_nd': (LeVJEPAND, lambda: dict(
+        encoder=NDTransformer(ndim=2, input_shape=(8, 12), patch_size=(2, 4), dim=16, depth=1, heads=2, dim_head=8,
+                              mlp_dim=32, channels=2),
+        input_shape=(8, 12), num_classes_K=8, projection_hidden=16, drop_ratio=0.5,
+        sigreg_loss_kwargs=dict(num_proj=16))),
+    'es_vit': (EsViTTrainer, lambda: dict(net=shared_vit(), image_size=(16, 24), projection_hidden_size=32,
+                                          num_classes_K=64, bottleneck_dim=16, num_local_crops=1)),
+    'vat': (VAT, lambda: dict(vit=vat_tower(), **VAT_POLICY)),
+    'vaat': (VAAT, lambda: dict(vit=vat_tower(), ast=ast_tower(),
+                                **{('num_image_views' if key == 'num_views' else key): value
+                                   for key, value in VAT_POLICY.items()},
+                                num_audio_views=1, ast_layer_indices=(0, 1))),
+    'vat_siglip': (SigLIPVAT, lambda: dict(**VAT_POLICY, siglip_image_size=16, siglip_patch_size=8, siglip_dim=16,
+                                           siglip_depth=2, siglip_heads=2, siglip_mlp_dim=32)),
 }
 
 

@@ -1,7 +1,6 @@
 """RvT: rotary positions are the only positions (the patches' order matters through them alone); the angles of
 vit-pytorch's layout; any image size; vit-pytorch's weights."""
 
-import inspect
 import math
 
 import pytest
@@ -54,13 +53,7 @@ def test_any_image_size_divisible_by_the_patch_size_runs_including_non_square_on
 # vit-pytorch 1.26.14's module (tests/fixtures/make_rope_fixtures.py)
 
 
-def test_it_takes_vit_pytorchs_arguments_and_defaults():
-    """vit-pytorch 1.26.14's `rvt.RvT.__init__`, written out from its source."""
-    required = inspect.Parameter.empty
-    theirs = [('image_size', required), ('patch_size', required), ('num_classes', required), ('dim', required),
-              ('depth', required), ('heads', required), ('mlp_dim', required), ('channels', 3), ('dim_head', 64),
-              ('dropout', 0.), ('emb_dropout', 0.), ('use_rotary', True), ('use_ds_conv', True), ('use_glu', True)]
-    assert [(name, p.default) for name, p in inspect.signature(RvT.__init__).parameters.items()][1:] == theirs
+# RvT's arguments, order and defaults against vit-pytorch's: tests/test_vit_pytorch_signatures.py (its fixture)
 
 
 @pytest.mark.parametrize('fixture', ['rvt', 'rvt_plain'])

@@ -1,8 +1,6 @@
 """ViT-5 (arXiv 2602.08071): rotary positions on the patches and registers but not the cls token, on top of the
 absolute table; the paper's models' sizes; vit-pytorch's weights."""
 
-import inspect
-
 import pytest
 import torch
 
@@ -80,15 +78,8 @@ def test_a_paper_model_has_the_official_codes_parameters_and_vit_pytorchs_positi
 # vit-pytorch 1.26.14's module (tests/fixtures/make_rope_fixtures.py)
 
 
-def test_it_takes_vit_pytorchs_arguments_and_defaults_and_three_more_keywords():
-    """vit-pytorch 1.26.14's `vit_5.ViT.__init__`, written out from its source; `layer_scale_init`, `rope_layout`
-    and `norm_eps` are ours."""
-    required = inspect.Parameter.empty
-    theirs = [('image_size', required), ('patch_size', required), ('num_classes', required), ('dim', required),
-              ('depth', required), ('heads', required), ('mlp_dim', required), ('channels', 3), ('dim_head', 64),
-              ('dropout', 0.), ('emb_dropout', 0.), ('num_registers', 4)]
-    ours = [(name, p.default) for name, p in inspect.signature(ViT.__init__).parameters.items()][1:]
-    assert ours == theirs + [('layer_scale_init', 1e-4), ('rope_layout', 'vit_pytorch'), ('norm_eps', None)]
+# ViT's arguments, order and defaults against vit-pytorch's (ours adds keyword-only layer_scale_init, rope_layout,
+# norm_eps after them): tests/test_vit_pytorch_signatures.py (its fixture)
 
 
 def test_vit_pytorchs_checkpoint_loads_and_gives_its_output():

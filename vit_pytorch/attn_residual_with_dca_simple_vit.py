@@ -55,8 +55,8 @@ class GroupedLinear(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
-def linear(dim, out_dim, groups=1, bias=False):
-    return GroupedLinear(dim, out_dim, groups, bias=bias) if groups > 1 else nn.Linear(dim, out_dim, bias=bias)
+def linear(dim_in, dim_out, groups=1, bias=False):
+    return GroupedLinear(dim_in, dim_out, groups, bias=bias) if groups > 1 else nn.Linear(dim_in, dim_out, bias=bias)
 
 
 def feedforward(dim, hidden_dim, heads=1):

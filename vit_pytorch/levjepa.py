@@ -339,6 +339,16 @@ def levjepa(variant, **overrides):
     return LeVJEPA(video_transformer(variant), **{**RECIPE, **overrides})
 
 
+def sigreg_loss(x, num_proj=1024, knots=17):
+    """vit-pytorch's `levjepa.sigreg_loss`: SIGReg of x (..., n, d) over `num_proj` random directions, its
+    integral on `knots` points of [0, 3] (the integrand is even: `lejepa.sigreg_loss` on 2 * knots - 1 points of
+    [-3, 3] is the same trapezoidal sum), averaged over the directions and the leading dimensions."""
+    vit.positive_int('num_proj', num_proj)
+    if vit.positive_int('knots', knots) < 2:
+        raise ValueError(f"knots must be at least 2 (the trapezoidal rule's two ends), got {knots}")
+    return lejepa.sigreg_loss(x, num_slices=num_proj, domain=(-3., 3.), num_knots=2 * knots - 1)
+
+
 def check_clip(video, *, channels, patch):
     if not isinstance(video, torch.Tensor) or video.ndim != 5 or video.shape[1] != channels \
             or video.shape[-2] % patch[0] or video.shape[-1] % patch[1]:
@@ -377,7 +387,9 @@ def check_arguments(*, encoder, image_size, local_size, num_local_views, num_cla
                             augment=dict(local_augment_fn=local_augment_fn, global_augment_fn=global_augment_fn))
     vit.positive_pair('image_size', image_size)
     vit.positive_pair('local_size', local_size)
-    vit.non_negative_int('num_local_views', num_local_views)
+    if vit.non_negative_int('num_local_views', num_local_views) == 0:
+        raise ValueError("num_local_views must be a positive int: the invariance loss pulls each local view to the "
+                         "global one, so it needs at least one, got 0")
     for name, value in dict(local_crop_scale=local_crop_scale, global_crop_scale=global_crop_scale).items():
         if not isinstance(value, (tuple, list)) or len(value) != 2 or not \
                 0 < vit.finite_number(name, value[0], 'a (low, high) pair in (0, 1]') <= \

@@ -40,6 +40,9 @@ from torch import nn
 
 from vit_pytorch import levjepa, vit
 
+# vit-pytorch's levjepa_nd defines these again, the same as its levjepa's
+sigreg_loss, WeightStandardizedLinear = levjepa.sigreg_loss, levjepa.WeightStandardizedLinear
+
 LeVJEPANDLosses = namedtuple('LeVJEPANDLosses', ['invariance_loss', 'sigreg_loss'])
 
 AXES = 'fghijkl'                                       # vit-pytorch's names of up to 7 axes
@@ -121,6 +124,7 @@ class LeVJEPAND(nn.Module):
             invariance_loss_weight=invariance_loss_weight, sigreg_loss_weight=sigreg_loss_weight,
             sigreg_loss_kwargs=sigreg_loss_kwargs, augment=dict(augment_src=augment_src, augment_tgt=augment_tgt))
         vit.positive_int('num_target_aug_views', num_target_aug_views)
+        check_input_shape(input_shape, encoder.ndim)
         super().__init__()
         self.encoder = encoder
         self.input_shape = as_tuple(input_shape, encoder.ndim)
@@ -168,6 +172,15 @@ def check_input(x, *, channels, input_shape):
 
 
 # argument checks
+
+
+def check_input_shape(input_shape, ndim):
+    """An int or `ndim` positive ints, as vit-pytorch's `ensure_tuple` reads it."""
+    shape = as_tuple(input_shape, ndim)
+    if len(shape) != ndim:
+        raise ValueError(f"input_shape must have ndim = {ndim} entries, got {input_shape!r}")
+    for size in shape:
+        vit.positive_int('input_shape', size)
 
 
 def check_arguments(*, ndim, input_shape, patch_size, dim, depth, heads, mlp_dim, channels, dim_head, dropout,

@@ -55,8 +55,8 @@ from torch import nn
 from vit_pytorch import vit
 
 
-def l2norm(t):
-    return F.normalize(t, dim=-1)
+def l2norm(t, dim=-1):
+    return F.normalize(t, dim=dim)
 
 
 class NormLinear(nn.Linear):

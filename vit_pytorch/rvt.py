@@ -25,6 +25,8 @@ of an (h, w) grid gets its own positions. `emb_dropout` is taken and never appli
 tokens, as in the other ViTs (0 by default: the same model). `patch_size` may be an (h, w) pair here.
 """
 
+import math
+
 import torch
 from einops import rearrange, repeat
 from torch import nn
@@ -32,6 +34,41 @@ from torch import nn
 from vit_pytorch import vit
 
 CONV_QUERY_KERNEL = 5       # vit-pytorch's depthwise kernel of the queries (not an argument of its RvT)
+
+
+def grid_angles(rotary, grid):
+    """The rotary angles (h * w, axes * f) of an (h, w) grid, row-major: the positions spread over [-pi, pi] along
+    each side, times `rotary`'s frequencies."""
+    device = rotary.frequencies.device
+    rows, columns = (torch.linspace(-torch.pi, torch.pi, side, device=device) for side in grid)
+    positions = torch.stack(torch.meshgrid(rows, columns, indexing='ij'), dim=-1)
+    return rotary(rearrange(positions, 'h w axes -> (h w) axes'))
+
+
+class AxialRotaryEmbedding(nn.Module):
+    """vit-pytorch's `rvt.AxialRotaryEmbedding(dim, max_freq=10)`: `forward(x)`, x (..., n * n, d) the tokens of a
+    square grid (no cls token), returns (sin, cos), each (1, n * n, 4 * (dim // 4)): the sine and cosine of each
+    token's rotary angles (the rows' dim // 4, then the columns', frequencies from 1 to max_freq / 2), each repeated
+    for the two channels of the pair it turns. RvT computes the same angles (`RvT.rotary_angles`) and turns by them
+    directly; this is the module under vit-pytorch's name. Its frequencies are the buffer `rotary.frequencies`
+    (2, dim // 4) (vit-pytorch's `scales` (dim // 4,), one row per axis). vit-pytorch takes the side as the integer
+    square root of the token count; a count that is not a square is refused here."""
+
+    def __init__(self, dim, max_freq=10):
+        super().__init__()
+        vit.positive_int('dim', dim)
+        vit.finite_number('max_freq', max_freq)
+        self.dim = dim
+        frequencies = torch.linspace(1., max_freq / 2, dim // 4)
+        self.rotary = vit.AxialRotaryEmbedding(repeat(frequencies, 'f -> axes f', axes=2))
+
+    def forward(self, x):
+        side = math.isqrt(x.shape[-2])
+        if side * side != x.shape[-2]:
+            raise ValueError(f"x must hold the n * n tokens of a square grid (..., n * n, d), got {x.shape[-2]} "
+                             f"tokens")
+        angles = repeat(grid_angles(self.rotary, (side, side)), 'n f -> 1 n (f two)', two=2)
+        return angles.sin().to(x.dtype), angles.cos().to(x.dtype)
 
 
 class SpatialConv(nn.Module):
@@ -109,10 +146,7 @@ class RvT(vit.TokenFace, vit.NormedHead, nn.Module):
     def rotary_angles(self, grid):
         """Each token's rotary angles, (1 + h * w, 2 * (dim_head // 4)): 0 for the cls token (not turned), the patch
         in row r, column c at (r, c) of the grid spread over [-pi, pi] along each side."""
-        device = self.rotary.frequencies.device
-        rows, columns = (torch.linspace(-torch.pi, torch.pi, side, device=device) for side in grid)
-        positions = torch.stack(torch.meshgrid(rows, columns, indexing='ij'), dim=-1)
-        patches = self.rotary(rearrange(positions, 'h w axes -> (h w) axes'))
+        patches = grid_angles(self.rotary, grid)
         return torch.cat((patches.new_zeros(1, patches.shape[1]), patches))
 
     def forward_features(self, img):

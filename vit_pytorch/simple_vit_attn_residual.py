@@ -66,7 +66,7 @@ class Transformer(vit.Stack):
     'history' (a tuple, the tokens first); each layer returns its MLP's output; the encoder's output is the final
     mix through a LayerNorm. `forward(x, history=...)` puts an earlier run's outputs before x."""
 
-    def __init__(self, dim, depth, heads, dim_head, mlp_dim, *, attention=simple_vit.Attention, learned_query=True):
+    def __init__(self, dim, depth, heads, dim_head, mlp_dim, learned_query=True, *, attention=simple_vit.Attention):
         super().__init__([
             (DepthAttention(dim, learned_query) if index else None, attention(dim, heads, dim_head),
              DepthAttention(dim, learned_query), simple_vit.FeedForward(dim, mlp_dim))

@@ -40,7 +40,7 @@ class HyperConnection(nn.Module):
     """The width and depth connections around one branch of layer `layer_index` over `num_residual_streams` streams
     (b, n, streams, dim); `dynamic` adds the per-token part (the paper's DHC) to the static matrices (SHC)."""
 
-    def __init__(self, dim, num_residual_streams, layer_index, dynamic=True):
+    def __init__(self, dim, num_residual_streams, layer_index, *, dynamic=True):
         super().__init__()
         streams = num_residual_streams
         alpha_m = torch.zeros(streams, 1)
@@ -83,8 +83,8 @@ class Transformer(vit.Stack):
     def __init__(self, dim, depth, heads, dim_head, mlp_dim, num_residual_streams, *, attention=simple_vit.Attention,
                  dynamic=True):
         super().__init__([
-            (HyperConnection(dim, num_residual_streams, index, dynamic), attention(dim, heads, dim_head),
-             HyperConnection(dim, num_residual_streams, index, dynamic), simple_vit.FeedForward(dim, mlp_dim))
+            (HyperConnection(dim, num_residual_streams, index, dynamic=dynamic), attention(dim, heads, dim_head),
+             HyperConnection(dim, num_residual_streams, index, dynamic=dynamic), simple_vit.FeedForward(dim, mlp_dim))
             for index in range(depth)
         ], norm=nn.LayerNorm(dim))
         self.num_residual_streams = num_residual_streams

@@ -42,7 +42,7 @@ class Attention(simple_vit.Attention):
     `learned_value_residual_mix=True`: the weight of its own values is sigmoid(Linear(normed x)), per token and
     head; else the fixed `value_residual_mix`."""
 
-    def __init__(self, dim, heads=8, dim_head=64, learned_value_residual_mix=False, value_residual_mix=0.5):
+    def __init__(self, dim, heads=8, dim_head=64, learned_value_residual_mix=False, *, value_residual_mix=0.5):
         super().__init__(dim, heads, dim_head)
         self.value_residual_mix = value_residual_mix
         if learned_value_residual_mix:

@@ -276,6 +276,8 @@ def check_arguments(*, vit, ast, dim, depth, heads, dim_head, dim_action, mlp_di
                     num_tasks, dim_extra_token, num_register_tokens, action_chunk_len, time_seq_len, dropout,
                     add_self_attn, self_attn_heads, self_attn_dim_head, ast_layer_indices, vit_layer_indices,
                     num_advantage_bins):
+    if num_image_views is not None:
+        core.positive_int('num_image_views', num_image_views)      # before VAT's check, which calls it num_views
     vat.check_arguments(vit=vit, dim=dim, depth=depth, heads=heads, dim_head=dim_head, dim_action=dim_action,
                         mlp_dim=mlp_dim, num_views=num_image_views, num_tasks=num_tasks,
                         dim_extra_token=dim_extra_token, num_register_tokens=num_register_tokens,
@@ -292,6 +294,7 @@ def check_arguments(*, vit, ast, dim, depth, heads, dim_head, dim_action, mlp_di
             raise ValueError(f'depth={depth} differs from the AST depth {ast.depth}: pass ast_layer_indices, one '
                              f'index of the AST trajectory (0 to {ast.depth}) per VAAT layer')
         return
+    vat.layer_indices('ast_layer_indices', ast_layer_indices, depth)
     indices = tuple(ast_layer_indices)
     if len(indices) != depth or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= ast.depth
                                         for i in indices):

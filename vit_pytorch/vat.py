@@ -339,6 +339,13 @@ def check_vit_arguments(*, image_size, patch_size, num_classes, dim, depth, head
         raise ValueError(f"pool must be 'cls' or 'mean', got {pool!r}")
 
 
+def layer_indices(name, value, depth):
+    """Refuse a `value` that is not a sequence of layer indices (a bare number, a string), naming `name`."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, '__iter__'):
+        raise TypeError(f'{name} must be a tuple of {depth} ints (one index of the trajectory per layer), got '
+                        f'{value!r} ({type(value).__name__})')
+
+
 def check_arguments(*, vit, dim, depth, heads, dim_head, dim_action, mlp_dim, num_views, num_tasks,
                     dim_extra_token, num_register_tokens, action_chunk_len, time_seq_len, dropout, add_self_attn,
                     self_attn_heads, self_attn_dim_head, vit_layer_indices, num_advantage_bins):
@@ -362,6 +369,7 @@ def check_arguments(*, vit, dim, depth, heads, dim_head, dim_action, mlp_dim, nu
             raise ValueError(f'depth={depth} differs from the ViT depth {vit_depth}: pass vit_layer_indices, '
                              f'one index of the ViT trajectory (0 to {vit_depth}) per VAT layer')
         return
+    layer_indices('vit_layer_indices', vit_layer_indices, depth)
     indices = tuple(vit_layer_indices)
     if len(indices) != depth or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= vit_depth
                                         for i in indices):

@@ -155,6 +155,11 @@ def check_arguments(*, dim, depth, heads, dim_head, dim_action, mlp_dim, num_vie
                             siglip_mlp_dim=siglip_mlp_dim).items():
         core.positive_int(name, value)
     core.positive_float('siglip_norm_eps', siglip_norm_eps)
+    image = core.positive_pair('siglip_image_size', siglip_image_size)
+    patch = core.positive_pair('siglip_patch_size', siglip_patch_size)
+    if any(side % step for side, step in zip(image, patch)):
+        raise ValueError(f'siglip_image_size={siglip_image_size!r} must be divisible by siglip_patch_size='
+                         f'{siglip_patch_size!r}')
     if siglip_dim % siglip_heads:
         raise ValueError(f'siglip_dim={siglip_dim} must be divisible by siglip_heads={siglip_heads} '
                          f'(SigLIP heads are siglip_dim // siglip_heads wide)')

@@ -886,8 +886,8 @@ def arguments(local_variables):
     return {name: value for name, value in local_variables.items() if name not in ('self', '__class__')}
 
 
-def pair(value):
-    return tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+def pair(t):
+    return tuple(t) if isinstance(t, (tuple, list)) else (t, t)
 
 
 def positive_int(name, value):

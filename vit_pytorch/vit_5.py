@@ -58,6 +58,16 @@ CONFIGS = {
 }
 
 
+class RMSNorm(nn.RMSNorm):
+    """vit-pytorch's `vit_5.RMSNorm(dim)`: x / rms(x) times a gain (its `g`, here nn.RMSNorm's `weight`: ViT-5's
+    `load_vit_pytorch` maps one to the other). vit-pytorch's divides with no epsilon (`F.normalize`'s 1e-12 floor
+    on the norm); here `eps` (keyword only, ours) is nn.RMSNorm's, None: the dtype's machine epsilon, as every
+    RMSNorm of ViT-5 here."""
+
+    def __init__(self, dim, *, eps=None):
+        super().__init__(vit.positive_int('dim', dim), eps=eps)
+
+
 class Attention(vit.RotaryAttention):
     """ViT-5's attention, (b, n, dim) -> (b, n, dim): an RMSNorm before, each head's queries and keys RMS-normed
     (gains shared by the heads), then turned by the rotary `angles` (see `vit.RotaryAttention`); `norm_eps` is the

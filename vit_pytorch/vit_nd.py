@@ -278,6 +278,17 @@ def create_nd_block_mask(mask_fn, heads, seq_len, device):
     return mask_fn(0, 0, indices[:, None], indices[None, :])
 
 
+def nd_attention(q, k, v, mask_fn=None, block_mask=None, scale=None):
+    """softmax(q k^T * scale) v over (b, heads, n, d) queries, keys and values, restricted to `block_mask`
+    (a dense boolean mask, `create_nd_block_mask`) or else to `mask_fn`; scale None is d ** -0.5."""
+    if block_mask is None and mask_fn is not None:
+        block_mask = create_nd_block_mask(mask_fn, 1, q.shape[-2], q.device)
+    if block_mask is not None and not isinstance(block_mask, torch.Tensor):
+        raise TypeError(f"block_mask must be a dense boolean torch.Tensor (create_nd_block_mask), got "
+                        f"{type(block_mask).__name__}")
+    return vit.attend(q, k, v, scale=1 / math.sqrt(q.shape[-1]) if scale is None else scale, mask=block_mask)
+
+
 # argument checks
 
 

@@ -17,7 +17,8 @@ elsewhere; flex attention has no backward on a CPU, so its models train only whe
 mask is dense and boolean and the attention is `vit.attend` (scaled_dot_product_attention), which trains
 anywhere: `create_nd_block_mask` returns that dense (seq_len, seq_len) mask, the same on every device, in
 place of a flex `BlockMask` (`heads` is taken for vit-pytorch's signature; one mask serves every head).
-vit-pytorch's `flex_attention_supported` has no counterpart: nothing here depends on the platform.
+vit-pytorch's `flex_attention_supported(device)` is here with its answer, but nothing here reads it: nothing here
+depends on the platform.
 
 With `has_cls=True` position 0 is a cls token that attends to every token and that every token attends to,
 as in vit-pytorch. That cls token has seen every later slice after one layer, so from the second layer on a
@@ -25,25 +26,32 @@ patch that reads it sees later slices too: `patches_attend_cls=False` keeps it a
 all, no patch attends to it), which is what `vit_nd.ViTND` uses to keep its causal dimensions causal.
 
 The mask functions live in `vit_nd.py`, the N-D models' family base, so that a model built on it copies one file
-beside vit.py; this module is their vit-pytorch import path, with `nd_attention`.
+beside vit.py (`nd_attention` too); this module is their vit-pytorch import path.
 """
 
-import math
+import os
+import sys
 
 import torch
 
-from vit_pytorch import vit
-from vit_pytorch.vit_nd import check_causal_dims, create_nd_block_mask, get_nd_causal_mask_fn, nd_causal_mask_fn
+from vit_pytorch.vit_nd import (check_causal_dims, create_nd_block_mask, get_nd_causal_mask_fn, nd_attention,
+                                nd_causal_mask_fn)
 
-__all__ = ['check_causal_dims', 'create_nd_block_mask', 'get_nd_causal_mask_fn', 'nd_attention', 'nd_causal_mask_fn']
+__all__ = ['check_causal_dims', 'create_nd_block_mask', 'flex_attention_supported', 'get_nd_causal_mask_fn',
+           'nd_attention', 'nd_causal_mask_fn']
 
 
-def nd_attention(q, k, v, mask_fn=None, block_mask=None, scale=None):
-    """softmax(q k^T * scale) v over (b, heads, n, d) queries, keys and values, restricted to `block_mask`
-    (a dense boolean mask, `create_nd_block_mask`) or else to `mask_fn`; scale None is d ** -0.5."""
-    if block_mask is None and mask_fn is not None:
-        block_mask = create_nd_block_mask(mask_fn, 1, q.shape[-2], q.device)
-    if block_mask is not None and not isinstance(block_mask, torch.Tensor):
-        raise TypeError(f"block_mask must be a dense boolean torch.Tensor (create_nd_block_mask), got "
-                        f"{type(block_mask).__name__}")
-    return vit.attend(q, k, v, scale=1 / math.sqrt(q.shape[-1]) if scale is None else scale, mask=block_mask)
+def flex_attention_supported(device):
+    """vit-pytorch's answer to whether torch's compiled flex attention kernel runs on `device`: on CUDA, and on an
+    x86 CPU with AVX2 (not macOS, no XPU, ATEN_CPU_CAPABILITY not 'default'); nowhere else. vit-pytorch then falls
+    back to plain attention; ours always uses the dense mask (`nd_attention`), so nothing here reads it."""
+    device = torch.device(device)
+    if device.type == 'cuda':
+        return True
+    if device.type != 'cpu':
+        return False
+    avx2 = getattr(torch.cpu, '_is_avx2_supported', lambda: False)()
+    return bool(avx2) and not torch.xpu.is_available() and sys.platform != 'darwin' and \
+        os.getenv('ATEN_CPU_CAPABILITY') != 'default'
+
+

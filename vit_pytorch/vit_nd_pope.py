@@ -36,6 +36,8 @@ from torch import nn
 
 from vit_pytorch import vit
 from vit_pytorch import vit_nd
+from vit_pytorch.vit_nd import (  # noqa: F401  (vit-pytorch's vit_nd_pope imports them)
+    create_nd_block_mask, get_nd_causal_mask_fn, nd_attention)
 
 
 def polar(x, phases):

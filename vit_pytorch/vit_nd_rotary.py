@@ -39,6 +39,8 @@ from einops import rearrange
 
 from vit_pytorch import vit
 from vit_pytorch import vit_nd
+from vit_pytorch.vit_nd import (  # noqa: F401  (vit-pytorch's vit_nd_rotary imports them)
+    create_nd_block_mask, get_nd_causal_mask_fn, nd_attention)
 
 
 class ViTND(vit_nd.RotaryViTND):

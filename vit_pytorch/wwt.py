@@ -36,6 +36,7 @@ from einops.layers.torch import Rearrange
 from torch import nn
 
 from vit_pytorch import sigreg, vit
+from vit_pytorch.sigreg import sigreg_loss  # noqa: F401  (vit-pytorch's wwt imports lejepa's sigreg_loss)
 
 WWTReturn = namedtuple('WWTReturn', ['slot_logits', 'token_logits'])
 WWTFeatureReturn = namedtuple('WWTFeatureReturn', ['slots', 'tokens', 'masks'])
