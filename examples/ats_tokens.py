@@ -157,6 +157,15 @@ def table(results, config, seeds):
     return lines
 
 
+def digits_plan(epochs, quiet):
+    """(data, recipe, plan): the 16-pixel digits and the training command's recipe options (its defaults), with
+    `epochs` and `quiet` added for `fit`."""
+    data = load_data(argparse.Namespace(data='digits', image_size=16, channels=1))
+    defaults = vars(train.build_parser().parse_known_args([])[0])
+    recipe = {name: defaults[name] for name in RECIPE}
+    return data, recipe, argparse.Namespace(**recipe, epochs=epochs, quiet=quiet)
+
+
 def load_average():
     """The 1-minute load average, or '?' where /proc/loadavg is missing."""
     path = Path('/proc/loadavg')
@@ -174,10 +183,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     device = 'cpu'
 
-    data = load_data(argparse.Namespace(data='digits', image_size=16, channels=1))
-    defaults = vars(train.build_parser().parse_known_args([])[0])
-    recipe = {name: defaults[name] for name in RECIPE}
-    plan = argparse.Namespace(**recipe, epochs=args.epochs, quiet=args.quiet)
+    data, recipe, plan = digits_plan(args.epochs, args.quiet)
     config = registry.model_config('ats_vit', {}, image_size=data.image_size, channels=data.channels,
                                    num_classes=data.num_classes)
     config.pop('max_tokens_per_depth')

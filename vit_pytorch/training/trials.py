@@ -75,13 +75,16 @@ def subset(data, classes, *, per_class=None, fraction=None, seed=0):
 # training
 
 
-def fit(model, data, plan, *, seed, device, title='', decay_positions=False):
+def fit(model, data, plan, *, seed, device, title='', decay_positions=False, aux_loss=None, after_epoch=None):
     """Train `model` on data.train with the recipe `plan` (the training command's options, with `epochs` and
     `quiet`) and test it on data.test: the last epoch's numbers.
 
     Single-process, through the training command's epoch loop (`loop.train_epoch`): every epoch seeded from
     (seed, epoch), the shuffled order cut into batches with the last taking what is left. `decay_positions`
-    puts the position table under weight decay as well.
+    puts the position table under weight decay as well. `aux_loss=(keyword, weight)`: the model is called with
+    `keyword=True`, returns (logits, loss), and the training loss is the cross-entropy plus `weight` times that
+    loss, as the training command does for registry.AUX_LOSSES. `after_epoch(epoch, model)` is called after each
+    epoch (epoch counted from 1; the model left in training mode after it).
     """
     model.to(device)
     groups = loop.parameter_groups(model, plan.weight_decay)
@@ -98,7 +101,12 @@ def fit(model, data, plan, *, seed, device, title='', decay_positions=False):
         images, targets = loop.augment(data.train.floats(index), data.train.labels[index], plan, generator, rng,
                                        data.num_classes)
         images, targets = normalise(images.to(device), data.mean, data.std), targets.to(device)
-        loss = F.cross_entropy(model(images).float(), targets, label_smoothing=plan.label_smoothing)
+        if aux_loss is None:
+            loss = F.cross_entropy(model(images).float(), targets, label_smoothing=plan.label_smoothing)
+        else:
+            keyword, weight = aux_loss
+            logits, aux = model(images, **{keyword: True})
+            loss = F.cross_entropy(logits.float(), targets, label_smoothing=plan.label_smoothing) + weight * aux
         return loss, loss.item(), torch.tensor([loss.item()], dtype=torch.float64)
 
     started = time.perf_counter()
@@ -111,6 +119,8 @@ def fit(model, data, plan, *, seed, device, title='', decay_positions=False):
                          images=len(data.train), batch_size=batch_size, steps=steps_per_epoch, peak=plan.lr,
                          warmup_steps=warmup_steps, total_steps=total_steps, clip_grad=plan.clip_grad, bar=bar,
                          postfix=lambda totals, step, index, sums: f'loss {sums[0].item():.3f}')
+        if after_epoch is not None:
+            after_epoch(epoch + 1, model)
     tested = loop.evaluate(model, data.test, mean=data.mean, std=data.std, device=device)
     return dict(test_accuracy=tested['accuracy'], test_loss=tested['loss'],
                 train_seconds=round(time.perf_counter() - started, 2))

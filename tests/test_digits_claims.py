@@ -1,0 +1,146 @@
+"""examples/digits_claims.py (issues 26, 27): its FLOP formula for the patch merger, the auxiliary loss and the
+per-epoch hook it gives `trials.fit`, and the script at a tiny size."""
+
+import argparse
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from vit_pytorch.flops import FLOP_FORMULAS, explicit_attention
+from vit_pytorch.training import registry
+from vit_pytorch.training.data import ImageSet
+from vit_pytorch.training.trials import fit, with_statistics
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def example():
+    spec = importlib.util.spec_from_file_location('digits_claims', ROOT / 'examples' / 'digits_claims.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+digits_claims = example()
+
+SMALL = dict(image_size=16, patch_size=4, channels=1, num_classes=10, dim=64, depth=4, heads=4, dim_head=16,
+             mlp_dim=128)
+
+
+def counted_flops(model, image_size, channels):
+    model = explicit_attention(model).eval()
+    with FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS) as counter:
+        model(torch.randn(1, channels, image_size, image_size))
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize('merge', [(2, 8), (2, 4), (1, 1), (4, 16), (3, 5)])
+@pytest.mark.parametrize('widths', [dict(), dict(dim=24, heads=3, dim_head=10, mlp_dim=40, num_classes=7,
+                                                 image_size=24, channels=3)])
+def test_the_merger_flop_formula_is_the_flop_counters(merge, widths):
+    from vit_pytorch.vit_with_patch_merger import ViT
+    arguments = {**SMALL, **widths, 'patch_merge_layer': merge[0], 'patch_merge_num_tokens': merge[1]}
+    counted = counted_flops(ViT(**arguments), arguments['image_size'], arguments['channels'])
+    assert digits_claims.merger_flops(**arguments) == counted
+
+
+def test_without_a_merge_the_formula_is_the_plain_mean_pooled_vits_count():
+    from vit_pytorch.vit import ViT
+    assert digits_claims.merger_flops(**SMALL) == counted_flops(ViT(**SMALL, pool='mean'), 16, 1)
+
+
+def test_the_merged_count_is_written_out():
+    # 16 tokens through layers 1-2, the merge of 16 into 4 (2 x 4 x 16 x 64 for the scores, as much for the sum),
+    # then 4 tokens through layers 3-4; the patch projection 2*16*16*64 and the head 2*64*10
+    def layer(n):
+        return 2 * n * 64 * 192 + 2 * 2 * 4 * n * n * 16 + 2 * n * 64 * 64 + 2 * 2 * n * 64 * 128
+    expected = 2 * layer(16) + 2 * 2 * 4 * 16 * 64 + 2 * layer(4) + 2 * 16 * 16 * 64 + 2 * 64 * 10
+    assert digits_claims.merger_flops(**SMALL, patch_merge_layer=2, patch_merge_num_tokens=4) == expected
+
+
+class Toy(nn.Module):
+    """Logits from a linear map of the pixels; an auxiliary loss (offset - 3)^2 when asked, that nothing else reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(16, 3)
+        self.offset = nn.Parameter(torch.tensor(1.0))
+        self.asked = []
+
+    def forward(self, images, return_aux=False):
+        self.asked.append(return_aux)
+        logits = self.linear(images.flatten(1))
+        return (logits, (self.offset - 3) ** 2) if return_aux else logits
+
+
+def toy_data():
+    generator = torch.Generator().manual_seed(0)
+    images = torch.rand(24, 1, 4, 4, generator=generator)
+    labels = torch.arange(24) % 3
+    return with_statistics(ImageSet(images, labels, ['a', 'b', 'c']), ImageSet(images[:6], labels[:6], ['a', 'b', 'c']))
+
+
+# no augmentation: no shift, flip or mixup
+PLAN = argparse.Namespace(lr=1e-2, weight_decay=0.05, batch_size=8, warmup_epochs=0, epochs=2, quiet=True,
+                          label_smoothing=0.0, clip_grad=0.0, translate=0, hflip=False, mixup=0.0)
+
+
+@pytest.mark.parametrize('weight', [0.5, 2.0])
+def test_fit_adds_the_weighted_auxiliary_loss_and_calls_back_after_each_epoch(weight):
+    model, gradients, epochs = Toy(), [], []
+    model.offset.register_hook(lambda gradient: gradients.append((model.offset.item(), gradient.item())))
+    fit(model, toy_data(), PLAN, seed=0, device='cpu', aux_loss=('return_aux', weight),
+        after_epoch=lambda epoch, trained: epochs.append((epoch, trained is model, trained.training)))
+    assert epochs == [(1, True, True), (2, True, True)]
+    assert len(gradients) == 2 * 3 and all(model.asked[:6])        # 3 batches of 8 an epoch, each asked for the loss
+    for offset, gradient in gradients:                               # d/d offset of CE + weight (offset - 3)^2
+        assert gradient == pytest.approx(weight * 2 * (offset - 3), rel=1e-6)
+
+
+def test_fit_without_an_auxiliary_loss_does_not_ask_for_one():
+    model = Toy()
+    fit(model, toy_data(), PLAN, seed=0, device='cpu')
+    assert model.offset.grad is None and not any(model.asked)
+
+
+@pytest.mark.slow          # 7 trainings of 2 epochs each on the 1,347 digits: 24 s of CPU time in all (one thread)
+@pytest.mark.parametrize('claim', ['patch_merger', 'decorr', 'residuals'])
+def test_the_script_at_a_tiny_size(claim, tmp_path, monkeypatch):
+    arguments = [claim, '--seeds', '0', '--epochs', '2', '--out', str(tmp_path), '--quiet']
+    lines = digits_claims.main(arguments)
+    saved = json.loads((tmp_path / 'results.json').read_text())
+    runs = {run['setting']: run for run in saved['runs']}
+    models = digits_claims.CLAIMS[claim]
+    assert sorted(runs) == sorted(label for label, *_ in models)
+    assert (tmp_path / 'table.md').read_text().splitlines() == lines and len(lines) == 2 + len(models)
+
+    first = runs[models[0][0]]
+    for line, (label, name, options, weight) in zip(lines[2:], models):
+        run = runs[label]
+        # a test after each epoch, the last of them the final test that fit reports
+        assert len(run['curve']) == 2 and run['curve'][-1] == run['test_accuracy']
+        cells = [cell.strip() for cell in line.strip('|').split('|')]
+        assert cells[0] == label
+        assert cells[1:3] == [f"{100 * accuracy:.2f} +- 0.00%" for accuracy in run['curve']]
+        # the paired difference is this model's accuracy minus the first's
+        assert cells[3] == ('' if label == models[0][0] else
+                            f"{100 * (run['test_accuracy'] - first['test_accuracy']):+.2f} +- 0.00 points")
+        config = registry.model_config(name, options, image_size=16, channels=1, num_classes=10)
+        if claim == 'patch_merger':                       # the counter's FLOPs and the formula's agree
+            counted, formula = cells[4].removesuffix(')').split(' (formula ')
+            assert counted == formula == f'{digits_claims.merger_flops(**config) / 1e6:.2f}'
+        assert cells[5] == f"{sum(p.numel() for p in registry.build_model(name, **config).parameters()):,}"
+    if claim == 'patch_merger':                           # 16 tokens, then K: fewer FLOPs the fewer tokens
+        flops = [float(line.split('|')[5].split()[0]) for line in lines[2:]]
+        assert flops[0] > flops[1] > flops[2]
+    if claim == 'decorr':
+        assert [run['test_decorr_loss'] > 0 for run in runs.values()] == [True, True]
+
+    # run again, it trains nothing: the recorded runs are read back
+    monkeypatch.setattr(digits_claims, 'fit', lambda *args, **kwargs: pytest.fail('trained a recorded run again'))
+    assert digits_claims.main(arguments) == lines
