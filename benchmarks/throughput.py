@@ -714,23 +714,31 @@ def vit_pytorch_unloaded(module, class_name, **kwargs):
     return None if reference_module is None else getattr(reference_module, class_name)(**kwargs)
 
 
+def fixture_script(name):
+    """tests/fixtures/`name`.py imported as a module, as it runs as a script: with tests/fixtures on the import
+    path, for the `fixture_tools` it imports (the official references are built by these scripts' functions)."""
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, 'tests', 'fixtures')
+    spec = importlib.util.spec_from_file_location(name, os.path.join(folder, f'{name}.py'))
+    fixtures = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(fixtures)
+    finally:
+        sys.path.remove(folder)
+    return fixtures
+
+
 def crossformer_official_reference(ours):
     """The official CrossFormer-T (github cheerss/CrossFormer @ 7952010, checked out as
     $VIT_PYTORCH_OFFICIAL/CrossFormer), built by tests/fixtures/make_crossformer_fixtures.py's `official_model`
     (no stochastic depth); its random weights loaded into `ours` by vit_pytorch.pretrained.load_official. None
     where VIT_PYTORCH_OFFICIAL is unset."""
-    import importlib.util
-
     from vit_pytorch.pretrained import load_official
 
     root = os.environ.get('VIT_PYTORCH_OFFICIAL')
     if root is None:
         return None
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'tests', 'fixtures',
-                          'make_crossformer_fixtures.py')
-    spec = importlib.util.spec_from_file_location('make_crossformer_fixtures', script)
-    fixtures = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fixtures)
+    fixtures = fixture_script('make_crossformer_fixtures')
     reference = fixtures.official_model(os.path.join(root, 'CrossFormer'), 'tiny')
     load_official(ours, reference.state_dict())
     return reference
@@ -788,11 +796,7 @@ def sep_vit_official_reference(ours):
     root = os.environ.get('VIT_PYTORCH_OFFICIAL')
     if root is None:
         return None
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'tests', 'fixtures',
-                          'make_sep_vit_fixtures.py')
-    spec = importlib.util.spec_from_file_location('make_sep_vit_fixtures', script)
-    fixtures = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fixtures)
+    fixtures = fixture_script('make_sep_vit_fixtures')
     reference = fixtures.official_module(os.path.join(root, 'SepViT')).SepViT_Tiny(num_classes=ours.num_classes)
     load_official(ours, reference.state_dict())
     return reference
@@ -808,11 +812,7 @@ def scalable_vit_official_reference(ours):
     root = os.environ.get('VIT_PYTORCH_OFFICIAL')
     if root is None:
         return None
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'tests', 'fixtures',
-                          'make_scalable_vit_fixtures.py')
-    spec = importlib.util.spec_from_file_location('make_scalable_vit_fixtures', script)
-    fixtures = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fixtures)
+    fixtures = fixture_script('make_scalable_vit_fixtures')
     official = fixtures.official_module(os.path.join(root, 'ScalableViT'))
     reference = fixtures.quiet(official.scalable_vit_small, num_classes=ours.num_classes)
     load_official(ours, reference.state_dict())

@@ -263,6 +263,19 @@ def test_vit_pytorch_reference_is_imported_beside_ours_and_ours_is_put_back(thro
     assert throughput.vit_pytorch_module('absent') is None
 
 
+@pytest.mark.parametrize('script', ['make_sep_vit_fixtures', 'make_scalable_vit_fixtures',
+                                    'make_crossformer_fixtures'])
+def test_the_official_references_fixture_scripts_import_from_the_benchmark(throughput, script, monkeypatch):
+    # the official references are built by the fixture scripts' functions; the scripts import their sibling
+    # fixture_tools, which is on the import path when they run as scripts but not when the benchmark loads them
+    monkeypatch.setattr(sys, 'path', [p for p in sys.path if os.path.basename(p.rstrip(os.sep)) != 'fixtures'])
+    monkeypatch.delitem(sys.modules, 'fixture_tools', raising=False)
+    path = list(sys.path)
+    fixtures = throughput.fixture_script(script)
+    assert hasattr(fixtures, 'official_model') or hasattr(fixtures, 'official_module')
+    assert sys.path == path
+
+
 def test_vit_pytorch_reference_is_skipped_without_a_source(throughput, monkeypatch):
     monkeypatch.delenv('VIT_PYTORCH_SOURCE', raising=False)
     assert throughput.vit_pytorch_module('deepvit') is None
