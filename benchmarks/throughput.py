@@ -622,19 +622,32 @@ def build_all(names, config, image_size, seed=0):
 
 
 class DistillationLoss:
-    """DeiT's soft-distillation loss of a `DeiT`, through `DistillWrapper` as in training.
+    """DeiT's soft-distillation loss of a `DeiT`, through `DistillWrapper` as in training; of timm's
+    `VisionTransformerDistilled` (the reference), the same loss on the two heads it returns in distilled training
+    (`set_distilled_training`), so that both steps compute one function.
 
     The teacher is a linear map of the mean colour, whose cost is negligible, so that the step
     measured is the student's: DeiT's teacher (a RegNetY) is a separate model with its own cost.
     """
 
+    temperature, alpha = 3.0, 0.5
+
     def __init__(self, channels, num_classes):
         self.teacher = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, num_classes))
 
     def __call__(self, model, img, labels):
-        from vit_pytorch.distill import DistillWrapper
+        from vit_pytorch.distill import DeiT, DistillWrapper
 
-        return DistillWrapper(teacher=self.teacher, student=model, temperature=3.0, alpha=0.5)(img, labels)
+        t, alpha = self.temperature, self.alpha
+        if isinstance(model, DeiT):
+            return DistillWrapper(teacher=self.teacher, student=model, temperature=t, alpha=alpha)(img, labels)
+        model.set_distilled_training(True)          # timm's: (cls logits, distillation logits) in training mode
+        with torch.no_grad():
+            teacher_logits = self.teacher.eval()(img)
+        logits, distill_logits = model(img)
+        distill_loss = F.kl_div(F.log_softmax(distill_logits / t, dim=-1), F.log_softmax(teacher_logits / t, dim=-1),
+                                reduction='batchmean', log_target=True) * t ** 2
+        return (1 - alpha) * F.cross_entropy(logits, labels) + alpha * distill_loss
 
 
 class AuxiliaryLoss:

@@ -159,6 +159,25 @@ def test_distillable_vit_trains_on_the_distillation_loss(throughput):
     assert loss.ndim == 0 and model.distill_token.grad is not None and model.distill_head.weight.grad is not None
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec('timm') is None, reason='timm not installed')
+def test_distillable_vit_and_timms_distilled_deit_train_on_one_loss(throughput):
+    # the reference (timm's VisionTransformerDistilled, our weights loaded) takes the same distillation loss as
+    # ours: the same loss value and the same gradient of the distillation token on the same weights and batch
+    workload = throughput.registry_workload('distillable_vit')
+    reference = throughput.reference_workload(workload)
+    img, labels = torch.randn(2, 3, 224, 224), torch.tensor([0, 1])
+    losses, grads = [], []
+    for w, token in ((workload, 'distill_token'), (reference, 'dist_token')):
+        model = w['model'].train()
+        loss = w['loss'](model, img, labels)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append(dict(model.named_parameters())[token].grad.flatten())
+    torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+
+
 # vit-pytorch 1.26.14's own count, not ours: sum(p.numel() for p in cct_7(img_size=32, kernel_size=3, n_conv_layers=1,
 # num_classes=10, positional_embedding='learnable').parameters()) with vit-pytorch 1.26.14's cct_7 (/work/ref/refvenv,
 # torch 2.14.1), run from /tmp so that vit_pytorch was the installed reference
