@@ -295,6 +295,22 @@ def test_the_official_references_fixture_scripts_import_from_the_benchmark(throu
     assert sys.path == path
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get('VIT_PYTORCH_SOURCE'), reason='vit-pytorch 1.26.14 source not given')
+def test_the_nested_tensor_navit_reference_is_timed_though_the_flop_counter_cannot_run_it(throughput):
+    # torch's FLOP counter raises on vit-pytorch's jagged nested tensors; the reference still gets its row
+    args = throughput.parse_args(['--registry', 'na_vit_nested_tensor', '--rounds', '1', '--seconds', '0',
+                                  '--batches', '1', '--train-batch', '2', '--memory', '0', '--threads', '1'])
+    threads = torch.get_num_threads()
+    try:
+        result = throughput.bench_registry(args, log=lambda msg: None)
+    finally:
+        torch.set_num_threads(threads)
+    assert 'na_vit_nested_tensor' not in result['references'], result['references']
+    ratios = result['ratios']['na_vit_nested_tensor/na_vit_nested_tensor:ref']
+    assert all(positive_finite(ratios[task]['median']) for task in ('infer@1', 'train@2'))
+
+
 def test_vit_pytorch_reference_is_skipped_without_a_source(throughput, monkeypatch):
     monkeypatch.delenv('VIT_PYTORCH_SOURCE', raising=False)
     assert throughput.vit_pytorch_module('deepvit') is None
