@@ -177,10 +177,14 @@ REGISTRY = {
     'vivit': ('16 x 128 px / 2 x 16, width 1024, 6 + 6 layers', None, dict(
         image_size=128, frames=16, image_patch_size=16, frame_patch_size=2, num_classes=NUM_CLASSES, dim=1024,
         spatial_depth=6, temporal_depth=6, heads=8, mlp_dim=2048), (16, 128, 128), 3, NUM_CLASSES),
-    'cct_3d': ('CCT-14/7x2, 8 x 224 px', None, dict(
-        img_size=224, num_frames=8, embedding_dim=384, n_conv_layers=2, frame_kernel_size=3, kernel_size=7, stride=2,
+    # vit-pytorch's README CCT-14/7x2 at 112 px, not its 224: with attention dropout 0.1, SDPA takes its math
+    # kernel in training (no dropout in the CPU flash kernel) and keeps the (6, 1568, 1568) attention maps of each
+    # of the 14 layers; at 224 px one clip's training step grew the resident set by 3,185 MiB (ours), so batch 8
+    # needs ~25 GiB, over the 24 GiB machine (the run was killed). At 112 px: 392 tokens, 1/16 of those maps
+    'cct_3d': ('CCT-14/7x2, 8 x 112 px (224 px: ~25 GiB at batch 8)', None, dict(
+        img_size=112, num_frames=8, embedding_dim=384, n_conv_layers=2, frame_kernel_size=3, kernel_size=7, stride=2,
         padding=3, pooling_kernel_size=3, pooling_stride=2, pooling_padding=1, num_layers=14, num_heads=6,
-        mlp_ratio=3., num_classes=NUM_CLASSES, positional_embedding='learnable'), (8, 224, 224), 3, NUM_CLASSES),
+        mlp_ratio=3., num_classes=NUM_CLASSES, positional_embedding='learnable'), (8, 112, 112), 3, NUM_CLASSES),
     # vit-pytorch's infrastructure modules: at their siblings' presets, or vit-pytorch's README example
     'vit_with_patch_dropout': ('S/16, patch dropout 0.25', None, S16, 224, 3, NUM_CLASSES),
     'simple_flash_attn_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
