@@ -1466,7 +1466,6 @@ BELOW_EXPLAINED = {
     'swin': 'performance.md#benchmarking-the-variants---registry',
     'levit': 'performance.md#benchmarking-the-variants---registry',
     # profiled, not fixed yet
-    'xcit': 'performance.md#rows-below-10x-re-measured-issue-29',
     'look_vit': 'performance.md#rows-below-10x-re-measured-issue-29',
     'na_vit_nested_tensor': 'performance.md#rows-below-10x-re-measured-issue-29',
 }
