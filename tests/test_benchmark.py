@@ -159,6 +159,25 @@ def test_distillable_vit_trains_on_the_distillation_loss(throughput):
     assert loss.ndim == 0 and model.distill_token.grad is not None and model.distill_head.weight.grad is not None
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec('timm') is None, reason='timm not installed')
+def test_distillable_vit_and_timms_distilled_deit_train_on_one_loss(throughput):
+    # the reference (timm's VisionTransformerDistilled, our weights loaded) takes the same distillation loss as
+    # ours: the same loss value and the same gradient of the distillation token on the same weights and batch
+    workload = throughput.registry_workload('distillable_vit')
+    reference = throughput.reference_workload(workload)
+    img, labels = torch.randn(2, 3, 224, 224), torch.tensor([0, 1])
+    losses, grads = [], []
+    for w, token in ((workload, 'distill_token'), (reference, 'dist_token')):
+        model = w['model'].train()
+        loss = w['loss'](model, img, labels)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append(dict(model.named_parameters())[token].grad.flatten())
+    torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+
+
 # vit-pytorch 1.26.14's own count, not ours: sum(p.numel() for p in cct_7(img_size=32, kernel_size=3, n_conv_layers=1,
 # num_classes=10, positional_embedding='learnable').parameters()) with vit-pytorch 1.26.14's cct_7 (/work/ref/refvenv,
 # torch 2.14.1), run from /tmp so that vit_pytorch was the installed reference
@@ -261,6 +280,35 @@ def test_vit_pytorch_reference_is_imported_beside_ours_and_ours_is_put_back(thro
     assert sys.modules['vit_pytorch'] is vit_pytorch and sys.modules['vit_pytorch.vit'] is our_vit
     assert 'vit_pytorch.toy' not in sys.modules and 'vit_pytorch.blocks' not in sys.modules
     assert throughput.vit_pytorch_module('absent') is None
+
+
+@pytest.mark.parametrize('script', ['make_sep_vit_fixtures', 'make_scalable_vit_fixtures',
+                                    'make_crossformer_fixtures'])
+def test_the_official_references_fixture_scripts_import_from_the_benchmark(throughput, script, monkeypatch):
+    # the official references are built by the fixture scripts' functions; the scripts import their sibling
+    # fixture_tools, which is on the import path when they run as scripts but not when the benchmark loads them
+    monkeypatch.setattr(sys, 'path', [p for p in sys.path if os.path.basename(p.rstrip(os.sep)) != 'fixtures'])
+    monkeypatch.delitem(sys.modules, 'fixture_tools', raising=False)
+    path = list(sys.path)
+    fixtures = throughput.fixture_script(script)
+    assert hasattr(fixtures, 'official_model') or hasattr(fixtures, 'official_module')
+    assert sys.path == path
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get('VIT_PYTORCH_SOURCE'), reason='vit-pytorch 1.26.14 source not given')
+def test_the_nested_tensor_navit_reference_is_timed_though_the_flop_counter_cannot_run_it(throughput):
+    # torch's FLOP counter raises on vit-pytorch's jagged nested tensors; the reference still gets its row
+    args = throughput.parse_args(['--registry', 'na_vit_nested_tensor', '--rounds', '1', '--seconds', '0',
+                                  '--batches', '1', '--train-batch', '2', '--memory', '0', '--threads', '1'])
+    threads = torch.get_num_threads()
+    try:
+        result = throughput.bench_registry(args, log=lambda msg: None)
+    finally:
+        torch.set_num_threads(threads)
+    assert 'na_vit_nested_tensor' not in result['references'], result['references']
+    ratios = result['ratios']['na_vit_nested_tensor/na_vit_nested_tensor:ref']
+    assert all(positive_finite(ratios[task]['median']) for task in ('infer@1', 'train@2'))
 
 
 def test_vit_pytorch_reference_is_skipped_without_a_source(throughput, monkeypatch):

@@ -121,6 +121,17 @@ def test_iwsa_is_window_attention_plus_a_depthwise_convolution_of_the_values():
         torch.testing.assert_close(attention(x, (4, 4)), expected, atol=1e-6, rtol=1e-5)
 
 
+def test_the_lims_convolution_saves_its_own_copy_of_the_values_not_a_view_of_qkv():
+    # the convolution keeps its input for the backward: a view of the values' slice would keep all of qkv
+    # (3x the values) alive until the backward (scalable_vit_small at batch 8: 48 MiB)
+    attention = InteractiveWindowAttention(4, 2, window_size=2).train()
+    inputs = []
+    attention.local_interaction.register_forward_pre_hook(lambda module, args: inputs.append(args[0]))
+    attention(torch.randn(2, 4 * 4, 4, requires_grad=True), (4, 4))
+    values = inputs[0]
+    assert values.untyped_storage().nbytes() == values.numel() * values.element_size()
+
+
 def test_ssa_keys_come_from_the_map_shrunk_by_the_reduction_and_rescaled_in_width():
     attention = move_off_initialisation(ScalableSelfAttention(8, 2, reduction=2, key_dim=6)).eval()
     x = torch.randn(2, 4 * 6, 8)

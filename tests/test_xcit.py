@@ -87,6 +87,24 @@ def test_xca_equals_the_papers_formula():
         assert torch.allclose(attn(x), expected, atol=1e-5)
 
 
+def test_the_temperatures_gradient_keeps_the_small_map_not_a_copy_of_q():
+    # scaling the (d, d) map by the temperature, as XCiT's code does, saves that map for the temperature's
+    # gradient; scaling q (b, heads, d, n) saved a second copy of q for the backward
+    attn = XCAttention(12, heads=3, dim_head=4).train()
+    out = attn(torch.randn(2, 7, 12))
+    saved, stack, seen = [], [out.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if node.name() == 'MulBackward0':
+            saved += [getattr(node, name) for name in ('_saved_self', '_saved_other')
+                      if isinstance(getattr(node, name, None), torch.Tensor)]
+        stack += [fn for fn, _ in node.next_functions]
+    assert saved and all(tuple(t.shape) != (2, 3, 4, 7) for t in saved), [tuple(t.shape) for t in saved]
+
+
 def test_local_patch_interaction_only_mixes_neighbours_within_two_convolutions():
     lpi = LocalPatchInteraction(8).eval()
     x = torch.randn(1, 7 * 7, 8, requires_grad=True)

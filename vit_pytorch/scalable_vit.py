@@ -98,7 +98,9 @@ class InteractiveWindowAttention(vit.Attention):
         (height, width), dim = size, x.shape[-1]
         window_height, window_width = size if self.window_size is None else (self.window_size,) * 2
         qkv = self.to_qkv(self.norm(x))                                  # (b, h * w, 3 * dim)
-        values = rearrange(qkv[..., 2 * dim:], 'b (h w) d -> b d h w', h=height)
+        # contiguous: the convolution saves its input for the backward, and a view of the slice would keep all of
+        # qkv alive (scalable_vit_small, batch 8: 48 MiB more saved, the step's peak 1008 -> 959 MiB)
+        values = rearrange(qkv[..., 2 * dim:], 'b (h w) d -> b d h w', h=height).contiguous()
         local = rearrange(self.local_interaction(values), 'b d h w -> b (h w) d')
         q, k, v = rearrange(qkv, 'b (nh wh nw ww) (qkv heads d) -> qkv (b nh nw) heads (wh ww) d', qkv=3,
                             heads=self.heads, wh=window_height, ww=window_width, nw=width // window_width)

