@@ -84,3 +84,17 @@ def test_nd_attention_without_a_mask_is_full_attention_at_the_default_scale():
 def test_a_bad_causal_dim_is_refused_by_name(causal_dims, error):
     with pytest.raises(error, match='causal_dims'):
         get_nd_causal_mask_fn((3, 4), causal_dims, ndim=2)
+
+
+def test_the_masks_are_vit_pytorchs_on_its_fixture():
+    """vit-pytorch 1.26.14's `get_nd_causal_mask_fn` evaluated on every (query, key) pair of grids of 1 to 4
+    dimensions, one, several or every dimension causal, with and without cls
+    (tests/fixtures/make_vit_nd_masking_fixtures.py); ours, through the same calls, gives the same masks."""
+    from helpers import load_fixture
+    metadata, _, masks = load_fixture('vit_pytorch_1.26.14_vit_nd_masking')
+    assert len(masks) == len(metadata['cases']) == 7
+    for name, (grid, causal_dims, has_cls) in metadata['cases'].items():
+        causal_dims = causal_dims if isinstance(causal_dims, int) else tuple(causal_dims)
+        expected = masks[name].bool()
+        assert 0 < expected.sum() < expected.numel(), name          # a mask that allows some pairs and not others
+        assert torch.equal(dense(tuple(grid), causal_dims, has_cls=has_cls), expected), name
