@@ -446,3 +446,21 @@ def test_the_learnable_memory_vit_takes_the_paper_vits_jax_checkpoints():
     ref = reference('jax_vit')
     model = load_jax(MemoryViT(**{**TINY, 'gelu_approximate': 'tanh'}).eval(), fixture('jax_vit.npz'))
     torch.testing.assert_close(model(ref['input']), ref['logits_tanh'], **TOL)
+
+
+def test_prefixed_plan_maps_by_the_first_matching_prefix_and_names_an_uncovered_key():
+    from vit_pytorch.vit import joined_kv_plan, prefixed_plan
+    state = {'blocks.0.to_q.weight': torch.zeros(4, 2), 'blocks.0.to_kv.weight': torch.zeros(8, 2),
+             'head.bias': torch.zeros(3)}
+    plan = {'blocks.0.to_kv.weight': joined_kv_plan(state['blocks.0.to_kv.weight'], 'b.0.k.weight', 'b.0.v.weight')}
+    names = {'blocks.0.to_q.': 'b.0.q.', 'blocks.0.': 'never.', 'head.': 'fc.'}
+    prefixed_plan(state, names, "the test's model", plan)
+    assert {key: sources for key, (sources, _) in plan.items()} == {
+        'blocks.0.to_q.weight': {'b.0.q.weight': (4, 2)},
+        'blocks.0.to_kv.weight': {'b.0.k.weight': (4, 2), 'b.0.v.weight': (4, 2)},
+        'head.bias': {'fc.bias': (3,)},
+    }
+    k, v = torch.ones(4, 2), torch.full((4, 2), 2.)
+    assert torch.equal(plan['blocks.0.to_kv.weight'][1](k, v), torch.cat((k, v)))
+    with pytest.raises(ValueError, match=r"the test's model has no counterpart of head\.bias"):
+        prefixed_plan(state, {'blocks.': 'b.'}, "the test's model")

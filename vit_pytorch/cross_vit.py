@@ -380,15 +380,9 @@ def timm_plan(model, keys):
                 for kind in ('weight', 'bias'):   # timm's separate k and v are our to_kv
                     key = layer + f'to_kv.{kind}'
                     if key in state:
-                        half = (state[key].shape[0] // 2, *state[key].shape[1:])
-                        plan[key] = ({theirs + f'attn.wk.{kind}': half, theirs + f'attn.wv.{kind}': half},
-                                     lambda k, v: torch.cat((k, v)))
-    for key, tensor in state.items():
-        if key not in plan:
-            prefix = next((prefix for prefix in names if key.startswith(prefix)), None)
-            if prefix is None:
-                raise ValueError(f"timm's CrossViT has no counterpart of {key}")
-            plan[key] = ({names[prefix] + key[len(prefix):]: tuple(tensor.shape)}, lambda t: t)
+                        plan[key] = vit.joined_kv_plan(state[key], theirs + f'attn.wk.{kind}',
+                                                       theirs + f'attn.wv.{kind}')
+    vit.prefixed_plan(state, names, "timm's CrossViT", plan)
     return plan, ('head.',)
 
 

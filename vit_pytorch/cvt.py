@@ -359,12 +359,7 @@ def hf_plan(model, keys):
                 ours + '1.net.1.': theirs + 'intermediate.dense.',
                 ours + '1.net.4.': theirs + 'output.dense.',
             })
-    for key, tensor in model.state_dict().items():
-        if key not in plan:
-            prefix = next((prefix for prefix in names if key.startswith(prefix)), None)
-            if prefix is None:
-                raise ValueError(f"Hugging Face's CvT has no counterpart of {key}")
-            plan[key] = ({names[prefix] + key[len(prefix):]: tuple(tensor.shape)}, lambda t: t)
+    vit.prefixed_plan(model.state_dict(), names, "Hugging Face's CvT", plan)
     return plan, ('classifier.',)
 
 

@@ -337,12 +337,7 @@ def timm_plan(model, keys):
             for j in range(len(module.transformer.layers)):
                 names.update({f'{ours}transformer.layers.{j}.{key}': f'{theirs}transformer.{j}.{value}'
                               for key, value in layer.items()})
-    plan = {}
-    for key, tensor in state.items():
-        prefix = next((prefix for prefix in names if key.startswith(prefix)), None)
-        if prefix is None:
-            raise ValueError(f"timm's MobileViT has no counterpart of {key}")
-        plan[key] = ({names[prefix] + key[len(prefix):]: tuple(tensor.shape)}, lambda t: t)
+    plan = vit.prefixed_plan(state, names, "timm's MobileViT")
     return plan, ('head.fc.',)
 
 

@@ -290,18 +290,8 @@ def timm_plan(model, keys):
                 {f'levels.{i}.transformer_encoder.{j}.attn.proj.weight': tuple(projection.shape)},
                 partial(_heads_outermost, heads=attention.fn.heads))
         plan[f'levels.{i}.pos_embedding'] = ({f'levels.{i}.pos_embed': (1, *level.pos_embedding.shape)}, _first)
-    for key, tensor in model.state_dict().items():
-        if key in plan:
-            continue
-        prefix = next((prefix for prefix in names if key.startswith(prefix)), None)
-        if prefix is None:
-            raise ValueError(f"timm's NesT has no counterpart of {key}")
-        plan[key] = ({names[prefix] + key[len(prefix):]: tuple(tensor.shape)}, _same)
+    vit.prefixed_plan(model.state_dict(), names, "timm's NesT", plan)
     return plan, ('head.',)
-
-
-def _same(tensor):
-    return tensor
 
 
 def _heads_outermost(weight, *, heads):

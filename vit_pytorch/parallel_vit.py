@@ -178,12 +178,7 @@ def timm_plan(model, keys):
                 ff + 'scale': their_ff + 'ls.gamma', inner_ff + 'net.0.': their_ff + 'norm.',
                 inner_ff + 'net.1.': their_ff + 'mlp.fc1.', inner_ff + 'net.4.': their_ff + 'mlp.fc2.',
             })
-    for key, tensor in state.items():
-        if key not in plan:
-            prefix = next((prefix for prefix in names if key.startswith(prefix)), None)
-            if prefix is None:
-                raise ValueError(f"timm's parallel ViT has no counterpart of {key}")
-            plan[key] = ({names[prefix] + key[len(prefix):]: tuple(tensor.shape)}, lambda t: t)
+    vit.prefixed_plan(state, names, "timm's parallel ViT", plan)
     return plan, ('head.',)
 
 

@@ -356,20 +356,11 @@ def official_plan(model, keys):
                 '1.fn.net.1.': 'mlp.fc1.', '1.fn.net.4.': 'mlp.fc2.'}.items()})
             window_tokens[ours + '0.fn.window_tokens'] = theirs + 'win_tokens'
             block += 1
-    plan = {}
-    for key, tensor in model.state_dict().items():
-        if key in window_tokens:
-            plan[key] = ({window_tokens[key]: (1, tensor.shape[0], 1, tensor.shape[1])}, _window_tokens)
-            continue
-        prefix = next((prefix for prefix in names if key.startswith(prefix)), None)
-        if prefix is None:
-            raise ValueError(f"the official SepViT has no counterpart of {key}")
-        plan[key] = ({names[prefix] + key[len(prefix):]: tuple(tensor.shape)}, _same)
+    state = model.state_dict()
+    plan = {key: ({theirs: (1, state[key].shape[0], 1, state[key].shape[1])}, _window_tokens)
+            for key, theirs in window_tokens.items() if key in state}
+    vit.prefixed_plan(state, names, "the official SepViT", plan)
     return plan, ('head.',)
-
-
-def _same(tensor):
-    return tensor
 
 
 def _window_tokens(tensor):

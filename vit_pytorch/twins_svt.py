@@ -278,17 +278,8 @@ def timm_plan(model, keys):
                                  f"{'set (Twins-SVT)' if has_local else '= None (Twins-PCPVT)'}")
             names.update({ours + a: theirs + b for a, b in {**(LOCAL if local else GLOBAL), **FEEDFORWARD}.items()})
             block += 1
-    plan = {}
-    for key, tensor in model.state_dict().items():
-        prefix = next((prefix for prefix in names if key.startswith(prefix)), None)
-        if prefix is None:
-            raise ValueError(f"timm's Twins has no counterpart of {key}")
-        plan[key] = ({names[prefix] + key[len(prefix):]: tuple(tensor.shape)}, _same)
+    plan = vit.prefixed_plan(model.state_dict(), names, "timm's Twins")
     return plan, ('head.',)
-
-
-def _same(tensor):
-    return tensor
 
 
 def vit_pytorch_plan(model, keys):

@@ -1137,3 +1137,29 @@ def renamed_plan(model, keys, renames, reshaped=()):
             shape, convert = reshaped.get(ours, (tuple(state[ours].shape), lambda t: t))
             plan[ours] = ({key: shape}, convert)
     return plan, unknown
+
+
+def prefixed_plan(state, names, source, plan=None):
+    """Complete a loader plan (see `vit_pytorch.pretrained`) for a checkpoint whose keys differ from ours by their
+    prefixes: every key of `state` (our state_dict) not yet in `plan` takes the checkpoint's key that the first
+    prefix of `names` ({ours: theirs}) it starts with gives, and is copied as it is. A key that no prefix covers is
+    a ValueError naming `source`, the checkpoint's model (e.g. "timm's CaiT"). Returns the plan."""
+    plan = {} if plan is None else plan
+    for key, tensor in state.items():
+        if key not in plan:
+            prefix = next((prefix for prefix in names if key.startswith(prefix)), None)
+            if prefix is None:
+                raise ValueError(f"{source} has no counterpart of {key}")
+            plan[key] = ({names[prefix] + key[len(prefix):]: tuple(tensor.shape)}, _unchanged)
+    return plan
+
+
+def joined_kv_plan(tensor, k_key, v_key):
+    """A loader plan entry for our joined key-value projection `tensor` (`to_kv`, keys then values) from a
+    checkpoint's separate `k_key` and `v_key`, half of it each."""
+    half = (tensor.shape[0] // 2, *tensor.shape[1:])
+    return {k_key: half, v_key: half}, lambda k, v: torch.cat((k, v))
+
+
+def _unchanged(tensor):
+    return tensor

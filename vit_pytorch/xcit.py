@@ -411,15 +411,8 @@ def timm_plan(model, keys):
         for kind in ('weight', 'bias'):   # timm's separate k and v are our to_kv
             key = ours + f'attn.to_kv.{kind}'
             if key in state:
-                half = (state[key].shape[0] // 2, *state[key].shape[1:])
-                plan[key] = ({block + f'attn.k.{kind}': half, block + f'attn.v.{kind}': half},
-                             lambda k, v: torch.cat((k, v)))
-    for key, tensor in state.items():
-        if key not in plan:
-            prefix = next((prefix for prefix in names if key.startswith(prefix)), None)
-            if prefix is None:
-                raise ValueError(f"timm's XCiT has no counterpart of {key}")
-            plan[key] = ({names[prefix] + key[len(prefix):]: tuple(tensor.shape)}, lambda t: t)
+                plan[key] = vit.joined_kv_plan(state[key], block + f'attn.k.{kind}', block + f'attn.v.{kind}')
+    vit.prefixed_plan(state, names, "timm's XCiT", plan)
     return plan, ('head.',)
 
 
