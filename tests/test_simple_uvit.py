@@ -1,12 +1,15 @@
 """U-ViT's long skips: the i-th shallow block's output reaches the mirroring deep block (by perturbing it), joined
-by a Linear on [x, skip]; which blocks are shallow, middle and deep; vit-pytorch's other function refused."""
+by a Linear on [x, skip]; which blocks are shallow, middle and deep; vit-pytorch's other function refused; the
+paper's models counted against the official code's."""
+
+import json
 
 import pytest
 import torch
 
-from helpers import move_off_initialisation, reference_case, tiny_vit_kwargs
+from helpers import FIXTURES, count, move_off_initialisation, reference_case, tiny_vit_kwargs
 from vit_pytorch.pretrained import CheckpointError, load_vit_pytorch
-from vit_pytorch.simple_uvit import SimpleUViT
+from vit_pytorch.simple_uvit import CONFIGS, SimpleUViT, uvit
 
 
 def skip_inputs(model, tokens, perturb=None):
@@ -151,3 +154,74 @@ def test_the_long_skips_join_as_in_the_official_code():
     stack.load_state_dict(official_stack_to_ours(state, config['depth']), strict=True)
     with torch.no_grad():
         torch.testing.assert_close(stack(tensors['tokens']), tensors['stack_output'], rtol=0, atol=1e-12)
+
+
+# the paper's models against the official code's (baofff/U-ViT @ ce55170: its nine configs/*.py and the paper's
+# U-ViT-S/2 (Deep), built and counted part by part by tests/fixtures/make_simple_uvit_official_counts.py, run outside
+# this repository)
+
+OFFICIAL = json.loads((FIXTURES / 'simple_uvit_official_counts.json').read_text())['models']
+# the paper's table of configurations, #Params (millions)
+PAPER_MILLIONS = {'S': 44, 'S-Deep': 58, 'M': 131, 'L': 287, 'H': 501}
+
+
+def official_model_as_ours(entry):
+    """Ours for an official model: its variant at its image size and input channels, without a head."""
+    nnet = entry['nnet']
+    with torch.device('meta'):
+        return uvit(entry['variant'], image_size=nnet['img_size'], channels=nnet['in_chans'], num_classes=0)
+
+
+@pytest.mark.parametrize('name', sorted(OFFICIAL))
+def test_a_paper_models_blocks_and_patch_projection_count_the_official_codes(name):
+    """The blocks with their long skips and the final norm: the official ones less each attention output
+    projection's bias (SimpleViT's has none); the patch projection: the official strided convolution's count; the
+    whole model: those, two LayerNorms around the projection and the registers."""
+    entry = OFFICIAL[name]
+    official, nnet = entry['counts'], entry['nnet']
+    model = official_model_as_ours(entry)
+    dim, patch_dim = nnet['embed_dim'], nnet['in_chans'] * nnet['patch_size'] ** 2
+    stack = official['in_blocks'] + official['mid_block'] + official['out_blocks'] + official['norm']
+    assert count(model.transformer) == stack - official['attn.proj.bias']
+    assert sum(count(layer[0]) for layer in model.transformer.layers if layer[0] is not None) == official['skip_linear']
+    assert count(model.to_patch_embedding[2]) == official['patch_embed']
+    registers = model.num_register_tokens * dim
+    assert count(model) == official['patch_embed'] + stack - official['attn.proj.bias'] + 2 * (patch_dim + dim) \
+        + registers
+
+
+@pytest.mark.parametrize('name', sorted(OFFICIAL))
+def test_a_paper_models_layout_is_the_official_codes(name):
+    """depth // 2 shallow blocks, one middle block, depth // 2 deep blocks with a skip each; the heads, each of
+    embed_dim // num_heads channels (the official Attention's head_dim)."""
+    entry = OFFICIAL[name]
+    nnet = entry['nnet']
+    model = official_model_as_ours(entry)
+    half = nnet['depth'] // 2
+    assert [layer[0] is not None for layer in model.transformer.layers] == [False] * (half + 1) + [True] * half
+    attention = model.transformer.layers[0][1]
+    head_dim = nnet['embed_dim'] // nnet['num_heads']
+    assert (attention.heads, attention.scale) == (nnet['num_heads'], head_dim ** -0.5)
+    assert attention.to_qkv.out_features == 3 * nnet['num_heads'] * head_dim
+
+
+def test_the_official_counts_are_the_papers_table():
+    """Each official model's whole count rounds to its size's #Params in the paper's table (the text-to-image S/2 to
+    45M, as the paper gives it for MS-COCO); every size of the table is in CONFIGS and among the official models."""
+    sizes = {entry['variant'].split('/')[0] for entry in OFFICIAL.values()}
+    assert set(CONFIGS) == set(PAPER_MILLIONS) == sizes
+    for name, entry in OFFICIAL.items():
+        expected = 45 if name == 'mscoco_uvit_small' else PAPER_MILLIONS[entry['variant'].split('/')[0]]
+        assert round(entry['counts']['total'] / 1e6) == expected, name
+
+
+@pytest.mark.parametrize('variant', ['S', 'B/2', 'H/0', 'H/2.5', 'S-deep/2', 2])
+def test_an_unknown_variant_is_refused_by_name(variant):
+    with pytest.raises(ValueError, match='variant must be one of'):
+        uvit(variant)
+
+
+def test_a_named_model_defaults_to_the_papers_16_by_16_patches():
+    with torch.device('meta'):
+        model = uvit('M/4')
+    assert (model.image_size, model.patch_size, model.grid_size) == ((64, 64), (4, 4), (16, 16))

@@ -21,7 +21,23 @@ receives the patch tokens and the last shallow block's output reaches no skip; t
 hands each shallow block's output on. vit-pytorch concatenates [skip, x], the paper [x, skip] (the same function
 class: the Linear's columns swap). With an even depth there is no middle block, as in vit-pytorch, and the innermost
 skip joins the first deep block's input with itself; the paper's configurations have an odd depth.
+
+The paper's models are `CONFIGS` (U-ViT-S, S-Deep, M, L, H), built by `uvit(variant)` with the patch size after a
+slash as the paper names them, `uvit('H/2', num_classes=1000)`. A configuration maps onto this classifier as: depth,
+the paper's layers, counts every block (the official code's `depth` argument is one less: depth // 2 in-blocks, a
+mid-block, depth // 2 out-blocks), so depth // 2 long skips; dim, its hidden size, in heads of dim // heads channels;
+an MLP 4 * dim wide; the patch size, 16 x 16 patches by default (the grid of every model of the paper: 32-pixel
+CIFAR-10 with patches of 2, 64-pixel CelebA and ImageNet with 4, the autoencoder's 32 x 32 and 64 x 64 latents of 4
+channels with 2 and 4). The diffusion model's parts this classifier does not have: the time token, the class-label
+token (an Embedding) or the 77 text tokens (a Linear from the text encoder's width), the learned position table (here
+fixed sin-cos, and registers where those tokens stand), and the output head (a Linear back to patch pixels, then a
+3 x 3 convolution). In the parts they share, the attention's output projection here has no bias (SimpleViT's) and
+the patch projection is a Linear between two LayerNorms (there a strided convolution: the same count without the
+norms). So the blocks, skips and final norm count the official code's less dim per block, and the patch projection
+counts the official one (tests/test_simple_uvit.py, against counts of the official models).
 """
+
+import re
 
 import torch
 from torch import nn
@@ -69,6 +85,28 @@ class SimpleUViT(simple_vit.Registers, simple_vit.SimpleViT):
                          heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head,
                          transformer=Transformer)
         self.add_registers(num_register_tokens, dim, lambda tokens: vit.init_tokens(tokens, patch_norm=True))
+
+
+# The paper's models (its table of configurations; the official code's configs/*.py at baofff/U-ViT @ ce55170 build
+# S, M, L and H with these widths, depths and heads; S-Deep, its text-to-image model, is in the table alone):
+# name -> (dim, depth, heads), depth counting every block. All have an MLP 4 * dim wide (mlp_ratio=4) and heads of
+# dim // heads channels.
+CONFIGS = {'S': (512, 13, 8), 'S-Deep': (512, 17, 8), 'M': (768, 17, 12), 'L': (1024, 21, 16), 'H': (1152, 29, 16)}
+GRID = 16                       # patches a side in every model of the paper
+
+
+def uvit(variant, *, image_size=None, num_classes=1000, **overrides):
+    """The paper's U-ViT-`variant`, a key of CONFIGS and a patch size ('S/2', 'H/4', 'S-Deep/2'), as this
+    classifier, on images of `image_size` (default: 16 patches a side); keyword arguments override the table."""
+    match = re.fullmatch(r'(.+)/([1-9][0-9]*)', variant) if isinstance(variant, str) else None
+    if match is None or match[1] not in CONFIGS:
+        raise ValueError(f"variant must be one of {sorted(CONFIGS)}, a slash and a patch size, as 'H/2', "
+                         f"got {variant!r}")
+    dim, depth, heads = CONFIGS[match[1]]
+    patch = int(match[2])
+    kwargs = dict(image_size=GRID * patch if image_size is None else image_size, patch_size=patch,
+                  num_classes=num_classes, dim=dim, depth=depth, heads=heads, dim_head=dim // heads, mlp_dim=4 * dim)
+    return SimpleUViT(**{**kwargs, **overrides})
 
 
 # argument checks
