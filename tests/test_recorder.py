@@ -337,9 +337,14 @@ def masked(logits, mask):
     return logits.masked_fill(~mask, float('-inf')) if mask.dtype == torch.bool else logits + mask
 
 
+def explicit_norm(x, norm):
+    """The pre-norm written out: a LayerNorm, or an RMSNorm (LeVJEPA's encoders)."""
+    return explicit_rms_norm(x, norm) if isinstance(norm, nn.RMSNorm) else explicit_layer_norm(x, norm)
+
+
 def self_attention_q_k(module, x):
     """q and k of the pre-norm self-attention of `vit.Attention`, from its input tokens (b, n, dim)."""
-    q, k, _ = explicit_linear(explicit_layer_norm(x, module.norm), module.to_qkv).chunk(3, dim=-1)
+    q, k, _ = explicit_linear(explicit_norm(x, module.norm), module.to_qkv).chunk(3, dim=-1)
     return split_heads(q, module.heads), split_heads(k, module.heads)
 
 
@@ -914,6 +919,17 @@ def mutual_attention(module, tokens, slots, mask):
     return scaled_softmax(q, k, q.shape[-1] ** -0.5, mask[:, 0])
 
 
+def vat_attention(module, x, context=None):
+    """VAT's attention (its towers, the policy): q from the normed tokens, k from the `context` normed by its own
+    LayerNorm (self-attention: from the normed tokens); softmax(q k^T / sqrt(d)). The head gate multiplies the
+    output, after the map."""
+    h = explicit_layer_norm(x, module.norm)
+    keys_from = h if context is None else explicit_layer_norm(context, module.context_norm)
+    q = split_heads(explicit_linear(h, module.to_q), module.heads)
+    k = split_heads(explicit_linear(keys_from, module.to_kv).chunk(2, dim=-1)[0], module.heads)
+    return scaled_softmax(q, k, q.shape[-1] ** -0.5)
+
+
 # attention methods besides forward that record a map (RegionViT's regional attention)
 ENTRY_POINTS = {'among_regions'}
 
@@ -938,6 +954,9 @@ def explicit_formulas():
     from vit_pytorch import na_vit, na_vit_nested_tensor, normalized_vit, simple_vit_with_relative_proj_pos_bias
     from vit_pytorch import simple_vit_with_specialized_cls, simple_vit_with_value_residual, t2t, vit_nd_pope
     from vit_pytorch import vit_with_decorr, vit_with_patch_merger, wwt
+    from vit_pytorch import levjepa, vat
+    # the encoders of wrappers that are no conformance row (test_the_encoders_inside_wrappers_record_their_formulas)
+    wrapped = {levjepa.Attention: rotary_attention, vat.Attention: vat_attention}
     long_tail = {ats_vit.Attention: token_sampling_attention,
                  attn_residual_with_dca_simple_vit.Attention: depth_mixed_attention,
                  cait.TalkingHeadsAttention: talking_heads_attention, jet_vit.LinearAttention: jet_linear_attention,
@@ -951,10 +970,10 @@ def explicit_formulas():
                  t2t.TokenAttention: token_attention, vit.RotaryAttention: rotary_attention,
                  vit_nd_pope.Attention: pope_attention, vit_with_decorr.Attention: prenormed_attention,
                  vit_with_patch_merger.PatchMerger: patch_merger_attention, wwt.MutualAttention: mutual_attention}
-    return {**multi_scale, **long_tail, vit.Attention: core_attention, simple_vit.Attention: core_attention,
-            simple_vit_with_qk_norm.Attention: qk_norm_attention, vit_for_small_dataset.LSA: locality_attention,
-            vit.ClassAttention: class_attention, deepvit.ReAttention: re_attention,
-            vit_5.Attention: vit_5_attention, rvt.Attention: rvt_attention,
+    return {**multi_scale, **long_tail, **wrapped, vit.Attention: core_attention,
+            simple_vit.Attention: core_attention, simple_vit_with_qk_norm.Attention: qk_norm_attention,
+            vit_for_small_dataset.LSA: locality_attention, vit.ClassAttention: class_attention,
+            deepvit.ReAttention: re_attention, vit_5.Attention: vit_5_attention, rvt.Attention: rvt_attention,
             simple_vit_with_sparse_gating.GatedAttention: gated_attention, looped_vit.Attention: core_attention}
 
 
@@ -1034,6 +1053,18 @@ def class_name(module):
     return f"{type(module).__module__.rpartition('.')[2]}.{type(module).__name__}"
 
 
+def attention_off_initialisation(model, seed=4):
+    """The attention modules' parameters moved off their initialisation: a bias table that starts at zero (LeViT's,
+    MaxViT's register bias), a temperature at one (XCiT's) or a norm's unit weight would let a formula that drops
+    it pass."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, module in attention_modules(model):
+            for param in module.parameters():
+                param.add_(0.05 * torch.randn(param.shape, generator=generator, dtype=param.dtype))
+    return model
+
+
 @functools.cache
 def recorded_run(case_id):
     """(model, every call of an attention module as (name, module, args, kwargs), the recorder) of the row's model
@@ -1042,13 +1073,7 @@ def recorded_run(case_id):
     model, x = conformance.build(case_id)
     model = model.double().eval()
     x = [image.double() for image in x] if isinstance(x, list) else x.double()
-    # the attention modules' parameters moved off their initialisation: a bias table that starts at zero (LeViT's,
-    # MaxViT's register bias) or a temperature at one (XCiT's) would let a formula that drops it pass
-    generator = torch.Generator().manual_seed(4)
-    with torch.no_grad():
-        for _, module in attention_modules(model):
-            for param in module.parameters():
-                param.add_(0.05 * torch.randn(param.shape, generator=generator, dtype=param.dtype))
+    attention_off_initialisation(model)
     calls = []
     handles = [module.register_forward_pre_hook(
         lambda module, args, kwargs, name=name: calls.append((name, module, args, kwargs)), with_kwargs=True)
@@ -1202,5 +1227,66 @@ def test_formula_paths_no_conformance_row_reaches(build):
                 param.add_(0.05 * torch.randn_like(param))
     pairs = maps_and_formulas(model, x)
     assert any((recorded == 0).any() for _, recorded, _ in pairs)          # some key masked out
+    for name, recorded, attn in pairs:
+        torch.testing.assert_close(recorded, attn, atol=1e-10, rtol=0, msg=name)
+
+
+# the encoders inside wrappers that are no conformance row (tests/test_conformance.py's build_wrapper builds them),
+# recorded on the input and keyword arguments their wrapper gives them (issues 26/28). Each run: the wrapper ->
+# (the module recorded, its input, its keyword arguments, the number of keys of its first map). Inputs are float64.
+
+
+def generated(seed, *shape, uniform=False):
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.rand if uniform else torch.randn)(*shape, generator=generator, dtype=torch.float64)
+
+
+def policy_inputs(audio=False):
+    """VAT_POLICY's forward: 2 views x 2 frames of 16 x 24 images (and 2 audio views of 300 samples), tasks,
+    advantages and the extra token."""
+    inputs = dict(tasks=torch.tensor([0, 1]), advantages=torch.tensor([-1, 1]), extra=generated(3, 2, 3))
+    return {**inputs, 'audio_or_spec': generated(4, 2, 2, 300)} if audio else inputs
+
+
+WRAPPER_ENCODERS = {
+    # LeVJEPA calls its VideoTransformer on each view, in training with drop_ratio (0.5 here): every token with the
+    # block-causal mask in eval (1 + 2 frames x 2 x 3 patches), a random half of each clip's 12 patches in its own
+    # order in training (1 + 6), their rotary angles and mask gathered with them
+    'levjepa': lambda w: (w.encoder, generated(1, 2, 3, 2, 16, 24, uniform=True), {}, 13),
+    'levjepa[drop]': lambda w: (w.encoder.train(), generated(1, 2, 3, 2, 16, 24, uniform=True),
+                                dict(drop_ratio=w.drop_ratio), 7),
+    # LeVJEPAND's NDTransformer: a 4 x 3 grid of patches, causal along the first axis
+    'levjepa_nd': lambda w: (w.encoder, generated(1, 2, 2, 8, 12), {}, 13),
+    'levjepa_nd[drop]': lambda w: (w.encoder.train(), generated(1, 2, 2, 8, 12), dict(drop_ratio=w.drop_ratio), 7),
+    # MP3's ViT on its own (fine-tuning), and as the wrapper runs it: the patches without positions, every layer's
+    # keys its own tokens of the context patches (6 of 12 masked out, zero weight)
+    'mp3': lambda w: (w.vit, generated(1, 2, 3, 16, 24), {}, 12),
+    'mp3[context]': lambda w: (w, generated(1, 2, 3, 16, 24), dict(noise=generated(2, 2, 12)), 12),
+    # VAAT's towers: the VAT ViT (1 cls + 1 register + 12 patches), the AST on 300 samples (a 65 x 26 spectrogram:
+    # 8 x 3 patches, 4 registers); then the whole wrapper, whose policy cross-attends to both
+    'vaat[vit]': lambda w: (w.vit, generated(1, 4, 3, 16, 24), {}, 14),
+    'vaat[ast]': lambda w: (w.ast, generated(1, 4, 300), {}, 28),
+    'vaat': lambda w: (w, generated(1, 2, 2, 3, 2, 16, 24), policy_inputs(audio=True), 14),
+    # SigLIPVAT's SigLIP tower (no cls token, biased projections, LayerNorms of eps 1e-6: 2 x 2 patches), then
+    # the whole wrapper, whose policy cross-attends to it
+    'vat_siglip[tower]': lambda w: (w.vit, generated(1, 4, 3, 16, 16), {}, 4),
+    'vat_siglip': lambda w: (w, generated(1, 2, 2, 3, 2, 16, 16), policy_inputs(), 4),
+}
+
+
+@pytest.mark.parametrize('run', sorted(WRAPPER_ENCODERS))
+def test_the_encoders_inside_wrappers_record_their_formulas(run):
+    """Every attention module of the encoder a wrapper uses is recorded, and each map is its formula
+    (`explicit_formulas`: LeVJEPA's RMS-normed rotary attention under its mask, the core attention, VAT's gated
+    attention) on the module's input, whatever the wrapper hands it (token dropping, a context mask, a context)."""
+    import test_conformance as conformance
+    wrapper = attention_off_initialisation(conformance.build_wrapper(run.split('[')[0]).double().eval())
+    model, x, forward, keys = WRAPPER_ENCODERS[run](wrapper)
+    torch.manual_seed(0)                                    # the tokens a training forward keeps
+    pairs = maps_and_formulas(model, x, **forward)
+    assert {name for name, *_ in pairs} == {name for name, _ in attention_modules(model)}
+    assert pairs[0][1].shape[-1] == keys
+    if run == 'mp3[context]':
+        assert ((pairs[0][1] == 0).sum(dim=-1) == 6).all()  # the 6 masked patches are no key of any query
     for name, recorded, attn in pairs:
         torch.testing.assert_close(recorded, attn, atol=1e-10, rtol=0, msg=name)
