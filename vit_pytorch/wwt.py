@@ -145,13 +145,13 @@ class WWTBlock(nn.Module):
 
 class WWTStack(vit.Stack):
     """The layers over one sequence (b, n, dim): the slot levels (each its registers, then its slots), the register
-    tokens, then the patches; each layer's output is the join of the hierarchy's sequences. The token-slot masks
-    and the sequences are the stack's state: the first layer starts from zero masks and the split of its input,
-    each layer leaves the next its masks (`state['masks']`, per interaction (b, g, heads, n_i, n_j), registers
-    included) and its sequences (`state['sequences']`, as `split` lays them out). A layer reads the sequences, not
-    the join: the gradient then skips the join, and a sequence nothing reads after the stack (the patch tokens, for
-    the slots' logits) gets none, rather than zeros carried back through the last layer (the tokens' feed-forward,
-    their attention outputs and gates: vit-pytorch's graph)."""
+    tokens, then the patches; each layer splits it into the hierarchy's sequences and joins them again. The
+    token-slot masks are the stack's state: the first layer starts from zero masks, each layer leaves the next its
+    masks (`state['masks']`, per interaction (b, g, heads, n_i, n_j), registers included). The last layer also
+    leaves its sequences unjoined (`state['sequences']`, as `split` lays them out): read from there, a sequence
+    nothing reads after the stack (the patch tokens, for the slots' logits) gets no gradient, where the split of the
+    join would carry zeros back through the last layer (the tokens' feed-forward, their attention outputs and gates;
+    vit-pytorch's graph has none there either)."""
 
     def __init__(self, layers, *, seq_lengths, interactions, mask_shape):
         super().__init__(layers)
@@ -167,9 +167,12 @@ class WWTStack(vit.Stack):
         if masks is None:
             masks = tuple(x.new_zeros(x.shape[0], *self.mask_shape, self.seq_lengths[i], self.seq_lengths[j])
                           for i, j in self.interactions)
-        sequences, masks = entry(state.get('sequences') or self.split(x), masks)
+        sequences, masks = entry(self.split(x), masks)
         tokens, *slots = sequences
-        return torch.cat((*slots, tokens), dim=1), {'masks': masks, 'sequences': tuple(sequences)}
+        # the last layer's sequences as they are, for `WWT.forward`; the others' only in their join, so that no
+        # layer's sequences are held beside it
+        last = {'sequences': tuple(sequences)} if entry is self.layers[-1] else {}
+        return torch.cat((*slots, tokens), dim=1), {'masks': masks, **last}
 
 
 class WWT(vit.TokenFace, nn.Module):
