@@ -114,6 +114,23 @@ def test_sigreg_reads_only_the_levels_sigreg_slots_names():
     assert first.abs().sum() > 0 and second.abs().sum() == 0
 
 
+def test_the_logits_send_no_gradient_back_through_the_last_layers_patch_token_branches():
+    """The logits read the slots only, so after the last layer no patch token is read: the last layer's branches that
+    only update the tokens (their feed-forward, each token-slot interaction's token output and gate) get no gradient
+    at all, as in vit-pytorch's graph, rather than zeros carried back through them (which cost our training step
+    about a tenth of its time at the registry's preset, docs/performance.md). The first layer's get one."""
+    model = tiny().train()
+    model(images()).sum().backward()
+
+    def token_branches(layer):
+        return [*layer.mlps[0].parameters(),
+                *(p for attn in layer.attns for p in (*attn.to_out.parameters(), *attn.tokens_gate.parameters()))]
+
+    first, last = model.transformer.layers
+    assert [p.grad for p in token_branches(last)] == [None] * 11     # 5 feed-forward, 2 x 3 attention tensors
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in token_branches(first))
+
+
 # what the trainer scores
 
 

@@ -147,7 +147,11 @@ class WWTStack(vit.Stack):
     """The layers over one sequence (b, n, dim): the slot levels (each its registers, then its slots), the register
     tokens, then the patches; each layer splits it into the hierarchy's sequences and joins them again. The
     token-slot masks are the stack's state: the first layer starts from zero masks, each layer leaves the next its
-    masks (`state['masks']`, per interaction (b, g, heads, n_i, n_j), registers included)."""
+    masks (`state['masks']`, per interaction (b, g, heads, n_i, n_j), registers included). The last layer also
+    leaves its sequences unjoined (`state['sequences']`, as `split` lays them out): read from there, a sequence
+    nothing reads after the stack (the patch tokens, for the slots' logits) gets no gradient, where the split of the
+    join would carry zeros back through the last layer (the tokens' feed-forward, their attention outputs and gates;
+    vit-pytorch's graph has none there either)."""
 
     def __init__(self, layers, *, seq_lengths, interactions, mask_shape):
         super().__init__(layers)
@@ -165,7 +169,10 @@ class WWTStack(vit.Stack):
                           for i, j in self.interactions)
         sequences, masks = entry(self.split(x), masks)
         tokens, *slots = sequences
-        return torch.cat((*slots, tokens), dim=1), {'masks': masks}
+        # the last layer's sequences as they are, for `WWT.forward`; the others' only in their join, so that no
+        # layer's sequences are held beside it
+        last = {'sequences': tuple(sequences)} if entry is self.layers[-1] else {}
+        return torch.cat((*slots, tokens), dim=1), {'masks': masks, **last}
 
 
 class WWT(vit.TokenFace, nn.Module):
@@ -253,8 +260,9 @@ class WWT(vit.TokenFace, nn.Module):
         return self.transformer(self.embed(img))
 
     def hierarchy(self, features):
-        """(patch tokens, level 1 slots, ...) of the features, registers left out."""
-        return tuple(seq[:, regs:] for seq, regs in zip(self.transformer.split(features), self.num_regs))
+        """(patch tokens, level 1 slots, ...) of the features (or of the stack's sequences), registers left out."""
+        sequences = self.transformer.split(features) if torch.is_tensor(features) else features
+        return tuple(seq[:, regs:] for seq, regs in zip(sequences, self.num_regs))
 
     def forward_head(self, features, pre_logits=False):
         _, *slots = self.hierarchy(features)
@@ -262,7 +270,9 @@ class WWT(vit.TokenFace, nn.Module):
         return pooled if pre_logits or self.num_classes == 0 else self.mlp_head[1](pooled)
 
     def forward(self, img, return_embeddings=False):
-        features, state = self.transformer(self.embed(img), return_state=True)
+        # the last layer's sequences, not their join: the unread patch tokens then get no gradient (WWTStack)
+        _, state = self.transformer(self.embed(img), return_state=True)
+        features = state['sequences']
         tokens, *slots = self.hierarchy(features)
         masks = []
         for mask, (i, j) in zip(state['masks'], self.interactions):
