@@ -72,7 +72,8 @@ while stack:
 loss.backward()
 del loss
 MiB = 2 ** 20
-print(f'{which} {image_size}px batch {batch}: saved {sum(by_node.values()) / MiB:.0f} MiB in {len(seen) - parameters} storages (parameters left out)')
+print(f'{which} {image_size}px batch {batch}: saved {sum(by_node.values()) / MiB:.0f} MiB in '
+      f'{len(seen) - parameters} storages (parameters left out)')
 for name, nbytes in sorted(by_node.items(), key=lambda item: -item[1])[:8]:
     print(f'    {name:28s} {nbytes / MiB:8.0f} MiB  {sorted(shapes[name], key=lambda s: -torch.Size(s).numel())[:2]}')
 if profiled:

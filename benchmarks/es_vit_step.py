@@ -2,7 +2,8 @@
 vit-pytorch's README widths, 64-pixel images, batch 8, K = 65336, AdamW), one thread: the median CPU time of a step
 and the process's peak RSS. One process per trainer (the peak RSS is the process's):
 
-    cd /tmp && for which in theirs ours ours0; do /work/ref/refvenv/bin/python /path/to/benchmarks/es_vit_step.py $which 3; done
+    cd /tmp && for which in theirs ours ours0; do VIT_PYTORCH_SOURCE=vit_pytorch-1.26.14-py3-none-any.whl \
+        python /path/to/benchmarks/es_vit_step.py $which 3; done
 
 theirs: vit-pytorch's (its student sees the 2 local crops, its teacher the 2 global ones); ours: the paper's views
 (the student sees the 2 global crops too: twice the student's work); ours0: ours without local crops, the same

@@ -85,7 +85,8 @@ def test_region_loss_gives_no_gradient_to_the_teacher():
 def test_region_loss_gradient_is_the_written_out_formulas():
     # the backward is written by hand (MatchedCrossEntropy gathers the target again instead of keeping it)
     generator = torch.Generator().manual_seed(1)
-    teacher_logits, teacher_latent = torch.randn(2, 4, 6, generator=generator), torch.randn(2, 4, 5, generator=generator)
+    teacher_logits = torch.randn(2, 4, 6, generator=generator)
+    teacher_latent = torch.randn(2, 4, 5, generator=generator)
     student_latent, centers = torch.randn(2, 3, 5, generator=generator), torch.randn(6, generator=generator)
     student_logits = torch.randn(2, 3, 6, generator=generator, dtype=torch.float64).requires_grad_()
     args = (teacher_logits.double(), student_logits, teacher_latent.double(), student_latent.double(), 0.07, 0.1,
