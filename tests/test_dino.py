@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from helpers import digits_batch, tiny_vit_kwargs
 from vit_pytorch import SimpleViT, ViT
@@ -159,6 +160,26 @@ def test_the_projection_head_ends_in_a_weight_normalised_layer_on_unit_vectors()
         logits = head(torch.randn(5, 32))
     assert logits.abs().max() <= 1 + 1e-6                                    # cosines of unit vectors
     assert sum(isinstance(m, torch.nn.Linear) for m in head.mlp) == 3        # the paper's 3-layer MLP
+
+
+
+def test_the_head_keeps_no_rows_by_outputs_product_for_many_rows_and_computes_the_same_function():
+    # EsViT's region head sees b x n rows: the (rows, K) product divided by the weight's row norms would be kept for
+    # the division's backward, so with more rows than the bottleneck's width the weight is normalised instead
+    from vit_pytorch.dino import ProjectionHead
+
+    torch.manual_seed(0)
+    head = ProjectionHead(8, 64, 16, 4, 2)
+    with torch.no_grad():
+        head.last_layer.weight.mul_(torch.rand(64, 1) * 10)
+    x = torch.randn(3, 40, 8)                                                # 120 rows > 4
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+        many = head(x)
+    assert not [shape for shape in saved if shape.numel() >= 120 * 64], saved
+    unit = F.normalize(head.last_layer.weight, dim=-1)
+    torch.testing.assert_close(many, F.normalize(head.mlp(x), dim=-1) @ unit.T)
+    torch.testing.assert_close(torch.cat([head(x[b, :2]) for b in range(3)]), many[:, :2].flatten(0, 1))
 
 
 # views

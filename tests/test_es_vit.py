@@ -81,6 +81,21 @@ def test_region_loss_gives_no_gradient_to_the_teacher():
     assert teacher_logits.grad is None and student_logits.grad.abs().sum() > 0
 
 
+
+def test_region_loss_gradient_is_the_written_out_formulas():
+    # the backward is written by hand (MatchedCrossEntropy gathers the target again instead of keeping it)
+    generator = torch.Generator().manual_seed(1)
+    teacher_logits = torch.randn(2, 4, 6, generator=generator)
+    teacher_latent = torch.randn(2, 4, 5, generator=generator)
+    student_latent, centers = torch.randn(2, 3, 5, generator=generator), torch.randn(6, generator=generator)
+    student_logits = torch.randn(2, 3, 6, generator=generator, dtype=torch.float64).requires_grad_()
+    args = (teacher_logits.double(), student_logits, teacher_latent.double(), student_latent.double(), 0.07, 0.1,
+            centers.double())
+    expected, = torch.autograd.grad(region_loss_written_out(*args), student_logits)
+    gradient, = torch.autograd.grad(region_loss_fn(*args), student_logits)
+    torch.testing.assert_close(gradient, expected, rtol=1e-12, atol=1e-15)
+
+
 # the view-level term and the step's loss
 
 
@@ -113,8 +128,36 @@ def test_the_loss_is_the_mean_of_both_terms_over_every_teacher_view_and_other_st
     region = sum(region_loss_fn(teacher[i][1], student[j][1], teacher[i][2], student[j][2],
                                 centers=learner.teacher_region_centers, **temps) for i, j in pairs) / 4
     torch.testing.assert_close(loss, (view + region) / 2, rtol=1e-5, atol=1e-5)
+    # and so are the gradients: forward sums the pairs per student view, keeping only what the backward needs
+    parameters = [p for p in learner.student.parameters()]
+    for got, expected in zip(torch.autograd.grad(loss, parameters, allow_unused=True),
+                             torch.autograd.grad((view + region) / 2, parameters, allow_unused=True)):
+        assert (got is None) == (expected is None)
+        if got is not None:
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
     # the local view's one region (16 / 16) is matched among the global views' 2x2
     assert student[2][1].shape == (2, 1, 64) and teacher[0][1].shape == (2, 4, 64)
+
+
+
+def test_a_step_keeps_one_region_tensor_a_student_view_and_the_teachers_distributions():
+    # what the backward needs of the (b, n, K) region tensors: each student view's log-probabilities, and the two
+    # teacher distributions its targets are gathered from; not a target, product or logits a (teacher, student)
+    # pair (at vit-pytorch's README size, 8 x 256 x 65336 floats, 535 MB, each)
+    torch.manual_seed(0)
+    learner = tiny_esvit()                    # 2 global and 2 local views of 32 px: 2 x 2 regions each, K = 64
+    b, n, K = 3, 4, 64
+    storages = {}
+
+    def pack(t):
+        if t.ndim >= 3 and t.shape[-2:] == (n, K):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = learner(torch.rand(b, 3, 32, 32))
+    assert sum(storages.values()) == (4 + 2) * b * n * K * 4
+    loss.backward()
 
 
 # the teacher and the centres

@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from vit_pytorch import dino, vit
 
@@ -130,12 +131,26 @@ class EsViTTrainer(dino.SelfDistillation):
     def region_loss(self, teacher_logits, student_logits, teacher_regions, student_regions, *, teacher_temp=None,
                     student_temp=None):
         """The region-level term over the same pairs: lists (per view) of region logits (b, n, K) and region
-        features (b, n, c); views of one size may have another number of regions than the teacher's."""
+        features (b, n, c); views of one size may have another number of regions than the teacher's. The mean of
+        `region_loss_fn` over the pairs (`forward` sums the same terms view by view)."""
         teacher_temp, student_temp = self.temperatures(teacher_temp, student_temp)
-        terms = [region_loss_fn(teacher_logits[i], student_logits[j], teacher_regions[i], student_regions[j],
-                                teacher_temp, student_temp, self.teacher_region_centers)
-                 for i, j in self.pairs(len(student_logits))]
-        return sum(terms) / len(terms)
+        teacher_probs = teacher_distribution(torch.stack(list(teacher_logits)), self.teacher_region_centers,
+                                             teacher_temp)
+        log_probs = [student_log_probs(logits, student_temp) for logits in student_logits]
+        total = self.region_terms(teacher_probs, torch.stack(list(teacher_regions)), log_probs, student_regions)
+        return total / len(self.pairs(len(student_logits)))
+
+    def region_terms(self, teacher_probs, teacher_regions, log_probs, student_regions, first=0):
+        """The sum of the region losses of every pair (i, j) for the student views j given (numbered from
+        `first`): teacher_probs (2, b, n, K) and teacher_regions (2, b, n, c) of the global views; per student view
+        its log-probabilities (b, n, K) and region features (b, n, c). The cross-entropy is linear in its target,
+        so each student view is one term (one gather and product, not one a pair), against the sum of its matched
+        teacher distributions (`MatchedCrossEntropy`, which keeps no target for the backward)."""
+        total = 0.
+        for j, (log_probs_j, regions_j) in enumerate(zip(log_probs, student_regions), first):
+            rows = matched_rows(teacher_regions, regions_j, [i for i in range(len(teacher_probs)) if i != j])
+            total = total + MatchedCrossEntropy.apply(log_probs_j, teacher_probs, rows)
+        return total
 
     def temperatures(self, teacher_temp, student_temp):
         return (self.teacher_temp if teacher_temp is None else teacher_temp,
@@ -153,18 +168,30 @@ class EsViTTrainer(dino.SelfDistillation):
         global_views, local_views = self.crops(x)
         batches = [torch.cat([self.normalise(view) for view in views]) for views in (global_views, local_views)
                    if views]
-        student = [[], [], []]              # per view: view logits, region logits, region features
-        for batch in batches:
-            for outputs, output in zip(student, self.student(batch)):
-                outputs.extend(output.chunk(len(batch) // len(x)))
+        teacher_temp, student_temp = self.temperatures(teacher_temp, student_temp)
+        # the teacher first, so that its region logits are replaced by its distributions before the student's graph
+        # grows; then each student batch's region logits are dropped once their log-softmax is taken. Autograd then
+        # keeps, of (b, n, K) tensors, one a student view and the two teacher distributions
         with torch.no_grad():
-            teacher = [output.chunk(2) for output in self.teacher(batches[0])]
-            self.last_teacher_view_centers.copy_(dino.batch_center(torch.stack(teacher[0])))
-            self.last_teacher_region_centers.copy_(dino.batch_center(torch.stack(teacher[1])))
-        temperatures = dict(teacher_temp=teacher_temp, student_temp=student_temp)
-        view = self.view_loss(torch.stack(teacher[0]), torch.stack(student[0]), **temperatures)
-        region = self.region_loss(teacher[1], student[1], teacher[2], student[2], **temperatures)
-        return (view + region) / 2
+            teacher_view, teacher_region, teacher_regions = self.teacher(batches[0])     # both global views (2 b, ...)
+            self.last_teacher_view_centers.copy_(dino.batch_center(teacher_view))
+            self.last_teacher_region_centers.copy_(dino.batch_center(teacher_region))
+            teacher_probs = teacher_distribution(teacher_region, self.teacher_region_centers, teacher_temp)
+            del teacher_region
+        teacher_probs, teacher_regions = teacher_probs.unflatten(0, (2, -1)), teacher_regions.unflatten(0, (2, -1))
+        student_view, region, first = [], 0., 0
+        for batch in batches:
+            view_logits, region_logits, student_regions = self.student(batch)
+            views = len(batch) // len(x)
+            log_probs = [student_log_probs(logits, student_temp) for logits in region_logits.chunk(views)]
+            del region_logits
+            region = region + self.region_terms(teacher_probs, teacher_regions, log_probs,
+                                                student_regions.chunk(views), first)
+            student_view.extend(view_logits.chunk(views))
+            first += views
+        view = self.view_loss(teacher_view.unflatten(0, (2, -1)), torch.stack(student_view),
+                              teacher_temp=teacher_temp, student_temp=student_temp)
+        return (view + region / len(self.pairs(first))) / 2
 
     def cancel_last_layer_gradients(self):
         """Drop the gradients of the last layers of the student's two heads (DINO's first-epoch freeze)."""
@@ -196,12 +223,62 @@ def region_loss_fn(teacher_logits, student_logits, teacher_latent, student_laten
     cross-entropy of the student's softmax at `student_temp` against the teacher's centred softmax at
     `teacher_temp` of region j*, averaged over regions and images. Logits (b, n, K), latents (b, n, c); the teacher
     is detached; `eps` is in vit-pytorch's signature and unused."""
-    teacher_probs = ((teacher_logits.detach() - centers) / teacher_temp).softmax(dim=-1)
-    similarity = torch.einsum('b i c, b j c -> b i j', F.normalize(student_latent.detach(), dim=-1),
-                              F.normalize(teacher_latent.detach(), dim=-1))
-    matched = similarity.argmax(dim=-1)                                                   # (b, n_student)
-    matched_probs = teacher_probs.gather(1, matched[..., None].expand(-1, -1, teacher_probs.shape[-1]))
-    return -(matched_probs * (student_logits / student_temp).log_softmax(dim=-1)).sum(dim=-1).mean()
+    probs = teacher_distribution(teacher_logits, centers, teacher_temp)[None]
+    return MatchedCrossEntropy.apply(student_log_probs(student_logits, student_temp), probs,
+                                     matched_rows(teacher_latent[None], student_latent, [0]))
+
+
+def teacher_distribution(teacher_logits, centers, teacher_temp):
+    """The teacher's centred, sharpened softmax, detached: (..., K)."""
+    return ((teacher_logits.detach() - centers) / teacher_temp).softmax(dim=-1)
+
+
+def student_log_probs(student_logits, student_temp):
+    return (student_logits / student_temp).log_softmax(dim=-1)
+
+
+def matched_rows(teacher_regions, student_regions, teachers):
+    """For each student region (b, n_s, c) and each teacher view i in `teachers`, the teacher region of view i
+    whose features are the most cosine-similar to its own, as a row of teacher_regions (views, b, n_t, c) flattened
+    to (views b n_t): (len(teachers), b, n_s)."""
+    _, batch, regions = teacher_regions.shape[:3]
+    student = F.normalize(student_regions.detach(), dim=-1)
+    offsets = torch.arange(batch, device=student.device)[:, None] * regions                  # (b, 1)
+    rows = []
+    for i in teachers:
+        similarity = torch.einsum('b i c, b j c -> b i j', student,
+                                  F.normalize(teacher_regions[i].detach(), dim=-1))
+        rows.append(similarity.argmax(dim=-1) + offsets + i * batch * regions)             # (b, n_s)
+    return torch.stack(rows)
+
+
+def matched_target(teacher_probs, rows):
+    """The sum over the matched teacher views of their distributions at `rows` (m, b, n_s): (b, n_s, K)."""
+    flat = teacher_probs.flatten(0, -2)                                                   # (views b n_t, K)
+    target = flat[rows[0]]
+    for view_rows in rows[1:]:
+        target += flat[view_rows]
+    return target
+
+
+class MatchedCrossEntropy(torch.autograd.Function):
+    """-(target * log_probs).sum(-1).mean(), target = `matched_target(teacher_probs, rows)`: the cross-entropy of
+    the student's log-probabilities (b, n, K) against the sum of its matched teacher distributions (teacher_probs
+    (views, b, n_t, K), without gradient). Its gradient is -target / (b n), and the target is gathered again for the
+    backward: autograd keeps the teacher's distributions, shared by every student view, and the rows, not a (b, n, K)
+    target a student view (which is what `-(target * log_probs)` written with autograd would keep)."""
+
+    @staticmethod
+    def forward(ctx, log_probs, teacher_probs, rows):
+        ctx.save_for_backward(teacher_probs, rows)
+        return -(matched_target(teacher_probs, rows) * log_probs).sum(dim=-1).mean()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        teacher_probs, rows = ctx.saved_tensors
+        target = matched_target(teacher_probs, rows)
+        return target.mul_(-grad / target[..., 0].numel()), None, None
 
 
 def input_channels(net):
