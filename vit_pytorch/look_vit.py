@@ -52,10 +52,10 @@ from vit_pytorch.vit import pair
 
 class CrossAttention(nn.Module):
     """What the two directions share: heads, scale, the normed context (b, j, dim), the recorder's protocol
-    (`fused`, `attention_probs`) and the bias-free output projection. `attend(dots, v)` takes the (b, heads, i, j)
-    logits: softmax over j, dropout, times the values (b, heads, j, dim_head), heads merged and projected. The
-    path is always the explicit one (`fused` stays False): the two directions share one logit matrix, which the
-    fused kernel would compute twice (see the module docstring)."""
+    (`fused`, `attention_probs`) and the bias-free output projection. `attend(attn, v)` takes the (b, heads, i, j)
+    weights (a softmax over j): through `attention_probs`, dropout, times the values (b, heads, j, dim_head), heads
+    merged and projected. The path is always the explicit one (`fused` stays False): the two directions share one
+    logit matrix, which the fused kernel would compute twice (see the module docstring)."""
 
     def __init__(self, dim, heads=8, dim_head=64, dropout=0.):
         super().__init__()
@@ -68,9 +68,8 @@ class CrossAttention(nn.Module):
         self.attention_probs = nn.Identity()
         self.to_out = nn.Sequential(nn.Linear(heads * dim_head, dim, bias=False), nn.Dropout(dropout))
 
-    def attend(self, dots, v):
-        attn = self.attention_probs(dots.softmax(dim=-1))
-        out = F.dropout(attn, self.dropout, self.training) @ v
+    def attend(self, attn, v):
+        out = F.dropout(self.attention_probs(attn), self.dropout, self.training) @ v
         return self.to_out(rearrange(out, 'b h i d -> b i (h d)'))
 
 
@@ -89,7 +88,7 @@ class LookupAttention(CrossAttention):
         q = rearrange(self.to_q(self.norm(compressed)), 'b m (h d) -> b h m d', h=self.heads)
         k, v = rearrange(self.to_kv(self.norm_context(lookup)), 'b n (kv h d) -> kv b h n d', kv=2, h=self.heads)
         dots = (q * self.scale) @ k.transpose(-1, -2)
-        return self.attend(dots, v), dots
+        return self.attend(dots.softmax(dim=-1), v), dots
 
 
 class ReverseAttention(CrossAttention):
@@ -103,7 +102,9 @@ class ReverseAttention(CrossAttention):
 
     def forward(self, compressed, dots):
         v = rearrange(self.to_v(self.norm_context(compressed)), 'b m (h d) -> b h m d', h=self.heads)
-        return self.attend(dots.transpose(-1, -2), v)
+        # softmax over the compressed tokens where the logits lie (dim -2), then seen as (b, heads, n, m): no copy of
+        # the transposed logits, which a softmax over the last dim of the transposed view would make
+        return self.attend(dots.softmax(dim=-2).transpose(-1, -2), v)
 
 
 class LookupLayer(nn.Module):
