@@ -88,6 +88,39 @@ def test_the_reverse_attention_is_the_lookup_attentions_similarities_transposed(
                                atol=1e-12, rtol=0)
 
 
+def test_one_similarity_product_serves_both_directions():
+    # the paper's bidirectional cross-attention shares the (m, n) logits: counted by hand, the lookup attention's
+    # products are its projections, q k^T and the weights times the values; the reverse attention's only its value
+    # and output projections and its weights times the values (recomputing k q^T would add 2 b h n m d)
+    b, m, n, dim, heads, d = 2, 6, 24, 16, 2, 8
+    inner = heads * d
+    counts = flops_by_module(small(), images())
+    lookup = 2 * b * (m * dim * inner + 2 * n * dim * inner + heads * m * n * d + heads * m * n * d + m * inner * dim)
+    reverse = 2 * b * (m * dim * inner + heads * n * m * d + n * inner * dim)
+    for i in range(2):
+        assert counts[f'transformer.layers.{i}.lookup_attn'] == lookup
+        assert counts[f'transformer.layers.{i}.reverse_attn'] == reverse
+
+
+def test_the_two_streams_are_joined_once_not_after_every_layer():
+    # the layers pass the compressed and lookup tokens apart; a join after each layer (and a split in the next) is a
+    # copy of every token a layer, forward and backward: about 1% of a training step (docs/performance.md)
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Joins(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Joins.count += func is torch.ops.aten.cat.default
+            return func(*args, **(kwargs or {}))
+
+    model = small(depth=3)
+    x = model.embed(images())
+    with Joins():
+        model.transformer(x, compressed=model.num_prefix_tokens)
+    assert Joins.count == 1
+
+
 def test_the_reverse_attention_has_no_query_or_key_projection_of_its_own():
     reverse = small().transformer.layers[0].reverse_attn
     assert sorted(name for name, _ in reverse.named_parameters()) == [

@@ -777,10 +777,11 @@ def lookup_attention(module, compressed, lookup):
     return scaled_softmax(q, k, q.shape[-1] ** -0.5)
 
 
-def reverse_attention(module, compressed, q, k):
-    """LookViT's reverse attention reuses the lookup attention's q (compressed) and k (lookup) of the same layer:
-    the lookup tokens' weights over the compressed tokens, softmax(k q^T / sqrt(d)): its logits transposed."""
-    return scaled_softmax(k, q, q.shape[-1] ** -0.5)
+def reverse_attention(module, compressed, dots):
+    """LookViT's reverse attention takes the lookup attention's logits q k^T / sqrt(d) (b, h, m, n) of the same
+    layer: the lookup tokens' weights over the compressed tokens, softmax(k q^T / sqrt(d)), are those transposed
+    (lookup_attention recomputes the logits themselves from q and k)."""
+    return dots.transpose(-1, -2).softmax(dim=-1)
 
 
 def qk_normed(t, gamma):

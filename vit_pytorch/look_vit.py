@@ -23,10 +23,12 @@ normed (a LayerNorm on the residual stream, as vit-pytorch has it); the classifi
 normed means. Where it differs from vit-pytorch's code, the function is the same:
   - LayerNorms are PyTorch's (weight and bias) where vit-pytorch's are bias-free with a unit offset (`gamma + 1`);
     a loaded checkpoint gets weight = gamma + 1 and bias 0. The head has a bias (0 when loaded).
-  - The reverse cross-attention is attention with the lookup tokens' keys as queries and the compressed tokens'
-    queries as keys: the same softmax of the transposed logits, through the fused kernel, without keeping the
-    (m, n) matrix between the two directions.
+  - The key and value projections of the lookup attention are one Linear (`to_kv`), and the self-attention's
+    query, key and value projections one (`to_qkv`).
   - vit-pytorch's `pos_embedding` parameter is never used in its forward; ours has none (loading drops it).
+Both cross-attentions take the explicit path (softmax of the logits, then the values) as vit-pytorch's do: the
+reverse direction reuses the lookup attention's (m, n) logits, transposed, where the fused kernel would compute
+them a second time (measured: about 2% of a training step at S/16's size; docs/performance.md).
 Images must have the model's `image_size`, as in vit-pytorch.
 
 `forward_features` returns (b, m + n, dim): the m compressed tokens (the prefix, `num_prefix_tokens`) then the n
@@ -50,29 +52,31 @@ from vit_pytorch.vit import pair
 
 class CrossAttention(nn.Module):
     """What the two directions share: heads, scale, the normed context (b, j, dim), the recorder's protocol
-    (`fused`, `attention_probs`) and the bias-free output projection; `attend` runs `vit.attend` with them."""
+    (`fused`, `attention_probs`) and the bias-free output projection. `attend(attn, v)` takes the (b, heads, i, j)
+    weights (a softmax over j): through `attention_probs`, dropout, times the values (b, heads, j, dim_head), heads
+    merged and projected. The path is always the explicit one (`fused` stays False): the two directions share one
+    logit matrix, which the fused kernel would compute twice (see the module docstring)."""
 
     def __init__(self, dim, heads=8, dim_head=64, dropout=0.):
         super().__init__()
         self.heads = heads
         self.scale = dim_head ** -0.5
         self.dropout = dropout
-        self.fused = True
+        self.fused = False
 
         self.norm_context = nn.LayerNorm(dim)
         self.attention_probs = nn.Identity()
         self.to_out = nn.Sequential(nn.Linear(heads * dim_head, dim, bias=False), nn.Dropout(dropout))
 
-    def attend(self, q, k, v):
-        out = vit.attend(q, k, v, scale=self.scale, fused=self.fused, probs=self.attention_probs,
-                         dropout=self.dropout if self.training else 0.)
+    def attend(self, attn, v):
+        out = F.dropout(self.attention_probs(attn), self.dropout, self.training) @ v
         return self.to_out(rearrange(out, 'b h i d -> b i (h d)'))
 
 
 class LookupAttention(CrossAttention):
     """The compressed tokens read the lookup tokens: queries from the normed compressed tokens (b, m, dim), keys and
-    values from the normed lookup tokens (b, n, dim). Returns the (b, m, dim) output and the queries and keys,
-    (b, heads, m, dim_head) and (b, heads, n, dim_head), whose similarities the reverse direction reuses."""
+    values from the normed lookup tokens (b, n, dim). Returns the (b, m, dim) output and the logits
+    q k^T / sqrt(dim_head), (b, heads, m, n), which the reverse direction reuses."""
 
     def __init__(self, dim, heads=8, dim_head=64, dropout=0.):
         super().__init__(dim, heads, dim_head, dropout)
@@ -83,26 +87,29 @@ class LookupAttention(CrossAttention):
     def forward(self, compressed, lookup):
         q = rearrange(self.to_q(self.norm(compressed)), 'b m (h d) -> b h m d', h=self.heads)
         k, v = rearrange(self.to_kv(self.norm_context(lookup)), 'b n (kv h d) -> kv b h n d', kv=2, h=self.heads)
-        return self.attend(q, k, v), q, k
+        dots = (q * self.scale) @ k.transpose(-1, -2)
+        return self.attend(dots.softmax(dim=-1), v), dots
 
 
 class ReverseAttention(CrossAttention):
-    """The lookup tokens read the compressed tokens through the lookup attention's similarities: softmax over the
-    compressed tokens of its logits transposed, which is attention with its keys (b, heads, n, dim_head) as the
-    queries and its queries (b, heads, m, dim_head) as the keys. Only the values, from the normed compressed tokens,
-    and the output projection are this module's. (b, m, dim) compressed tokens -> (b, n, dim)."""
+    """The lookup tokens read the compressed tokens through the lookup attention's logits (b, heads, m, n)
+    transposed, softmax over the compressed tokens. Only the values, from the normed compressed tokens, and the
+    output projection are this module's. (b, m, dim) compressed tokens -> (b, n, dim)."""
 
     def __init__(self, dim, heads=8, dim_head=64, dropout=0.):
         super().__init__(dim, heads, dim_head, dropout)
         self.to_v = nn.Linear(dim, heads * dim_head, bias=False)
 
-    def forward(self, compressed, q, k):
+    def forward(self, compressed, dots):
         v = rearrange(self.to_v(self.norm_context(compressed)), 'b m (h d) -> b h m d', h=self.heads)
-        return self.attend(k, q, v)
+        # softmax over the compressed tokens where the logits lie (dim -2), then seen as (b, heads, n, m): no copy of
+        # the transposed logits, which a softmax over the last dim of the transposed view would make
+        return self.attend(dots.softmax(dim=-2).transpose(-1, -2), v)
 
 
 class LookupLayer(nn.Module):
-    """One LookupViT block on (b, m + n, dim): the m compressed tokens, then the n lookup tokens."""
+    """One LookupViT block on the two streams: (b, m, dim) compressed tokens and (b, n, dim) lookup tokens in,
+    the same out."""
 
     def __init__(self, dim, *, heads, dim_head, mlp_factor, highres_mlp_factor, cross_attn_heads,
                  cross_attn_dim_head, dropout):
@@ -116,23 +123,30 @@ class LookupLayer(nn.Module):
         self.highres_norm = nn.LayerNorm(dim)
         self.highres_ff = vit.FeedForward(dim, int(dim * highres_mlp_factor), dropout)
 
-    def forward(self, x, *, compressed):
-        z, x = x[:, :compressed], x[:, compressed:]
-        out, q, k = self.lookup_attn(z, x)              # information gathering
+    def forward(self, z, x):
+        out, dots = self.lookup_attn(z, x)              # information gathering
         z = out + z
         z = self.attn(z) + z                            # the heavy layer, on the m compressed tokens only
         z = self.ff(z) + z
-        x = self.highres_norm(self.reverse_attn(z, q, k) + x)   # global context back to the lookup tokens
+        x = self.highres_norm(self.reverse_attn(z, dots) + x)   # global context back to the lookup tokens
         x = self.highres_ff(x) + x                      # their light MLP
-        return torch.cat((z, x), dim=1)
+        return z, x
 
 
 class LookupStack(vit.Stack):
-    """LookupLayers over (b, m + n, dim); `forward(x, compressed=m)`."""
+    """LookupLayers; `forward(x, compressed=m)` on (b, m + n, dim), the m compressed tokens first, and each layer's
+    output (`return_layers`) laid out the same way. Between the layers the two streams travel apart, as a pair:
+    joined after every layer and split in the next, they cost a copy of all tokens a layer, forward and backward
+    (about 1% of a training step; docs/performance.md)."""
 
     @staticmethod
-    def layer(layer, x, *, compressed):
-        return layer(x, compressed=compressed)
+    def layer(layer, streams):
+        return layer(*streams)
+
+    def forward(self, x, *, compressed, return_layers=False):
+        streams, outputs, _ = self.run((x[:, :compressed], x[:, compressed:]))
+        x = torch.cat(streams, dim=1)
+        return (x, [torch.cat(output, dim=1) for output in outputs]) if return_layers else x
 
 
 class LookViT(vit.TokenFace, nn.Module):

@@ -25,8 +25,11 @@ unchanged; that model is not `vit_pytorch.na_vit.NaViT`: its queries and keys ar
 and values have three projections, the patch LayerNorm has a bias, patches are flattened channel
 first, and the pooled token is the pooling attention's output without a residual. Beyond vit-pytorch:
 `token_dropout_prob=None` means none in training too (vit-pytorch raises comparing None with 0), each
-image keeps max(1, int(n (1 - p))) of its n tokens in training, bad images are errors naming them, and
-`num_classes=0` makes `forward` return the pooled, normed embedding (images, dim).
+image keeps max(1, int(n (1 - p))) of its n tokens in training, bad images are errors naming them,
+`num_classes=0` makes `forward` return the pooled, normed embedding (images, dim), and every parameter trains:
+vit-pytorch builds its jagged tensors with `torch.nested.nested_tensor`, which makes a leaf without autograd
+history, so in its model the patch embedding, both position tables and the pooling queries get no gradient
+(torch 2.13 and 2.14.1; the same forward, but ours also keeps their gradients and optimiser state).
 """
 
 import torch
