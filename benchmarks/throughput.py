@@ -1474,8 +1474,7 @@ BELOW_EXPLAINED = {
     'levit': 'performance.md#benchmarking-the-variants---registry',
     # by design: ours keeps K static slots a sampling layer and masks duplicates; vit-pytorch drops them and pads
     'ats_vit': 'performance.md#long-tail-rows-below-10x-issues-26-27',
-    # profiled, not fixed yet
-    'look_vit': 'performance.md#rows-below-10x-re-measured-issue-29',
+    # by design: vit-pytorch's nested tensors leave 9 parameter tensors without gradients; ours trains them
     'na_vit_nested_tensor': 'performance.md#rows-below-10x-re-measured-issue-29',
 }
 
