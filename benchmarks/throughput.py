@@ -680,10 +680,10 @@ def timm_reference(timm_name, ours, **kwargs):
 
 
 
-def vit_pytorch_module(module):
+def vit_pytorch_module(module, *, quiet=True):
     """vit-pytorch 1.26.14's `module` (e.g. 'ats_vit'), imported from $VIT_PYTORCH_SOURCE: its wheel
     (`pip download vit-pytorch==1.26.14 --no-deps`) or the unpacked `vit_pytorch` folder; None where that is
-    unset or the module needs a library this environment lacks.
+    unset or the module needs a library this environment lacks (`quiet=False`: the ImportError is raised).
 
     Both packages are called `vit_pytorch`, so the reference is imported under that name with ours set aside,
     without running its `__init__` (which imports torchvision), and ours is put back; the reference's modules
@@ -701,6 +701,8 @@ def vit_pytorch_module(module):
     try:
         return importlib.import_module(f'vit_pytorch.{module}')
     except ImportError:
+        if not quiet:
+            raise
         return None
     finally:
         for name in [name for name in sys.modules if name == 'vit_pytorch' or name.startswith('vit_pytorch.')]:

@@ -585,3 +585,92 @@ def test_memory_runs_alternate_and_give_the_ratio_a_spread(throughput, monkeypat
     assert throughput.verdict('vit', dict(row, ratios={'train@2': dict(median=1.0, min=1.0, max=1.0)})) == \
         'below (memory 1.03): not explained yet'
     assert '| 103 / 100 = 1.03 (1.01-1.04) |' in throughput.markdown_table(throughput.registry_table(as_run(result, 'A')))
+
+
+# benchmarks/wrapper_steps.py: the research-long-tail wrappers against vit-pytorch 1.26.14's module of the same name
+
+WRAPPER_SCRIPT = os.path.join(os.path.dirname(__file__), os.pardir, 'benchmarks', 'wrapper_steps.py')
+
+
+@pytest.fixture(scope='module')
+def wrapper_steps():
+    spec = importlib.util.spec_from_file_location('wrapper_steps', WRAPPER_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_wrapper_rows(wrapper_steps, monkeypatch, rows):
+    """The script's tiny run of `rows` without vit-pytorch's source; checks that each row has our speeds and says
+    why it has no ratios."""
+    monkeypatch.delenv('VIT_PYTORCH_SOURCE', raising=False)
+    threads = torch.get_num_threads()
+    results = wrapper_steps.main(['--tiny', '--rows', ','.join(rows), '--rounds', '1', '--seconds', '0', '--memory',
+                                  '0'], log=lambda msg: None)
+    assert torch.get_num_threads() == threads
+    assert list(results['rows']) == rows
+    for name, row in results['rows'].items():
+        tasks = ['train@8'] if name in wrapper_steps.NO_INFERENCE else ['infer@8', 'train@8']
+        assert list(row['speed']) == tasks, name
+        assert all(positive_finite(row['speed'][task]['ours']['median']) for task in tasks), (name, row['speed'])
+        assert row['ratios'] == {} and '$VIT_PYTORCH_SOURCE' in row['reference_missing'], (name, row)
+        assert f'| `{name}` |' in wrapper_steps.markdown(results)
+
+
+def test_wrapper_steps_measures_a_wrapper_with_and_one_without_an_inference_path(wrapper_steps, monkeypatch):
+    run_wrapper_rows(wrapper_steps, monkeypatch, ['mp3', 'vat'])
+
+
+@pytest.mark.slow
+def test_wrapper_steps_measures_ours_in_every_row_at_tiny_sizes(wrapper_steps, monkeypatch):
+    # 2.6 s of CPU time on the 2-core machine
+    run_wrapper_rows(wrapper_steps, monkeypatch, list(wrapper_steps.ROW_NAMES))
+    assert wrapper_steps.ROW_NAMES == ('mp3', 'levjepa', 'levjepa_nd', 'vat', 'vaat', 'vat_siglip')
+
+
+def test_a_wrapper_reference_that_cannot_be_imported_is_stated_with_its_exception(wrapper_steps, monkeypatch):
+    # as vit-pytorch's vaat, which imports torchaudio; ours is still built and measured
+    def without_torchaudio(name):
+        raise ModuleNotFoundError("No module named 'torchaudio'")
+
+    monkeypatch.setattr(wrapper_steps, 'reference_module', without_torchaudio)
+    ours, theirs, why = wrapper_steps.build_row('vaat', tiny=True)
+    assert theirs is None and ours.infer_fn is not None
+    assert why == "cannot run here: importing or building it raised ModuleNotFoundError: No module named 'torchaudio'"
+
+
+def test_a_wrapper_reference_whose_step_raises_is_stated_with_its_exception(wrapper_steps, monkeypatch):
+    # as vit-pytorch's levjepa, whose block mask cannot be built here: the reference builds, its steps raise
+    build = wrapper_steps.BUILDERS['vat']
+
+    def build_with_a_broken_reference(tiny):
+        row, _ = build(tiny)
+        module, infer, _ = row['ours']
+
+        def raises():
+            raise AssertionError('Expected 4 or 5 positional args, got 0')
+        return row, lambda: (module, infer, raises)
+
+    monkeypatch.setitem(wrapper_steps.BUILDERS, 'vat', build_with_a_broken_reference)
+    _, theirs, why = wrapper_steps.build_row('vat', tiny=True)
+    assert theirs is None
+    assert why == 'cannot run here: its training raised AssertionError: Expected 4 or 5 positional args, got 0'
+
+
+def test_the_wrapper_memory_child_measures_two_training_steps(wrapper_steps):
+    threads = torch.get_num_threads()
+    try:
+        mib = wrapper_steps.memory_child(dict(row='vat', who='ours', tiny=True))
+    finally:
+        torch.set_num_threads(threads)
+    assert math.isfinite(mib) and mib >= 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get('VIT_PYTORCH_SOURCE'), reason='vit-pytorch 1.26.14 source not given')
+@pytest.mark.parametrize('name', ['mp3', 'levjepa_nd', 'vat', 'vat_siglip'])
+def test_vit_pytorch_wrappers_load_into_ours_and_agree_on_the_same_inputs(wrapper_steps, name):
+    # build_row loads vit-pytorch's weights into ours and checks the outputs equal (mp3: the ViTs' logits; the
+    # LeVJEPA: the embedding) before its reference takes a step; any failure there is the row's stated reason
+    _, theirs, why = wrapper_steps.build_row(name, tiny=True)
+    assert why is None and theirs is not None
