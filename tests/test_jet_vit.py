@@ -63,6 +63,17 @@ def test_linear_attention_is_its_formula_plus_the_squeeze_dynamic_convolution():
         torch.testing.assert_close(attn(x), expected, rtol=1e-10, atol=1e-10)
 
 
+def test_the_dynamic_convolution_while_exporting_is_the_same_formula(monkeypatch):
+    """While exporting, the grouped convolution (its group count grows with the batch; ONNX's is a constant) is
+    written as a sum of shifted maps: the same cross-correlation, at each of two batch sizes."""
+    conv = option('LA').dynamic_conv
+    monkeypatch.setattr(torch.compiler, 'is_exporting', lambda: True)
+    for b in (1, 3):
+        v = torch.randn(b, 2, 24, 8, dtype=torch.float64)
+        with torch.no_grad():
+            torch.testing.assert_close(conv(v), explicit_dynamic_conv(conv, v), rtol=1e-10, atol=1e-10)
+
+
 def test_linear_attentions_explicit_path_for_the_recorder_equals_its_linear_time_path():
     attn = option('LA')
     x = torch.randn(2, 24, 16, dtype=torch.float64)

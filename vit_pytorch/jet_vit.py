@@ -51,10 +51,24 @@ class SqueezeDynamicConv(nn.Module):
             return torch.zeros_like(v)             # no kernels to convolve with, and conv2d needs a group
         kernels = rearrange(self.mlp(reduce(v, 'b h n d -> b (h d)', 'mean')), 'b (c k1 k2) -> (b c) 1 k1 k2',
                             k1=k, k2=k)
-        # every image's channels one group each, so each image convolves with its own kernels
         maps = rearrange(v, 'b h (y x) d -> 1 (b h d) y x', y=self.grid[0])
-        out = F.conv2d(maps, kernels, padding=k // 2, groups=kernels.shape[0])
+        if torch.compiler.is_exporting():
+            out = shifted_sum(maps, kernels)
+        else:
+            # every image's channels one group each, so each image convolves with its own kernels
+            out = F.conv2d(maps, kernels, padding=k // 2, groups=kernels.shape[0])
         return rearrange(out, '1 (b h d) y x -> b h (y x) d', b=b, h=heads)
+
+
+def shifted_sum(maps, kernels):
+    """The grouped convolution above as a sum of k * k shifted maps, each times its kernel weight: (1, c, y, x) with
+    (c, 1, k, k) -> (1, c, y, x). For export: the grouped convolution's group count (b * channels) grows with the
+    batch, and ONNX's Conv takes its group as a constant, so a graph with a dynamic batch cannot hold it."""
+    k = kernels.shape[-1]
+    y, x = maps.shape[-2:]
+    padded = F.pad(maps, (k // 2,) * 4)
+    weights = rearrange(kernels, 'c 1 k1 k2 -> k1 k2 c 1 1')
+    return sum(padded[..., i:i + y, j:j + x] * weights[i, j] for i in range(k) for j in range(k))
 
 
 class LinearAttention(vit.Attention):

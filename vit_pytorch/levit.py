@@ -281,8 +281,8 @@ class LeViT(nn.Module):
             raise ValueError(f"img must be {self.image_size[0]}x{self.image_size[1]} (h x w), the model's image_size, "
                              f"got {img.shape[-2]}x{img.shape[-1]}: the attention biases are learned for its grids")
         # the smallest map a BatchNorm sees: the stem's last (stage 0's grid) or a later stage's grid; counted
-        # once img is known to be a batch of images
-        self.check_training_batch(len(img), min(h * w for h, w in self.grids), where='on its smallest token grid')
+        # once img is known to be a batch of images, by its shape (len() would fix an exported graph's batch)
+        self.check_training_batch(img.shape[0], min(h * w for h, w in self.grids), where='on its smallest token grid')
         return self.to_patch_embedding(img)
 
     def stage(self, i, x):
@@ -313,7 +313,7 @@ class LeViT(nn.Module):
         x = tokens.mean(dim=1)
         if pre_logits or self.mlp_head is None:
             return x
-        self.check_training_batch(len(x), 1, where='in its head, on the pooled embedding')
+        self.check_training_batch(x.shape[0], 1, where='in its head, on the pooled embedding')
         if self.distill_head is None:
             return self.mlp_head(x)
         logits, distill_logits = self.mlp_head(x), self.distill_head(x)
@@ -327,7 +327,7 @@ class LeViT(nn.Module):
         if self.distill_head is None:
             raise ValueError("this LeViT has no distillation head: build it with num_distill_classes=num_classes")
         x = self.forward_features(img).mean(dim=1)
-        self.check_training_batch(len(x), 1, where='in its heads, on the pooled embedding')
+        self.check_training_batch(x.shape[0], 1, where='in its heads, on the pooled embedding')
         return self.mlp_head(x), self.distill_head(x)
 
     def check_training_batch(self, batch, values, *, where):
