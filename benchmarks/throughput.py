@@ -67,6 +67,7 @@ process's CPU time instead, which other jobs barely disturb.
 """
 
 import argparse
+import contextlib
 import copy
 import ctypes
 import datetime
@@ -74,6 +75,7 @@ import gc
 import importlib
 import importlib.machinery
 import importlib.util
+import io
 import json
 import os
 import platform
@@ -82,6 +84,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 
 import torch
 import torch.nn.functional as F
@@ -336,6 +339,8 @@ REFERENCES = {
     'mobile_vit': ('timm mobilevit_xxs', lambda ours: timm_reference('mobilevit_xxs', ours)),
     # the official code, imported from $VIT_PYTORCH_OFFICIAL/RegionViT (skipped when that is unset)
     'regionvit': ('official regionvit_tiny_224 (IBM/RegionViT)', lambda ours: regionvit_official_reference(ours)),
+    # the official code, imported from $VIT_PYTORCH_OFFICIAL/T2T-ViT (skipped when that is unset)
+    't2t': ('official T2T-ViT_t-14 (yitu-opensource/T2T-ViT)', lambda ours: t2t_official_reference(ours)),
     # vit-pytorch 1.26.14, for models only it has: imported from $VIT_PYTORCH_SOURCE (skipped when that is unset),
     # built with the preset's keyword arguments
     'deepvit': ('vit-pytorch 1.26.14 deepvit.DeepViT',
@@ -838,6 +843,49 @@ def scalable_vit_official_reference(ours):
     return reference
 
 
+T2T_OFFICIAL_COMMIT = '0f63dc9558f4d192de926504dbddfa1b3f5db6ca'    # make_t2t_official_fixtures.py's pin
+
+
+def tests_module(name):
+    """tests/`name`.py imported as a module, with tests/ on the import path for its `helpers`."""
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, 'tests')
+    spec = importlib.util.spec_from_file_location(f'throughput_{name}', os.path.join(folder, f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(folder)
+    return module
+
+
+def t2t_official_reference(ours):
+    """The official T2T-ViT_t-14 (transformer T2T layers; github yitu-opensource/T2T-ViT @ 0f63dc9, checked out as
+    $VIT_PYTORCH_OFFICIAL/T2T-ViT), `models/t2t_vit.py`'s `t2t_vit_t_14` as the fixture script
+    tests/fixtures/make_t2t_official_fixtures.py builds its models (random weights; qk_scale unset, so
+    head_dim ** -0.5 as ours). Its models/ folder is imported as the package `t2t_vit_official` (not `models`, a
+    name other checkouts use too) without its __init__, which imports the SE, dense and ghost variants. ours has
+    no loader of official T2T checkpoints (none exists in vit_pytorch.pretrained): the weights go through
+    tests/test_t2t_official.py's `official_to_ours`, the key map that test proves against the official code's
+    outputs. None where VIT_PYTORCH_OFFICIAL is unset."""
+    root = os.environ.get('VIT_PYTORCH_OFFICIAL')
+    if root is None:
+        return None
+    checkout = fixture_script('fixture_tools').official_checkout(
+        os.path.join(root, 'T2T-ViT'), 'yitu-opensource/T2T-ViT', T2T_OFFICIAL_COMMIT, importable=False)
+    if 't2t_vit_official' not in sys.modules:
+        package = types.ModuleType('t2t_vit_official')
+        package.__path__ = [os.path.join(checkout, 'models')]
+        sys.modules['t2t_vit_official'] = package
+    official = importlib.import_module('t2t_vit_official.t2t_vit')
+    with contextlib.redirect_stdout(io.StringIO()):      # its T2T module prints which token layer it adopts
+        reference = official.t2t_vit_t_14(num_classes=ours.num_classes)
+    state = tests_module('test_t2t_official').official_to_ours(reference.state_dict(), 'transformer',
+                                                               len(reference.blocks))
+    ours.load_state_dict(state, strict=True)
+    return reference
+
+
 # references that compute another function than ours by design, timed at the same sizes without the output check
 DIFFERENT_FUNCTION = {'ats_vit': "vit-pytorch's ATS draws a random Gumbel-max sample of tokens, ours the paper's "
                                  "deterministic inverse transform sample, at the same token budget",
@@ -860,7 +908,6 @@ DIFFERENT_FUNCTION = {'ats_vit': "vit-pytorch's ATS draws a random Gumbel-max sa
 FLEX_ATTENTION = ('vit_nd', 'vit_nd_rotary', 'vit_nd_pope')
 # registry models with no reference in REFERENCES, and why (the table's reference column says so)
 NO_REFERENCE = {
-    't2t': "timm has no T2T-ViT; vit-pytorch's T2TViT takes other arguments than t2t_vit_14's: not wired up yet",
     'small_dataset_vit': "vit-pytorch's shifted patch tokenization shifts by one pixel, the paper's (ours) by half a "
                          "patch diagonally: another function, its weights refused",
     'simple_vit_with_qk_norm': "vit-pytorch's qk-norm SimpleViT is another function (RMS qk-norm with per-head "

@@ -311,6 +311,34 @@ def test_the_nested_tensor_navit_reference_is_timed_though_the_flop_counter_cann
     assert all(positive_finite(ratios[task]['median']) for task in ('infer@1', 'train@2'))
 
 
+# the official T2T-ViT_t-14's parameter count (tests/test_t2t_official.py: all its parameters, and the trainable
+# ones, which ours has; its position table is a frozen parameter there, a buffer here)
+T2T_T_14_OFFICIAL_COUNTS = (21_541_070, 21_465_422)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get('VIT_PYTORCH_OFFICIAL'), reason='official checkouts not given')
+def test_the_official_t2t_reference_computes_our_function(throughput):
+    workload = throughput.registry_workload('t2t')
+    reference = throughput.reference_workload(workload)     # checks the logits agree before it returns
+    official = reference['model']
+    assert reference['params'] == T2T_T_14_OFFICIAL_COUNTS[0]
+    trainable = sum(p.numel() for p in official.parameters() if p.requires_grad)
+    assert trainable == workload['params'] == T2T_T_14_OFFICIAL_COUNTS[1]
+    img = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        theirs = official.eval()(img)
+        ours = workload['model'].eval()(img)
+    assert theirs.std() > 0.1                                # logits far from 0, so the tolerance below means something
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_the_official_t2t_reference_is_skipped_without_the_checkouts(throughput, monkeypatch):
+    monkeypatch.delenv('VIT_PYTORCH_OFFICIAL', raising=False)
+    assert throughput.reference_workload(throughput.registry_workload('t2t')) is None
+    assert 't2t' in throughput.REFERENCES and 't2t' not in throughput.NO_REFERENCE
+
+
 def test_vit_pytorch_reference_is_skipped_without_a_source(throughput, monkeypatch):
     monkeypatch.delenv('VIT_PYTORCH_SOURCE', raising=False)
     assert throughput.vit_pytorch_module('deepvit') is None
