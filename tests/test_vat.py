@@ -124,6 +124,31 @@ def test_the_recorded_path_gives_the_fused_output():
         torch.testing.assert_close(predict(model, x), fused, rtol=1e-5, atol=1e-5)
 
 
+def test_the_backward_builds_the_gradient_of_the_stacked_tower_states_once():
+    # the policy's 5 layers read the stack of tower states (5, b, views * frames * tokens, dim); its gradient is one
+    # tensor of that shape. Taking each layer's state by indexing the stack makes the backward build one such
+    # tensor per layer (a zero-filled select_backward) and add them up: 2 x 5 - 1 of them instead of 1.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    model, x = build(depth=5, vit_layer_indices=(0, 0, 1, 1, 2)), video()
+    stacked = (5, 2, 2 * 2 * 5, 16)
+
+    class StackSized(TorchDispatchMode):
+        made = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor) and tuple(out.shape) == stacked:
+                StackSized.made.append(func)
+            return out
+
+    loss = model.train()(x, actions=torch.zeros(2, 3, 2), freeze_vit=True)
+    with StackSized():
+        loss.backward()
+    assert len(StackSized.made) == 1, StackSized.made
+    assert model.view_emb.grad is not None and model.time_pos_emb.grad is not None
+
+
 # vit-pytorch's checkpoints
 
 

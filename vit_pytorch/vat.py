@@ -212,7 +212,11 @@ class ActionPolicy:
         the predicted chunk, the L1 loss against `actions`, or the chunk and the token states (`predict`)."""
         tokens, start = self.policy_tokens(contexts[0].shape[1], advantages, extra)
         task_emb = self.task_emb[tasks] if tasks is not None else None
-        out, states = self.transformer(tokens, contexts=contexts, task_emb=task_emb, return_layers=True)
+        # each layer's state as its own tensor: indexing the stack would make every layer's backward fill a zero
+        # gradient of the whole stack and add them up (at vit-pytorch's example configuration 9 tensors of
+        # (9, b, 520, 256) and 8 sums of them); unbound, the backward stacks the layers' gradients once
+        layers = tuple(context.unbind(0) for context in contexts)
+        out, states = self.transformer(tokens, contexts=layers, task_emb=task_emb, return_layers=True)
         return self.predict(out, start, actions=actions, hiddens=(tokens, *states) if return_hiddens else None)
 
     def policy_tokens(self, batch, advantages, extra):
