@@ -1015,8 +1015,6 @@ NO_REFERENCE = {
                                "gains and no scale, a LayerNorm for a head): its weights refused",
     'max_vit_with_registers': "vit-pytorch's MaxViT with registers is another function than the official MaxViT "
                               "(stem, MBConv, attention): its weights refused",
-    'jumbo_vit': "vit-pytorch's JumboViT takes the preset's arguments differently (built with them it asks for "
-                 "196 GB): not wired up yet",
 }
 
 

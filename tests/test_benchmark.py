@@ -371,6 +371,10 @@ def test_the_official_local_vit_reference_is_skipped_without_the_checkouts(throu
     assert throughput.reference_workload(throughput.registry_workload('local_vit')) is None
     assert 'local_vit' in throughput.REFERENCES and 'local_vit' not in throughput.NO_REFERENCE
 
+def test_no_model_with_a_reference_also_says_why_it_has_none(throughput):
+    # a NO_REFERENCE reason is read only where REFERENCES has no entry: one beside an entry is a stale statement
+    assert not set(throughput.NO_REFERENCE) & set(throughput.REFERENCES)
+
 def test_vit_pytorch_reference_is_skipped_without_a_source(throughput, monkeypatch):
     monkeypatch.delenv('VIT_PYTORCH_SOURCE', raising=False)
     assert throughput.vit_pytorch_module('deepvit') is None
