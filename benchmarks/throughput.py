@@ -244,9 +244,12 @@ REGISTRY = {
     'normalized_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
     # vit-pytorch's __main__ model (256 px, patches of 32, width 1024, depth 6) scaled to S/16 at 224
     'vit_with_keel_post_ln': ('S/16', None, S16, 224, 3, NUM_CLASSES),
-    # the paper's LocalViT-S (DeiT-S with the locality feed-forward); no vit-pytorch reference: its LocalViT runs
-    # only when the grid is as wide as dim (14 != 384 here)
-    'local_vit': ('S/16', None, S16, 224, 3, NUM_CLASSES),
+    # the paper's LocalViT-S as the official code names it (localvit_small_mlp4_act3_r384: S/16 with 8 heads of 48,
+    # qkv bias, LayerNorm eps 1e-6), h-swish without its SE layer (ours has none); a patch embedding without norms
+    # (the official convolution). No vit-pytorch reference: its LocalViT runs only when the grid is as wide as dim
+    'local_vit': ('LocalViT-S: S/16, 8 heads of 48, qkv bias, no SE', None,
+                  dict(S16, heads=8, dim_head=48, qkv_bias=True, norm_eps=1e-6, patch_norm=False), 224, 3,
+                  NUM_CLASSES),
     # vit-pytorch's __main__ model (256 px, patches of 32, width 1024, 4 registers, dim_mask 4) scaled to S/16 at 224
     'simple_vit_with_sparse_gating': ('S/16, 4 registers', None, dict(S16, num_register_tokens=4, dim_mask=4), 224, 3,
                                       NUM_CLASSES),
@@ -341,6 +344,9 @@ REFERENCES = {
     'regionvit': ('official regionvit_tiny_224 (IBM/RegionViT)', lambda ours: regionvit_official_reference(ours)),
     # the official code, imported from $VIT_PYTORCH_OFFICIAL/T2T-ViT (skipped when that is unset)
     't2t': ('official T2T-ViT_t-14 (yitu-opensource/T2T-ViT)', lambda ours: t2t_official_reference(ours)),
+    # the official code, imported from $VIT_PYTORCH_OFFICIAL/LocalViT (skipped when that is unset)
+    'local_vit': ("official LocalViT-S, act 'hs', ours' pre-LN put in (ofsoundof/LocalViT)",
+                  lambda ours: local_vit_official_reference(ours)),
     # vit-pytorch 1.26.14, for models only it has: imported from $VIT_PYTORCH_SOURCE (skipped when that is unset),
     # built with the preset's keyword arguments
     'deepvit': ('vit-pytorch 1.26.14 deepvit.DeepViT',
@@ -886,6 +892,101 @@ def t2t_official_reference(ours):
     return reference
 
 
+
+LOCAL_VIT_OFFICIAL_COMMIT = 'f49726087006ddbd55eb18a40cf6eebca18e2b8e'    # make_local_vit_official_fixtures.py's pin
+
+
+def local_vit_official_module(root):
+    """models/localvit.py of the official LocalViT (github ofsoundof/LocalViT @ f497260, checked out as
+    `root`/LocalViT), imported by tests/fixtures/make_local_vit_official_fixtures.py's `official_module`. It was
+    written for timm 0.3.2: its LocalVisionTransformer calls timm's VisionTransformer.__init__ with 0.3.2's
+    positional arguments (embed_dim fourth; timm 1.0.31 puts global_pool there), so while it is imported timm's
+    VisionTransformer is a stand-in subclass that takes 0.3.2's signature and passes it on by keyword (qk_scale and
+    a hybrid backbone are refused: the preset uses neither)."""
+    if 'official_localvit' in sys.modules:
+        return sys.modules['official_localvit']
+    import timm.models.vision_transformer as timm_vit
+
+    class OldSignatureVisionTransformer(timm_vit.VisionTransformer):
+        def __init__(self, img_size=224, patch_size=16, in_chans=3, num_classes=1000, embed_dim=768, depth=12,
+                     num_heads=12, mlp_ratio=4., qkv_bias=False, qk_scale=None, drop_rate=0., attn_drop_rate=0.,
+                     drop_path_rate=0., hybrid_backbone=None, norm_layer=nn.LayerNorm):
+            if qk_scale is not None or hybrid_backbone is not None:
+                raise ValueError('qk_scale and hybrid_backbone must be None in the stand-in of timm 0.3.2\'s '
+                                 f'VisionTransformer, got {qk_scale!r} and {hybrid_backbone!r}')
+            super().__init__(img_size=img_size, patch_size=patch_size, in_chans=in_chans, num_classes=num_classes,
+                             embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio,
+                             qkv_bias=qkv_bias, drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
+                             drop_path_rate=drop_path_rate, norm_layer=norm_layer)
+
+    fixtures = fixture_script('make_local_vit_official_fixtures')
+    checkout = fixture_script('fixture_tools').official_checkout(
+        os.path.join(root, 'LocalViT'), 'ofsoundof/LocalViT', LOCAL_VIT_OFFICIAL_COMMIT, importable=False)
+    timm_class = timm_vit.VisionTransformer
+    timm_vit.VisionTransformer = OldSignatureVisionTransformer
+    try:
+        return fixtures.official_module(checkout)
+    finally:
+        timm_vit.VisionTransformer = timm_class
+
+
+def local_vit_official_to_ours(state, depth):
+    """The state_dict of the official LocalVisionTransformer built by `local_vit_official_reference` (ours' pre-LN
+    first in each block's `conv.conv`) as ours' LocalViT (patch_norm=False) takes it: each bias-free convolution
+    and the eval-mode BatchNorm after it folded into ours' biased 1x1 / depthwise convolution (tests/test_local_vit.py's
+    `folded`, the map that test proves against the official block's outputs); the patch convolution's (c, p1, p2)
+    input order as ours' (p1 p2 c) patch vectors."""
+    folded = tests_module('test_local_vit').folded
+    dim = state['cls_token'].shape[-1]
+    ours = {'cls_token': state['cls_token'].reshape(1, dim), 'pos_embedding': state['pos_embed'][0],
+            'to_patch_embedding.2.weight': state['patch_embed.proj.weight'].permute(0, 2, 3, 1).reshape(dim, -1),
+            'to_patch_embedding.2.bias': state['patch_embed.proj.bias'],
+            'transformer.norm.weight': state['norm.weight'], 'transformer.norm.bias': state['norm.bias'],
+            'mlp_head.weight': state['head.weight'], 'mlp_head.bias': state['head.bias']}
+    for i in range(depth):
+        block, attn, ff = f'blocks.{i}', f'transformer.layers.{i}.0', f'transformer.layers.{i}.1'
+        for theirs, name in (('norm1', 'norm'), ('attn.qkv', 'to_qkv'), ('attn.proj', 'to_out.0')):
+            for kind in ('weight', 'bias'):
+                ours[f'{attn}.{name}.{kind}'] = state[f'{block}.{theirs}.{kind}']
+        for kind in ('weight', 'bias'):
+            ours[f'{ff}.norm.{kind}'] = state[f'{block}.conv.conv.0.norm.{kind}']
+        # conv.conv: 0 ours' LayerNorm, then 1x1 conv, BN, h-swish, depthwise 3x3, BN, h-swish, 1x1 conv, BN
+        for name, conv, shape in (('expand', 1, (-1, dim)), ('depthwise', 4, None), ('reduce', 7, (dim, -1))):
+            weight, bias = folded(state, f'{block}.conv.conv.{conv}', f'{block}.conv.conv.{conv + 1}')
+            weight = weight if shape is None else weight.reshape(shape)
+            dtype = state[f'{block}.conv.conv.{conv}.weight'].dtype                # folded in float64
+            ours[f'{ff}.{name}.weight'], ours[f'{ff}.{name}.bias'] = weight.to(dtype), bias.to(dtype)
+    return ours
+
+
+def local_vit_official_reference(ours):
+    """The official LocalViT (github ofsoundof/LocalViT @ f497260, checked out as $VIT_PYTORCH_OFFICIAL/LocalViT),
+    its LocalVisionTransformer at the preset, LocalViT-S's shapes (localvit_small_mlp4_act3_r384: width 384, depth
+    12, 8 heads, MLP ratio 4, qkv bias, LayerNorm eps 1e-6) with act=2, the official option 'hs' (h-swish, no SE:
+    the named models take act=3, an SE layer in each feed-forward, which ours leaves out), and ours' one other
+    difference put into it as the fixture script tests/fixtures/make_local_vit_official_fixtures.py puts it: a
+    LayerNorm of each token (eps 1e-5, ours' pre-LN) first in each locality feed-forward, which the official block
+    feeds the raw stream. Its BatchNorms are folded into ours' convolutions (`local_vit_official_to_ours`): the
+    same function in eval mode, where the logits are checked; a training step normalises with the batch's
+    statistics, as the official code trains. Its blocks are an nn.Sequential (the official ModuleList under the same
+    keys), which timm 1.0.31's forward_features calls in order as timm 0.3.2's loop did. None where
+    VIT_PYTORCH_OFFICIAL is unset."""
+    from functools import partial
+
+    root = os.environ.get('VIT_PYTORCH_OFFICIAL')
+    if root is None:
+        return None
+    official = local_vit_official_module(root)
+    channel_norm = fixture_script('make_local_vit_official_fixtures').ChannelLayerNorm
+    reference = official.LocalVisionTransformer(
+        patch_size=16, embed_dim=384, depth=12, num_heads=8, mlp_ratio=4, qkv_bias=True, act=2,
+        norm_layer=partial(nn.LayerNorm, eps=1e-6), num_classes=ours.num_classes)
+    for block in reference.blocks:
+        block.conv.conv = nn.Sequential(channel_norm(nn.LayerNorm(reference.embed_dim)), *block.conv.conv)
+    reference.blocks = nn.Sequential(*reference.blocks)
+    ours.load_state_dict(local_vit_official_to_ours(reference.state_dict(), len(reference.blocks)), strict=True)
+    return reference
+
 # references that compute another function than ours by design, timed at the same sizes without the output check
 DIFFERENT_FUNCTION = {'ats_vit': "vit-pytorch's ATS draws a random Gumbel-max sample of tokens, ours the paper's "
                                  "deterministic inverse transform sample, at the same token budget",
@@ -914,9 +1015,6 @@ NO_REFERENCE = {
                                "gains and no scale, a LayerNorm for a head): its weights refused",
     'max_vit_with_registers': "vit-pytorch's MaxViT with registers is another function than the official MaxViT "
                               "(stem, MBConv, attention): its weights refused",
-    'jumbo_vit': "vit-pytorch's JumboViT takes the preset's arguments differently (built with them it asks for "
-                 "196 GB): not wired up yet",
-    'local_vit': "vit-pytorch's LocalViT runs only when the token grid is as wide as dim (14 != 384 here)",
 }
 
 

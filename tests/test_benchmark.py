@@ -339,6 +339,42 @@ def test_the_official_t2t_reference_is_skipped_without_the_checkouts(throughput,
     assert 't2t' in throughput.REFERENCES and 't2t' not in throughput.NO_REFERENCE
 
 
+# the official LocalViT-S at act 'hs' (LocalVisionTransformer, width 384, depth 12, MLP 1536) has ours' parameters
+# but for each locality feed-forward's three BatchNorms (weight and bias) where ours has three convolution biases:
+# 2 * (1536 + 1536 + 384) against 1536 + 1536 + 384, 3,456 more a layer
+LOCAL_VIT_BATCHNORM_EXCESS = 12 * (1536 + 1536 + 384)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get('VIT_PYTORCH_OFFICIAL'), reason='official checkouts not given')
+def test_the_official_local_vit_reference_computes_our_function(throughput):
+    workload = throughput.registry_workload('local_vit')
+    reference = throughput.reference_workload(workload)     # checks the logits agree before it returns
+    official, ours = reference['model'], workload['model']
+    assert reference['params'] - workload['params'] == LOCAL_VIT_BATCHNORM_EXCESS
+    # at initialisation every BatchNorm is (0, 1) with unit scale and the folds barely move a weight: off it, with
+    # running statistics off (0, 1), the folded weights must carry the official model's function
+    # (in float64: the folds, one rounding of s W, and the order of sums differ, which float32 shows at 1e-4 after
+    # 12 layers of perturbed weights; float64 leaves the map's own errors alone)
+    throughput.fixture_script('fixture_tools').perturb(official, 0.1, 0, batchnorm_statistics=True)
+    official, ours = official.double().eval(), ours.double().eval()
+    ours.load_state_dict(throughput.local_vit_official_to_ours(official.state_dict(), 12), strict=True)
+    img = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    with torch.no_grad():
+        theirs, mine = official(img), ours(img)
+    assert theirs.std() > 0.1                                # logits far from 0, so the tolerance below means something
+    torch.testing.assert_close(mine, theirs, atol=1e-9, rtol=0)
+
+
+def test_the_official_local_vit_reference_is_skipped_without_the_checkouts(throughput, monkeypatch):
+    monkeypatch.delenv('VIT_PYTORCH_OFFICIAL', raising=False)
+    assert throughput.reference_workload(throughput.registry_workload('local_vit')) is None
+    assert 'local_vit' in throughput.REFERENCES and 'local_vit' not in throughput.NO_REFERENCE
+
+def test_no_model_with_a_reference_also_says_why_it_has_none(throughput):
+    # a NO_REFERENCE reason is read only where REFERENCES has no entry: one beside an entry is a stale statement
+    assert not set(throughput.NO_REFERENCE) & set(throughput.REFERENCES)
+
 def test_vit_pytorch_reference_is_skipped_without_a_source(throughput, monkeypatch):
     monkeypatch.delenv('VIT_PYTORCH_SOURCE', raising=False)
     assert throughput.vit_pytorch_module('deepvit') is None
