@@ -744,18 +744,27 @@ def vit_pytorch_unloaded(module, class_name, **kwargs):
     return None if reference_module is None else getattr(reference_module, class_name)(**kwargs)
 
 
-def fixture_script(name):
-    """tests/fixtures/`name`.py imported as a module, as it runs as a script: with tests/fixtures on the import
-    path, for the `fixture_tools` it imports (the official references are built by these scripts' functions)."""
-    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, 'tests', 'fixtures')
-    spec = importlib.util.spec_from_file_location(name, os.path.join(folder, f'{name}.py'))
-    fixtures = importlib.util.module_from_spec(spec)
+def tests_file(name, folder='fixtures'):
+    """tests/`folder`/`name`.py (folder '' for tests/ itself) imported as a module, as it runs as a script: with its
+    folder on the import path, for the `fixture_tools` or `helpers` it imports (the official references are built
+    by the fixture scripts' functions, and their weights mapped by the tests' own key maps)."""
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, 'tests', folder)
+    spec = importlib.util.spec_from_file_location(f'throughput_{name}', os.path.join(folder, f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, folder)
     try:
-        spec.loader.exec_module(fixtures)
+        spec.loader.exec_module(module)
     finally:
         sys.path.remove(folder)
-    return fixtures
+    return module
+
+
+def fixture_script(name):
+    return tests_file(name)
+
+
+def tests_module(name):
+    return tests_file(name, folder='')
 
 
 def crossformer_official_reference(ours):
@@ -850,19 +859,6 @@ def scalable_vit_official_reference(ours):
 
 
 T2T_OFFICIAL_COMMIT = '0f63dc9558f4d192de926504dbddfa1b3f5db6ca'    # make_t2t_official_fixtures.py's pin
-
-
-def tests_module(name):
-    """tests/`name`.py imported as a module, with tests/ on the import path for its `helpers`."""
-    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, 'tests')
-    spec = importlib.util.spec_from_file_location(f'throughput_{name}', os.path.join(folder, f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, folder)
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(folder)
-    return module
 
 
 def t2t_official_reference(ours):
