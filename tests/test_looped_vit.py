@@ -141,8 +141,8 @@ def test_vit_pytorchs_checkpoint_loads_strictly_and_gives_its_outputs():
     torch.testing.assert_close(benefits, tensors['exit_benefits'], rtol=1e-4, atol=1e-5)
 
 
-# the official Looped-DiT code (OpenSenseNova/Looped-DiT, read from the code index's copy of a fork that keeps its
-# history: model.py and configs at bf69669, diffusion.py at 89a3c53; written out by
+# the official Looped-DiT code (OpenSenseNova/Looped-DiT, read from the code index's copy of a fork, Bili-Sakura/
+# Looped-DiT-diffusers: model.py and configs at its first commit bf69669, diffusion.py at 89a3c53; written out by
 # tests/fixtures/make_looped_vit_official_fixtures.py, run outside this repository)
 
 OFFICIAL = json.loads((FIXTURES / 'looped_vit_official.json').read_text())
