@@ -1,13 +1,16 @@
 """Looped ViT: one set of weights for every loop, one output a loop under deep supervision, the adaptive exit's
 criterion, the losses' formulas; vit-pytorch's weights."""
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import count, first_training_step, load_fixture, move_off_initialisation
+from helpers import FIXTURES, count, first_training_step, load_fixture, move_off_initialisation
 from vit_pytorch import LoopedViT
-from vit_pytorch.looped_vit import adaptive_exit_targets, deep_supervision_loss
+from vit_pytorch.looped_vit import (CONFIGS, Attention, adaptive_exit_targets, deep_supervision_loss,
+                                    deep_supervision_weights, looped_vit)
 from vit_pytorch.pretrained import load_vit_pytorch
 
 TINY = dict(image_size=(16, 24), patch_size=4, num_classes=5, dim=16, heads=2, dim_head=8, mlp_dim=32,
@@ -136,6 +139,76 @@ def test_vit_pytorchs_checkpoint_loads_strictly_and_gives_its_outputs():
         every, benefits = model(tensors['input'], return_all_logits=True, return_exit_benefits=True)
     torch.testing.assert_close(every, tensors['all_logits'], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(benefits, tensors['exit_benefits'], rtol=1e-4, atol=1e-5)
+
+
+# the official Looped-DiT code (OpenSenseNova/Looped-DiT, read from the code index's copy of a fork, Bili-Sakura/
+# Looped-DiT-diffusers: model.py and configs at its first commit bf69669, diffusion.py at 89a3c53; written out by
+# tests/fixtures/make_looped_vit_official_fixtures.py, run outside this repository)
+
+OFFICIAL = json.loads((FIXTURES / 'looped_vit_official.json').read_text())
+
+
+@pytest.mark.parametrize('loops', range(2, 9))
+def test_the_final_mean_weights_are_the_official_final_plus_mean(loops):
+    """The last loop at 1, the earlier ones sharing 1: the official weighting scales its weights to sum to 2, which
+    these already do. float32 against Python's floats: 1 / (loops - 1) rounds to 6e-8 relative."""
+    official = torch.tensor(OFFICIAL['weights']['final_plus_mean'][str(loops)])
+    torch.testing.assert_close(deep_supervision_weights(loops, 'final_mean'), official, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize('loops', range(2, 9))
+def test_the_exponential_weights_have_the_official_shape_but_not_its_sum(loops):
+    """Each loop half the next, as the official weighting: its weights are these scaled to sum to 2 (these,
+    vit-pytorch's, sum to 2 - 2^(1 - loops): 1.875 at 4 loops). Powers of 2: exact in float32."""
+    ours = deep_supervision_weights(loops, 'exponential').double()
+    official = torch.tensor(OFFICIAL['weights']['exponential'][str(loops)], dtype=torch.float64)
+    torch.testing.assert_close(ours * 2 / ours.sum(), official, rtol=1e-12, atol=0)
+    assert ours.sum().item() == 2 - 2. ** (1 - loops)
+
+
+def test_the_exclusive_self_attention_is_the_official_one():
+    """An attention layer whose gate is 1/2 everywhere (zero weights) and whose output projection is 2 I gives its
+    heads' output less its component along each token's own value: the official exclusive_self_attention of the same
+    heads (2 of 8 channels). float32 through softmax attention over 7 tokens: a few ulp of values near 1."""
+    _, _, tensors = load_fixture('looped_vit_official_xsa')
+    attention = Attention(16, heads=2, dim_head=8).eval()
+    with torch.no_grad():
+        attention.to_qkv.weight.copy_(tensors['qkv_weight'])
+        attention.to_gate.weight.zero_()
+        attention.to_out[0].weight.copy_(2 * torch.eye(16))
+        torch.testing.assert_close(attention(tensors['x']), tensors['output'], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('name', sorted(OFFICIAL['models']))
+def test_a_released_models_layout_is_the_official_codes(name):
+    """The official configuration's layers before, in and after the loop, its loops, patch and image size, heads of
+    head_dim channels, width, and the official SwiGLU's hidden width as the MLP's."""
+    entry = OFFICIAL['models'][name]
+    with torch.device('meta'):
+        model = looped_vit(name)
+    stacks = (model.pre_loop, model.looped, model.post_loop)
+    assert [len(stack.layers) for stack in stacks] == entry['loop_split']
+    assert sum(entry['loop_split']) == entry['blocks']
+    assert model.loop_depth == entry['num_loops']
+    assert model.patch_size == (entry['patch_size'],) * 2 and model.input_shape == (entry['image_size'],) * 2
+    for stack in stacks:
+        for attention, feedforward in stack.layers:
+            assert (attention.heads, attention.scale) == (entry['num_heads'], entry['head_dim'] ** -0.5)
+            assert attention.to_qkv.in_features == entry['hidden_size']
+            assert attention.to_qkv.out_features == 3 * entry['num_heads'] * entry['head_dim']
+            assert feedforward.net[1].out_features == entry['mlp_hidden']
+
+
+def test_every_size_of_the_official_code_is_in_the_table():
+    assert sorted(OFFICIAL['models']) == sorted(f'{size}/{patch}' for size, patch in
+                                                (('B', 16), ('B', 32), ('L', 16)))
+    assert {name.split('/')[0] for name in OFFICIAL['models']} == set(CONFIGS)
+
+
+@pytest.mark.parametrize('variant', ['B', 'S/16', 'B/0', 'B/2.5', 2])
+def test_an_unknown_variant_is_refused_by_name(variant):
+    with pytest.raises(ValueError, match='variant must be one of'):
+        looped_vit(variant)
 
 
 # clear errors

@@ -29,8 +29,16 @@ dimensions (`input_shape`, or `image_size` for images), a cls token, and vit-pyt
 with its component along the token's own value removed (exclusive self-attention), times a sigmoid gate per head and
 token; `num_classes=0` returns the pooled embedding (its Identity head). Where it differs: bad arguments are refused
 by name where vit-pytorch asserts, and `forward_intermediates` gives the stream after each loop.
+
+The paper's released sizes are `CONFIGS`, built by `looped_vit('B/16')` ('B/32', 'B/16', 'L/16': the official
+code's widths, heads, SwiGLU width as `mlp_dim`, (6, 5, 6) or (8, 7, 8) layers and 4 loops, 512-pixel images). The
+official model is a text-to-image MMDiT, not this classifier: it has a text stream, RMSNorm, query/key norms, rotary
+positions and SwiGLU MLPs, applies XSA in the looped blocks only, and XSA or the gate (its released models: XSA
+alone, the gate with a bias); its 'exponential' weighting is scaled to sum to 2 as the others, vit-pytorch's (and
+so this module's) is not (docs/blocks.md).
 """
 
+import re
 from math import prod
 
 import torch
@@ -314,6 +322,29 @@ class LoopedViT(nn.Module):
     def set_grad_checkpointing(self, enable=True):
         for stack in (self.pre_loop, self.looped, self.post_loop):
             stack.grad_checkpointing = enable
+
+
+# The paper's models, as the official code releases them (OpenSenseNova/Looped-DiT, configs/{b32,b16,l16}_pretrain.yml
+# and the LoopedMMDiT they build; tests/fixtures/make_looped_vit_official_fixtures.py): size -> (dim, heads, dim_head,
+# mlp_dim, (pre-loop, looped, post-loop) layers), every one looped LOOPS times, on IMAGE_SIZE-pixel images. mlp_dim is
+# the width of the official SwiGLU (int(hidden_size * mlp_ratio) rounded up to a multiple of 8).
+CONFIGS = {'B': (768, 12, 64, 2048, (6, 5, 6)), 'L': (1248, 24, 52, 3376, (8, 7, 8))}
+LOOPS = 4
+IMAGE_SIZE = 512
+
+
+def looped_vit(variant, *, image_size=IMAGE_SIZE, num_classes=1000, **overrides):
+    """The paper's Looped-DiT `variant`, a key of CONFIGS and a patch size ('B/32', 'B/16', 'L/16'), as this
+    classifier; keyword arguments override the table."""
+    match = re.fullmatch(r'(.+)/([1-9][0-9]*)', variant) if isinstance(variant, str) else None
+    if match is None or match[1] not in CONFIGS:
+        raise ValueError(f"variant must be one of {sorted(CONFIGS)}, a slash and a patch size, as 'B/16', "
+                         f"got {variant!r}")
+    dim, heads, dim_head, mlp_dim, (pre, looped, post) = CONFIGS[match[1]]
+    kwargs = dict(image_size=image_size, patch_size=int(match[2]), num_classes=num_classes, dim=dim, heads=heads,
+                  dim_head=dim_head, mlp_dim=mlp_dim, pre_loop_depth=pre, num_looped_blocks=looped,
+                  post_loop_depth=post, loop_depth=LOOPS)
+    return LoopedViT(**{**kwargs, **overrides})
 
 
 def per_axis(value, ndim):
