@@ -91,9 +91,10 @@ def test_a_bad_argument_is_refused_by_name(changes, error, match):
 
 @pytest.mark.slow                 # vit-pytorch's own sizes: seconds on 2 cores
 def test_vit_pytorchs_main_block_runs():
-    """vit-pytorch's __main__ (less torch.compile), at a 5-D input scaled down for a CPU."""
-    model = ViTND(ndim=5, input_shape=(4, 8, 8, 8, 16), patch_size=(2, 2, 4, 4, 8), num_classes=1000, dim=64,
-                  depth=2, heads=4, mlp_dim=128, channels=3, dropout=0.1, emb_dropout=0.1, causal_dims=(0,))
-    data = torch.randn(3, 3, 4, 8, 8, 8, 16)
+    """vit-pytorch's __main__ at its own size (less torch.compile, which it takes only on CUDA): a 5-D input of
+    (4, 8, 16, 32, 64) in patches of (2, 2, 4, 4, 8), 2,048 tokens, width 512, depth 6, batch 3."""
+    model = ViTND(ndim=5, input_shape=(4, 8, 16, 32, 64), patch_size=(2, 2, 4, 4, 8), num_classes=1000, dim=512,
+                  depth=6, heads=8, mlp_dim=2048, channels=3, dropout=0.1, emb_dropout=0.1, causal_dims=(0,))
+    data = torch.randn(3, 3, 4, 8, 16, 32, 64)
     assert model(data).shape == (3, 1000)
-    assert model(data, return_embed=True).shape == (3, 2, 4, 2, 2, 2, 64)
+    assert model(data, return_embed=True).shape == (3, 2, 4, 4, 8, 8, 512)
