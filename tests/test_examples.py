@@ -21,18 +21,24 @@ def example(name):
     return module
 
 
-@pytest.mark.slow
-def test_vat_actions_prints_its_baselines_and_a_finite_error_per_epoch(capsys):
-    example('vat_actions').main(['--epochs', '2', '--train', '64', '--test', '40'])
+def run_vat_actions(capsys, *argv):
+    """The example's rules (zero, last step repeated) and its (train loss, test L1) after each epoch."""
+    example('vat_actions').main(list(argv))
     lines = capsys.readouterr().out.splitlines()
     zero, last = map(float, re.fullmatch(r'test L1: zero ([\d.]+), last step repeated ([\d.]+)', lines[0]).groups())
+    assert lines[1].startswith('per axis (dy, dx): zero (') and lines[2].startswith('model ')
+    epochs = [tuple(map(float, re.match(rf'epoch {epoch}: train loss ([\d.]+), test L1 ([\d.]+) ', line).groups()))
+              for epoch, line in enumerate(lines[3:], start=1)]
+    return zero, last, epochs
+
+
+@pytest.mark.slow
+def test_vat_actions_prints_its_baselines_and_a_finite_error_per_epoch(capsys):
+    zero, last, epochs = run_vat_actions(capsys, '--epochs', '2', '--train', '64', '--test', '40')
     # predicting zero errs by the mean absolute displacement of the test clips, computed here from the data
     assert zero == pytest.approx(action_clips('test', count=40).actions.abs().mean().item(), abs=5e-4)
     assert 0 <= last
-    assert len(lines) == 3
-    for epoch, line in enumerate(lines[1:], start=1):
-        loss, error = map(float, re.match(rf'epoch {epoch}: train loss ([\d.]+), test L1 ([\d.]+) ', line).groups())
-        assert torch.isfinite(torch.tensor([loss, error])).all()
+    assert len(epochs) == 2 and torch.isfinite(torch.tensor(epochs)).all()
 
 
 @pytest.mark.slow
