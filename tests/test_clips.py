@@ -131,9 +131,34 @@ def test_every_frame_shows_the_whole_digit():
     assert torch.equal(sums, sums[..., :1].expand_as(sums))
 
 
+@pytest.mark.parametrize('size', [32, 40])
+def test_each_frames_tone_has_the_pitch_of_the_digits_horizontal_position(size):
+    # the digit's column measured from the pixels (its centre of mass less that of the digit image itself) and
+    # the tone's frequency measured by an FFT of the frame's samples: f = (1 + 6 x / room) / 16 cycles per sample
+    samples, room = 256, size - 16
+    task = action_clips('test', count=60, size=size, audio_samples=samples)
+    digits, _ = split_digits('test', 16)
+    own = centroids(digits[:60, None, None])[:, 0, 1]                             # (n,) column within the digit
+    column = centroids(task.views[:, 0])[..., 1] - own[:, None]                    # (n, frames)
+    spectrum = torch.fft.rfft(task.audio.double().unflatten(1, (4, samples))).abs()
+    frequency = spectrum.argmax(-1).double() / samples                             # (n, frames) cycles per sample
+    torch.testing.assert_close(frequency, (1 + 6 * column.double() / room) / 16, atol=1e-5, rtol=0)
+    # every column lands on a whole FFT bin here: a unit sine puts samples / 2 in it and nothing elsewhere
+    torch.testing.assert_close(spectrum.amax(-1), torch.full_like(frequency, samples / 2))
+    assert spectrum.sum(-1).sub(samples / 2).abs().max() < 1e-6 * samples
+    assert set(column.round().long().flatten().tolist()) > {0, room}               # both walls are heard
+
+
+def test_the_audio_is_absent_unless_asked_for_and_covers_the_observed_frames():
+    assert action_clips('train', count=3).audio is None
+    audio = action_clips('train', count=3, observed=5, audio_samples=100).audio
+    assert audio.shape == (3, 500) and audio.dtype == torch.float32
+
+
 @pytest.mark.parametrize('changes, words', [(dict(observed=1), 'observed must be at least 2'),
                                             (dict(speed=16), 'speed must be below'),
-                                            (dict(horizon=0), 'horizon must be a positive int')])
+                                            (dict(horizon=0), 'horizon must be a positive int'),
+                                            (dict(audio_samples=-1), 'audio_samples must be a non-negative int')])
 def test_bad_action_task_arguments_are_refused_by_name(changes, words):
     with pytest.raises(ValueError, match=words):
         action_clips('train', count=2, **changes)

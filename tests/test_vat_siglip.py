@@ -68,14 +68,18 @@ def test_a_heads_count_that_does_not_divide_the_width_is_refused():
 
 
 @pytest.mark.slow
-def test_vit_pytorchs_main_block_runs_at_its_shapes_without_the_download():
-    # vit-pytorch's __main__ less load_siglip() (it downloads So400m); one advantage setting of its three
-    vat = SigLIPVAT(num_tasks=4, dim_extra_token=32, time_seq_len=2, num_views=2, depth=4, num_advantage_bins=2,
-                    vit_layer_indices=(0, 1, 26, 27))
+@pytest.mark.parametrize('num_advantage_bins', [0, 2, 10])
+def test_vit_pytorchs_main_block_runs_at_its_shapes_without_the_download(num_advantage_bins):
+    # vit-pytorch's __main__ (its three advantage settings) less load_siglip(), which downloads So400m
+    torch.manual_seed(0)
+    vat = SigLIPVAT(num_tasks=4, dim_extra_token=32, time_seq_len=2, num_views=2, depth=4,
+                    num_advantage_bins=num_advantage_bins, vit_layer_indices=(0, 1, 26, 27))
     images = torch.randn(1, 2, 3, 2, 224, 224)
     tasks = torch.randint(0, 4, (1,))
     extra = torch.randn(1, 32)
-    advantages = torch.randint(-1, 2, (1,))
+    # vit-pytorch draws the advantage from -1 (none) to num_advantage_bins - 1; the top bin is the one a table
+    # short of its "none" row would miss
+    advantages = torch.tensor([num_advantage_bins - 1]) if num_advantage_bins else None
     loss = vat(images, actions=torch.randn(1, 50, 32), advantages=advantages, tasks=tasks, extra=extra,
                freeze_vit=True)
     loss.backward()

@@ -23,6 +23,7 @@ frames of `--image-size` pixels (default 32) with the digit at half that side, m
 whole pixels a frame that keep its path inside (2 at 32 pixels, 1 at 16).
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -107,11 +108,13 @@ def paint(digits, corner, size):
 
 @dataclass
 class ActionClips:
-    """An action task: `views` (n, 2, 1, observed, size, size) uint8 (the clip, then its left-right mirror) and
+    """An action task: `views` (n, 2, 1, observed, size, size) uint8 (the clip, then its left-right mirror),
     `actions` (n, horizon, 2) float: the digit's (dy, dx) displacement over each of the next `horizon` frames,
-    in units of its speed (a step without a wall is -1, 0 or 1 on each axis)."""
+    in units of its speed (a step without a wall is -1, 0 or 1 on each axis), and `audio` (n, observed x samples)
+    float, the position tones of `action_clips(audio_samples=...)`, or None."""
     views: torch.Tensor
     actions: torch.Tensor
+    audio: torch.Tensor = None
 
     def __len__(self):
         return len(self.actions)
@@ -120,7 +123,8 @@ class ActionClips:
         return self.views[index].float() / 255
 
 
-def action_clips(split, *, count=None, observed=4, horizon=3, size=32, digit_size=16, speed=2, seed=0):
+def action_clips(split, *, count=None, observed=4, horizon=3, size=32, digit_size=16, speed=2, seed=0,
+                 audio_samples=0):
     """The moving digits as an action task for `vit_pytorch.vat`: from two views of the first `observed` frames,
     predict the digit's displacement over the next `horizon` frames.
 
@@ -130,13 +134,21 @@ def action_clips(split, *, count=None, observed=4, horizon=3, size=32, digit_siz
     depend only on `seed`, the split and the clip's index, not on `observed` or `horizon`. Digits as in
     `moving_digits` (the trainer's split; clip i shows digit i modulo the split's size).
 
+    `audio_samples` > 0 adds a sound track, `audio` (n, observed x audio_samples): while frame t is shown, a
+    unit sine of `audio_samples` samples whose pitch is the digit's horizontal position in that frame of the clip
+    (the first view): sin(2 pi f s) for s = 0, 1, ... (each frame's tone starts at phase 0), with
+    f = (1 + 6 x / (size - digit_size)) / 16 cycles per sample, x the column of the digit's top-left corner: 1/16
+    at the left wall, 7/16 at the right (`position_tones`). It tells the horizontal position and, over the frames,
+    the horizontal motion; nothing of the vertical.
+
         from vit_pytorch.clips import action_clips
 
         task = action_clips('train', count=256)
         task.views.shape, task.actions.shape     # (256, 2, 1, 4, 32, 32) uint8, (256, 3, 2)
+        action_clips('train', count=256, audio_samples=256).audio.shape      # (256, 1024)
     """
     check_action_arguments(split=split, count=count, observed=observed, horizon=horizon, size=size,
-                           digit_size=digit_size, speed=speed, seed=seed)
+                           digit_size=digit_size, speed=speed, seed=seed, audio_samples=audio_samples)
     digits, _ = split_digits(split, digit_size)
     count = len(digits) if count is None else count
     generator = torch.Generator().manual_seed(seed * 2 + SPLITS.index(split) + 1000)
@@ -151,20 +163,34 @@ def action_clips(split, *, count=None, observed=4, horizon=3, size=32, digit_siz
     videos = paint(digits[torch.arange(count) % len(digits)], corner[:, :observed], size)
     views = torch.stack((videos, videos.flip(-1)), dim=1)[:, :, None]
     actions = (corner[:, observed:] - corner[:, observed - 1:-1]).float() / speed
-    return ActionClips(views, actions)
+    audio = position_tones(corner[:, :observed, 1], room, audio_samples) if audio_samples else None
+    return ActionClips(views, actions, audio)
+
+
+# the pitch of the left wall and of the right wall, in cycles per sample (below the Nyquist frequency 1/2)
+TONE_BAND = (1 / 16, 7 / 16)
+
+
+def position_tones(columns, room, samples):
+    """(n, frames x samples) float: for frame t, sin(2 pi f s) for s = 0..samples - 1, its frequency f in cycles
+    per sample linear in columns[:, t] (n, frames) from TONE_BAND[0] at column 0 to TONE_BAND[1] at `room`."""
+    low, high = TONE_BAND
+    frequency = low + (high - low) * columns.double() / room                       # (n, frames)
+    phase = 2 * math.pi * frequency[..., None] * torch.arange(samples, dtype=torch.float64)
+    return torch.sin(phase).flatten(1).float()
 
 
 # argument checks
 
 
-def check_action_arguments(*, split, count, observed, horizon, size, digit_size, speed, seed):
+def check_action_arguments(*, split, count, observed, horizon, size, digit_size, speed, seed, audio_samples):
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     for name, value in dict(observed=observed, horizon=horizon, size=size, digit_size=digit_size,
                             speed=speed).items():
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
-    for name, value in dict(count=count, seed=seed).items():
+    for name, value in dict(count=count, seed=seed, audio_samples=audio_samples).items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise ValueError(f"{name} must be a non-negative int, got {value!r}")
     if observed < 2:
