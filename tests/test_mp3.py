@@ -4,6 +4,7 @@ given, a ViT learns positions; vit-pytorch's ViT loads; its README example runs.
 import pytest
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 
 from helpers import digits_batch, load_fixture, tiny_vit_kwargs
 from vit_pytorch import SimpleViT
@@ -71,21 +72,38 @@ def test_no_position_is_given_shuffling_the_patches_shuffles_the_predictions():
     torch.testing.assert_close(shuffled_logits[0], logits[0, order], rtol=1e-5, atol=1e-5)
 
 
-def test_every_layer_attends_from_all_patches_to_its_own_tokens_of_the_context_patches():
+def masked_self_attention_encoder(transformer, x, context):
     """The paper's masked self-attention written out: in each layer the queries are all tokens and the keys and
-    values that layer's tokens of the context patches only (vit-pytorch reuses the first layer's input there)."""
-    mp3, img, fixed = tiny_mp3().eval(), torch.randn(2, 3, 16, 24), noise()
-    with torch.no_grad():
-        logits, context = mp3.logits(img, noise=fixed)
-        x = mp3.vit.patch_tokens(img)
-        for attn, ff in mp3.vit.transformer.layers:
-            q, k, v = attn.to_qkv(attn.norm(x)).reshape(2, 12, 3, 2, 16).permute(2, 0, 3, 1, 4)   # (b, h, n, d)
-            out = torch.stack([
-                (q[b] @ k[b][:, context[b]].transpose(-1, -2) * 16 ** -0.5).softmax(-1) @ v[b][:, context[b]]
-                for b in range(2)])
-            x = attn.to_out(out.permute(0, 2, 1, 3).reshape(2, 12, 32)) + x
-            x = ff(x) + x
-        torch.testing.assert_close(logits, mp3.mlp_head(x), rtol=1e-5, atol=1e-5)
+    values that layer's tokens, a masked patch's key getting a logit of -inf (vit-pytorch reuses the first layer's
+    input as keys and values)."""
+    for attn, ff in transformer.layers:
+        q, k, v = rearrange(attn.to_qkv(attn.norm(x)), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=attn.heads)
+        logits = (q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5).masked_fill(~context[:, None, None, :], float('-inf'))
+        x = attn.to_out(rearrange(logits.softmax(dim=-1) @ v, 'b h n d -> b n (h d)')) + x
+        x = ff(x) + x
+    return transformer.norm(x)
+
+
+@pytest.mark.parametrize('model, kwargs', [(ViT, {}), (CoreViT, dict(qkv_bias=True)), (SimpleViT, {})],
+                         ids=['mp3_vit', 'vit_qkv_bias', 'simple_vit'])
+def test_every_layer_attends_from_all_patches_to_its_own_tokens_of_the_context_patches(model, kwargs):
+    """Outputs and gradients (of every parameter and the image) are the masked self-attention's to float64 rounding,
+    the context being the 6 patches of lowest noise."""
+    torch.manual_seed(0)
+    mp3 = MP3(model(**tiny_vit_kwargs(**kwargs)), 0.5).double()
+    img, fixed = torch.randn(2, 3, 16, 24, dtype=torch.float64, requires_grad=True), noise().double()
+    context = fixed <= fixed.sort(dim=1).values[:, 5:6]
+    inputs = [img, *mp3.parameters()]
+    logits, _ = mp3.logits(img, noise=fixed)
+    expected = mp3.mlp_head(masked_self_attention_encoder(mp3.vit.transformer, mp3.vit.patch_tokens(img), context))
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-12)
+    weights = torch.randn(logits.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    gradients = torch.autograd.grad((logits * weights).sum(), inputs, allow_unused=True)   # the ViT's own head: none
+    expected_gradients = torch.autograd.grad((expected * weights).sum(), inputs, allow_unused=True)
+    assert [g is None for g in gradients] == [g is None for g in expected_gradients]
+    for gradient, expected_gradient in zip(gradients, expected_gradients):
+        if gradient is not None:
+            torch.testing.assert_close(gradient, expected_gradient, rtol=0, atol=1e-12)
 
 
 def test_a_tiny_vit_learns_where_the_patches_of_digits_come_from():

@@ -18,8 +18,12 @@ pre-training the head is dropped and the ViT, with its position embeddings, is f
 
 `ViT` is vit-pytorch's model of this module: a ViT with the fixed 2D sin-cos position table of SimpleViT,
 dropout, no final norm, mean pooling and a LayerNorm-then-Linear head. The wrapper uses only the public face
-of the model it trains, `patch_tokens` (the tokens before any position), `transformer(x, mask=...)`,
-`token_grid`, `image_size` and `embed_dim`, so it trains `vit_pytorch.ViT` and `SimpleViT` as well.
+of the model it trains, `patch_tokens` (the tokens before any position), `transformer(x, key_index=...)` (its
+attention, `vit.Attention`, takes the keys and values of those tokens only), `token_grid`, `image_size` and
+`embed_dim`, so it trains `vit_pytorch.ViT` and `SimpleViT` as well. Each layer projects the keys and values of
+the m context patches alone and attends from all n patches to them (n x m scores, not an n x n map under a mask):
+the recorder's maps of the wrapper (`vit_pytorch.recorder`) are (b, heads, n, m), the keys being the context
+patches in patch order (the columns where `logits`' context mask is True).
 
 Differences from vit-pytorch 1.26.14, whose MP3 gives every layer the first layer's input (the patch
 embeddings) as keys and values: as the paper, the keys and values of each layer are that layer's own tokens
@@ -110,15 +114,19 @@ class MP3(nn.Module):
         num_positions = math.prod(self.grid_size)
         self.mlp_head = nn.Sequential(nn.LayerNorm(vit.embed_dim), nn.Linear(vit.embed_dim, num_positions))
 
-    def context_mask(self, batch_size, num_patches, *, device, noise=None):
-        """(b, n), True for the patches that stay keys and values: the n - int(n * masking_ratio) of lowest noise."""
+    def context_indices(self, batch_size, num_patches, *, device, noise=None):
+        """(b, m), in ascending order, the patches that stay keys and values: the m = n - int(n * masking_ratio) of
+        lowest noise."""
         if noise is None:
             noise = torch.rand(batch_size, num_patches, device=device)
         elif noise.shape != (batch_size, num_patches):
             raise ValueError(f"noise must have shape (batch, patches) = {(batch_size, num_patches)}, "
                              f"got {tuple(noise.shape)}")
-        context = noise.argsort(dim=1)[:, :num_patches - int(num_patches * self.masking_ratio)]
-        return torch.zeros(batch_size, num_patches, dtype=torch.bool, device=device).scatter(1, context, True)
+        return noise.argsort(dim=1)[:, :num_patches - int(num_patches * self.masking_ratio)].sort(dim=1).values
+
+    def context_mask(self, batch_size, num_patches, *, device, noise=None):
+        """(b, n), True for the patches that stay keys and values (`context_indices`)."""
+        return index_mask(self.context_indices(batch_size, num_patches, device=device, noise=noise), num_patches)
 
     def logits(self, img, *, noise=None):
         """Position logits of every patch (b, n, n) and the context mask (b, n), True where a patch is a key.
@@ -128,15 +136,23 @@ class MP3(nn.Module):
         if grid != self.grid_size:
             raise ValueError(f"img must be {tuple(self.vit.image_size)} (the ViT's image_size): its positions are "
                              f"the {self.grid_size} grid's classes, got an image of {tuple(img.shape[-2:])}")
-        context = self.context_mask(patches.shape[0], patches.shape[1], device=img.device, noise=noise)
-        tokens = self.vit.transformer(patches, mask=rearrange(context, 'b j -> b 1 1 j'))
-        return self.mlp_head(tokens), context
+        batch, num_patches = patches.shape[:2]
+        context = self.context_indices(batch, num_patches, device=img.device, noise=noise)       # (b, m)
+        # every layer attends from all n patches to its own tokens of the m context patches, gathered: a boolean
+        # mask of them computes the same at the cost of n keys, and its (n, n) maps
+        tokens = self.vit.transformer(patches, key_index=context)
+        return self.mlp_head(tokens), index_mask(context, num_patches)
 
     def forward(self, img, *, noise=None):
         logits, _ = self.logits(img, noise=noise)
         batch, num_patches = logits.shape[:2]
         positions = repeat(torch.arange(num_patches, device=img.device), 'n -> (b n)', b=batch)
         return F.cross_entropy(rearrange(logits, 'b n p -> (b n) p'), positions)
+
+
+def index_mask(indices, size):
+    """(b, size), True at the (b, m) `indices`."""
+    return torch.zeros(indices.shape[0], size, dtype=torch.bool, device=indices.device).scatter(1, indices, True)
 
 
 # argument checks

@@ -142,17 +142,32 @@ class Attention(nn.Module):
         (NaViT's keys and values from a context) overrides this and `qkv` or `forward`."""
         self.to_qkv = nn.Linear(dim, inner_dim * 3, bias=bias)
 
-    def qkv(self, x):
-        """Queries, keys and values of the normed tokens: 3 x (b, heads, n, dim_head)."""
-        return rearrange(self.to_qkv(self.norm(x)), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=self.heads)
+    def qkv(self, x, *, key_index=None):
+        """Queries, keys and values of the normed tokens: 3 x (b, heads, n, dim_head). `key_index` (b, m): only those
+        tokens are keys and values, (b, heads, m, dim_head), and only theirs are projected (MP3's context)."""
+        x = self.norm(x)
+        if key_index is None:
+            return rearrange(self.to_qkv(x), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=self.heads)
+        if not isinstance(self.to_qkv, nn.Linear):
+            raise TypeError(f"key_index projects the keys and values of some tokens with the rows of one Linear "
+                            f"to_qkv; {type(self).__name__}'s to_qkv is a {type(self.to_qkv).__name__}")
+        weight, bias = self.to_qkv.weight, self.to_qkv.bias
+        inner = weight.shape[0] // 3
+        q = F.linear(x, weight[:inner], None if bias is None else bias[:inner])
+        keys = x.gather(1, repeat(key_index, 'b m -> b m d', d=x.shape[-1]))
+        kv = F.linear(keys, weight[inner:], None if bias is None else bias[inner:])
+        return (rearrange(q, 'b n (h d) -> b h n d', h=self.heads),
+                *rearrange(kv, 'b m (kv h d) -> kv b h m d', kv=2, h=self.heads))
 
     def attend(self, q, k, v, *, scale=None, mask=None):
         """`attend` with this module's scale, dropout (in training) and recording switch."""
         return attend(q, k, v, scale=self.scale if scale is None else scale, mask=mask, fused=self.fused,
                       dropout=self.dropout if self.training else 0., probs=self.attention_probs)
 
-    def forward(self, x, *, mask=None):
-        out = self.attend(*self.qkv(x), mask=mask)
+    def forward(self, x, *, mask=None, key_index=None):
+        """`mask`: boolean or additive, broadcast to (b, heads, n, keys). `key_index` (b, m): the tokens that alone are
+        keys and values, the function of a boolean mask of them at the cost of m keys instead of n."""
+        out = self.attend(*(self.qkv(x) if key_index is None else self.qkv(x, key_index=key_index)), mask=mask)
         return self.to_out(rearrange(out, 'b h n d -> b n (h d)'))
 
 
