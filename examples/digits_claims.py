@@ -16,7 +16,10 @@ digits after every epoch. The models are the trainer's small ones (patch 4, so 1
                 K = 4 after layer 2 of 4 (halfway, as the paper).
   decorr        "Decorrelation Speeds Up Vision Transformers" (arXiv 2510.14657): faster convergence. vit-pytorch's
                 `vit_with_decorr` (the decorrelation objective as an auxiliary loss, no decorrelation matrix) at
-                weight 0 and 0.1 (the training command's default, vit-pytorch's example's), over a short budget.
+                weight 0 and 0.1 (the training command's default, vit-pytorch's example's), and the paper's method
+                (`decorr_matrices=True`: a decorrelation matrix before every Linear of the encoder, stepped by its
+                own rule after every optimizer step; no auxiliary loss) at the rule's learning rate 1e-4 (decorbp's
+                default) and 1e-2, over a short budget.
   residuals     value residuals ("Value Residual Learning", arXiv 2410.17897) and hyper-connections
                 ("Hyper-Connections", arXiv 2409.19606): better or faster training at about the same compute.
                 `simple_vit` against `simple_vit_with_value_residual` (learned mix, vit-pytorch's default) and
@@ -24,7 +27,9 @@ digits after every epoch. The models are the trainer's small ones (patch 4, so 1
 
 The table gives the test accuracy after given epochs (mean +- sample std over the seeds), the paired difference to
 the first model of the same seed, the forward FLOPs per image counted by `vit_pytorch.flops.training_flops`
-(torch.utils.flop_counter; for the patch merger also the formula `merger_flops`) and the parameters.
+(torch.utils.flop_counter; for the patch merger also the formula `merger_flops`) and the parameters; for decorr
+also the test digits' decorrelation loss (the model's auxiliary loss, of its blocks' normed inputs) and
+`linear_input_correlation` (of what every Linear of the encoder multiplies, after its matrix where it has one).
 
 Written to --out: results.json (one record per run, saved as each ends: the same command run again skips the runs
 recorded, and refuses other settings in the same --out) and table.md.
@@ -43,6 +48,7 @@ from vit_pytorch.flops import training_flops
 from vit_pytorch.training import loop, registry
 from vit_pytorch.training.data import normalise
 from vit_pytorch.training.trials import Results, fit
+from vit_pytorch.vit_with_decorr import DecorrelatedLinear, Decorrelation
 
 
 def _ats_tokens():
@@ -55,6 +61,7 @@ def _ats_tokens():
 ats_tokens = _ats_tokens()           # its data and recipe (`digits_plan`), `spread` and `load_average`
 
 DECORR_WEIGHT = 0.1
+DECORR_MATRICES = dict(decorr_matrices=True)
 
 # claim -> [(label, registered name, options beyond the trainer's small configuration, training weight of the
 # model's auxiliary loss or None)]; the first is the one the others are paired with
@@ -69,6 +76,8 @@ CLAIMS = {
     'decorr': [
         ('decorrelation weight 0', 'vit_with_decorr', {}, 0.0),
         (f'decorrelation weight {DECORR_WEIGHT}', 'vit_with_decorr', {}, DECORR_WEIGHT),
+        ('decorrelation matrices, lr 1e-4', 'vit_with_decorr', dict(DECORR_MATRICES, decorr_matrices_lr=1e-4), 0.0),
+        ('decorrelation matrices, lr 1e-2', 'vit_with_decorr', dict(DECORR_MATRICES, decorr_matrices_lr=1e-2), 0.0),
     ],
     'residuals': [
         ('SimpleViT', 'simple_vit', {}, None),
@@ -122,7 +131,33 @@ def run(name, config, weight, data, plan, seed, label):
         images = normalise(data.test.floats(), data.mean, data.std)
         with torch.no_grad():
             record['test_decorr_loss'] = model.eval()(images, return_decorr_aux_loss=True)[1].item()
+        record['test_linear_input_correlation'] = linear_input_correlation(model, images)
     return record
+
+
+def linear_input_correlation(model, images):
+    """How correlated the inputs of the encoder's Linears are on `images`: for each Linear of the patch projection
+    and the layers (not the head), after its decorrelation matrix where it has one, the mean squared off-diagonal
+    entry of the second moment Z^T Z / N of its N input rows (what the matrices' rule drives to 0); the mean over
+    those Linears. Eval mode, no gradient."""
+    seen = []
+
+    def keep(_module, inputs, output):
+        rows = (output if isinstance(_module, Decorrelation) else inputs[0]).flatten(0, -2).double()
+        second = rows.T @ rows / len(rows)
+        seen.append(second[~torch.eye(len(second), dtype=torch.bool)].pow(2).mean().item())
+
+    linears = [module for module in model.modules() if isinstance(module, torch.nn.Linear)
+               and module is not model.mlp_head]
+    hooks = [module.decorrelation.register_forward_hook(keep) if isinstance(module, DecorrelatedLinear) else
+             module.register_forward_hook(keep) for module in linears]
+    try:
+        with torch.no_grad():
+            model.eval()(images)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return statistics.mean(seen)
 
 
 def shown_epochs(epochs):
@@ -138,7 +173,7 @@ def table(claim, results, data, seeds, epochs):
     header = ['model', *(f'test accuracy, epoch {epoch}' for epoch in shown),
               f'paired difference, epoch {epochs}', 'forward MFLOPs / image', 'parameters']
     if claim == 'decorr':
-        header.append('test decorrelation loss')
+        header += ['test decorrelation loss', "test correlation of the Linears' inputs"]
     lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
     for index, ((label, name, _, _), config, by_seed) in enumerate(zip(models, configs(claim, data), records)):
         cells = [label]
@@ -154,8 +189,8 @@ def table(claim, results, data, seeds, epochs):
             flops += f' (formula {merger_flops(**config) / 1e6:.2f})'
         cells += [flops, f'{sum(parameter.numel() for parameter in model.parameters()):,}']
         if claim == 'decorr':
-            cells.append('{:.4f} +- {:.4f}'.format(*statistics_of([by_seed[seed]['test_decorr_loss']
-                                                                   for seed in seeds])))
+            cells += ['{:.4f} +- {:.4f}'.format(*statistics_of([by_seed[seed][key] for seed in seeds]))
+                      for key in ('test_decorr_loss', 'test_linear_input_correlation')]
         lines.append('| ' + ' | '.join(cells) + ' |')
     return lines
 

@@ -141,6 +141,8 @@ RATES = {
     'global_lower_crop_scale': (False, 'a crop of the whole image'),
     'local_upper_crop_scale': (False, 'a crop of the whole image'),
     'decorr_sample_frac': (False, 'every token sampled (the default)'),
+    'decorr_matrices_kappa': (False, "the decorrelation matrices' variance term alone"),
+    'decorr_matrices_sample_frac': (False, "every row read by the decorrelation matrices' step (the default)"),
     'sparsity_threshold': (False, 'a gate score of 1 is the top of its range'),
     'value_residual_mix': (False, "each layer's own values alone"),
     'drop_ratio': (True, 'drops every patch: the LeVJEPA encoder sees its cls token alone'),

@@ -1,11 +1,17 @@
-"""The decorrelation loss: its formula, its zero, its gradient; the ViT that returns it; vit-pytorch's weights."""
+"""The decorrelation loss: its formula, its zero, its gradient; the ViT that returns it; vit-pytorch's weights.
+The paper's decorrelation matrices (`decorr_matrices=True`): their rule written out and against the official code,
+what repeated steps do, that the task's gradient passes them untouched, that the training loop steps them, and that
+the default model is the one without them."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from helpers import check_trainer_adds_auxiliary_loss, load_fixture, refused_training_error, tiny_vit_kwargs
+from vit_pytorch import vit
 from vit_pytorch.pretrained import CheckpointError, load_vit_pytorch
-from vit_pytorch.vit_with_decorr import DecorrelationLoss, ViT
+from vit_pytorch.training import loop
+from vit_pytorch.vit_with_decorr import Decorrelation, DecorrelatedLinear, DecorrelationLoss, ViT
 
 
 def explicit_loss(tokens, *, mean_center=False):
@@ -132,6 +138,191 @@ def test_training_on_the_loss_alone_lowers_it():
     assert losses[-1] < 0.5 * losses[0]
 
 
+# the paper's method: decorrelation matrices that move by their own rule (decorr_matrices=True)
+
+
+def explicit_step(weight, rows, *, lr, kappa):
+    """decorbp's 'standard' rule, entry by entry in float64, for the (N, d) rows z = R x of a forward:
+    X_ij = sum_r z_ri z_rj / N, C_ij = X_ij for i != j (0 on the diagonal), v_j = X_jj - 1;
+    R_ij <- R_ij - lr ((1 - kappa) sum_k C_ik R_kj + kappa R_ij v_j); loss ((1 - kappa) sum C^2 + kappa sum v^2) / d^2.
+    Returns (new R, loss)."""
+    weight, rows = weight.double().tolist(), rows.double().tolist()
+    n, d = len(rows), len(weight)
+    second = [[sum(row[i] * row[j] for row in rows) / n for j in range(d)] for i in range(d)]
+    off = [[second[i][j] if i != j else 0. for j in range(d)] for i in range(d)]
+    gap = [second[j][j] - 1. for j in range(d)]
+    new = [[weight[i][j] - lr * ((1 - kappa) * sum(off[i][k] * weight[k][j] for k in range(d))
+                                 + kappa * weight[i][j] * gap[j]) for j in range(d)] for i in range(d)]
+    loss = ((1 - kappa) * sum(c * c for line in off for c in line) + kappa * sum(g * g for g in gap)) / d ** 2
+    return torch.tensor(new, dtype=torch.float64), torch.tensor(loss, dtype=torch.float64)
+
+
+def off_identity(d, seed=0):
+    """I + 0.1 randn: a matrix R for which R diag(v) and diag(v) R differ."""
+    return torch.eye(d, dtype=torch.float64) + 0.1 * torch.randn(d, d, generator=torch.Generator().manual_seed(seed),
+                                                                 dtype=torch.float64)
+
+
+@pytest.mark.parametrize('kappa', [0.0, 0.3])
+def test_a_step_of_the_matrix_is_the_rule_written_out(kappa):
+    module = Decorrelation(6, lr=0.05, kappa=kappa).double().train()
+    module.weight.copy_(off_identity(6))
+    x = correlated(2, 5, 6).double()
+    z = module(x)
+    torch.testing.assert_close(z, torch.einsum('ij,bnj->bni', off_identity(6), x), rtol=1e-12, atol=1e-12)
+    loss = module.update()
+    expected_weight, expected_loss = explicit_step(off_identity(6), z.reshape(10, 6), lr=0.05, kappa=kappa)
+    torch.testing.assert_close(module.weight, expected_weight, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-12, atol=1e-14)
+    assert module.update() is None                      # no training forward since: nothing to step on
+
+
+@pytest.mark.parametrize('case', ['decorrelate', 'whiten'])
+def test_a_step_of_the_matrix_is_the_official_codes(case):
+    """decorbp's own `Decorrelation.update()` (tests/fixtures/make_decorbp_official_fixtures.py), from a matrix off
+    the identity, without (kappa 0) and with the variance term (kappa 0.3)."""
+    metadata, _, tensors = load_fixture('decorbp_official')
+    options = metadata['cases'][case]
+    module = Decorrelation(6, lr=options['decor_lr'], kappa=options['kappa']).double().train()
+    module.weight.copy_(tensors[f'{case}.weight_before'])
+    torch.testing.assert_close(module(tensors[f'{case}.input']), tensors[f'{case}.output'], rtol=1e-12, atol=1e-12)
+    loss = module.update()
+    torch.testing.assert_close(module.weight, tensors[f'{case}.weight_after'], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(loss, tensors[f'{case}.loss'], rtol=1e-12, atol=1e-14)
+
+
+def correlated_gaussian(n=2000, d=8, seed=0):
+    """(n, d) rows of a fixed correlated Gaussian (covariance 0.5 I + 0.5 (1 1^T) + a random part), centred exactly,
+    so that their second moment is their covariance."""
+    generator = torch.Generator().manual_seed(seed)
+    mixing = torch.randn(d, d, generator=generator, dtype=torch.float64) / d ** 0.5
+    covariance = 0.5 * torch.eye(d, dtype=torch.float64) + 0.5 + mixing @ mixing.T
+    rows = torch.randn(n, d, generator=generator, dtype=torch.float64) @ torch.linalg.cholesky(covariance).T
+    return rows - rows.mean(dim=0)
+
+
+def repeated_steps(kappa, steps=400):
+    rows = correlated_gaussian()
+    module = Decorrelation(8, lr=0.05, kappa=kappa).double().train()
+    for _ in range(steps):
+        module(rows)
+        module.update()
+    with torch.no_grad():
+        after = module.eval()(rows)
+    return rows.T @ rows / len(rows), after.T @ after / len(after)      # covariances (the rows are centred)
+
+
+def off_diagonal(matrix):
+    return matrix[~torch.eye(len(matrix), dtype=torch.bool)]
+
+
+def test_repeated_steps_decorrelate_a_fixed_correlated_input():
+    before, after = repeated_steps(kappa=0.)
+    assert off_diagonal(before).abs().max() > 1.
+    assert off_diagonal(after).abs().max() < 1e-6 * off_diagonal(before).abs().max()
+    assert (after.diagonal() - 1).abs().max() > 0.1          # without the variance term nothing sets the variances
+
+
+def test_repeated_steps_with_the_variance_term_whiten_a_fixed_correlated_input():
+    before, after = repeated_steps(kappa=0.5)
+    assert off_diagonal(after).abs().max() < 1e-6 * off_diagonal(before).abs().max()
+    torch.testing.assert_close(after.diagonal(), torch.ones(8, dtype=torch.float64), rtol=0, atol=1e-6)
+
+
+def test_the_task_gradient_passes_the_matrix_and_leaves_it_unchanged():
+    """The Linear after R learns on the decorrelated input z = R x (its gradient is g^T z); x gets R^T W^T g;
+    R is no parameter, gets no gradient, and the optimizer's step leaves it as it was."""
+    layer = DecorrelatedLinear(6, 3).double()
+    with torch.no_grad():
+        layer.decorrelation.weight.copy_(off_identity(6))
+    x = correlated(4, 6).double().requires_grad_()
+    upstream = torch.randn(4, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    layer(x).backward(upstream)
+    matrix, weight = off_identity(6), layer.weight.detach()
+    torch.testing.assert_close(layer.weight.grad, upstream.T @ (x.detach() @ matrix.T), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(x.grad, upstream @ weight @ matrix, rtol=1e-12, atol=1e-12)
+
+    model = tiny(decorr_matrices=True).train()
+    matrices = {name: buffer for name, buffer in model.named_buffers() if name.endswith('decorrelation.weight')}
+    assert len(matrices) == 1 + 4 * 2                    # the patch projection; per layer qkv, out, 2 feed-forward
+    assert not any('decorrelation' in name for name, _ in model.named_parameters())
+    with torch.no_grad():
+        for index, matrix in enumerate(matrices.values()):
+            matrix.add_(0.05 * torch.randn(matrix.shape, generator=torch.Generator().manual_seed(index)))
+    before = {name: matrix.clone() for name, matrix in matrices.items()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.)
+    logits, _ = model(torch.randn(4, 3, 16, 24), return_decorr_aux_loss=False)
+    F.cross_entropy(logits, torch.tensor([0, 1, 2, 3])).backward()
+    qkv_before = model.transformer.layers[0][0].to_qkv.weight.detach().clone()
+    optimizer.step()
+    assert all(matrix.grad is None and not matrix.requires_grad for matrix in matrices.values())
+    assert all(torch.equal(matrices[name], before[name]) for name in matrices)
+    assert not torch.equal(model.transformer.layers[0][0].to_qkv.weight, qkv_before)
+
+
+def test_the_training_loop_steps_the_matrices_after_each_optimizer_step():
+    torch.manual_seed(0)
+    model = tiny(decorr_matrices=True, decorr_matrices_lr=0.01)
+    events = []
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer_step, update = optimizer.step, model.update_decorrelation_
+    optimizer.step = lambda *a, **k: (events.append('optimizer step'), optimizer_step(*a, **k))[1]
+    model.update_decorrelation_ = lambda: (events.append('matrices step'), update())[1]
+    images, labels = torch.randn(8, 3, 16, 24), torch.arange(8) % 5
+
+    def step_loss(index, generator, rng, global_step):
+        loss = F.cross_entropy(model(images[index], return_decorr_aux_loss=False)[0], labels[index])
+        return loss, loss.item(), torch.tensor([loss.item()], dtype=torch.float64)
+
+    model.train()
+    loop.train_epoch(model, optimizer, step_loss, epoch=0, seed=0, images=8, batch_size=4, steps=2, peak=0.1,
+                     warmup_steps=0, total_steps=2, clip_grad=0)
+    assert events == ['optimizer step', 'matrices step'] * 2
+    assert all(not torch.equal(buffer, torch.eye(len(buffer))) for name, buffer in model.named_buffers()
+               if name.endswith('decorrelation.weight'))
+
+
+def test_the_update_reads_a_share_of_the_rows_drawn_with_replacement_and_only_in_training():
+    module = Decorrelation(4, sample_frac=0.25)
+    x = torch.randn(2, 10, 4)
+    module.eval()(x)
+    assert module.rows is None and module.update() is None
+    torch.manual_seed(0)
+    z = module.train()(x).reshape(20, 4)
+    assert module.rows.shape == (5, 4)                   # int(20 * 0.25)
+    assert all((z == row).all(dim=1).any() for row in module.rows)
+
+
+def test_the_default_model_is_vit_pytorchs_plain_vit_with_the_loss():
+    """Without decorr_matrices the model has the core ViT's keys and weights (same seed) and its logits bit for bit,
+    and the matrices' step does nothing."""
+    torch.manual_seed(0)
+    ours = tiny().eval()
+    torch.manual_seed(0)
+    plain = vit.ViT(**tiny_vit_kwargs()).eval()
+    assert list(ours.state_dict()) == list(plain.state_dict())
+    assert all(torch.equal(ours.state_dict()[key], tensor) for key, tensor in plain.state_dict().items())
+    img = torch.randn(2, 3, 16, 24)
+    with torch.no_grad():
+        assert torch.equal(ours(img)[0], plain(img))
+    assert ours.train().update_decorrelation_() is None
+
+
+def test_fresh_matrices_are_the_identity_and_change_no_output():
+    torch.manual_seed(0)
+    plain = tiny().eval()
+    torch.manual_seed(0)
+    decorrelated = tiny(decorr_matrices=True).eval()
+    state = decorrelated.state_dict()
+    added = [key for key in state if key not in plain.state_dict()]
+    assert all(key.endswith('decorrelation.weight') and torch.equal(state[key], torch.eye(len(state[key])))
+               for key in added) and len(added) == 9
+    assert all(torch.equal(state[key], tensor) for key, tensor in plain.state_dict().items())
+    img = torch.randn(2, 3, 16, 24)
+    with torch.no_grad():
+        assert torch.equal(decorrelated(img)[0], plain(img)[0])
+
+
 # vit-pytorch 1.26.14's module (tests/fixtures/make_relpos_decorr_mp3_fixtures.py)
 
 
@@ -144,6 +335,17 @@ def test_vit_pytorchs_checkpoint_loads_and_gives_its_logits_and_loss(variant):
         logits, loss = model(tensors['input'])
     torch.testing.assert_close(logits, tensors['output'], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(loss, tensors['decorr_aux_loss'], rtol=1e-4, atol=1e-7)
+
+
+def test_vit_pytorchs_checkpoint_loads_into_a_model_with_matrices_that_start_at_the_identity():
+    metadata, state_dict, tensors = load_fixture('vit_pytorch_1.26.14_vit_with_decorr')
+    config = dict(metadata['config'], image_size=tuple(metadata['config']['image_size']), decorr_matrices=True)
+    model = load_vit_pytorch(ViT(**config), state_dict).train()
+    matrices = [buffer for name, buffer in model.named_buffers() if name.endswith('decorrelation.weight')]
+    assert matrices and all(torch.equal(matrix, torch.eye(len(matrix))) for matrix in matrices)
+    with torch.no_grad():
+        logits, _ = model(tensors['input'])
+    torch.testing.assert_close(logits, tensors['output'], rtol=1e-4, atol=1e-5)
 
 
 def test_a_vit_pytorch_checkpoint_into_mean_pooling_is_refused_naming_the_cls_token():
@@ -174,7 +376,11 @@ def test_tokens_of_another_width_than_the_subspace_basis_are_refused():
 
 @pytest.mark.parametrize('name, value, error', [('decorr_sample_frac', -0.1, ValueError),
                                                 ('decorr_mean_center', 'yes', TypeError),
-                                                ('decorr_dim_subspace', 64, ValueError)])
+                                                ('decorr_dim_subspace', 64, ValueError),
+                                                ('decorr_matrices', 1, TypeError),
+                                                ('decorr_matrices_lr', 0., ValueError),
+                                                ('decorr_matrices_kappa', 1.5, ValueError),
+                                                ('decorr_matrices_sample_frac', 0., ValueError)])
 def test_bad_model_arguments_are_refused_by_name(name, value, error):
     with pytest.raises(error, match=name):
         tiny(**{name: value, 'decorr_use_subspace': name == 'decorr_dim_subspace'})

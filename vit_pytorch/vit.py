@@ -72,12 +72,13 @@ class FeedForward(nn.Module):
     Dropout layers out (SimpleViT's: keys net.0, net.1, net.3), `activation` replaces the GELU (MobileViT's
     SiLU), `norm_bias=False` gives a LayerNorm without bias (NaViT's), `norm` replaces the LayerNorm (ViT-5's
     and LeVJEPA's RMSNorm), `gated=True` makes the first Linear twice as wide and its second half, through the
-    activation, gate the first (GEGLU, Shazeer, arXiv 2002.05202; RvT's). NaViT and MobileViT hold the MLP as a
-    bare Sequential: they take this module's `net`.
+    activation, gate the first (GEGLU, Shazeer, arXiv 2002.05202; RvT's), `linear` builds both Linears from
+    (in_features, out_features) (a Linear that transforms its input first: decorrelated backpropagation's, in
+    vit_with_decorr). NaViT and MobileViT hold the MLP as a bare Sequential: they take this module's `net`.
     """
 
     def __init__(self, dim, hidden_dim, dropout=0., *, norm_eps=1e-5, gelu_approximate='none', norm_bias=True,
-                 activation=None, norm=None, gated=False):
+                 activation=None, norm=None, gated=False, linear=nn.Linear):
         super().__init__()
 
         def drop():
@@ -85,10 +86,10 @@ class FeedForward(nn.Module):
         activation = nn.GELU(approximate=gelu_approximate) if activation is None else activation
         self.net = nn.Sequential(
             nn.LayerNorm(dim, eps=norm_eps, bias=norm_bias) if norm is None else norm,
-            nn.Linear(dim, hidden_dim * 2 if gated else hidden_dim),
+            linear(dim, hidden_dim * 2 if gated else hidden_dim),
             Gated(activation) if gated else activation,
             *drop(),
-            nn.Linear(hidden_dim, dim),
+            linear(hidden_dim, dim),
             *drop(),
         )
 
@@ -289,16 +290,17 @@ class SimpleTransformer(Stack):
 
 
 class PatchEmbedding(nn.Sequential):
-    """(b, c, h, w) -> (b, h/ph * w/pw, dim): patches flattened as (ph pw c), projected by a Linear,
-    between two LayerNorms when `patch_norm` (Dual PatchNorm; `norm_bias=False`: LayerNorms without bias)."""
+    """(b, c, h, w) -> (b, h/ph * w/pw, dim): patches flattened as (ph pw c), projected by a Linear (built by
+    `linear` from (in_features, out_features)), between two LayerNorms when `patch_norm` (Dual PatchNorm;
+    `norm_bias=False`: LayerNorms without bias)."""
 
-    def __init__(self, *, channels, patch_size, dim, patch_norm=True, norm_eps=1e-5, norm_bias=True):
+    def __init__(self, *, channels, patch_size, dim, patch_norm=True, norm_eps=1e-5, norm_bias=True, linear=nn.Linear):
         patch_height, patch_width = patch_size
         patch_dim = channels * patch_height * patch_width
         super().__init__(
             Rearrange('b c (h p1) (w p2) -> b (h w) (p1 p2 c)', p1=patch_height, p2=patch_width),
             nn.LayerNorm(patch_dim, eps=norm_eps, bias=norm_bias) if patch_norm else nn.Identity(),
-            nn.Linear(patch_dim, dim),
+            linear(patch_dim, dim),
             nn.LayerNorm(dim, eps=norm_eps, bias=norm_bias) if patch_norm else nn.Identity(),
         )
 

@@ -1,12 +1,26 @@
-"""ViT with a decorrelation loss on the inputs of its layers.
+"""ViT with a decorrelation loss on the inputs of its layers, or (an option) the paper's decorrelation matrices.
 
-"Decorrelation Speeds Up Vision Transformers", arXiv 2510.14657: inputs whose features are decorrelated
-make gradient descent better conditioned, and a ViT trained with decorrelated layer inputs reaches its
-accuracy sooner. The paper inserts a decorrelation matrix before each layer, updated by its own rule from
-the off-diagonal covariance of that layer's input. vit-pytorch's module, which this one stands in for,
-keeps only the objective: the mean squared off-diagonal entry of each layer input's second-moment matrix
-(the covariance with `decorr_mean_center=True`), summed over the layers, as an auxiliary loss that the
-training step adds to its task loss; no decorrelation matrix is inserted. So does this module.
+"Decorrelation Speeds Up Vision Transformers", arXiv 2510.14657 (Carrigg et al.): inputs whose features are
+decorrelated make gradient descent better conditioned, and a ViT (the encoder of an MAE, in the paper) trained
+with decorrelated layer inputs reaches its accuracy sooner. The two methods this module offers:
+
+The paper's method, decorrelated backpropagation (Dalm et al., arXiv 2405.02385; the authors' code is
+artcogsys/decorbp, read at commit 5a15d9a, whose ViT version is its commit 3255ca6): a learned matrix R before
+the linear transform of a layer, z = R x, so that the layer multiplies z instead of x. R starts at the identity,
+is no parameter (the task's gradient flows through it to x but never changes it), and after every optimizer step
+moves by its own rule from the last batch's rows z: R <- R - lr ((1 - kappa) C R + kappa R diag(v)), C the
+off-diagonal part of the second moment Z^T Z / N and v its diagonal minus 1, which drives the off-diagonal
+second moments of z to 0 (kappa > 0: also its variances to 1, whitening). Here `decorr_matrices=True` puts one
+(`Decorrelation`) before every Linear of the encoder: the patch projection, and in each layer the query/key/value
+and output projections and both feed-forward Linears (decorbp replaces every Linear of the model it is given, and
+the paper applies it to the MAE's encoder: the head has none here). `update_decorrelation_()` is the rule's step,
+which the training loop (`vit_pytorch.training.loop.train_epoch`) takes after every optimizer step.
+
+vit-pytorch's method, which this module stands in for: no matrix; the objective alone, the mean squared
+off-diagonal entry of each layer input's second-moment matrix (the covariance with `decorr_mean_center=True`),
+summed over the layers, as an auxiliary loss that the training step adds to its task loss, so that the task's
+gradient decorrelates the inputs through the weights of the layers before. It is the default, as vit-pytorch's:
+without `decorr_matrices` the model, its arguments, state_dict and outputs are vit-pytorch's.
 
     import torch
     from vit_pytorch.vit_with_decorr import ViT
@@ -18,19 +32,40 @@ training step adds to its task loss; no decorrelation matrix is inserted. So doe
     loss = torch.nn.functional.cross_entropy(logits, labels) + 0.1 * decorr_loss
     loss.backward()
 
+    paper = ViT(image_size=256, patch_size=32, num_classes=1000, dim=1024, depth=6, heads=16, mlp_dim=2048,
+                decorr_matrices=True, decorr_matrices_lr=1e-4, decorr_matrices_kappa=1e-3)
+    optimizer = torch.optim.AdamW(paper.parameters(), lr=1e-4)   # R is no parameter: the optimizer never sees it
+    logits, _ = paper(images, return_decorr_aux_loss=False)     # (2, 1000)
+    torch.nn.functional.cross_entropy(logits, labels).backward()
+    optimizer.step()
+    paper.update_decorrelation_()                 # the rule's step, from the rows of the forward above
+
 `forward(img, return_decorr_aux_loss=None)` returns `(logits, decorr_aux_loss)` always, as vit-pytorch's
 (the loss is 0 unless asked for; by default it is asked for in training mode). The loss reads the normed
 input of every attention and feed-forward block (2 x depth tensors), on a random `decorr_sample_frac` of
 the tokens of each, or, with `decorr_layer_outputs_across_depth=True`, the branch outputs of every block,
 decorrelated across depth for each token. `DecorrelationLoss` works on its own on any (..., b, n, d) tokens.
+The two methods combine (matrices and the loss), though neither source does.
 
 Differences from vit-pytorch 1.26.14: its checkpoints load (`load_vit_pytorch`; the feed-forward's LayerNorm
-becomes the first entry of our `FeedForward.net`), except those with `pool='mean'`, whose mean includes the cls
-token; ours has no cls token under mean pooling, as `vit.ViT`, and that checkpoint is refused. Too few tokens
-to sample (fewer than 2) raise a ValueError instead of an assert. `num_classes=0` gives the tokens, as `vit.ViT`.
+becomes the first entry of our `FeedForward.net`; into a model with matrices they start at the identity), except
+those with `pool='mean'`, whose mean includes the cls token; ours has no cls token under mean pooling, as
+`vit.ViT`, and that checkpoint is refused. Too few tokens to sample (fewer than 2) raise a ValueError instead of
+an assert. `num_classes=0` gives the tokens, as `vit.ViT`. `decorr_matrices` and its options are ours.
+
+Differences from the paper's code (decorbp): the rule, its loss and its row sampling are decorbp's 'standard'
+method (tests/fixtures/make_decorbp_official_fixtures.py checks a step against it); its 'normalized' method and
+its lower-triangular matrices (`full=False`) are not offered, nor its convolution version (our patch projection
+is a Linear on flattened patches, which its Conv2d patch embedding computes too). Its defaults are taken as
+ours (lr 1e-4 and kappa 1e-3 of its command line; every row read); the rates of the paper's ViT runs are not
+known to us (we read the paper's abstract, not its method section). With several processes (DDP) each process
+steps its matrices on its own rows and DDP's buffer broadcast makes the first process's win at the next forward.
 """
 
+from functools import partial
+
 import torch
+import torch.nn.functional as F
 from einops import einsum, rearrange, reduce, repeat
 from torch import nn
 
@@ -89,12 +124,82 @@ class DecorrelationLoss(nn.Module):
         return per_sample.mean()
 
 
+class Decorrelation(nn.Module):
+    """Decorrelated backpropagation's matrix (the paper's method): z = R x for x (..., d), R a (d, d) buffer
+    `weight` that starts at the identity. The task's gradient passes through R to x but never changes R (a buffer,
+    no optimizer holds it); `update()` does, by its own rule, from the rows z of the last forward in training:
+
+        X = Z^T Z / N         (Z: the N kept rows of z, d wide; the second moment, not mean-centred)
+        C = X - diag(X)       (the off-diagonal part)         v = diag(X) - 1
+        R <- R - lr ((1 - kappa) C R + kappa R diag(v))
+
+    returning ((1 - kappa) sum C^2 + kappa sum v^2) / d^2 of those rows (before the step). kappa = 0 only
+    decorrelates; kappa > 0 also pulls each variance towards 1 (whitening). This is decorbp's 'standard' rule as
+    its code computes it (artcogsys/decorbp, `Decorrelation.update`, commit 5a15d9a; `kappa * v * weight` there
+    scales R's columns by v, hence R diag(v), where its earlier notes write the variance term on the left, diag(v)
+    R; the two agree while R is diagonal). `sample_frac` < 1 keeps int(N * sample_frac) rows drawn with
+    replacement (at least one) from the N = b * n rows of a forward (decorbp's `downsample_perc`); the output
+    always transforms every row. With no training forward since the last update, `update()` does nothing (None).
+    """
+
+    def __init__(self, dim, *, lr=1e-4, kappa=1e-3, sample_frac=1.):
+        super().__init__()
+        self.lr, self.kappa, self.sample_frac = lr, kappa, sample_frac
+        self.register_buffer('weight', torch.eye(dim))
+        self.rows = None
+
+    def forward(self, x):
+        z = F.linear(x, self.weight)
+        if self.training:
+            rows = rearrange(z.detach(), '... d -> (...) d')
+            if self.sample_frac < 1.:
+                keep = max(1, int(len(rows) * self.sample_frac))
+                rows = rows[torch.randint(len(rows), (keep,), device=rows.device)]
+            self.rows = rows
+        return z
+
+    @torch.no_grad()
+    def update(self):
+        if self.rows is None:
+            return None
+        rows, self.rows = self.rows.to(self.weight.dtype), None
+        dim = self.weight.shape[0]
+        second = rows.T @ rows / len(rows)
+        off_diagonal = second - torch.diag_embed(second.diagonal())
+        variance_gap = second.diagonal() - 1.
+        self.weight -= self.lr * ((1. - self.kappa) * off_diagonal @ self.weight +
+                                  self.kappa * self.weight * variance_gap)
+        return ((1. - self.kappa) * off_diagonal.pow(2).sum() + self.kappa * variance_gap.pow(2).sum()) / dim ** 2
+
+
+class DecorrelatedLinear(nn.Linear):
+    """A Linear whose input passes a `Decorrelation` first: y = W (R x) + b. Its parameters keep nn.Linear's keys
+    (`weight`, `bias`); R is `decorrelation.weight`."""
+
+    def __init__(self, in_features, out_features, bias=True, *, lr=1e-4, kappa=1e-3, sample_frac=1.):
+        super().__init__(in_features, out_features, bias=bias)
+        self.decorrelation = Decorrelation(in_features, lr=lr, kappa=kappa, sample_frac=sample_frac)
+
+    def forward(self, x):
+        return F.linear(self.decorrelation(x), self.weight, self.bias)
+
+
 class Attention(vit.Attention):
     """The core attention on an input the stack has already normed (with this module's `norm`), so that the stack
     can keep the normed input for the loss without norming twice."""
 
     def qkv(self, normed):
         return rearrange(self.to_qkv(normed), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=self.heads)
+
+
+def decorrelated_attention(dim, heads, dim_head, dropout=0., *, qkv_bias=False, linear, **kwargs):
+    """`Attention` whose query/key/value and output projections are built by `linear` (`DecorrelatedLinear`);
+    as the core's, no output projection when one head already has the model's width."""
+    inner_dim = heads * dim_head
+    to_qkv = linear(dim, inner_dim * 3, bias=qkv_bias)
+    to_out = nn.Identity() if heads == 1 and dim_head == dim else \
+        nn.Sequential(linear(inner_dim, dim), nn.Dropout(dropout))
+    return Attention(dim, heads, dim_head, dropout, to_qkv=to_qkv, to_out=to_out, **kwargs)
 
 
 class Transformer(vit.Transformer):
@@ -120,6 +225,12 @@ class ViT(vit.ViT):
     `forward(img, return_decorr_aux_loss=None)` -> (logits (b, num_classes), loss (a scalar; 0 unless asked for,
     by default asked for in training)). `decorr_sample_frac=0` builds no loss.
 
+    `decorr_matrices=True` (ours; off by default, which is vit-pytorch's model) adds the paper's method: a
+    `Decorrelation` matrix before every Linear of the encoder (the patch projection, and in each layer the
+    query/key/value and output projections and both feed-forward Linears; not the head), each updated by
+    `update_decorrelation_()` after every optimizer step (the training loop calls it), with its rule's
+    `decorr_matrices_lr`, `decorr_matrices_kappa` and `decorr_matrices_sample_frac` (see `Decorrelation`).
+
     `forward_features` returns all tokens after the final norm, (b, prefix + h * w, dim).
     `num_classes=0` makes `forward` return (all those tokens, the loss), as `vit.ViT` does the tokens.
     """
@@ -127,11 +238,19 @@ class ViT(vit.ViT):
     def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, pool='cls', channels=3,
                  dim_head=64, dropout=0., emb_dropout=0., decorr_sample_frac=1., decorr_use_subspace=False,
                  decorr_dim_subspace=64, decorr_num_subspaces=1, decorr_mean_center=False,
-                 decorr_layer_outputs_across_depth=False):
+                 decorr_layer_outputs_across_depth=False, decorr_matrices=False, decorr_matrices_lr=1e-4,
+                 decorr_matrices_kappa=1e-3, decorr_matrices_sample_frac=1.):
         check_arguments(**vit.arguments(locals()))
+        blocks = dict(attention=Attention)
+        if decorr_matrices:
+            linear = partial(DecorrelatedLinear, lr=decorr_matrices_lr, kappa=decorr_matrices_kappa,
+                             sample_frac=decorr_matrices_sample_frac)
+            blocks = dict(attention=partial(decorrelated_attention, linear=linear),
+                          feedforward=partial(vit.FeedForward, linear=linear),
+                          patch_embedding=partial(vit.PatchEmbedding, linear=linear))
         super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim, depth=depth,
                          heads=heads, mlp_dim=mlp_dim, pool=pool, channels=channels, dim_head=dim_head,
-                         dropout=dropout, emb_dropout=emb_dropout, attention=Attention, transformer=Transformer)
+                         dropout=dropout, emb_dropout=emb_dropout, transformer=Transformer, **blocks)
         self.decorr_layer_outputs_across_depth = decorr_layer_outputs_across_depth
         self.has_decorr_loss = decorr_sample_frac > 0.
         self.decorr_loss = DecorrelationLoss(
@@ -145,6 +264,15 @@ class ViT(vit.ViT):
         if self.decorr_layer_outputs_across_depth:
             return self.decorr_loss(rearrange(torch.stack(state['layer_outputs']), 'l b n d -> n b l d'))
         return self.decorr_loss(torch.stack(state['normed_inputs']))
+
+    @torch.no_grad()
+    def update_decorrelation_(self):
+        """The paper's step after each optimizer step: every decorrelation matrix moves by its rule, from the rows
+        of the last forward in training. Returns the mean of their losses (before the step), or None when there are
+        no matrices or no such rows."""
+        losses = [loss for module in self.modules() if isinstance(module, Decorrelation)
+                  for loss in [module.update()] if loss is not None]
+        return torch.stack(losses).mean() if losses else None
 
     def forward(self, img, return_decorr_aux_loss=None):
         wanted = self.training if return_decorr_aux_loss is None else return_decorr_aux_loss
@@ -205,11 +333,19 @@ def check_tokens(tokens, loss):
 
 
 def check_arguments(*, decorr_sample_frac, decorr_use_subspace, decorr_dim_subspace, decorr_num_subspaces,
-                    decorr_mean_center, decorr_layer_outputs_across_depth, dim, **_):
+                    decorr_mean_center, decorr_layer_outputs_across_depth, decorr_matrices, decorr_matrices_lr,
+                    decorr_matrices_kappa, decorr_matrices_sample_frac, dim, **_):
     vit.fraction('decorr_sample_frac', decorr_sample_frac, ' (the share of tokens sampled; 0: no loss)')
     for name, value in dict(decorr_use_subspace=decorr_use_subspace, decorr_mean_center=decorr_mean_center,
-                            decorr_layer_outputs_across_depth=decorr_layer_outputs_across_depth).items():
+                            decorr_layer_outputs_across_depth=decorr_layer_outputs_across_depth,
+                            decorr_matrices=decorr_matrices).items():
         vit.boolean(name, value)
+    vit.positive_float('decorr_matrices_lr', decorr_matrices_lr)
+    vit.fraction('decorr_matrices_kappa', decorr_matrices_kappa, ' (the weight of the variance term)')
+    if vit.fraction('decorr_matrices_sample_frac', decorr_matrices_sample_frac,
+                    ' (the share of rows the update reads)') == 0:
+        raise ValueError(f"decorr_matrices_sample_frac must be in (0, 1] (the share of rows the update reads), "
+                         f"got {decorr_matrices_sample_frac!r}")
     vit.positive_int('decorr_num_subspaces', decorr_num_subspaces)
     vit.positive_int('decorr_dim_subspace', decorr_dim_subspace)
     if decorr_use_subspace:
@@ -235,6 +371,9 @@ def vit_pytorch_plan(model, keys):
     renamed = {'net.0.': 'norm.', 'net.1.': 'net.0.', 'net.4.': 'net.3.'}
     for key, tensor in state.items():
         if key in plan:
+            continue
+        if key.endswith('decorrelation.weight'):                # vit-pytorch has none: they start at the identity
+            plan[key] = ({}, partial(torch.eye, tensor.shape[0], dtype=tensor.dtype))
             continue
         theirs = key
         layer, dot, rest = key.partition('.1.net.')

@@ -174,7 +174,9 @@ def train_epoch(network, optimizer, step_loss, *, epoch, seed, images, batch_siz
     dropout, masks and crops), the shuffled order of `images` cut into batches (`epoch_batches`), the learning
     rate of each step from `learning_rate`, the gradient norm of `clipped` (default: `network`) measured and
     clipped to `clip_grad` (0: measured only), then the optimizer's step, then `norm_weights_()` of every module
-    of `network` that has one (nViT's weights back on the unit sphere). Returns (totals, last learning rate).
+    of `network` that has one (nViT's weights back on the unit sphere) and `update_decorrelation_()` of every
+    module that has one (decorrelated backpropagation's matrices, `vit_with_decorr` with `decorr_matrices=True`,
+    which move by their own rule, not by the optimizer). Returns (totals, last learning rate).
 
     `step_loss(index, generator, rng, global_step)` -> (loss, checked, sums): the loss to back-propagate for the
     global batch `index` (drawing its augmentation from `generator` and `rng`, in that order every run), the
@@ -191,6 +193,9 @@ def train_epoch(network, optimizer, step_loss, *, epoch, seed, images, batch_siz
     # a model whose weights live on the unit sphere (nViT, nGPT) puts them back there after every step
     renormalise = [module.norm_weights_ for module in network.modules()
                    if callable(getattr(module, 'norm_weights_', None))]
+    # decorrelation matrices (vit_with_decorr) take their own step from the rows of the batch just trained on
+    decorrelate = [module.update_decorrelation_ for module in network.modules()
+                   if callable(getattr(module, 'update_decorrelation_', None))]
     totals = lr = None
     for step, index in enumerate(epoch_batches(order, batch_size, least)):
         global_step = epoch * steps + step
@@ -209,6 +214,8 @@ def train_epoch(network, optimizer, step_loss, *, epoch, seed, images, batch_siz
         optimizer.step()
         for norm_weights_ in renormalise:
             norm_weights_()
+        for update_decorrelation_ in decorrelate:
+            update_decorrelation_()
         if after_step is not None:
             after_step(global_step)
         totals = sums if totals is None else totals + sums
