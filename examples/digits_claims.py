@@ -1,8 +1,11 @@
-"""Three papers' training claims checked on the digits: the short runs of docs/tokens.md and docs/blocks.md.
+"""Papers' training claims checked on the digits: the short runs of docs/tokens.md and docs/blocks.md.
 
     python examples/digits_claims.py patch_merger --seeds 0 1 2 3 4 --epochs 30 --out runs/claims_patch_merger
     python examples/digits_claims.py decorr --seeds 0 1 2 3 4 --epochs 10 --out runs/claims_decorr
     python examples/digits_claims.py residuals --seeds 0 1 2 3 4 --epochs 30 --out runs/claims_residuals
+    python examples/digits_claims.py tokens2 --seeds 0 1 2 3 --epochs 10 --out runs/claims_tokens2
+    python examples/digits_claims.py blocks2 --seeds 0 1 2 --epochs 10 --out runs/claims_blocks2
+    python examples/digits_claims.py detpool --seeds 0 1 2 3 4 --epochs 10 --out runs/claims_detpool
 
 On scikit-learn's digits at 16 pixels (the training command's data and split, 1,347 training and 450 test images),
 with the training command's recipe and epoch loop (`vit_pytorch.training.trials.fit`, the setup of
@@ -24,12 +27,37 @@ digits after every epoch. The models are the trainer's small ones (patch 4, so 1
                 ("Hyper-Connections", arXiv 2409.19606): better or faster training at about the same compute.
                 `simple_vit` against `simple_vit_with_value_residual` (learned mix, vit-pytorch's default) and
                 `simple_vit_with_hyper_connections` (4 streams, no registers, so that only the residuals differ).
+  tokens2       token layouts against `simple_vit` (mean pooling, 16 tokens): the specialized cls token
+                ("Revisiting [CLS] and Patch Token Interaction", arXiv 2602.08626: better) against the same model with
+                each specialized pair tied (SimpleViT with a cls token); the Jumbo CLS token (arXiv 2502.15021: better
+                at nearly the same cost; K = 2 with vit-pytorch's jumbo MLP x2, +19% forward FLOPs here, the nearest
+                to the +12.6% of Jumbo-S/16 over its SimpleViT at 224 pixels, counted alike); LookupViT
+                (arXiv 2407.12753: the accuracy at fewer FLOPs; 4 compressed tokens of 8x8 pixels read 16 lookup
+                tokens of 4x4, heavy MLP x2 as SimpleViT's, light MLP x1), beside SimpleViT on patches of 8 (its 4
+                tokens alone); JetViT (arXiv 2605.26636: the accuracy at a cheaper attention)
+                with linear or 2x2 window attention in every layer against its own full attention (a ViT with mean
+                pooling and the patch projection between LayerNorms), trained so from the start (the paper searches
+                after training a full-attention model).
+  blocks2       residual streams and blocks against `simple_vit`: orthogonal residual updates (arXiv 2505.11881:
+                more stable, faster), attention residuals (arXiv 2603.15031: better), AttnRes with DeepCrossAttention
+                (arXiv 2502.06785: better), gated attention (arXiv 2505.06708: better, more stable; no registers, with
+                and without vit-pytorch's sparsity loss at the training command's weight), U-ViT's long skips
+                (arXiv 2209.12152, a diffusion backbone: only a stand-in check that the skips do not hurt a
+                classifier; no registers); and LocalViT (arXiv 2104.05707: locality helps, most on small data)
+                against the ViT it modifies (`vit`, cls token).
+  detpool       DetPool (arXiv 2510.12866: an object-centric representation) on cluttered digits: each 16-pixel
+                digit at a random place of a 24-pixel black canvas over 3 pieces (8x8 squares cut at random places)
+                of other digits of its set, pasted at random places, the brighter pixel winning (`cluttered`); the
+                digit's own pixels above 0.25 are its object mask, given as a second channel (so the training
+                shifts move it with the image) that `vit_detpool` takes as `object_mask`, against the same model
+                without it (a ViT with mean pooling; 36 patch tokens).
 
 The table gives the test accuracy after given epochs (mean +- sample std over the seeds), the paired difference to
-the first model of the same seed, the forward FLOPs per image counted by `vit_pytorch.flops.training_flops`
-(torch.utils.flop_counter; for the patch merger also the formula `merger_flops`) and the parameters; for decorr
-also the test digits' decorrelation loss (the model's auxiliary loss, of its blocks' normed inputs) and
-`linear_input_correlation` (of what every Linear of the encoder multiplies, after its matrix where it has one).
+the first model of the same seed (or to the model `AGAINST` names), the forward FLOPs per image counted by
+`vit_pytorch.flops.training_flops` (torch.utils.flop_counter; for the patch merger also the formula `merger_flops`)
+and the parameters; for decorr also the test digits' decorrelation loss (the model's auxiliary loss, of its blocks'
+normed inputs) and `linear_input_correlation` (of what every Linear of the encoder multiplies, after its matrix where
+it has one).
 
 Written to --out: results.json (one record per run, saved as each ends: the same command run again skips the runs
 recorded, and refuses other settings in the same --out) and table.md.
@@ -43,11 +71,12 @@ import time
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from vit_pytorch.flops import training_flops
 from vit_pytorch.training import loop, registry
-from vit_pytorch.training.data import normalise
-from vit_pytorch.training.trials import Results, fit
+from vit_pytorch.training.data import ImageSet, normalise
+from vit_pytorch.training.trials import Results, fit, with_statistics
 from vit_pytorch.vit_with_decorr import DecorrelatedLinear, Decorrelation
 
 
@@ -62,6 +91,10 @@ ats_tokens = _ats_tokens()           # its data and recipe (`digits_plan`), `spr
 
 DECORR_WEIGHT = 0.1
 DECORR_MATRICES = dict(decorr_matrices=True)
+SPARSITY_WEIGHT = 0.1          # the training command's default --sparsity-aux-loss-weight
+TIED_CLS = 'SimpleViT with a cls token (tied)'
+JET_FULL = 'JetViT, full attention (FA) in every layer'
+CLUTTER_SIZE, CLUTTER_PIECES, PIECE_SIZE, INK = 24, 3, 8, 0.25
 
 # claim -> [(label, registered name, options beyond the trainer's small configuration, training weight of the
 # model's auxiliary loss or None)]; the first is the one the others are paired with
@@ -84,6 +117,43 @@ CLAIMS = {
         ('value residual (learned mix)', 'simple_vit_with_value_residual', {}, None),
         ('hyper-connections (4 streams)', 'simple_vit_with_hyper_connections', dict(num_register_tokens=0), None),
     ],
+    'tokens2': [
+        ('SimpleViT', 'simple_vit', {}, None),
+        (TIED_CLS, 'simple_vit_with_specialized_cls', {}, None),
+        ('specialized cls token', 'simple_vit_with_specialized_cls', {}, None),
+        ('Jumbo CLS, K = 2, jumbo MLP x2', 'jumbo_vit', dict(jumbo_cls_k=2, jumbo_ff_mult=2), None),
+        ('SimpleViT, patches of 8 (4 tokens)', 'simple_vit', dict(patch_size=8), None),
+        ('LookupViT, 4 compressed + 16 lookup tokens', 'look_vit', dict(mlp_factor=2, highres_mlp_factor=1), None),
+        (JET_FULL, 'jet_vit', dict(window_size=2), None),
+        ('JetViT, linear attention (LA) in every layer', 'jet_vit', dict(window_size=2, attn_layers=['LA'] * 4),
+         None),
+        ('JetViT, 2x2 window attention (WA) in every layer', 'jet_vit',
+         dict(window_size=2, attn_layers=['WA'] * 4), None),
+    ],
+    'blocks2': [
+        ('SimpleViT', 'simple_vit', {}, None),
+        ('orthogonal residual updates', 'simple_vit_orthog_residual_update', {}, None),
+        ('attention residuals (AttnRes)', 'simple_vit_attn_residual', {}, None),
+        ('AttnRes with DCA (1 head group)', 'attn_residual_with_dca_simple_vit', {}, None),
+        ('gated attention (G1), no registers', 'simple_vit_with_sparse_gating', dict(num_register_tokens=0), None),
+        (f'gated attention, sparsity loss {SPARSITY_WEIGHT}', 'simple_vit_with_sparse_gating',
+         dict(num_register_tokens=0), SPARSITY_WEIGHT),
+        ('U-ViT long skips, no registers', 'simple_uvit', dict(num_register_tokens=0), None),
+        ('ViT (cls token)', 'vit', {}, None),
+        ('LocalViT', 'local_vit', {}, None),
+    ],
+    'detpool': [
+        ('ViT, mean pooling, no mask', 'vit_detpool', dict(channels=1), None),
+        ("DetPool, the digit's mask", 'vit_detpool', dict(channels=1), None),
+    ],
+}
+
+# the model each one is paired with, where it is not the claim's first
+AGAINST = {
+    'specialized cls token': TIED_CLS,
+    'JetViT, linear attention (LA) in every layer': JET_FULL,
+    'JetViT, 2x2 window attention (WA) in every layer': JET_FULL,
+    'LocalViT': 'ViT (cls token)',
 }
 
 
@@ -105,9 +175,84 @@ def merger_flops(*, image_size, patch_size, channels, num_classes, dim, depth, h
     return flops + 2 * dim * num_classes                                     # the head
 
 
-def build(name, config, seed):
+def tied_cls(model):
+    """A `simple_vit_with_specialized_cls` model with each specialized pair tied (the cls token's LayerNorm or
+    projection is the patches'): SimpleViT with a cls token that classifies, the specialization's control."""
+    from vit_pytorch.simple_vit_with_specialized_cls import Specialized
+    for module in model.modules():
+        if isinstance(module, Specialized):
+            module.fns[0] = module.fns[1]
+    return model
+
+
+class MaskChannel(nn.Module):
+    """A model of one-channel images, fed two channels: the image, then its object mask (1 on the object, 0 off
+    it, normalised with the image by the training images' statistics, so that a shift moves both alike). With
+    `use_mask` the mask goes on as `object_mask`, else it is dropped."""
+
+    def __init__(self, model, threshold, use_mask):
+        super().__init__()
+        self.model, self.threshold, self.use_mask = model, threshold, use_mask
+
+    def forward(self, images):
+        object_mask = images[:, 1] > self.threshold if self.use_mask else None
+        return self.model(images[:, :1], object_mask=object_mask)
+
+
+def mask_threshold(data):
+    """The mask channel's 0.5 after normalisation."""
+    return (0.5 - data.mean[1]) / data.std[1]
+
+
+# label -> function(model, data) that makes the trained model of the one built
+WRAPS = {
+    TIED_CLS: lambda model, data: tied_cls(model),
+    'ViT, mean pooling, no mask': lambda model, data: MaskChannel(model, mask_threshold(data), use_mask=False),
+    "DetPool, the digit's mask": lambda model, data: MaskChannel(model, mask_threshold(data), use_mask=True),
+}
+
+
+def cluttered(images, generator):
+    """Two-channel images (n, 2, CLUTTER_SIZE, CLUTTER_SIZE) of one-channel `images` (n, 1, s, s) in [0, 1]: each
+    at a random place on a black canvas over CLUTTER_PIECES pieces of other images of the set (PIECE_SIZE squares
+    cut at random places, pasted at random places), the brighter pixel winning; then the mask of the image's own
+    ink (pixels above INK) at its place."""
+    count, _, side, _ = images.shape
+    canvas = torch.zeros(count, 2, CLUTTER_SIZE, CLUTTER_SIZE)
+    for index in range(count):
+        for _ in range(CLUTTER_PIECES):
+            other = (index + torch.randint(1, count, (), generator=generator).item()) % count
+            y, x = torch.randint(0, side - PIECE_SIZE + 1, (2,), generator=generator).tolist()
+            top, left = torch.randint(0, CLUTTER_SIZE - PIECE_SIZE + 1, (2,), generator=generator).tolist()
+            window = canvas[index, 0, top:top + PIECE_SIZE, left:left + PIECE_SIZE]
+            window.copy_(torch.maximum(window, images[other, 0, y:y + PIECE_SIZE, x:x + PIECE_SIZE]))
+        top, left = torch.randint(0, CLUTTER_SIZE - side + 1, (2,), generator=generator).tolist()
+        window = canvas[index, 0, top:top + side, left:left + side]
+        window.copy_(torch.maximum(window, images[index, 0]))
+        canvas[index, 1, top:top + side, left:left + side] = (images[index, 0] > INK).float()
+    return canvas
+
+
+def cluttered_data(data):
+    """The digits on cluttered canvases (`cluttered`), the training set's drawn with seed 0, the test set's
+    (whose clutter comes from test digits) with seed 1."""
+    sets = [ImageSet(cluttered(part.floats(), torch.Generator().manual_seed(seed)), part.labels, part.classes)
+            for seed, part in enumerate((data.train, data.test))]
+    return with_statistics(*sets)
+
+
+# claim -> function(data) that gives its data, where it is not the 16-pixel digits
+CLAIM_DATA = {'detpool': cluttered_data}
+
+
+def claim_data(claim, data):
+    return CLAIM_DATA[claim](data) if claim in CLAIM_DATA else data
+
+
+def build(label, name, config, seed, data):
     torch.manual_seed(seed)
-    return registry.build_model(name, **config)
+    model = registry.build_model(name, **config)
+    return WRAPS[label](model, data) if label in WRAPS else model
 
 
 def configs(claim, data):
@@ -115,17 +260,18 @@ def configs(claim, data):
                                   num_classes=data.num_classes) for _, name, options, _ in CLAIMS[claim]]
 
 
-def run(name, config, weight, data, plan, seed, label):
+def run(label, name, config, weight, data, plan, seed):
     """Train one model; its record: the last epoch's test accuracy and loss, the test accuracy after every epoch,
     and for the decorrelation model the mean decorrelation loss of the test digits' layer inputs."""
-    model = build(name, config, seed)
+    model = build(label, name, config, seed, data)
     curve = []
 
     def after_epoch(epoch, model):
         curve.append(loop.evaluate(model, data.test, mean=data.mean, std=data.std)['accuracy'])
 
     aux = None if not weight else (registry.AUX_LOSSES[name][0], weight)
-    record = fit(model, data, plan, seed=seed, device='cpu', title=label, aux_loss=aux, after_epoch=after_epoch)
+    record = fit(model, data, plan, seed=seed, device='cpu', title=f'seed {seed} {label}', aux_loss=aux,
+                 after_epoch=after_epoch)
     record['curve'] = curve
     if name == 'vit_with_decorr':
         images = normalise(data.test.floats(), data.mean, data.std)
@@ -175,14 +321,17 @@ def table(claim, results, data, seeds, epochs):
     if claim == 'decorr':
         header += ['test decorrelation loss', "test correlation of the Linears' inputs"]
     lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+    first = {label: index for index, (label, *_) in enumerate(models)}
     for index, ((label, name, _, _), config, by_seed) in enumerate(zip(models, configs(claim, data), records)):
+        against = records[first[AGAINST.get(label, models[0][0])]]
         cells = [label]
         for epoch in shown:
             cells.append('{:.2f} +- {:.2f}%'.format(*ats_tokens.spread([by_seed[seed]['curve'][epoch - 1]
                                                                         for seed in seeds])))
-        differences = [by_seed[seed]['test_accuracy'] - records[0][seed]['test_accuracy'] for seed in seeds]
-        cells.append('' if index == 0 else '{:+.2f} +- {:.2f} points'.format(*ats_tokens.spread(differences)))
-        model = build(name, config, 0)
+        differences = [by_seed[seed]['test_accuracy'] - against[seed]['test_accuracy'] for seed in seeds]
+        cells.append('' if index == 0 else '{:+.2f} +- {:.2f} points'.format(*ats_tokens.spread(differences))
+                     + (f' (vs {AGAINST[label]})' if label in AGAINST else ''))
+        model = build(label, name, config, 0, data)
         counted = training_flops(model, data.image_size, channels=data.channels, num_classes=data.num_classes)[1]
         flops = f'{counted / 1e6:.2f}'
         if claim == 'patch_merger':
@@ -212,9 +361,12 @@ def main(argv=None):
     out = args.out or Path(f'runs/claims_{args.claim}')
 
     data, recipe, plan = ats_tokens.digits_plan(args.epochs, args.quiet)
+    data = claim_data(args.claim, data)
     settings = dict(epochs=args.epochs, recipe=recipe, models=[[label, name, options, weight] for label, name,
                                                                options, weight in CLAIMS[args.claim]],
                     configs=configs(args.claim, data))
+    if args.claim in CLAIM_DATA:
+        settings['data'] = dict(image_size=CLUTTER_SIZE, pieces=CLUTTER_PIECES, piece_size=PIECE_SIZE, ink=INK)
     results = Results(out, f'digits_claims {args.claim}', settings)
     if results.differences:
         raise SystemExit(f"{out} holds runs of other settings: {'; '.join(results.differences)}; use another --out")
@@ -223,7 +375,7 @@ def main(argv=None):
     for seed in args.seeds:
         for (label, name, _, weight), config in zip(CLAIMS[args.claim], configs(args.claim, data)):
             results.run(dict(seed=seed, setting=label),
-                        lambda: run(name, config, weight, data, plan, seed, f'seed {seed} {label}'),
+                        lambda: run(label, name, config, weight, data, plan, seed),
                         quiet=args.quiet, label=f'seed {seed} {label}')
     lines = table(args.claim, results, data, args.seeds, args.epochs)
     text = '\n'.join(lines)

@@ -1,5 +1,6 @@
 """examples/digits_claims.py (issues 26, 27): its FLOP formula for the patch merger, the auxiliary loss and the
-per-epoch hook it gives `trials.fit`, and the script at a tiny size."""
+per-epoch hook it gives `trials.fit`, the tied control of the specialized cls token, the cluttered digits and their
+mask channel, and the script at a tiny size."""
 
 import argparse
 import importlib.util
@@ -13,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from vit_pytorch.flops import FLOP_FORMULAS, explicit_attention
 from vit_pytorch.training import registry
-from vit_pytorch.training.data import ImageSet
+from vit_pytorch.training.data import ImageSet, normalise
 from vit_pytorch.training.trials import fit, with_statistics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,8 +109,64 @@ def test_fit_without_an_auxiliary_loss_does_not_ask_for_one():
     assert model.offset.grad is None and not any(model.asked)
 
 
-@pytest.mark.slow          # 9 trainings of 2 epochs each on the 1,347 digits (one thread)
-@pytest.mark.parametrize('claim', ['patch_merger', 'decorr', 'residuals'])
+def test_the_tied_control_is_a_simplevit_with_a_cls_token():
+    # every specialized pair tied: SimpleViT's parameters and the cls token (dim), none of the cls token's own
+    from vit_pytorch.simple_vit import SimpleViT
+    from vit_pytorch.simple_vit_with_specialized_cls import SimpleViT as Specialized
+    tied = digits_claims.tied_cls(Specialized(**SMALL, specialize_qkv_depth=2))
+    assert sum(p.numel() for p in tied.parameters()) == sum(p.numel() for p in SimpleViT(**SMALL).parameters()) + 64
+    # its layers treat the cls token as any token: swapping it with a patch token swaps the outputs (not so untied,
+    # where the first two layers' qkv projections differ)
+    tokens, swap = torch.randn(2, 17, 64), [5, 1, 2, 3, 4, 0, *range(6, 17)]
+    torch.manual_seed(0)
+    untied = Specialized(**SMALL, specialize_qkv_depth=2)
+    for model, equivariant in ((tied, True), (untied, False)):
+        with torch.no_grad():
+            out, swapped = model.transformer(tokens), model.transformer(tokens[:, swap])
+        assert torch.allclose(swapped, out[:, swap], atol=1e-5) == equivariant
+
+
+def test_cluttered_digits_hold_the_digit_whole_over_pieces_of_others():
+    # five flat images of distinct brightness: the mask is one 16 x 16 square of ones; under it the canvas is at
+    # least the image's own brightness; elsewhere only black or other images' brightness
+    levels = 0.3 + 0.1 * torch.arange(5)
+    images = levels[:, None, None, None].expand(5, 1, 16, 16).contiguous()
+    canvas = digits_claims.cluttered(images, torch.Generator().manual_seed(0))
+    assert canvas.shape == (5, 2, 24, 24)
+    for index, level in enumerate(levels):
+        mask = canvas[index, 1].bool()
+        rows, columns = mask.any(dim=1).nonzero().flatten(), mask.any(dim=0).nonzero().flatten()
+        assert mask.sum() == 256 and len(rows) == len(columns) == 16
+        assert mask[rows[0]:rows[-1] + 1, columns[0]:columns[-1] + 1].all()
+        assert (canvas[index, 0][mask] >= level).all()
+        outside = set(canvas[index, 0][~mask].unique().tolist())
+        assert level.item() not in outside and outside <= {0.0, *(levels[levels != level].tolist())}
+        assert len(outside) > 1                                              # some clutter landed off the digit
+    # the mask marks the image's pixels above INK, nothing else
+    ramp = torch.linspace(0, 1, 256).reshape(1, 1, 16, 16).repeat(2, 1, 1, 1)
+    canvas = digits_claims.cluttered(ramp, torch.Generator().manual_seed(1))
+    assert canvas[:, 1].sum(dim=(1, 2)).tolist() == [float((ramp[0] > digits_claims.INK).sum())] * 2
+
+
+def test_the_mask_channel_comes_back_after_normalisation():
+    class Spy(nn.Module):
+        def forward(self, images, object_mask=None):
+            self.seen = images, object_mask
+            return images.mean(dim=(1, 2, 3))
+    generator = torch.Generator().manual_seed(0)
+    images = torch.rand(6, 2, 8, 8, generator=generator)
+    images[:, 1] = (images[:, 1] > 0.1).float()            # mostly ones: 1 normalises below 0.5
+    data = with_statistics(ImageSet(images, torch.zeros(6, dtype=torch.long), ['a']), ImageSet(images, None, ['a']))
+    normed = normalise(images, data.mean, data.std)
+    spy = Spy()
+    digits_claims.MaskChannel(spy, digits_claims.mask_threshold(data), use_mask=True)(normed)
+    assert torch.equal(spy.seen[0], normed[:, :1]) and torch.equal(spy.seen[1], images[:, 1].bool())
+    digits_claims.MaskChannel(spy, digits_claims.mask_threshold(data), use_mask=False)(normed)
+    assert spy.seen[1] is None
+
+
+@pytest.mark.slow          # 2 epochs each on the 1,347 digits: 24 s of CPU time for the first three, 40 s for the others
+@pytest.mark.parametrize('claim', ['patch_merger', 'decorr', 'residuals', 'tokens2', 'blocks2', 'detpool'])
 def test_the_script_at_a_tiny_size(claim, tmp_path, monkeypatch):
     arguments = [claim, '--seeds', '0', '--epochs', '2', '--out', str(tmp_path), '--quiet']
     lines = digits_claims.main(arguments)
@@ -119,7 +176,6 @@ def test_the_script_at_a_tiny_size(claim, tmp_path, monkeypatch):
     assert sorted(runs) == sorted(label for label, *_ in models)
     assert (tmp_path / 'table.md').read_text().splitlines() == lines and len(lines) == 2 + len(models)
 
-    first = runs[models[0][0]]
     for line, (label, name, options, weight) in zip(lines[2:], models):
         run = runs[label]
         # a test after each epoch, the last of them the final test that fit reports
@@ -127,20 +183,29 @@ def test_the_script_at_a_tiny_size(claim, tmp_path, monkeypatch):
         cells = [cell.strip() for cell in line.strip('|').split('|')]
         assert cells[0] == label
         assert cells[1:3] == [f"{100 * accuracy:.2f} +- 0.00%" for accuracy in run['curve']]
-        # the paired difference is this model's accuracy minus the first's
+        # the paired difference is this model's accuracy minus the first's, or the one's it is paired with
+        against = digits_claims.AGAINST.get(label)
+        difference = 100 * (run['test_accuracy'] - runs[against or models[0][0]]['test_accuracy'])
         assert cells[3] == ('' if label == models[0][0] else
-                            f"{100 * (run['test_accuracy'] - first['test_accuracy']):+.2f} +- 0.00 points")
-        config = registry.model_config(name, options, image_size=16, channels=1, num_classes=10)
+                            f"{difference:+.2f} +- 0.00 points" + (f' (vs {against})' if against else ''))
+        size = 24 if claim == 'detpool' else 16           # the cluttered canvas
+        config = registry.model_config(name, options, image_size=size, channels=1, num_classes=10)
         if claim == 'patch_merger':                       # the counter's FLOPs and the formula's agree
             counted, formula = cells[4].removesuffix(')').split(' (formula ')
             assert counted == formula == f'{digits_claims.merger_flops(**config) / 1e6:.2f}'
-        assert cells[5] == f"{sum(p.numel() for p in registry.build_model(name, **config).parameters()):,}"
+        parameters = sum(p.numel() for p in registry.build_model(name, **config).parameters())
+        if label == digits_claims.TIED_CLS:               # SimpleViT's and the cls token
+            parameters = sum(p.numel() for p in registry.build_model('simple_vit', **config).parameters()) + 64
+        assert cells[5] == f"{parameters:,}"
     if claim == 'patch_merger':                           # 16 tokens, then K: fewer FLOPs the fewer tokens
         flops = [float(line.split('|')[5].split()[0]) for line in lines[2:]]
         assert flops[0] > flops[1] > flops[2]
     if claim == 'decorr':
         assert all(run['test_decorr_loss'] > 0 and run['test_linear_input_correlation'] > 0
                    for run in runs.values()) and len(runs) == 4
+    if claim == 'detpool':                                # one ViT, with and without the mask
+        assert len({line.split('|')[5] for line in lines[2:]}) == 1
+        assert saved['settings']['data'] == dict(image_size=24, pieces=3, piece_size=8, ink=0.25)
 
     # run again, it trains nothing: the recorded runs are read back
     monkeypatch.setattr(digits_claims, 'fit', lambda *args, **kwargs: pytest.fail('trained a recorded run again'))
