@@ -85,6 +85,22 @@ def test_talking_heads_equals_per_head_formula():
         assert torch.allclose(attn(x), expected, atol=1e-5)
 
 
+def test_head_mixing_is_the_formula_and_leaves_the_logits_contiguous_for_the_softmax():
+    # issue 29: an einsum left the mixed (b, heads, n, n) logits permuted at batch 8, and the bias add and softmax
+    # on them strided (cait infer@8 0.92); the gradients must reach the mixing weight and bias as the formula's do
+    linear = torch.nn.Linear(3, 3)
+    logits = torch.randn(4, 3, 7, 7, requires_grad=True)
+    mixed = TalkingHeadsAttention.mix_heads(logits, linear)
+    assert mixed.is_contiguous()
+    expected = torch.stack([sum(linear.weight[g, h] * logits[:, h] for h in range(3)) + linear.bias[g]
+                            for g in range(3)], dim=1)
+    assert torch.allclose(mixed, expected, atol=1e-6)
+    grads = torch.autograd.grad(mixed.square().sum(), (logits, linear.weight, linear.bias))
+    expected_grads = torch.autograd.grad(expected.square().sum(), (logits, linear.weight, linear.bias))
+    for got, want in zip(grads, expected_grads):
+        assert torch.allclose(got, want, atol=1e-4)
+
+
 def test_talking_heads_mixes_information_across_heads():
     attn = TalkingHeadsAttention(16, heads=2, dim_head=8).eval()
     x = torch.randn(1, 4, 16)
