@@ -411,3 +411,11 @@ def test_vit_pytorchs_main_block_runs():
     assert DecorrelationLoss(0.1)(hiddens).ndim == 0
     assert DecorrelationLoss(0.1)(hiddens[0]).ndim == 0
     assert DecorrelationLoss(0.0001, soft_validate_num_sampled=True)(hiddens).item() == 0
+
+
+def test_key_index_is_refused_where_the_qkv_linear_decorrelates_its_input():
+    # key_index projects with to_qkv's rows directly (F.linear): on a DecorrelatedLinear that would skip R
+    attention = vit.Attention(16, heads=2, dim_head=8, linear=DecorrelatedLinear)
+    assert isinstance(attention.to_qkv, DecorrelatedLinear) and isinstance(attention.to_out[0], DecorrelatedLinear)
+    with pytest.raises(TypeError, match="key_index projects .* DecorrelatedLinear"):
+        attention(torch.randn(2, 5, 16), key_index=torch.tensor([[0, 2], [1, 3]]))

@@ -114,12 +114,14 @@ class Attention(nn.Module):
 
     `to_out` replaces the output projection (default: Linear then Dropout, left out as
     vit-pytorch does when one head already has the model's width); `norm` and `to_qkv` replace the
-    pre-norm and the query/key/value projection (a variant with other parameters for some tokens). `fused` and
-    `attention_probs` are the recorder's protocol (see `attend`).
+    pre-norm and the query/key/value projection (a variant with other parameters for some tokens); `linear`
+    builds the default projections from (in_features, out_features, bias=...) (a Linear that transforms its
+    input first: decorrelated backpropagation's, in vit_with_decorr). `fused` and `attention_probs` are the
+    recorder's protocol (see `attend`).
     """
 
     def __init__(self, dim, heads=8, dim_head=64, dropout=0., *, qkv_bias=False, norm_eps=1e-5, norm_bias=True,
-                 to_out=None, norm=None, to_qkv=None):
+                 to_out=None, norm=None, to_qkv=None, linear=nn.Linear):
         super().__init__()
         inner_dim = heads * dim_head
         self.heads = heads
@@ -128,6 +130,8 @@ class Attention(nn.Module):
         self.fused = True
 
         self.norm = nn.LayerNorm(dim, eps=norm_eps, bias=norm_bias) if norm is None else norm
+        if to_qkv is None and linear is not nn.Linear:
+            to_qkv = linear(dim, inner_dim * 3, bias=qkv_bias)
         if to_qkv is None:
             self.build_projections(dim, inner_dim, bias=qkv_bias)
         else:
@@ -135,7 +139,7 @@ class Attention(nn.Module):
         self.attention_probs = nn.Identity()
         if to_out is None:
             to_out = nn.Identity() if heads == 1 and dim_head == dim else \
-                nn.Sequential(nn.Linear(inner_dim, dim), nn.Dropout(dropout))
+                nn.Sequential(linear(inner_dim, dim), nn.Dropout(dropout))
         self.to_out = to_out
 
     def build_projections(self, dim, inner_dim, *, bias):
@@ -149,7 +153,7 @@ class Attention(nn.Module):
         x = self.norm(x)
         if key_index is None:
             return rearrange(self.to_qkv(x), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=self.heads)
-        if not isinstance(self.to_qkv, nn.Linear):
+        if type(self.to_qkv) is not nn.Linear:          # a Linear subclass may transform its input first
             raise TypeError(f"key_index projects the keys and values of some tokens with the rows of one Linear "
                             f"to_qkv; {type(self).__name__}'s to_qkv is a {type(self.to_qkv).__name__}")
         weight, bias = self.to_qkv.weight, self.to_qkv.bias

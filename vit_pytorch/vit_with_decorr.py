@@ -192,16 +192,6 @@ class Attention(vit.Attention):
         return rearrange(self.to_qkv(normed), 'b n (qkv h d) -> qkv b h n d', qkv=3, h=self.heads)
 
 
-def decorrelated_attention(dim, heads, dim_head, dropout=0., *, qkv_bias=False, linear, **kwargs):
-    """`Attention` whose query/key/value and output projections are built by `linear` (`DecorrelatedLinear`);
-    as the core's, no output projection when one head already has the model's width."""
-    inner_dim = heads * dim_head
-    to_qkv = linear(dim, inner_dim * 3, bias=qkv_bias)
-    to_out = nn.Identity() if heads == 1 and dim_head == dim else \
-        nn.Sequential(linear(inner_dim, dim), nn.Dropout(dropout))
-    return Attention(dim, heads, dim_head, dropout, to_qkv=to_qkv, to_out=to_out, **kwargs)
-
-
 class Transformer(vit.Transformer):
     """The ViT encoder whose layers hand down their blocks' normed inputs and branch outputs when `gather=True`
     (state 'normed_inputs' and 'layer_outputs', in order: attention then feed-forward of each layer)."""
@@ -245,7 +235,7 @@ class ViT(vit.ViT):
         if decorr_matrices:
             linear = partial(DecorrelatedLinear, lr=decorr_matrices_lr, kappa=decorr_matrices_kappa,
                              sample_frac=decorr_matrices_sample_frac)
-            blocks = dict(attention=partial(decorrelated_attention, linear=linear),
+            blocks = dict(attention=partial(Attention, linear=linear),
                           feedforward=partial(vit.FeedForward, linear=linear),
                           patch_embedding=partial(vit.PatchEmbedding, linear=linear))
         super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim, depth=depth,
