@@ -682,6 +682,8 @@ def run_wrapper_rows(wrapper_steps, monkeypatch, rows):
 
 
 def test_wrapper_steps_measures_a_wrapper_with_and_one_without_an_inference_path(wrapper_steps, monkeypatch):
+    # mp3 returns only its loss (no inference row), vat predicts: run_wrapper_rows checks each row's tasks
+    assert 'mp3' in wrapper_steps.NO_INFERENCE and 'vat' not in wrapper_steps.NO_INFERENCE
     run_wrapper_rows(wrapper_steps, monkeypatch, ['mp3', 'vat'])
 
 
