@@ -71,9 +71,9 @@ class TalkingHeadsAttention(vit.Attention):
 
     def forward(self, x):
         q, k, v = self.qkv(x)
-        # scaling q (n x dim_head) rather than the logits (n x n): 4x fewer multiplications at 196 tokens of 48
-        # one name rebound: the mixed logits are freed before the second mixing allocates (a (b, heads, n, n) block
-        # less held, fewer fresh pages faulted in)
+        # q (n x dim_head) is scaled rather than the logits (n x n): 4x fewer multiplications at 196 tokens of 48.
+        # One name, rebound: the mixed logits are freed before the second mixing allocates (one (b, heads, n, n)
+        # block less held, fewer fresh pages faulted in)
         attn = self.mix_heads((q * self.scale) @ k.transpose(-1, -2), self.mix_heads_pre_attn)
         attn = self.attention_probs(attn.softmax(dim=-1))
         attn = F.dropout(self.mix_heads(attn, self.mix_heads_post_attn), self.dropout, self.training)
