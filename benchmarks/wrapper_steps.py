@@ -15,9 +15,10 @@ Speeds are paired ratios ours / vit-pytorch's over interleaved rounds of CPU tim
 1, ours is faster. The memory ratio is ours / vit-pytorch's, run by run; below 1, ours takes less. Where
 vit-pytorch's weights load into ours (`load_vit_pytorch`), ours gets them and the outputs are checked equal before
 timing; where its module computes another function (`DIFFERENT_FUNCTION`) or cannot run here, the row says so, the
-latter with the exception it raised (ours is still measured). vit-pytorch 1.26.14 comes from $VIT_PYTORCH_SOURCE
-(its wheel or unpacked folder), as in throughput.py. Run in an environment with torchvision (vit-pytorch's levjepa
-imports it):
+latter with the exception it raised, and where `load_vit_pytorch` refuses its weights (a function ours does not
+compute) the row says "not timed" with the loader's reason (ours is still measured). vit-pytorch 1.26.14 comes
+from $VIT_PYTORCH_SOURCE (its wheel or unpacked folder), as in throughput.py. Run in an environment with
+torchvision (vit-pytorch's levjepa imports it) and torchaudio (its vaat does):
 
     PYTHONPATH=. VIT_PYTORCH_SOURCE=vit_pytorch-1.26.14-py3-none-any.whl python benchmarks/wrapper_steps.py --json rows.json
 
@@ -39,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import throughput  # noqa: E402  (the timing helpers: interleaved, paired, Runner.run, rss_mib, the memory child's environment)
 
-from vit_pytorch.pretrained import load_vit_pytorch  # noqa: E402
+from vit_pytorch.pretrained import CheckpointError, load_vit_pytorch  # noqa: E402
 
 BATCH = 8
 ROW_NAMES = ('mp3', 'levjepa', 'levjepa_nd', 'vat', 'vaat', 'vat_siglip')
@@ -55,9 +56,11 @@ CONFIGS = {
     'vat': "__main__: ViT 256 px / 32, width 256, depth 4; VAT width 512, depth 9, 8 heads, MLP 2048, 2 views x 4 "
            "frames, 4 tasks, an extra token of 33, chunks of 7 x 20, layers (0,0,1,1,2,2,3,3,4), training with "
            "freeze_vit; batch 2, here 8",
-    'vaat': "__main__: ViT 256 px / 32 and AST (patches 16), width 384, depth 4; VAAT as VAT's with 2 audio views, "
-            "AST layers (1,1,1,2,2,2,3,3,3); batch 2, here 8, and audio of 14,100 samples (its 70,500: 4 x 367 "
-            "AST patches a view, here 4 x 73)",
+    'vaat': "__main__: ViT 256 px / 32 and AST (patches 16), width 384, depth 4; VAAT as VAT's, AST layers "
+            "(1,1,1,2,2,2,3,3,3), 2 audio views; batch 2, here 8 with 1 audio view (with 2, vit-pytorch's VAAT "
+            "adds its audio view embedding's row i to batch element i and raises at batch 8; load_vit_pytorch "
+            "refuses those weights), and audio of 14,100 samples (its 70,500: 4 x 367 AST patches a view, here "
+            "4 x 73)",
     'vat_siglip': "__main__: SigLIP So400m/14 at 224 px (1152 wide, 27 layers, 16 heads, MLP 4304), policy depth 4, "
                   "layers (0,1,26,27), 2 views x 2 frames, 4 tasks, an extra token of 32, chunks of 50 x 32, training "
                   "with freeze_vit; batch 1; here the tower a third as wide and deep (384, 9 layers, 6 heads, MLP "
@@ -252,11 +255,11 @@ def build_vaat(tiny):
     ast_kwargs = tiny_or(tiny, dict(dim=384, depth=4, heads=8, num_classes=1000, patch_size=16, mlp_dim=384 * 4),
                          dict(dim=width, depth=2, heads=2, num_classes=10, patch_size=8, mlp_dim=32, dim_head=8))
     vaat_kwargs = tiny_or(tiny, dict(dim=512, depth=9, heads=8, dim_head=64, mlp_dim=2048, dim_action=20,
-                                     action_chunk_len=7, time_seq_len=4, num_image_views=2, num_audio_views=2,
+                                     action_chunk_len=7, time_seq_len=4, num_image_views=2, num_audio_views=1,
                                      num_tasks=4, dim_extra_token=33, vit_layer_indices=(0, 0, 1, 1, 2, 2, 3, 3, 4),
                                      ast_layer_indices=(1, 1, 1, 2, 2, 2, 3, 3, 3)),
                           dict(dim=16, depth=3, heads=2, dim_head=8, mlp_dim=32, dim_action=2, action_chunk_len=3,
-                               time_seq_len=2, num_image_views=2, num_audio_views=2, num_tasks=4, dim_extra_token=5,
+                               time_seq_len=2, num_image_views=2, num_audio_views=1, num_tasks=4, dim_extra_token=5,
                                self_attn_dim_head=8, vit_layer_indices=(0, 1, 2), ast_layer_indices=(1, 2, 2)))
     samples = tiny_or(tiny, 14_100, 400)
     x = inputs(lambda g: action_inputs(g, views=vaat_kwargs['num_image_views'], frames=vaat_kwargs['time_seq_len'],
@@ -320,12 +323,15 @@ def check_equal(ours, theirs, *args, **kwargs):
 
 def build_row(name, tiny, probe=True):
     """(ours step, reference step or None, why there is no reference or None): the reference's failure to build,
-    agree, or (with `probe`) take one step of each task is caught and stated with its exception."""
+    agree, or (with `probe`) take one step of each task is caught and stated with its exception; `load_vit_pytorch`
+    refusing its weights (a CheckpointError: a function ours does not compute) is stated as such."""
     torch.manual_seed(0)
     row, reference = BUILDERS[name](tiny)
     ours = Step(*row['ours'])
     try:
         theirs = Step(*reference())
+    except CheckpointError as error:
+        return ours, None, f'not timed: load_vit_pytorch refuses its weights: {str(error)[:300]}'
     except Exception as error:                               # noqa: BLE001  (stated in the row, not fatal)
         return ours, None, f'cannot run here: importing or building it raised {type(error).__name__}: {str(error)[:300]}'
     failures = []

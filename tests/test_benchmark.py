@@ -723,6 +723,31 @@ def test_a_wrapper_reference_whose_step_raises_is_stated_with_its_exception(wrap
     assert why == 'cannot run here: its training raised AssertionError: Expected 4 or 5 positional args, got 0'
 
 
+def test_a_wrapper_reference_whose_weights_our_loader_refuses_is_not_timed_and_says_so(wrapper_steps, monkeypatch):
+    # as vit-pytorch's VAAT with 2 audio views: load_vit_pytorch refuses it (CheckpointError), which is no failure
+    # to import or build
+    from vit_pytorch.vaat import AST, VAAT, ViT
+    build = wrapper_steps.BUILDERS['vaat']
+
+    def build_with_refused_weights(tiny):
+        row, _ = build(tiny)
+
+        def reference():
+            two_views = VAAT(ViT(image_size=16, patch_size=8, num_classes=4, dim=16, depth=1, heads=2, dim_head=8,
+                                 mlp_dim=32),
+                             AST(dim=16, depth=1, heads=2, dim_head=8, mlp_dim=32, patch_size=8), dim=16, depth=1,
+                             heads=2, dim_head=8, dim_action=2, mlp_dim=32, num_audio_views=2)
+            wrapper_steps.load_vit_pytorch(two_views, two_views.state_dict())
+            return row['ours']
+        return row, reference
+
+    monkeypatch.setitem(wrapper_steps.BUILDERS, 'vaat', build_with_refused_weights)
+    ours, theirs, why = wrapper_steps.build_row('vaat', tiny=True)
+    assert theirs is None and ours.infer_fn is not None
+    assert why.startswith("not timed: load_vit_pytorch refuses its weights: the state_dict: vit-pytorch's VAAT "
+                          "computes another function with several audio views"), why
+
+
 def test_the_wrapper_memory_child_measures_two_training_steps(wrapper_steps):
     threads = torch.get_num_threads()
     try:
@@ -734,9 +759,12 @@ def test_the_wrapper_memory_child_measures_two_training_steps(wrapper_steps):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get('VIT_PYTORCH_SOURCE'), reason='vit-pytorch 1.26.14 source not given')
-@pytest.mark.parametrize('name', ['mp3', 'levjepa_nd', 'vat', 'vat_siglip'])
+@pytest.mark.parametrize('name', ['mp3', 'levjepa_nd', 'vat', 'vat_siglip', pytest.param(
+    'vaat', marks=pytest.mark.skipif(importlib.util.find_spec('torchaudio') is None,
+                                     reason="vit-pytorch's vaat imports torchaudio"))])
 def test_vit_pytorch_wrappers_load_into_ours_and_agree_on_the_same_inputs(wrapper_steps, name):
     # build_row loads vit-pytorch's weights into ours and checks the outputs equal (mp3: the ViTs' logits; the
     # LeVJEPA: the embedding) before its reference takes a step; any failure there is the row's stated reason
+    # (vaat: at one audio view, which vit-pytorch's VAAT runs at batch 8)
     _, theirs, why = wrapper_steps.build_row(name, tiny=True)
     assert why is None and theirs is not None

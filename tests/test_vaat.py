@@ -139,6 +139,22 @@ def test_loads_vit_pytorchs_checkpoint_and_gives_its_prediction_and_loss():
                                        **extra), tensors['loss'], rtol=1e-5, atol=1e-5)
 
 
+def test_loads_vit_pytorchs_one_audio_view_checkpoint_with_the_view_axis_and_gives_its_prediction_and_loss():
+    # num_audio_views=1 and audio (b, 1, samples): the configuration benchmarks/wrapper_steps.py's vaat row times
+    metadata, state_dict, tensors = load_fixture('vit_pytorch_1.26.14_vaat_one_audio_view')
+    config = dict(metadata['config'], **{key: tuple(metadata['config'][key])
+                                         for key in ('ast_layer_indices', 'vit_layer_indices')})
+    assert config['num_audio_views'] == 1 and tensors['audio'].shape == (2, 1, 300)
+    torch.manual_seed(1)
+    model = load_vit_pytorch(VAAT(ViT(**metadata['vit_config']), AST(**metadata['ast_config']), **config),
+                             state_dict).eval()
+    extra = dict(tasks=tensors['tasks'], advantages=tensors['advantages'], extra=tensors['extra'])
+    torch.testing.assert_close(predict(model, tensors['input'], tensors['audio'], **extra), tensors['output'],
+                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(predict(model, tensors['input'], tensors['audio'], actions=tensors['actions'],
+                                       **extra), tensors['loss'], rtol=1e-5, atol=1e-5)
+
+
 def test_vit_pytorchs_checkpoint_with_audio_views_is_refused_naming_its_view_embedding():
     metadata, state_dict, _ = load_fixture('vit_pytorch_1.26.14_vaat_audio_views')
     config = dict(metadata['config'], **{key: tuple(metadata['config'][key])
