@@ -3,9 +3,12 @@
     python examples/digits_claims.py patch_merger --seeds 0 1 2 3 4 --epochs 30 --out runs/claims_patch_merger
     python examples/digits_claims.py decorr --seeds 0 1 2 3 4 --epochs 10 --out runs/claims_decorr
     python examples/digits_claims.py residuals --seeds 0 1 2 3 4 --epochs 30 --out runs/claims_residuals
-    python examples/digits_claims.py tokens2 --seeds 0 1 2 3 --epochs 10 --out runs/claims_tokens2
-    python examples/digits_claims.py blocks2 --seeds 0 1 2 --epochs 10 --out runs/claims_blocks2
+    python examples/digits_claims.py tokens2 --seeds 0 1 2 3 4 --epochs 10 --out runs/claims_tokens2
+    python examples/digits_claims.py tokens2 --seeds 0 1 2 3 4 --epochs 30 --out runs/claims30_tokens2
+    python examples/digits_claims.py blocks2 --seeds 0 1 2 3 4 --epochs 10 --out runs/claims_blocks2
+    python examples/digits_claims.py blocks2 --seeds 0 1 2 3 4 --epochs 30 --out runs/claims30_blocks2
     python examples/digits_claims.py detpool --seeds 0 1 2 3 4 --epochs 10 --out runs/claims_detpool
+    python examples/digits_claims.py detpool --seeds 0 1 2 3 4 --epochs 30 --out runs/claims30_detpool
 
 On scikit-learn's digits at 16 pixels (the training command's data and split, 1,347 training and 450 test images),
 with the training command's recipe and epoch loop (`vit_pytorch.training.trials.fit`, the setup of
