@@ -81,7 +81,7 @@ def test_vit_pytorchs_checkpoint_is_refused_naming_its_width_axis_norm_and_extra
 # the paper's official code (ofsoundof/LocalViT @ f497260, models/localvit.py; fixture written by
 # tests/fixtures/make_local_vit_official_fixtures.py, run outside this repository). Its LocalityFeedForward is
 # 1x1 conv, BatchNorm, h-swish, depthwise 3x3, BatchNorm, h-swish, 1x1 conv, BatchNorm (act='hs'; the official
-# models default to 'hs+se', an SE layer after the depthwise convolution, which ours leaves out) on the raw stream,
+# models use 'hs+se', an SE layer after the depthwise convolution: ours with se_reduction) on the raw stream,
 # convolutions without biases. In eval mode a BatchNorm after a bias-free convolution is that convolution with
 # its weights scaled and a bias, which is how ours (biased 1x1 and depthwise convolutions) takes the official
 # weights. Ours also norms the feed-forward's input per token (vit-pytorch's pre-LN) where the official block feeds
@@ -97,15 +97,19 @@ def folded(state, conv, batchnorm, eps=1e-5):
     return scale.view(-1, *[1] * (weight.dim() - 1)) * weight, bias
 
 
-def official_layer():
-    """A one-layer LocalViT on a 3x3 grid loaded with the fixture's official block, and the fixture's tensors."""
-    metadata, state, tensors = load_fixture('local_vit_official')
+def official_layer(fixture='local_vit_official'):
+    """A one-layer LocalViT on a 3x3 grid loaded with the fixture's official block, and the fixture's tensors: the
+    block of act='hs' (local_vit_official) or of act='hs+se' (local_vit_official_se: ours with se_reduction)."""
+    metadata, state, tensors = load_fixture(fixture)
     config = metadata['config']
-    assert config['act'] == 'hs' and not config['qkv_bias']
+    assert config['act'] in ('hs', 'hs+se') and not config['qkv_bias']
+    se = config['act'] == 'hs+se'
     dim, heads = config['dim'], config['num_heads']
     model = LocalViT(image_size=12, patch_size=4, num_classes=5, dim=dim, depth=1, heads=heads, dim_head=dim // heads,
-                     mlp_dim=int(dim * config['mlp_ratio'])).double().eval()
+                     mlp_dim=int(dim * config['mlp_ratio']),
+                     se_reduction=config['reduction'] if se else None).double().eval()
     attn, ff = model.transformer.layers[0]
+    reduce = 7 if se else 6                                                    # the SE layer is conv.conv.6
     with torch.no_grad():
         attn.norm.weight.copy_(state['norm1.weight']), attn.norm.bias.copy_(state['norm1.bias'])
         attn.to_qkv.weight.copy_(state['attn.qkv.weight'])                 # both lay out (qkv, head, channel)
@@ -113,9 +117,12 @@ def official_layer():
         ff.norm.weight.copy_(tensors['norm.weight']), ff.norm.bias.copy_(tensors['norm.bias'])
         for ours, conv, batchnorm in ((ff.expand, 'conv.conv.0', 'conv.conv.1'),
                                       (ff.depthwise, 'conv.conv.3', 'conv.conv.4'),
-                                      (ff.reduce, 'conv.conv.6', 'conv.conv.7')):
+                                      (ff.reduce, f'conv.conv.{reduce}', f'conv.conv.{reduce + 1}')):
             weight, bias = folded(state, conv, batchnorm)
             ours.weight.copy_(weight.view(ours.weight.shape)), ours.bias.copy_(bias)
+        if se:
+            for ours, theirs in ((ff.se.squeeze, 'conv.conv.6.fc.0'), (ff.se.excite, 'conv.conv.6.fc.2')):
+                ours.weight.copy_(state[f'{theirs}.weight']), ours.bias.copy_(state[f'{theirs}.bias'])
     return model, tensors
 
 
@@ -124,8 +131,10 @@ def official_layer():
 # official x * relu6(x + 3) / 6: a few ulps of outputs of order 1, so 1e-12 holds with a wide margin.
 
 
-def test_the_official_locality_feed_forward_gives_ours_output_on_a_non_square_grid():
-    model, tensors = official_layer()
+@pytest.mark.parametrize('fixture', ['local_vit_official', 'local_vit_official_se'])
+def test_the_official_locality_feed_forward_gives_ours_output_on_a_non_square_grid(fixture):
+    """act='hs', and act='hs+se' against ours with se_reduction (the SE gate averages the 3x4 map's 12 positions)."""
+    model, tensors = official_layer(fixture)
     ff = model.transformer.layers[0][1]
     tokens = rearrange(tensors['ff_input'], 'b c h w -> b (h w) c')          # a 3x4 grid
     with torch.no_grad():
@@ -133,10 +142,11 @@ def test_the_official_locality_feed_forward_gives_ours_output_on_a_non_square_gr
     torch.testing.assert_close(out, rearrange(tensors['ff_output'], 'b c h w -> b (h w) c'), rtol=0, atol=1e-12)
 
 
-def test_the_official_block_gives_ours_layers_output():
+@pytest.mark.parametrize('fixture', ['local_vit_official', 'local_vit_official_se'])
+def test_the_official_block_gives_ours_layers_output(fixture):
     """The official block (pre-LN attention over every token, the cls token split off, the patch tokens' locality
     feed-forward with its residual on the grid) against ours' layer, on a cls token and a 3x3 grid."""
-    model, tensors = official_layer()
+    model, tensors = official_layer(fixture)
     with torch.no_grad():
         out = model.transformer.layer(model.transformer.layers[0], tensors['block_input'], grid=(3, 3))
     torch.testing.assert_close(out, tensors['block_output'], rtol=0, atol=1e-12)
