@@ -3,13 +3,15 @@ convolutions computed explicitly), so it mixes only 3x3 neighbourhoods; the cls 
 code's feed-forward and block give ours' outputs with its weights; vit-pytorch's checkpoints, which compute another
 function, are refused naming the difference."""
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from helpers import load_fixture, move_off_initialisation, reference_case, tiny_vit_kwargs
-from vit_pytorch.local_vit import LocalViT
+from helpers import FIXTURES, count, load_fixture, move_off_initialisation, reference_case, tiny_vit_kwargs
+from vit_pytorch.local_vit import CONFIGS, LocalViT, local_vit
 from vit_pytorch.pretrained import load_vit_pytorch
 
 
@@ -150,3 +152,69 @@ def test_the_official_block_gives_ours_layers_output(fixture):
     with torch.no_grad():
         out = model.transformer.layer(model.transformer.layers[0], tensors['block_input'], grid=(3, 3))
     torch.testing.assert_close(out, tensors['block_output'], rtol=0, atol=1e-12)
+
+
+# the paper's models against the official code's (LocalViT-T, -T-SE4, -S as its README names them), built and
+# counted part by part by tests/fixtures/make_local_vit_official_counts.py, run outside this repository
+
+OFFICIAL_COUNTS = json.loads((FIXTURES / 'local_vit_official_counts.json').read_text())['models']
+
+
+def test_the_table_holds_the_official_readmes_three_models():
+    assert set(CONFIGS) == set(OFFICIAL_COUNTS) == {'T', 'T-SE4', 'S'}
+
+
+@pytest.mark.parametrize('variant', sorted(CONFIGS))
+def test_a_paper_model_takes_the_official_functions_arguments(variant):
+    official = OFFICIAL_COUNTS[variant]['arguments']
+    with torch.device('meta'):
+        model = local_vit(variant)
+    attn, ff = model.transformer.layers[0]
+    assert official['act'] == 'hs+se'
+    assert (model.embed_dim, len(model.transformer.layers), attn.heads, model.patch_size, model.image_size) == (
+        official['embed_dim'], official['depth'], official['num_heads'], (official['patch_size'],) * 2,
+        (official['img_size'],) * 2)
+    assert attn.to_qkv.out_features == 3 * official['embed_dim'] and attn.to_qkv.bias is not None
+    assert ff.expand.out_features == official['mlp_ratio'] * official['embed_dim']
+    assert ff.se.squeeze.out_features == ff.expand.out_features // official['reduction']
+    assert model.transformer.norm.eps == attn.norm.eps == official['norm_eps']
+    assert model.mlp_head.out_features == official['num_classes']
+
+
+@pytest.mark.parametrize('variant', sorted(CONFIGS))
+def test_a_paper_model_has_the_official_parameters_but_for_the_feed_forwards_norms(variant):
+    """Per layer, the official feed-forward's three bias-free convolutions are each followed by a BatchNorm, 2
+    parameters a channel on hidden + hidden + dim channels; ours has a bias on each of those channels instead and a
+    LayerNorm (2 dim) in front: ours has 2 (2 hidden + dim) - (2 hidden + dim) - 2 dim = 2 hidden - dim fewer. All
+    else is the same size (the patch convolution with its bias as ours' Linear without the Dual PatchNorm, the cls
+    token, a position table with a row for it, the attention with its qkv bias, the SE layer, the norm, the head)."""
+    official = OFFICIAL_COUNTS[variant]['counts']
+    with torch.device('meta'):
+        model = local_vit(variant)
+    depth, dim, hidden = len(model.transformer.layers), model.embed_dim, model.transformer.layers[0][1].expand.out_features
+    batchnorm = 2 * (2 * hidden + dim)
+    assert official['batchnorm'] == depth * batchnorm
+    ours_instead = (2 * hidden + dim) + 2 * dim
+    layers = model.transformer.layers
+    assert sum(count(ff) for _, ff in layers) == official['feed_forward'] - depth * (batchnorm - ours_instead)
+    assert sum(count(ff.se) for _, ff in layers) == official['se']
+    assert sum(count(attn) for attn, _ in layers) == official['attention']
+    assert count(model.to_patch_embedding) == official['patch_embed']
+    assert (model.cls_token.numel(), model.pos_embedding.numel()) == (official['cls_token'], official['pos_embed'])
+    assert (count(model.transformer.norm), count(model.mlp_head)) == (official['norm'], official['head'])
+    assert count(model) == official['total'] - depth * (2 * hidden - dim)
+
+
+def test_an_unknown_variant_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"variant must be one of \['S', 'T', 'T-SE4'\], got 'B'"):
+        local_vit('B')
+
+
+@pytest.mark.parametrize('value, error, message', [
+    (0, ValueError, r'se_reduction must be a positive int, got 0'),
+    (2.5, TypeError, r'se_reduction must be a positive int, got 2.5'),
+    (65, ValueError, r'se_reduction must be at most mlp_dim \(64\).*got 65'),
+])
+def test_a_bad_se_reduction_is_refused_by_name(value, error, message):
+    with pytest.raises(error, match=message):
+        LocalViT(**tiny_vit_kwargs(), se_reduction=value)

@@ -11,10 +11,11 @@ The cls token has no place on the grid: it is split off before and joined after 
 unchanged (section 3.2). Each feed-forward is a pre-LN residual on the patch tokens, as in vit-pytorch.
 
     import torch
-    from vit_pytorch.local_vit import LocalViT
+    from vit_pytorch.local_vit import LocalViT, local_vit
 
     model = LocalViT(image_size=224, patch_size=16, num_classes=1000, dim=192, depth=12, heads=3, mlp_dim=768)
     logits = model(torch.randn(1, 3, 224, 224))   # (1, 1000)
+    tiny = local_vit('T')                          # the paper's LocalViT-T (CONFIGS), 5,892,568 parameters
 
 The 1x1 convolutions are computed as Linears on the tokens (the same function); only the depthwise convolution
 runs on the (b, c, h, w) map. Everything else is the core ViT with a cls token (`vit_pytorch.vit`).
@@ -26,8 +27,11 @@ over each token's channels); it takes the grid's side as sqrt(number of tokens),
 depthwise convolution is followed by a second 1x1 convolution (1x1, dw3x3, 1x1, 1x1). Ours norms each token's
 channels and follows the paper's 1x1, dw3x3, 1x1 on the model's grid, so vit-pytorch's checkpoints (which load only
 from its models with a grid as wide as `dim`) compute another function: `load_vit_pytorch` refuses them, naming
-this. The official code adds BatchNorms after the convolutions (and SE/ECA variants); this module keeps
-vit-pytorch's pre-LN instead.
+this. The official code adds BatchNorms after the convolutions (bias-free); this module keeps vit-pytorch's pre-LN
+instead. Its models add a squeeze-excitation after the depthwise convolution ('hs+se'): `se_reduction` here (its
+ECA and ReLU6 options are not). `local_vit(variant)` builds the paper's models (`CONFIGS`: 'T', 'T-SE4', 'S');
+each has the official model's parameters less 2 * mlp_dim - dim a layer (its BatchNorms against ours' biases and
+LayerNorm), e.g. LocalViT-T 5,892,568 against the official 5,908,696.
 """
 
 import functools
