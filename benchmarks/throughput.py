@@ -894,36 +894,11 @@ LOCAL_VIT_OFFICIAL_COMMIT = 'f49726087006ddbd55eb18a40cf6eebca18e2b8e'    # make
 
 def local_vit_official_module(root):
     """models/localvit.py of the official LocalViT (github ofsoundof/LocalViT @ f497260, checked out as
-    `root`/LocalViT), imported by tests/fixtures/make_local_vit_official_fixtures.py's `official_module`. It was
-    written for timm 0.3.2: its LocalVisionTransformer calls timm's VisionTransformer.__init__ with 0.3.2's
-    positional arguments (embed_dim fourth; timm 1.0.31 puts global_pool there), so while it is imported timm's
-    VisionTransformer is a stand-in subclass that takes 0.3.2's signature and passes it on by keyword (qk_scale and
-    a hybrid backbone are refused: the preset uses neither)."""
-    if 'official_localvit' in sys.modules:
-        return sys.modules['official_localvit']
-    import timm.models.vision_transformer as timm_vit
-
-    class OldSignatureVisionTransformer(timm_vit.VisionTransformer):
-        def __init__(self, img_size=224, patch_size=16, in_chans=3, num_classes=1000, embed_dim=768, depth=12,
-                     num_heads=12, mlp_ratio=4., qkv_bias=False, qk_scale=None, drop_rate=0., attn_drop_rate=0.,
-                     drop_path_rate=0., hybrid_backbone=None, norm_layer=nn.LayerNorm):
-            if qk_scale is not None or hybrid_backbone is not None:
-                raise ValueError('qk_scale and hybrid_backbone must be None in the stand-in of timm 0.3.2\'s '
-                                 f'VisionTransformer, got {qk_scale!r} and {hybrid_backbone!r}')
-            super().__init__(img_size=img_size, patch_size=patch_size, in_chans=in_chans, num_classes=num_classes,
-                             embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio,
-                             qkv_bias=qkv_bias, drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
-                             drop_path_rate=drop_path_rate, norm_layer=norm_layer)
-
-    fixtures = fixture_script('make_local_vit_official_fixtures')
+    `root`/LocalViT), imported by tests/fixtures/make_local_vit_official_fixtures.py's `official_module`, with its
+    stand-in for timm 0.3.2's VisionTransformer signature (which the official model class calls)."""
     checkout = fixture_script('fixture_tools').official_checkout(
         os.path.join(root, 'LocalViT'), 'ofsoundof/LocalViT', LOCAL_VIT_OFFICIAL_COMMIT, importable=False)
-    timm_class = timm_vit.VisionTransformer
-    timm_vit.VisionTransformer = OldSignatureVisionTransformer
-    try:
-        return fixtures.official_module(checkout)
-    finally:
-        timm_vit.VisionTransformer = timm_class
+    return fixture_script('make_local_vit_official_fixtures').official_module(checkout)
 
 
 def local_vit_official_to_ours(state, depth):
@@ -959,7 +934,8 @@ def local_vit_official_reference(ours):
     """The official LocalViT (github ofsoundof/LocalViT @ f497260, checked out as $VIT_PYTORCH_OFFICIAL/LocalViT),
     its LocalVisionTransformer at the preset, LocalViT-S's shapes (localvit_small_mlp4_act3_r384: width 384, depth
     12, 8 heads, MLP ratio 4, qkv bias, LayerNorm eps 1e-6) with act=2, the official option 'hs' (h-swish, no SE:
-    the named models take act=3, an SE layer in each feed-forward, which ours leaves out), and ours' one other
+    the named models take act=3, an SE layer in each feed-forward, ours' se_reduction, which the preset leaves
+    out), and ours' one other
     difference put into it as the fixture script tests/fixtures/make_local_vit_official_fixtures.py puts it: a
     LayerNorm of each token (eps 1e-5, ours' pre-LN) first in each locality feed-forward, which the official block
     feeds the raw stream. Its BatchNorms are folded into ours' convolutions (`local_vit_official_to_ours`): the

@@ -57,6 +57,7 @@ OPTIONAL_NUMBERS = {
     'keel_residual_scale',      # vit_with_keel_post_ln: alpha, None: the number of sub-layers (2 * depth)
     'input_shape', 'image_size',    # looped_vit: the input's size (either one), an int or one a dimension
     'norm_eps',         # vit_5: the RMSNorms' epsilon, None: the dtype's machine epsilon (nn.RMSNorm's default)
+    'se_reduction',     # local_vit: the official SE layer's reduction, None: no SE layer
 }
 NOT_NUMBERS = {
     'transformer',      # T2T-ViT: a custom backbone module

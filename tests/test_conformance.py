@@ -321,6 +321,10 @@ CASES = {
     'local_vit': Case(VIT, IMAGES, no_gradient={
         'transformer.layers.1.1.*': "the last feed-forward changes only the patch tokens, and the head reads the cls "
                                     "token, which bypasses it (the paper's design, as vit-pytorch's)"}),
+    # with the official 'hs+se' squeeze-excitation (32 // 4 = 8 wide) after the depthwise convolution
+    'local_vit[se_reduction=4]': Case(dict(VIT, se_reduction=4), IMAGES, no_gradient={
+        'transformer.layers.1.1.*': "the last feed-forward changes only the patch tokens, and the head reads the cls "
+                                    "token, which bypasses it (the paper's design, as vit-pytorch's)"}),
     # the G1 gate on each head's attention output; forward(img) gives the logits (return_loss=True adds the loss)
     'simple_vit_with_sparse_gating': Case(dict(VIT, num_register_tokens=2), IMAGES),
     # one layer of each kind on a 4x6 grid (windows of 2x2: 4 keys); a layer's two other attentions do not run

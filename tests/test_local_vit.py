@@ -3,13 +3,15 @@ convolutions computed explicitly), so it mixes only 3x3 neighbourhoods; the cls 
 code's feed-forward and block give ours' outputs with its weights; vit-pytorch's checkpoints, which compute another
 function, are refused naming the difference."""
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from helpers import load_fixture, move_off_initialisation, reference_case, tiny_vit_kwargs
-from vit_pytorch.local_vit import LocalViT
+from helpers import FIXTURES, count, load_fixture, move_off_initialisation, reference_case, tiny_vit_kwargs
+from vit_pytorch.local_vit import CONFIGS, LocalViT, local_vit
 from vit_pytorch.pretrained import load_vit_pytorch
 
 
@@ -81,7 +83,7 @@ def test_vit_pytorchs_checkpoint_is_refused_naming_its_width_axis_norm_and_extra
 # the paper's official code (ofsoundof/LocalViT @ f497260, models/localvit.py; fixture written by
 # tests/fixtures/make_local_vit_official_fixtures.py, run outside this repository). Its LocalityFeedForward is
 # 1x1 conv, BatchNorm, h-swish, depthwise 3x3, BatchNorm, h-swish, 1x1 conv, BatchNorm (act='hs'; the official
-# models default to 'hs+se', an SE layer after the depthwise convolution, which ours leaves out) on the raw stream,
+# models use 'hs+se', an SE layer after the depthwise convolution: ours with se_reduction) on the raw stream,
 # convolutions without biases. In eval mode a BatchNorm after a bias-free convolution is that convolution with
 # its weights scaled and a bias, which is how ours (biased 1x1 and depthwise convolutions) takes the official
 # weights. Ours also norms the feed-forward's input per token (vit-pytorch's pre-LN) where the official block feeds
@@ -97,15 +99,19 @@ def folded(state, conv, batchnorm, eps=1e-5):
     return scale.view(-1, *[1] * (weight.dim() - 1)) * weight, bias
 
 
-def official_layer():
-    """A one-layer LocalViT on a 3x3 grid loaded with the fixture's official block, and the fixture's tensors."""
-    metadata, state, tensors = load_fixture('local_vit_official')
+def official_layer(fixture='local_vit_official'):
+    """A one-layer LocalViT on a 3x3 grid loaded with the fixture's official block, and the fixture's tensors: the
+    block of act='hs' (local_vit_official) or of act='hs+se' (local_vit_official_se: ours with se_reduction)."""
+    metadata, state, tensors = load_fixture(fixture)
     config = metadata['config']
-    assert config['act'] == 'hs' and not config['qkv_bias']
+    assert config['act'] in ('hs', 'hs+se') and not config['qkv_bias']
+    se = config['act'] == 'hs+se'
     dim, heads = config['dim'], config['num_heads']
     model = LocalViT(image_size=12, patch_size=4, num_classes=5, dim=dim, depth=1, heads=heads, dim_head=dim // heads,
-                     mlp_dim=int(dim * config['mlp_ratio'])).double().eval()
+                     mlp_dim=int(dim * config['mlp_ratio']),
+                     se_reduction=config['reduction'] if se else None).double().eval()
     attn, ff = model.transformer.layers[0]
+    reduce = 7 if se else 6                                                    # the SE layer is conv.conv.6
     with torch.no_grad():
         attn.norm.weight.copy_(state['norm1.weight']), attn.norm.bias.copy_(state['norm1.bias'])
         attn.to_qkv.weight.copy_(state['attn.qkv.weight'])                 # both lay out (qkv, head, channel)
@@ -113,9 +119,12 @@ def official_layer():
         ff.norm.weight.copy_(tensors['norm.weight']), ff.norm.bias.copy_(tensors['norm.bias'])
         for ours, conv, batchnorm in ((ff.expand, 'conv.conv.0', 'conv.conv.1'),
                                       (ff.depthwise, 'conv.conv.3', 'conv.conv.4'),
-                                      (ff.reduce, 'conv.conv.6', 'conv.conv.7')):
+                                      (ff.reduce, f'conv.conv.{reduce}', f'conv.conv.{reduce + 1}')):
             weight, bias = folded(state, conv, batchnorm)
             ours.weight.copy_(weight.view(ours.weight.shape)), ours.bias.copy_(bias)
+        if se:
+            for ours, theirs in ((ff.se.squeeze, 'conv.conv.6.fc.0'), (ff.se.excite, 'conv.conv.6.fc.2')):
+                ours.weight.copy_(state[f'{theirs}.weight']), ours.bias.copy_(state[f'{theirs}.bias'])
     return model, tensors
 
 
@@ -124,8 +133,10 @@ def official_layer():
 # official x * relu6(x + 3) / 6: a few ulps of outputs of order 1, so 1e-12 holds with a wide margin.
 
 
-def test_the_official_locality_feed_forward_gives_ours_output_on_a_non_square_grid():
-    model, tensors = official_layer()
+@pytest.mark.parametrize('fixture', ['local_vit_official', 'local_vit_official_se'])
+def test_the_official_locality_feed_forward_gives_ours_output_on_a_non_square_grid(fixture):
+    """act='hs', and act='hs+se' against ours with se_reduction (the SE gate averages the 3x4 map's 12 positions)."""
+    model, tensors = official_layer(fixture)
     ff = model.transformer.layers[0][1]
     tokens = rearrange(tensors['ff_input'], 'b c h w -> b (h w) c')          # a 3x4 grid
     with torch.no_grad():
@@ -133,10 +144,77 @@ def test_the_official_locality_feed_forward_gives_ours_output_on_a_non_square_gr
     torch.testing.assert_close(out, rearrange(tensors['ff_output'], 'b c h w -> b (h w) c'), rtol=0, atol=1e-12)
 
 
-def test_the_official_block_gives_ours_layers_output():
+@pytest.mark.parametrize('fixture', ['local_vit_official', 'local_vit_official_se'])
+def test_the_official_block_gives_ours_layers_output(fixture):
     """The official block (pre-LN attention over every token, the cls token split off, the patch tokens' locality
     feed-forward with its residual on the grid) against ours' layer, on a cls token and a 3x3 grid."""
-    model, tensors = official_layer()
+    model, tensors = official_layer(fixture)
     with torch.no_grad():
         out = model.transformer.layer(model.transformer.layers[0], tensors['block_input'], grid=(3, 3))
     torch.testing.assert_close(out, tensors['block_output'], rtol=0, atol=1e-12)
+
+
+# the paper's models against the official code's (LocalViT-T, -T-SE4, -S as its README names them), built and
+# counted part by part by tests/fixtures/make_local_vit_official_counts.py, run outside this repository
+
+OFFICIAL_COUNTS = json.loads((FIXTURES / 'local_vit_official_counts.json').read_text())['models']
+
+
+def test_the_table_holds_the_official_readmes_three_models():
+    assert set(CONFIGS) == set(OFFICIAL_COUNTS) == {'T', 'T-SE4', 'S'}
+
+
+@pytest.mark.parametrize('variant', sorted(CONFIGS))
+def test_a_paper_model_takes_the_official_functions_arguments(variant):
+    official = OFFICIAL_COUNTS[variant]['arguments']
+    with torch.device('meta'):
+        model = local_vit(variant)
+    attn, ff = model.transformer.layers[0]
+    assert official['act'] == 'hs+se'
+    assert (model.embed_dim, len(model.transformer.layers), attn.heads, model.patch_size, model.image_size) == (
+        official['embed_dim'], official['depth'], official['num_heads'], (official['patch_size'],) * 2,
+        (official['img_size'],) * 2)
+    assert attn.to_qkv.out_features == 3 * official['embed_dim'] and attn.to_qkv.bias is not None
+    assert ff.expand.out_features == official['mlp_ratio'] * official['embed_dim']
+    assert ff.se.squeeze.out_features == ff.expand.out_features // official['reduction']
+    assert model.transformer.norm.eps == attn.norm.eps == official['norm_eps']
+    assert model.mlp_head.out_features == official['num_classes']
+
+
+@pytest.mark.parametrize('variant', sorted(CONFIGS))
+def test_a_paper_model_has_the_official_parameters_but_for_the_feed_forwards_norms(variant):
+    """Per layer, the official feed-forward's three bias-free convolutions are each followed by a BatchNorm, 2
+    parameters a channel on hidden + hidden + dim channels; ours has a bias on each of those channels instead and a
+    LayerNorm (2 dim) in front: ours has 2 (2 hidden + dim) - (2 hidden + dim) - 2 dim = 2 hidden - dim fewer. All
+    else is the same size (the patch convolution with its bias as ours' Linear without the Dual PatchNorm, the cls
+    token, a position table with a row for it, the attention with its qkv bias, the SE layer, the norm, the head)."""
+    official = OFFICIAL_COUNTS[variant]['counts']
+    with torch.device('meta'):
+        model = local_vit(variant)
+    depth, dim, hidden = len(model.transformer.layers), model.embed_dim, model.transformer.layers[0][1].expand.out_features
+    batchnorm = 2 * (2 * hidden + dim)
+    assert official['batchnorm'] == depth * batchnorm
+    ours_instead = (2 * hidden + dim) + 2 * dim
+    layers = model.transformer.layers
+    assert sum(count(ff) for _, ff in layers) == official['feed_forward'] - depth * (batchnorm - ours_instead)
+    assert sum(count(ff.se) for _, ff in layers) == official['se']
+    assert sum(count(attn) for attn, _ in layers) == official['attention']
+    assert count(model.to_patch_embedding) == official['patch_embed']
+    assert (model.cls_token.numel(), model.pos_embedding.numel()) == (official['cls_token'], official['pos_embed'])
+    assert (count(model.transformer.norm), count(model.mlp_head)) == (official['norm'], official['head'])
+    assert count(model) == official['total'] - depth * (2 * hidden - dim)
+
+
+def test_an_unknown_variant_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"variant must be one of \['S', 'T', 'T-SE4'\], got 'B'"):
+        local_vit('B')
+
+
+@pytest.mark.parametrize('value, error, message', [
+    (0, ValueError, r'se_reduction must be a positive int, got 0'),
+    (2.5, TypeError, r'se_reduction must be a positive int, got 2.5'),
+    (65, ValueError, r'se_reduction must be at most mlp_dim \(64\).*got 65'),
+])
+def test_a_bad_se_reduction_is_refused_by_name(value, error, message):
+    with pytest.raises(error, match=message):
+        LocalViT(**tiny_vit_kwargs(), se_reduction=value)

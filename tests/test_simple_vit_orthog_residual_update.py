@@ -1,13 +1,15 @@
 """Orthogonal residual updates: what a branch adds to the stream is orthogonal to it, by the explicit projection;
 the stream's norm never shrinks; the official code's update; vit-pytorch's weights."""
 
+import json
+
 import pytest
 import torch
 from torch import nn
 
-from helpers import load_fixture, move_off_initialisation, reference_case, tiny_vit_kwargs
+from helpers import FIXTURES, count, load_fixture, move_off_initialisation, reference_case, tiny_vit_kwargs
 from vit_pytorch.pretrained import load_vit_pytorch
-from vit_pytorch.simple_vit_orthog_residual_update import OrthogonalResidualUpdate, SimpleViT
+from vit_pytorch.simple_vit_orthog_residual_update import CONFIGS, OrthogonalResidualUpdate, SimpleViT, ortho_vit
 
 
 def model_of(dtype=torch.float64, **kwargs):
@@ -181,3 +183,59 @@ def test_vit_pytorchs_main_block_runs():
                       orthog_residual_update_kwargs=dict(learned=True))
     with torch.no_grad():
         assert model(torch.randn(2, 3, 256, 256)).shape == (2, 10)
+
+
+# the paper's ViT-S and ViT-B against the official code's, on its four datasets (CIFAR-10/100, Tiny-ImageNet,
+# ImageNet-1k), built and counted part by part by
+# tests/fixtures/make_simple_vit_orthog_residual_update_official_counts.py, run outside this repository
+
+OFFICIAL_COUNTS = json.loads((FIXTURES / 'simple_vit_orthog_residual_update_official_counts.json').read_text())['models']
+
+
+def test_the_table_holds_the_official_sizes_and_patch_sizes():
+    assert {entry['variant'].split('/')[0] for entry in OFFICIAL_COUNTS.values()} == set(CONFIGS)
+    assert {entry['variant'] for entry in OFFICIAL_COUNTS.values()} == {'S/4', 'S/8', 'S/16', 'B/4', 'B/8', 'B/16'}
+
+
+@pytest.mark.parametrize('name', sorted(OFFICIAL_COUNTS))
+def test_a_paper_model_takes_the_official_arguments(name):
+    entry = OFFICIAL_COUNTS[name]
+    official = entry['arguments']
+    with torch.device('meta'):
+        model = ortho_vit(entry['variant'], num_classes=official['num_classes'])
+    attention, feedforward = model.transformer.layers[0]
+    assert (model.image_size, model.patch_size) == ((official['img_size'],) * 2, (official['patch_size'],) * 2)
+    assert (model.embed_dim, len(model.transformer.layers), attention.block.heads) == (
+        official['dim'], official['num_layers'], official['num_heads'])
+    assert attention.block.to_qkv.out_features == 3 * official['dim']           # heads of dim / heads channels
+    assert feedforward.block.net[1].out_features == 4 * official['dim']
+    assert (model.channels, model.linear_head.out_features) == (official['in_chans'], official['num_classes'])
+
+
+@pytest.mark.parametrize('name', sorted(OFFICIAL_COUNTS))
+def test_a_paper_model_has_the_official_parameters_but_for_the_cls_token_positions_and_patch_norms(name):
+    """The official ViT has a cls token (dim) and a learned table of n = (image / patch)^2 positions (n dim) that
+    ours (vit-pytorch's SimpleViT: fixed 2D sin-cos positions, mean pooling) has not; ours has the Dual PatchNorm,
+    LayerNorms of the patch_dim = 3 p^2 pixels and of the dim channels around the patch projection (2 patch_dim + 2
+    dim), that the official convolution has not. In each layer, the official attention's qkv and projection biases
+    (4 dim) are as many as ours' two pre-LayerNorms (the official blocks' LayerNorms have no parameters and ours'
+    projections no biases); the patch projection, attention and MLP weights, the final norm and head are the same."""
+    entry = OFFICIAL_COUNTS[name]
+    official, arguments = entry['counts'], entry['arguments']
+    with torch.device('meta'):
+        model = ortho_vit(entry['variant'], num_classes=arguments['num_classes'])
+    dim, patch_dim = arguments['dim'], 3 * arguments['patch_size'] ** 2
+    positions = (arguments['img_size'] // arguments['patch_size']) ** 2
+    assert (official['cls_token'], official['pos_embed'], official['norms']) == (dim, positions * dim, 0)
+    assert count(model.to_patch_embedding) == official['patchify'] + 2 * patch_dim + 2 * dim
+    layers = model.transformer.layers
+    assert sum(count(attention) for attention, _ in layers) == official['attention'] - len(layers) * (4 * dim - 2 * dim)
+    assert sum(count(feedforward) for _, feedforward in layers) == official['mlp'] + len(layers) * 2 * dim
+    assert count(model.transformer.norm) + count(model.linear_head) == official['classifier']
+    assert count(model) == official['total'] - dim - positions * dim + 2 * patch_dim + 2 * dim
+
+
+@pytest.mark.parametrize('variant', ['S', 'S/32', 'L/16', 'B/2.5', 4])
+def test_an_unknown_variant_is_refused_by_name(variant):
+    with pytest.raises(ValueError, match='variant must be one of'):
+        ortho_vit(variant)

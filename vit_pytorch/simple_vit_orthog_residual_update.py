@@ -7,11 +7,12 @@ x + f(x) - (<f(x), x> / <x, x>) x per token, makes every branch contribute somet
 reports more stable and faster training. A token's stream can then only grow: |x + u|^2 = |x|^2 + |u|^2.
 
     import torch
-    from vit_pytorch.simple_vit_orthog_residual_update import SimpleViT
+    from vit_pytorch.simple_vit_orthog_residual_update import SimpleViT, ortho_vit
 
     model = SimpleViT(image_size=256, patch_size=16, num_classes=10, dim=512, depth=2, heads=4, mlp_dim=2048,
                       orthog_residual_update_kwargs=dict(learned=True))
     logits = model(torch.randn(2, 3, 256, 256))   # (2, 10)
+    small = ortho_vit('S/4', num_classes=10)       # the paper's ViT-S on CIFAR-10 (32 px): 10,661,866 parameters
 
 `orthog_residual_update_kwargs` as in vit-pytorch 1.26.14 (whose checkpoints load unchanged, same keys):
 `double_precision` (default True) computes the projection in float64 and casts back; `learned=True` (vit-pytorch's
@@ -23,6 +24,7 @@ vit-pytorch's `F.normalize` gives.
 """
 
 import functools
+import re
 
 import torch.nn.functional as F
 from torch import nn
@@ -91,6 +93,29 @@ class SimpleViT(simple_vit.SimpleViT):
         super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim, depth=depth,
                          heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head,
                          transformer=functools.partial(Transformer, orthog_residual_update_kwargs=kwargs))
+
+
+# the paper's ViT sizes, as the official code builds them (BootsofLagrangian/ortho-residual @ 4f663d3, base.py's
+# PRESET_VIT, for the paper's ViT-S and ViT-B): size -> (dim, depth, heads); MLP ratio 4, heads of 64 channels. Its
+# train_classifier.py takes the patch size and image size from the dataset: patch size -> image size (CIFAR-10/100
+# 32 px, patches of 4; Tiny-ImageNet 64 px, patches of 8; ImageNet-1k 224 px, patches of 16).
+CONFIGS = {'S': (384, 6, 6), 'B': (768, 12, 12)}
+IMAGE_SIZES = {4: 32, 8: 64, 16: 224}
+
+
+def ortho_vit(variant, *, image_size=None, num_classes=1000, **overrides):
+    """The paper's ViT-`variant`, a size of CONFIGS, a slash and a patch size of IMAGE_SIZES ('S/4' .. 'B/16'), at
+    the image size the official code trains that patch size on (unless `image_size` is given); keyword arguments
+    override the table. The orthogonal update as `SimpleViT`'s default (the paper's, per token)."""
+    match = re.fullmatch(r'(.+)/([0-9]+)', variant) if isinstance(variant, str) else None
+    if match is None or match[1] not in CONFIGS or int(match[2]) not in IMAGE_SIZES:
+        raise ValueError(f"variant must be one of {sorted(CONFIGS)}, a slash and a patch size of "
+                         f"{sorted(IMAGE_SIZES)}, as 'S/4', got {variant!r}")
+    dim, depth, heads = CONFIGS[match[1]]
+    patch_size = int(match[2])
+    config = dict(image_size=IMAGE_SIZES[patch_size] if image_size is None else image_size, patch_size=patch_size,
+                  num_classes=num_classes, dim=dim, depth=depth, heads=heads, dim_head=dim // heads, mlp_dim=4 * dim)
+    return SimpleViT(**{**config, **overrides})
 
 
 # argument checks
