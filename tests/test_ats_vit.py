@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from helpers import load_fixture, move_off_initialisation, reference_case
-from vit_pytorch.ats_vit import AdaptiveTokenSampling, Attention, ViT
+from vit_pytorch.ats_vit import AdaptiveTokenSampling, Attention, ViT, ats_vit
 from vit_pytorch.pretrained import load_vit_pytorch
 
 # 4 x 6 = 24 patches; the layers keep at most 12, 6 and 3 of them
@@ -155,7 +155,7 @@ def test_the_kept_tokens_are_the_official_samplers():
     attention is on two tokens: the same tokens kept, in the same order (ascending significance; ours leaves a
     duplicate's slot empty where the official code moves the empty slots last)."""
     tensors = load_fixture('ats_official_sampler')[2]
-    for k in (3, 5, 8, 11):
+    for k in (3, 5, 8, 11, 12):
         ids, keep = AdaptiveTokenSampling(k)(tensors['attention'][:, :, 0], tensors['values'])
         ours = [[i for i, kept in zip(row, flags) if kept] for row, flags in zip(ids.tolist(), keep.tolist())]
         assert ours == [[i for i in row[1:] if i > 0] for row in tensors[f'kept.{k}'].tolist()], k
@@ -202,6 +202,49 @@ def test_layers_with_no_more_tokens_than_their_limit_keep_every_token():
     assert ids.tolist() == [list(range(PATCHES))] * 4
 
 
+# the paper's configuration (the official configs/ImageNet/DeiT_S.yaml, adaptivetokensampling/ATS @ 9271257)
+
+OFFICIAL_DEIT_S = 22_050_664      # tests/fixtures/count_official_ats.py: its trainable parameters (timm's DeiT-S's too)
+
+
+def test_the_deit_s_configuration_has_the_official_parameters_less_qkv_biases_plus_two_patch_norms():
+    """The official model has biases on its 12 layers' qkv projections (3 x 384 each; vit-pytorch's ATS has none)
+    and a convolution as its patch embedding, where vit-pytorch's has a LayerNorm before (16 x 16 x 3 wide) and one
+    after (384 wide) its linear projection."""
+    with torch.device('meta'):
+        model = ats_vit('DeiT-S')
+    qkv_biases = 12 * 3 * 384
+    patch_norms = 2 * (16 * 16 * 3) + 2 * 384
+    assert sum(p.numel() for p in model.parameters()) == OFFICIAL_DEIT_S - qkv_biases + patch_norms
+
+
+def test_the_deit_s_configuration_samples_in_layers_3_to_11_at_max_tokens():
+    with torch.device('meta'):
+        model = ats_vit('DeiT-S', 98)
+    assert model.max_tokens_per_depth == (196,) * 3 + (98,) * 9      # the first three keep all 196 patches
+
+
+def test_the_deit_s_configuration_samples_only_in_its_ats_layers():
+    """At 64 pixels (16 patches) with K = 8: the first three layers keep every token, each later one at most 8."""
+    torch.manual_seed(0)
+    model = move_off_initialisation(ats_vit('DeiT-S', 8, image_size=64, num_classes=3, dim=24, heads=2), scale=0.3)
+    kept = kept_per_layer(model.eval(), torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1)))
+    assert kept[:3] == [None] * 3
+    assert all(layer.shape == (2, 8) for layer in kept[3:])
+
+
+def test_at_the_official_budget_every_patch_is_kept_though_the_official_sampler_drops_some():
+    """The official budget, 197 tokens of 197 at 224 pixels, is K = every patch. The official sampler still samples
+    then (the fixture's K = 12 of 12 patches keeps 7, 7 and 2 of them); under vit-pytorch's rule a layer with no more
+    patches than its K keeps them all, so the default DeiT-S keeps all 196."""
+    official = load_fixture('ats_official_sampler')[2]['kept.12']
+    assert ((official[:, 1:] > 0).sum(dim=1) < 12).all()
+    model = ats_vit('DeiT-S', num_classes=0, dim=24, heads=2).eval()
+    with torch.no_grad():
+        _, ids = model(torch.randn(1, 3, 224, 224), return_sampled_token_ids=True)
+    assert ids.tolist() == [list(range(196))]
+
+
 # vit-pytorch's checkpoints
 
 
@@ -229,6 +272,16 @@ def test_loads_vit_pytorchs_checkpoint_and_gives_its_output_where_no_layer_sampl
 def test_a_bad_max_tokens_per_depth_is_refused_by_name(value, error, words):
     with pytest.raises(error, match=words):
         ViT(**{**SMALL, 'max_tokens_per_depth': value})
+
+
+@pytest.mark.parametrize('variant, error, words', [
+    ('DeiT-B', ValueError, r"variant must be one of \['DeiT-S'\], got 'DeiT-B'"),
+    (('DeiT-S', 0), ValueError, 'max_tokens must be a positive int, got 0'),
+    (('DeiT-S', 98.0), TypeError, 'max_tokens must be a positive int, got 98.0'),
+])
+def test_a_bad_configuration_is_refused_by_name(variant, error, words):
+    with pytest.raises(error, match=words):
+        ats_vit(*variant) if isinstance(variant, tuple) else ats_vit(variant)
 
 
 # vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()

@@ -42,6 +42,14 @@ official code, github.com/adaptivetokensampling/ATS):
     batch to its largest count of distinct tokens.
 Only the kept tokens' queries are computed in a sampling layer (vit-pytorch forms all n rows of the
 attention matrix and then gathers K + 1).
+
+`ats_vit('DeiT-S', max_tokens)` builds the official configuration (`CONFIGS`, from the official
+configs/ImageNet/DeiT_S.yaml: DeiT-S, ATS in layers 3 to 11, counted from 0, each with a budget of 197 tokens, the cls
+token among them), the ATS layers keeping at most `max_tokens` patch tokens. Its default, the official budget less the
+cls token, is 196, as many as the patches at 224 pixels, so under vit-pytorch's rule no layer samples; the official
+code samples even then (196 points over 196 tokens, duplicates dropped), which this module does not reproduce: pass
+a smaller `max_tokens`. Its parameters are the official model's (22,050,664, timm's DeiT-S's too) without the 12
+layers' qkv biases (-13,824) and with the patch embedding's two LayerNorms (+2,304): 22,039,144.
 """
 
 import math
@@ -214,6 +222,32 @@ class ViT(vit.TokenFace, vit.NormedHead, nn.Module):
 
     def set_grad_checkpointing(self, enable=True):
         self.transformer.grad_checkpointing = enable
+
+
+# the paper's models (the official configs/ImageNet/<name>.yaml): name -> (dim, depth, heads, the ATS layers (from 0),
+# the token budget of each, the cls token counted); patches of 16, MLP ratio 4
+CONFIGS = {'DeiT-S': (384, 12, 6, range(3, 12), 197)}
+
+
+def ats_vit(variant, max_tokens=None, *, image_size=224, num_classes=1000, **overrides):
+    """The paper's `variant` (a key of CONFIGS) with ATS in its ATS layers; keyword arguments override the table.
+
+    max_tokens: the patch tokens each ATS layer keeps at most (its K); None gives the official budget, 197 tokens less
+                the cls token. At 224 pixels that is all 196 patches, so no layer samples (vit-pytorch's rule: a layer
+                with no more tokens than its K keeps them all): pass a smaller `max_tokens` to sample.
+    The other layers keep every token. `max_tokens_per_depth` in `overrides` replaces the whole schedule.
+    """
+    if variant not in CONFIGS:
+        raise ValueError(f"variant must be one of {sorted(CONFIGS)}, got {variant!r}")
+    dim, depth, heads, ats_layers, budget = CONFIGS[variant]
+    k = budget - 1 if max_tokens is None else vit.positive_int('max_tokens', max_tokens)
+    config = {**dict(image_size=image_size, patch_size=16, num_classes=num_classes, dim=dim, depth=depth, heads=heads,
+                     dim_head=dim // heads, mlp_dim=4 * dim), **overrides}
+    if 'max_tokens_per_depth' not in config:
+        keep_all = max(k, math.prod(vit.check_patches(config['image_size'], config['patch_size'])))
+        layers = range(vit.positive_int('depth', config['depth']))
+        config['max_tokens_per_depth'] = tuple(k if i in ats_layers else keep_all for i in layers)
+    return ViT(**config)
 
 
 # argument checks

@@ -9,7 +9,8 @@ first layers. The tokens still meet in attention; only the per-token maps are sp
 
 As in vit-pytorch's module of the same name: a cls token first, then the patch tokens with SimpleViT's
 sin-cos positions; each layer's two pre-norms and the final norm are specialized, and so is the qkv
-projection of the first `specialize_qkv_depth` layers (default `depth // 3`, the paper's first third);
+projection of the first `specialize_qkv_depth` layers (default `depth // 3`, vit-pytorch's, whose comment
+says the authors found the first third enough; not checked against the paper's text, which was not reachable);
 the feed-forward weights and attention's output projection stay shared; the cls token classifies.
 
     import torch
