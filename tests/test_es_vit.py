@@ -14,7 +14,7 @@ from helpers import tiny_vit_kwargs
 from vit_pytorch import ViT
 from vit_pytorch.cvt import CvT
 from vit_pytorch.dino import Dino, batch_center
-from vit_pytorch.es_vit import CONFIGS, EsViTTrainer, es_vit, region_loss_fn, view_loss_fn
+from vit_pytorch.es_vit import CONFIGS, VIT_CONFIGS, EsViTTrainer, es_vit, region_loss_fn, view_loss_fn
 from vit_pytorch.pretrained import CheckpointError, load_vit_pytorch
 from vit_pytorch.swin import SwinTransformer
 
@@ -366,7 +366,7 @@ OFFICIAL_SWIN = {
 def meta_es_vit(variant):
     """The named learner on the meta device (no memory, no initialisation), built once per variant."""
     with torch.device('meta'):
-        return es_vit(variant, SwinTransformer)
+        return es_vit(variant, SwinTransformer if variant in CONFIGS else None)
 
 
 @pytest.mark.parametrize('variant', sorted(OFFICIAL_SWIN))
@@ -410,3 +410,25 @@ def test_a_named_configuration_has_the_papers_recipe():
 def test_an_unknown_configuration_is_refused_by_name():
     with pytest.raises(ValueError, match="variant must be one of .*'swin_tiny_patch4_window7_224'.*got 'swin_t'"):
         es_vit('swin_t', SwinTransformer)
+    with pytest.raises(TypeError, match='builds a Swin: pass swin_transformer'):
+        es_vit('swin_tiny_patch4_window7_224')
+
+
+# the official code's ViTs (models/vision_transformer.py by main_esvit.py's --arch and --patch_size; counted by the
+# same script): arch/patch -> (embed_dim, depth, num_heads, the backbone's parameters)
+OFFICIAL_VITS = {
+    'deit_tiny/16': (192, 12, 3, 5_524_416), 'deit_tiny/8': (192, 12, 3, 5_526_720),
+    'deit_small/16': (384, 12, 6, 21_665_664), 'deit_small/8': (384, 12, 6, 21_670_272),
+    'vit_base/16': (768, 12, 12, 85_798_656), 'vit_base/8': (768, 12, 12, 85_807_872),
+}
+
+
+@pytest.mark.parametrize('variant', sorted(OFFICIAL_VITS))
+def test_a_named_vit_takes_the_official_widths_and_counts_its_parameters(variant):
+    dim, depth, heads, official = OFFICIAL_VITS[variant]
+    net = meta_es_vit(variant).student.net
+    patch = int(variant.split('/')[1])
+    assert (net.embed_dim, len(net.transformer.layers), net.transformer.layers[0][0].heads) == (dim, depth, heads)
+    assert (net.patch_size, net.image_size, net.num_classes) == ((patch, patch), (224, 224), 0)
+    assert sum(p.numel() for p in net.parameters()) == official
+    assert set(VIT_CONFIGS) == set(OFFICIAL_VITS)

@@ -36,8 +36,8 @@ weight-normalised layer on an L2-normalised bottleneck. vit-pytorch's arguments 
 order and with its defaults; `EsViTTrainer.paper(net, image_size)` has the paper's (DINO's: width 2048,
 K = 65536, student temperature 0.1, global crops from 40 %, momentum 0.996).
 `es_vit(variant, SwinTransformer)` builds it on the paper's Swin backbones as
-its code's configurations name them (`CONFIGS`: Swin-T, -S, -B with windows of 7 and 14, Swin-L with 7), which
-count the official code's parameters.
+its code's configurations name them (`CONFIGS`: Swin-T, -S, -B with windows of 7 and 14, Swin-L with 7),
+`es_vit('deit_small/16')` on its code's ViTs (`VIT_CONFIGS`); both count the official code's parameters.
 
 Where ours differs from vit-pytorch's, it follows the paper: the student sees the global crops too and
 every (teacher view, other student view) pair is a term (vit-pytorch pairs two local crops with two global
@@ -57,7 +57,7 @@ from einops import rearrange
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from vit_pytorch import dino, vit
+from vit_pytorch import dino, pretrained, vit
 
 
 class RegionProjector(nn.Module):
@@ -324,13 +324,26 @@ CONFIGS = {
 }
 
 
-def es_vit(variant, swin_transformer, **overrides):
-    """EsViT on the paper's Swin backbone `variant` (a key of CONFIGS) at 224, built by `swin_transformer` (a class
-    taking timm's Swin arguments, as vit_pytorch.swin.SwinTransformer), with the paper's recipe
-    (`EsViTTrainer.paper`); keyword arguments override the recipe. The class is passed in so that this module
-    builds on DINO's alone (tests/test_layout.py)."""
+# The ViTs main_esvit.py builds by --arch (models/vision_transformer.py, DINO's: qkv biases, LayerNorms of epsilon
+# 1e-6, no classifier) at --patch_size 16 (its default) or 8: name/patch -> a variant of `pretrained.vit`, whose
+# timm-layout ViT counts the same parameters.
+VIT_CONFIGS = {f'{arch}/{patch}': f'{size}/{patch}' for arch, size in (('deit_tiny', 'Ti'), ('deit_small', 'S'),
+                                                                      ('vit_base', 'B')) for patch in (16, 8)}
+
+
+def es_vit(variant, swin_transformer=None, **overrides):
+    """EsViT on the paper's backbone `variant` at 224 with the paper's recipe (`EsViTTrainer.paper`; keyword
+    arguments override the recipe): a Swin of CONFIGS, built by `swin_transformer` (a class taking timm's Swin
+    arguments, as vit_pytorch.swin.SwinTransformer; passed in so that this module builds on DINO's alone,
+    tests/test_layout.py), or a ViT of VIT_CONFIGS ('deit_small/16')."""
+    if variant in VIT_CONFIGS:
+        return EsViTTrainer.paper(pretrained.vit(VIT_CONFIGS[variant], image_size=224, num_classes=0), 224,
+                                  **overrides)
     if variant not in CONFIGS:
-        raise ValueError(f"variant must be one of {sorted(CONFIGS)}, got {variant!r}")
+        raise ValueError(f"variant must be one of {sorted(CONFIGS) + sorted(VIT_CONFIGS)}, got {variant!r}")
+    if swin_transformer is None:
+        raise TypeError(f'es_vit({variant!r}) builds a Swin: pass swin_transformer, as '
+                        f'vit_pytorch.swin.SwinTransformer')
     embed_dim, depths, num_heads, window_size = CONFIGS[variant]
     net = swin_transformer(img_size=224, patch_size=4, num_classes=0, embed_dim=embed_dim, depths=depths,
                            num_heads=num_heads, window_size=window_size)
