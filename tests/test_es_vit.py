@@ -2,6 +2,7 @@
 DINO's, the step's loss is the mean of both over every pair of views, the teacher and both centres follow their
 EMAs, vit-pytorch's losses reproduced, multi-stage models and vit-pytorch's README example."""
 
+import functools
 import math
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from helpers import tiny_vit_kwargs
 from vit_pytorch import ViT
 from vit_pytorch.cvt import CvT
 from vit_pytorch.dino import Dino, batch_center
-from vit_pytorch.es_vit import EsViTTrainer, region_loss_fn, view_loss_fn
+from vit_pytorch.es_vit import CONFIGS, VIT_CONFIGS, EsViTTrainer, es_vit, region_loss_fn, view_loss_fn
 from vit_pytorch.pretrained import CheckpointError, load_vit_pytorch
 from vit_pytorch.swin import SwinTransformer
 
@@ -345,3 +346,89 @@ def test_the_step_loss_and_centres_are_the_official_codes_on_fixed_outputs():
     learner.update_moving_average()
     torch.testing.assert_close(learner.teacher_view_centers, t['view_center_after'], rtol=1e-12, atol=1e-15)
     torch.testing.assert_close(learner.teacher_region_centers, t['region_center_after'], rtol=1e-12, atol=1e-15)
+
+
+# the paper's backbones, against the official code (microsoft/esvit @ 2d6becd, experiments/imagenet/swin/*.yaml
+# built by models/swin_transformer.py without its classifier; counted by tests/fixtures/count_official_es_vit.py):
+# yaml name -> (embed_dim, depths, num_heads, window_size of the yaml's MODEL.SPEC, the backbone's parameters)
+OFFICIAL_SWIN = {
+    'swin_tiny_patch4_window7_224': (96, (2, 2, 6, 2), (3, 6, 12, 24), 7, 27_519_354),
+    'swin_small_patch4_window7_224': (96, (2, 2, 18, 2), (3, 6, 12, 24), 7, 48_837_258),
+    'swin_base_patch4_window7_224': (128, (2, 2, 18, 2), (4, 8, 16, 32), 7, 86_743_224),
+    'swin_large_patch4_window7_224': (192, (2, 2, 18, 2), (6, 12, 24, 48), 7, 194_995_476),
+    'swin_tiny_patch4_window14_224': (96, (2, 2, 6, 2), (3, 6, 12, 24), 14, 27_569_754),
+    'swin_small_patch4_window14_224': (96, (2, 2, 18, 2), (3, 6, 12, 24), 14, 48_968_298),
+    'swin_base_patch4_window14_224': (128, (2, 2, 18, 2), (4, 8, 16, 32), 14, 86_917_944),
+}
+
+
+@functools.cache
+def meta_es_vit(variant):
+    """The named learner on the meta device (no memory, no initialisation), built once per variant."""
+    with torch.device('meta'):
+        return es_vit(variant, SwinTransformer if variant in CONFIGS else None)
+
+
+@pytest.mark.parametrize('variant', sorted(OFFICIAL_SWIN))
+def test_a_named_configuration_takes_the_official_yamls_swin(variant):
+    embed_dim, depths, num_heads, window, _ = OFFICIAL_SWIN[variant]
+    net = meta_es_vit(variant).student.net
+    attentions = [[attention.fn for attention, _ in stage.blocks.layers] for stage in net.stages]
+    assert (net.to_patch_embedding[2].out_features, net.img_size, net.mlp_head) == (embed_dim, (224, 224), None)
+    assert tuple(map(len, attentions)) == depths
+    assert tuple(stage[0].heads for stage in attentions) == num_heads
+    # the window, clamped to the stage's map: 56, 28, 14, 7 tokens a side at 224 with patches of 4
+    expected = tuple((min(window, side),) * 2 for side in (56, 28, 14, 7))
+    assert tuple(stage[0].windows.window_size for stage in attentions) == expected
+    assert set(CONFIGS) == set(OFFICIAL_SWIN)
+
+
+@pytest.mark.parametrize('variant', sorted(OFFICIAL_SWIN))
+def test_a_named_configurations_backbone_counts_the_official_codes_parameters(variant):
+    learner = meta_es_vit(variant)
+    assert sum(p.numel() for p in learner.student.net.parameters()) == OFFICIAL_SWIN[variant][-1]
+
+
+def test_a_window_of_14_adds_only_the_larger_relative_position_tables():
+    """W = 14 against W = 7: per block of the first three stages a table of (2 * 14 - 1)^2 rows, not 13^2, per head;
+    the last stage's 7 x 7 map takes the same window either way."""
+    for size in ('tiny', 'small', 'base'):
+        _, depths, num_heads, _, w7 = OFFICIAL_SWIN[f'swin_{size}_patch4_window7_224']
+        w14 = OFFICIAL_SWIN[f'swin_{size}_patch4_window14_224'][-1]
+        rows = sum(depth * heads for depth, heads in zip(depths[:3], num_heads[:3])) * (27 ** 2 - 13 ** 2)
+        assert w14 - w7 == rows
+        assert sum(p.numel() for p in meta_es_vit(f'swin_{size}_patch4_window14_224').student.net.parameters()) \
+            - sum(p.numel() for p in meta_es_vit(f'swin_{size}_patch4_window7_224').student.net.parameters()) == rows
+
+
+def test_a_named_configuration_has_the_papers_recipe():
+    learner = meta_es_vit('swin_tiny_patch4_window7_224')
+    assert learner.teacher_view_centers.shape == (65536,) and learner.student_temp == 0.1
+    assert learner.moving_average_decay == 0.996 and learner.crops.global_scale == (0.4, 1.)
+
+
+def test_an_unknown_configuration_is_refused_by_name():
+    with pytest.raises(ValueError, match="variant must be one of .*'swin_tiny_patch4_window7_224'.*got 'swin_t'"):
+        es_vit('swin_t', SwinTransformer)
+    with pytest.raises(TypeError, match='builds a Swin: pass swin_transformer'):
+        es_vit('swin_tiny_patch4_window7_224')
+
+
+# the official code's ViTs (models/vision_transformer.py by main_esvit.py's --arch and --patch_size; counted by the
+# same script): arch/patch -> (embed_dim, depth, num_heads, the backbone's parameters)
+OFFICIAL_VITS = {
+    'deit_tiny/16': (192, 12, 3, 5_524_416), 'deit_tiny/8': (192, 12, 3, 5_526_720),
+    'deit_small/16': (384, 12, 6, 21_665_664), 'deit_small/8': (384, 12, 6, 21_670_272),
+    'vit_base/16': (768, 12, 12, 85_798_656), 'vit_base/8': (768, 12, 12, 85_807_872),
+}
+
+
+@pytest.mark.parametrize('variant', sorted(OFFICIAL_VITS))
+def test_a_named_vit_takes_the_official_widths_and_counts_its_parameters(variant):
+    dim, depth, heads, official = OFFICIAL_VITS[variant]
+    net = meta_es_vit(variant).student.net
+    patch = int(variant.split('/')[1])
+    assert (net.embed_dim, len(net.transformer.layers), net.transformer.layers[0][0].heads) == (dim, depth, heads)
+    assert (net.patch_size, net.image_size, net.num_classes) == ((patch, patch), (224, 224), 0)
+    assert sum(p.numel() for p in net.parameters()) == official
+    assert set(VIT_CONFIGS) == set(OFFICIAL_VITS)

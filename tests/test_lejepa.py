@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from helpers import load_fixture
 from vit_pytorch import ViT
-from vit_pytorch.lejepa import LeJEPA, random_projections, sigreg, sigreg_loss
+from vit_pytorch.lejepa import CONFIGS, LeJEPA, lejepa, random_projections, sigreg, sigreg_loss
 from vit_pytorch.pretrained import load_vit_pytorch
 
 TINY = dict(image_size=16, patch_size=4, num_classes=5, dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32)
@@ -247,3 +247,37 @@ def test_sigreg_loss_is_the_official_sliced_test_given_its_directions():
     projections = random_projections(8, 16, generator=torch.Generator().manual_seed(0))
     ours = sigreg_loss(tensors['x32'], projections=projections, domain=(-3, 3), num_knots=33)
     torch.testing.assert_close(ours, tensors['sliced'], rtol=1e-5, atol=0)
+
+
+# the official code's backbones (rbalestr-lab/lejepa @ eddffdd: MINIMAL.md's ViTEncoder, the README's ViT-L of
+# scripts/launch_*_ablation.md), timm models counted by tests/fixtures/count_official_lejepa.py: name -> (dim, depth,
+# heads, patch, image size, the timm model's parameters with its 512-way embedding head)
+OFFICIAL_BACKBONES = {'vit_small_patch8_224': (384, 12, 6, 8, 128, 21_664_640),
+                      'vit_large_patch14_224': (1024, 24, 16, 14, 224, 303_703_552)}
+
+
+def meta_lejepa(variant):
+    with torch.device('meta'):
+        return lejepa(variant)
+
+
+@pytest.mark.parametrize('variant', sorted(OFFICIAL_BACKBONES))
+def test_a_named_backbone_takes_the_official_timm_models_widths(variant):
+    dim, depth, heads, patch, image_size, _ = OFFICIAL_BACKBONES[variant]
+    net = meta_lejepa(variant).net
+    assert (net.embed_dim, len(net.transformer.layers), net.image_size, net.patch_size) == \
+        (dim, depth, (image_size,) * 2, (patch,) * 2)
+    assert net.transformer.layers[0][0].heads == heads
+    assert set(CONFIGS) == set(OFFICIAL_BACKBONES)
+
+
+@pytest.mark.parametrize('variant', sorted(OFFICIAL_BACKBONES))
+def test_a_named_backbone_counts_the_official_model_less_its_512_way_embedding_head(variant):
+    """The official embedding is the timm model's Linear(dim, 512) output; ours is the pooled tokens."""
+    dim, *_, official = OFFICIAL_BACKBONES[variant]
+    assert sum(p.numel() for p in meta_lejepa(variant).net.parameters()) == official - (dim * 512 + 512)
+
+
+def test_an_unknown_backbone_is_refused_by_name():
+    with pytest.raises(ValueError, match="variant must be one of .*'vit_small_patch8_224'.*got 'vit_h'"):
+        lejepa('vit_h')

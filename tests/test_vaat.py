@@ -6,9 +6,10 @@ import math
 import pytest
 import torch
 
-from helpers import load_fixture
+from helpers import count, load_fixture
 from vit_pytorch.pretrained import CheckpointError, load_vit_pytorch
-from vit_pytorch.vaat import AST, VAAT, Spectrogram, ViT, hz_to_mel, mel_filterbank, mel_to_hz
+from vit_pytorch.vaat import (AST, AST_CONFIGS, VAAT, Spectrogram, ViT, audio_spectrogram_transformer, hz_to_mel,
+                              mel_filterbank, mel_to_hz)
 
 TOWER = dict(image_size=16, patch_size=8, num_classes=5, dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32)
 AUDIO_TOWER = dict(dim=16, depth=2, mlp_dim=32, patch_size=8, dim_head=8, heads=2)
@@ -73,6 +74,54 @@ def test_the_mel_spectrogram_through_our_filterbank_is_torchaudios():
     spec = Spectrogram(n_fft=settings['n_fft'], win_length=settings['win_length'])(tensors['audio'])
     mel = torch.einsum('... f t, f m -> ... m t', spec, fb)
     torch.testing.assert_close(mel, tensors['mel_spectrogram'], rtol=1e-4, atol=1e-5)
+
+
+
+# the AST paper's towers, against the official code (YuanGongND/ast @ 31088be, src/models/ast_models.py; counted by
+# tests/fixtures/count_official_ast.py): model_size -> ((dim, depth, heads) of its DeiT, the ASTModel's parameters
+# at the AudioSet recipe (527 classes, 128 x 1024 input, strides 10: 12 x 101 patches), of which the DeiT's two
+# ImageNet heads that its forward never calls)
+OFFICIAL_AST = {'tiny224': ((192, 12, 3), 6_109_663, 386_000), 'small224': ((384, 12, 6), 22_833_631, 770_000),
+                'base224': ((768, 12, 12), 88_132_063, 1_538_000), 'base384': ((768, 12, 12), 88_132_063, 1_538_000)}
+
+
+@pytest.mark.parametrize('variant', sorted(OFFICIAL_AST))
+def test_named_ast_towers_take_the_official_widths(variant):
+    (dim, depth, heads), _, _ = OFFICIAL_AST[variant]
+    with torch.device('meta'):
+        tower = audio_spectrogram_transformer(variant)
+    attention, feedforward = tower.transformer.layers[0]
+    assert (tower.dim, tower.depth, attention.heads, tower.patch_size) == (dim, depth, heads, (16, 16))
+    assert attention.to_q.out_features == dim                               # heads of dim // heads = 64 channels
+    assert feedforward.net[1].out_features == 4 * dim                       # mlp_ratio 4
+    assert tower.mlp_head.out_features == 527 and tower.accept_spec and tower.accept_spec_time_first
+    assert set(AST_CONFIGS) == set(OFFICIAL_AST)
+
+
+@pytest.mark.parametrize('variant', sorted(OFFICIAL_AST))
+def test_named_ast_towers_count_the_official_models_less_what_vit_pytorchs_tower_does_otherwise(variant):
+    """The official ASTModel less its two unused ImageNet heads, then vit-pytorch's tower against it: no learned
+    position table (1212 patches + 2 tokens rows) and no cls and distillation tokens (2 dim), 4 registers (4 dim)
+    instead; per layer no query/key/value biases (3 dim), a sigmoid gate per head on the attention's output
+    (Linear(dim, heads)); Dual PatchNorm's LayerNorms on the flattened 16 x 16 patch and on its projection. The
+    patch projection (256 dim + dim: a Conv2d there, a Linear here), the final norms (the DeiT's and the head's
+    LayerNorm there, the encoder's and `final_norm` here) and the 527-way Linear are alike."""
+    (dim, depth, heads), total, unused_heads = OFFICIAL_AST[variant]
+    with torch.device('meta'):
+        tower = audio_spectrogram_transformer(variant)
+    expected = (total - unused_heads - (12 * 101 + 2) * dim - 2 * dim + 4 * dim
+                + depth * (dim * heads + heads - 3 * dim) + 2 * (16 * 16) + 2 * dim)
+    assert count(tower) == expected
+
+
+def test_an_unknown_ast_variant_is_refused_by_name():
+    with pytest.raises(ValueError, match="variant must be one of .*'base384'.*got 'huge'"):
+        audio_spectrogram_transformer('huge')
+
+
+def test_a_named_ast_tower_reads_the_recipes_time_first_spectrograms():
+    tower = audio_spectrogram_transformer('tiny224', depth=1)
+    assert tower(torch.randn(2, 64, 128)).shape == (2, 527)                 # (b, frames, mel bins)
 
 
 # the policy

@@ -84,3 +84,20 @@ def test_vit_pytorchs_main_block_runs_at_its_shapes_without_the_download(num_adv
                freeze_vit=True)
     loss.backward()
     assert vat(images, advantages=advantages, tasks=tasks, extra=extra).shape == (1, 50, 32)
+
+
+# the default tower, the VAT paper's (SigLIP So400m/14 at 224), against transformers 5.24.0's SiglipVisionModel of
+# that configuration (counted by tests/fixtures/count_official_siglip.py): the whole model, then its attention-pooling
+# head, which a trajectory never reads and our tower does not build
+SIGLIP_SO400M_14_224 = dict(total=427_680_704, head=15_238_352)
+
+
+def test_the_default_tower_counts_siglip_so400m_less_its_pooling_head():
+    dim, mlp_dim = 1152, 4304
+    # the head: a probe token, a MultiheadAttention (in- and out-projections with biases), a LayerNorm, an MLP
+    head = (dim + (3 * dim * dim + 3 * dim) + (dim * dim + dim) + 2 * dim
+            + (dim * mlp_dim + mlp_dim) + (mlp_dim * dim + dim))
+    assert head == SIGLIP_SO400M_14_224['head']
+    with torch.device('meta'):
+        vat = SigLIPVAT()
+    assert sum(p.numel() for p in vat.vit.parameters()) == SIGLIP_SO400M_14_224['total'] - head

@@ -35,6 +35,9 @@ and `num_local_crops` local crops, torch augmentations with the paper's probabil
 weight-normalised layer on an L2-normalised bottleneck. vit-pytorch's arguments are kept, in its positional
 order and with its defaults; `EsViTTrainer.paper(net, image_size)` has the paper's (DINO's: width 2048,
 K = 65536, student temperature 0.1, global crops from 40 %, momentum 0.996).
+`es_vit(variant, SwinTransformer)` builds it on the paper's Swin backbones as
+its code's configurations name them (`CONFIGS`: Swin-T, -S, -B with windows of 7 and 14, Swin-L with 7),
+`es_vit('deit_small/16')` on its code's ViTs (`VIT_CONFIGS`); both count the official code's parameters.
 
 Where ours differs from vit-pytorch's, it follows the paper: the student sees the global crops too and
 every (teacher view, other student view) pair is a term (vit-pytorch pairs two local crops with two global
@@ -54,7 +57,7 @@ from einops import rearrange
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from vit_pytorch import dino, vit
+from vit_pytorch import dino, pretrained, vit
 
 
 class RegionProjector(nn.Module):
@@ -299,6 +302,52 @@ def region_width(net, image_size):
     finally:
         for module, training in modes.items():
             module.training = training
+
+
+# The paper's backbones, as its code's experiments/imagenet/swin/*.yaml name them (microsoft/esvit @ 2d6becd), in
+# timm's Swin arguments (which vit_pytorch.swin.SwinTransformer takes): name -> (embed_dim, depths, num_heads,
+# window_size); patches of 4, MLP ratio 4, query/key/value biases, no absolute positions, at 224 (a window of 14
+# covers the last stage's 7 x 7 map whole and unshifted, as the code's blocks clamp it). Its README reports Swin-T,
+# -S and -B at W = 7 and 14 (28M, 49M, 87M); the large yaml has no result there. main_esvit.py puts DINO's heads in
+# place of the classifier, as EsViTTrainer does, so the backbones are classifier-free; they count the official
+# code's parameters (tests/test_es_vit.py). The code's LayerNorms take epsilon 1e-6, timm's and ours 1e-5.
+SWIN_TINY, SWIN_SMALL = (96, (2, 2, 6, 2), (3, 6, 12, 24)), (96, (2, 2, 18, 2), (3, 6, 12, 24))
+SWIN_BASE, SWIN_LARGE = (128, (2, 2, 18, 2), (4, 8, 16, 32)), (192, (2, 2, 18, 2), (6, 12, 24, 48))
+CONFIGS = {
+    'swin_tiny_patch4_window7_224': (*SWIN_TINY, 7),
+    'swin_small_patch4_window7_224': (*SWIN_SMALL, 7),
+    'swin_base_patch4_window7_224': (*SWIN_BASE, 7),
+    'swin_large_patch4_window7_224': (*SWIN_LARGE, 7),
+    'swin_tiny_patch4_window14_224': (*SWIN_TINY, 14),
+    'swin_small_patch4_window14_224': (*SWIN_SMALL, 14),
+    'swin_base_patch4_window14_224': (*SWIN_BASE, 14),
+}
+
+
+# The ViTs main_esvit.py builds by --arch (models/vision_transformer.py, DINO's: qkv biases, LayerNorms of epsilon
+# 1e-6, no classifier) at --patch_size 16 (its default) or 8: name/patch -> a variant of `pretrained.vit`, whose
+# timm-layout ViT counts the same parameters.
+VIT_CONFIGS = {f'{arch}/{patch}': f'{size}/{patch}' for arch, size in (('deit_tiny', 'Ti'), ('deit_small', 'S'),
+                                                                      ('vit_base', 'B')) for patch in (16, 8)}
+
+
+def es_vit(variant, swin_transformer=None, **overrides):
+    """EsViT on the paper's backbone `variant` at 224 with the paper's recipe (`EsViTTrainer.paper`; keyword
+    arguments override the recipe): a Swin of CONFIGS, built by `swin_transformer` (a class taking timm's Swin
+    arguments, as vit_pytorch.swin.SwinTransformer; passed in so that this module builds on DINO's alone,
+    tests/test_layout.py), or a ViT of VIT_CONFIGS ('deit_small/16')."""
+    if variant in VIT_CONFIGS:
+        return EsViTTrainer.paper(pretrained.vit(VIT_CONFIGS[variant], image_size=224, num_classes=0), 224,
+                                  **overrides)
+    if variant not in CONFIGS:
+        raise ValueError(f"variant must be one of {sorted(CONFIGS) + sorted(VIT_CONFIGS)}, got {variant!r}")
+    if swin_transformer is None:
+        raise TypeError(f'es_vit({variant!r}) builds a Swin: pass swin_transformer, as '
+                        f'vit_pytorch.swin.SwinTransformer')
+    embed_dim, depths, num_heads, window_size = CONFIGS[variant]
+    net = swin_transformer(img_size=224, patch_size=4, num_classes=0, embed_dim=embed_dim, depths=depths,
+                           num_heads=num_heads, window_size=window_size)
+    return EsViTTrainer.paper(net, 224, **overrides)
 
 
 # argument checks

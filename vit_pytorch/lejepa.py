@@ -48,13 +48,15 @@ ours follows the paper:
     `sigreg_loss_weight=lambda, target_loss_weight=1 - lambda` (its minimal example: lambda = 0.02);
   - `use_ema=True` (or a `moving_average_decay`), vit-pytorch's EMA teacher without SIGReg, is refused:
     LeJEPA has no teacher, which is the point of the paper (BYOL-style training is `dino.Dino`'s kind).
+`lejepa(variant)` builds it on the official code's timm backbones (`CONFIGS`: MINIMAL.md's ViT-S/8 at 128, the
+README's ViT-L/14), classifier-free.
 """
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit_pytorch import dino, vit
+from vit_pytorch import dino, pretrained, vit
 from vit_pytorch import sigreg as sigreg_block
 
 SIGREG = dict(num_slices=1024, domain=(-5, 5), num_knots=17)
@@ -176,6 +178,24 @@ def prediction_loss(global_projections, local_projections=None):
 # SIGReg is a block of its own (vit_pytorch.sigreg), which the What-Where Transformer's slots share; its names
 # stay here as well
 random_projections, sigreg, sigreg_loss = sigreg_block.random_projections, sigreg_block.sigreg, sigreg_block.sigreg_loss
+
+
+# The official code's backbones (rbalestr-lab/lejepa @ eddffdd), timm models named there: name -> (our ViT
+# variant, image size). MINIMAL.md's encoder is timm's vit_small_patch8_224 at 128; the README's "LeJEPA ViT-L"
+# (304M) is the vit_large_patch14_224 of scripts/launch_*_ablation.md at 224. Both take the embedding as the timm
+# model's 512-way head output (MINIMAL.md; the launch scripts' embedding_dim=512); ours take the pooled tokens
+# (`forward_head(pre_logits=True)`), so they are built classifier-free and count the official models less that
+# Linear (tests/test_lejepa.py).
+CONFIGS = {'vit_small_patch8_224': ('S/8', 128), 'vit_large_patch14_224': ('L/14', 224)}
+
+
+def lejepa(variant, **overrides):
+    """LeJEPA on the official code's backbone `variant` (a key of CONFIGS; `pretrained.vit`'s timm-layout ViT at
+    the image size there, without classifier); keyword arguments of LeJEPA override its defaults."""
+    if variant not in CONFIGS:
+        raise ValueError(f"variant must be one of {sorted(CONFIGS)}, got {variant!r}")
+    name, image_size = CONFIGS[variant]
+    return LeJEPA(pretrained.vit(name, image_size=image_size, num_classes=0), image_size, **overrides)
 
 
 # argument checks

@@ -23,7 +23,9 @@ beside a CPU torch here): at vit-pytorch's settings (a power spectrogram, 128-po
 Hann window every 12 samples, frames centred with reflection padding) it equals torchaudio's `Spectrogram`
 (a fixture written by torchaudio 2.11.1 checks it); `mel_filterbank` gives torchaudio's (HTK) mel filters for a
 `MelSpectrogram` (the AST paper's input is a 128-band log mel filterbank; vit-pytorch's AST reads the linear
-spectrogram, and so, for its checkpoints, does ours).
+spectrogram, and so, for its checkpoints, does ours). `audio_spectrogram_transformer(variant)` builds the AST paper's
+towers as its code names them (`AST_CONFIGS`: tiny224, small224, base224, base384) on (b, time, freq) spectrograms;
+their parameter counts are the official code's less the terms the comment at AST_CONFIGS names.
 
 Where this differs from vit-pytorch 1.26.14 (its checkpoints load with equal outputs all the same, converted): as
 `vit_pytorch.vat` (FiLM as 1 + gamma, inputs checked with clear errors, an image batch is one view); with several
@@ -167,6 +169,28 @@ class AST(nn.Module):
             return trajectory[-1], trajectory[:-1]
         pooled = trajectory[-1][:, self.register_tokens.shape[0]:].mean(dim=1)
         return self.mlp_head(pooled)
+
+
+# The AST paper's towers, as its code names them (YuanGongND/ast @ 31088be, src/models/ast_models.py `model_size`):
+# name -> (dim, depth, heads), the widths of the DeiT (distilled) it starts from, patches of 16, heads of 64
+# channels, an MLP 4 * dim wide; base224 and base384 are one architecture (they differ in the ImageNet weights the
+# code starts from). The code's AudioSet recipe reads 1024 frames of 128 mel bands, (b, time, freq), into 527
+# classes. What the tower here keeps of vit-pytorch's AST (non-overlapping patches where the paper's overlap by 6,
+# fixed sin-cos positions and registers where the paper learns a table and two tokens, gated attention without
+# query/key/value biases) leaves the counts apart by the terms tests/test_vaat.py writes out.
+AST_CONFIGS = {'tiny224': (192, 12, 3), 'small224': (384, 12, 6), 'base224': (768, 12, 12),
+               'base384': (768, 12, 12)}
+
+
+def audio_spectrogram_transformer(variant, *, num_classes=527, **overrides):
+    """The AST paper's `variant` (a key of AST_CONFIGS) on (b, time, freq) spectrograms, 16 x 16 patches, 527
+    AudioSet classes; keyword arguments of AST override the table."""
+    if variant not in AST_CONFIGS:
+        raise ValueError(f"variant must be one of {sorted(AST_CONFIGS)}, got {variant!r}")
+    dim, depth, heads = AST_CONFIGS[variant]
+    config = dict(dim=dim, depth=depth, heads=heads, dim_head=dim // heads, mlp_dim=4 * dim, patch_size=16,
+                  num_classes=num_classes, accept_spec=True)
+    return AST(**{**config, **overrides})
 
 
 class VAAT(vat.ActionPolicy, nn.Module):
