@@ -57,7 +57,7 @@ from einops import rearrange
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from vit_pytorch import dino, pretrained, vit
+from vit_pytorch import dino, vit
 
 
 class RegionProjector(nn.Module):
@@ -336,6 +336,8 @@ def es_vit(variant, swin_transformer=None, **overrides):
     arguments override the recipe): a Swin of CONFIGS, built by `swin_transformer` (a class taking timm's Swin
     arguments, as vit_pytorch.swin.SwinTransformer; passed in so that this module builds on DINO's alone,
     tests/test_layout.py), or a ViT of VIT_CONFIGS ('deit_small/16')."""
+    from vit_pytorch import pretrained      # here, as deit's constructors: the model's copy set stays without it
+
     if variant in VIT_CONFIGS:
         return EsViTTrainer.paper(pretrained.vit(VIT_CONFIGS[variant], image_size=224, num_classes=0), 224,
                                   **overrides)

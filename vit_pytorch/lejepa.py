@@ -56,7 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit_pytorch import dino, pretrained, vit
+from vit_pytorch import dino, vit
 from vit_pytorch import sigreg as sigreg_block
 
 SIGREG = dict(num_slices=1024, domain=(-5, 5), num_knots=17)
@@ -195,6 +195,8 @@ def lejepa(variant, **overrides):
     if variant not in CONFIGS:
         raise ValueError(f"variant must be one of {sorted(CONFIGS)}, got {variant!r}")
     name, image_size = CONFIGS[variant]
+    from vit_pytorch import pretrained      # here, as deit's constructors: the model's copy set stays without it
+
     return LeJEPA(pretrained.vit(name, image_size=image_size, num_classes=0), image_size, **overrides)
 
 
