@@ -174,26 +174,17 @@ def test_the_policy_reads_only_the_ast_states_named_by_ast_layer_indices():
     torch.testing.assert_close(predict(model, images, audio), before, rtol=0, atol=0)
 
 
-def test_loads_vit_pytorchs_checkpoint_and_gives_its_prediction_and_loss():
-    metadata, state_dict, tensors = load_fixture('vit_pytorch_1.26.14_vaat')
+# without audio views (num_audio_views=None, audio (b, samples)), and with one (audio (b, 1, samples): the
+# configuration benchmarks/wrapper_steps.py's vaat row times)
+@pytest.mark.parametrize('fixture, views, audio_shape', [('vit_pytorch_1.26.14_vaat', None, None),
+                                                         ('vit_pytorch_1.26.14_vaat_one_audio_view', 1, (2, 1, 300))])
+def test_loads_vit_pytorchs_checkpoint_and_gives_its_prediction_and_loss(fixture, views, audio_shape):
+    metadata, state_dict, tensors = load_fixture(fixture)
     config = dict(metadata['config'], **{key: tuple(metadata['config'][key])
                                          for key in ('ast_layer_indices', 'vit_layer_indices')})
-    torch.manual_seed(1)
-    model = load_vit_pytorch(VAAT(ViT(**metadata['vit_config']), AST(**metadata['ast_config']), **config),
-                             state_dict).eval()
-    extra = dict(tasks=tensors['tasks'], advantages=tensors['advantages'], extra=tensors['extra'])
-    torch.testing.assert_close(predict(model, tensors['input'], tensors['audio'], **extra), tensors['output'],
-                               rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(predict(model, tensors['input'], tensors['audio'], actions=tensors['actions'],
-                                       **extra), tensors['loss'], rtol=1e-5, atol=1e-5)
-
-
-def test_loads_vit_pytorchs_one_audio_view_checkpoint_with_the_view_axis_and_gives_its_prediction_and_loss():
-    # num_audio_views=1 and audio (b, 1, samples): the configuration benchmarks/wrapper_steps.py's vaat row times
-    metadata, state_dict, tensors = load_fixture('vit_pytorch_1.26.14_vaat_one_audio_view')
-    config = dict(metadata['config'], **{key: tuple(metadata['config'][key])
-                                         for key in ('ast_layer_indices', 'vit_layer_indices')})
-    assert config['num_audio_views'] == 1 and tensors['audio'].shape == (2, 1, 300)
+    assert config.get('num_audio_views') == views
+    if audio_shape is not None:
+        assert tensors['audio'].shape == audio_shape
     torch.manual_seed(1)
     model = load_vit_pytorch(VAAT(ViT(**metadata['vit_config']), AST(**metadata['ast_config']), **config),
                              state_dict).eval()
