@@ -192,7 +192,7 @@ def spread(values):
     return f"{mean:.1f} ± {100 * statistics.stdev(values):.1f}" if len(values) > 1 else f"{mean:.1f}"
 
 
-def main(argv=None):
+def make_parser():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
     parser.add_argument('--epochs', type=int, default=10, help='pre-training epochs')
@@ -208,9 +208,11 @@ def main(argv=None):
     parser.add_argument('--supervised-lr', type=float, default=1e-3)
     parser.add_argument('--train-limit', type=int, default=None,
                         help='use only the first N training digits (a quick run; default: all 1,347)')
-    args = parser.parse_args(argv)
+    return parser
 
-    torch.set_num_threads(1)
+
+def load_data(args):
+    """(pre-training clips, probe training clips, their labels, test clips, their labels) for `args`."""
     train_videos, train_labels = clips('train')
     test_videos, test_labels = clips('test')
     if args.train_limit:
@@ -222,7 +224,14 @@ def main(argv=None):
     if args.train_limit:
         keep = (torch.arange(len(pretrain_videos)) % 1347) < args.train_limit
         pretrain_videos = pretrain_videos[keep]
-    data = (pretrain_videos, train_videos, train_labels, test_videos, test_labels)
+    return pretrain_videos, train_videos, train_labels, test_videos, test_labels
+
+
+def main(argv=None):
+    args = make_parser().parse_args(argv)
+    torch.set_num_threads(1)
+    data = load_data(args)
+    pretrain_videos, train_videos, _, test_videos, _ = data
     print(f"pre-training clips {len(pretrain_videos)}, probe training clips {len(train_videos)} "
           f"({args.labels} labelled per class), test clips {len(test_videos)}", flush=True)
 
