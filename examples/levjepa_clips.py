@@ -1,6 +1,6 @@
 """LeVJEPA on the moving digits: do its pre-trained clip features beat a random encoder's under a few-label probe?
 
-    python examples/levjepa_clips.py --seeds 0 1 2            # the table of docs/pretraining.md
+    python examples/levjepa_clips.py --seeds 0 1 2 --epochs 4   # the table of docs/pretraining.md
     python examples/levjepa_clips.py --seeds 0 --epochs 1     # one short epoch, to time it
 
 LeVJEPA (`vit_pytorch.levjepa`, arXiv 2608.27395) claims that its objective (LeJEPA's prediction loss between a
