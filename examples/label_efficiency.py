@@ -65,10 +65,13 @@ def embeddings(model, images, config):
 
 
 def knn_accuracy(train_features, train_labels, test_features, test_labels, k):
+    """Each test row takes the majority label of its k labelled rows of highest dot product (cosine similarity for
+    L2-normalised features; ties: the nearest decides); the test accuracy."""
     similarity = test_features @ train_features.T                                  # (test, labelled)
     nearest = similarity.topk(min(k, len(train_labels)), dim=1).indices
-    votes = F.one_hot(train_labels[nearest], 10).sum(dim=1).float()
-    votes += 1e-3 * F.one_hot(train_labels[nearest[:, 0]], 10)                      # ties: the nearest decides
+    classes = int(max(train_labels.max(), test_labels.max())) + 1
+    votes = F.one_hot(train_labels[nearest], classes).sum(dim=1).float()
+    votes += 1e-3 * F.one_hot(train_labels[nearest[:, 0]], classes)                 # ties: the nearest decides
     return (votes.argmax(dim=1) == test_labels).float().mean().item()
 
 

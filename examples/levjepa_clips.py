@@ -30,7 +30,9 @@ std over the seeds) and the paired differences pre-trained - random. Needs sciki
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +40,9 @@ from torch import nn
 
 from vit_pytorch.clips import moving_digits
 from vit_pytorch.levjepa import LeVJEPA, VideoTransformer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from label_efficiency import knn_accuracy  # noqa: E402
 
 TASKS = ('digit', 'direction')
 ENCODER = dict(image_size=32, patch_size=4, frames=8, channels=3, dim=64, depth=4, heads=4, dim_head=16, mlp_dim=128)
@@ -103,17 +108,6 @@ def labelled_subset(labels, per_class, seed):
                                                     [:per_class]] for c in labels.unique()])
 
 
-def knn_accuracy(train_features, train_labels, test_features, test_labels, k=5):
-    """Each test clip takes the majority label of its k labelled clips of highest cosine similarity (ties: the
-    nearest decides)."""
-    train_features, test_features = F.normalize(train_features, dim=-1), F.normalize(test_features, dim=-1)
-    nearest = (test_features @ train_features.T).topk(min(k, len(train_labels)), dim=1).indices
-    classes = int(max(train_labels.max(), test_labels.max())) + 1
-    votes = F.one_hot(train_labels[nearest], classes).sum(dim=1).float()
-    votes += 1e-3 * F.one_hot(train_labels[nearest[:, 0]], classes)
-    return (votes.argmax(dim=1) == test_labels).float().mean().item()
-
-
 def linear_probe_accuracy(train_features, train_labels, test_features, test_labels):
     """Multinomial logistic regression (L2, C=1) on features standardised by the labelled clips' statistics."""
     from sklearn.linear_model import LogisticRegression
@@ -155,7 +149,8 @@ def probe_all(encoder, train_videos, train_labels, test_videos, test_labels, sub
     for task in TASKS:
         index = subsets[task]
         args = (train_features[index], train_labels[task][index], test_features, test_labels[task])
-        scores[(task, '5-NN')] = knn_accuracy(*args)
+        scores[(task, '5-NN')] = knn_accuracy(F.normalize(train_features[index], dim=-1), train_labels[task][index],
+                                              F.normalize(test_features, dim=-1), test_labels[task], 5)   # cosine
         scores[(task, 'linear')] = linear_probe_accuracy(*args)
     return scores
 
