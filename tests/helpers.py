@@ -64,6 +64,12 @@ def fit_fixed_batch(model, images, labels, *, parameters=None, lr=3e-3, max_step
     return accuracy(), step
 
 
+def official_counts(name):
+    """The models of a committed record `tests/fixtures/<name>.json` of an official code's parameter counts
+    (written by fixture_tools.save_counts from tests/fixtures/make_<name>.py)."""
+    return json.loads((FIXTURES / f'{name}.json').read_text())['models']
+
+
 def load_fixture(name):
     """A committed fixture `tests/fixtures/<name>.safetensors`: (metadata, state_dict, other tensors).
 

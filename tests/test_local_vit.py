@@ -3,14 +3,12 @@ convolutions computed explicitly), so it mixes only 3x3 neighbourhoods; the cls 
 code's feed-forward and block give ours' outputs with its weights; vit-pytorch's checkpoints, which compute another
 function, are refused naming the difference."""
 
-import json
-
 import pytest
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from helpers import FIXTURES, count, load_fixture, move_off_initialisation, reference_case, tiny_vit_kwargs
+from helpers import count, load_fixture, move_off_initialisation, official_counts, reference_case, tiny_vit_kwargs
 from vit_pytorch.local_vit import CONFIGS, LocalViT, local_vit
 from vit_pytorch.pretrained import load_vit_pytorch
 
@@ -157,7 +155,7 @@ def test_the_official_block_gives_ours_layers_output(fixture):
 # the paper's models against the official code's (LocalViT-T, -T-SE4, -S as its README names them), built and
 # counted part by part by tests/fixtures/make_local_vit_official_counts.py, run outside this repository
 
-OFFICIAL_COUNTS = json.loads((FIXTURES / 'local_vit_official_counts.json').read_text())['models']
+OFFICIAL_COUNTS = official_counts('local_vit_official_counts')
 
 
 def test_the_table_holds_the_official_readmes_three_models():

@@ -2,12 +2,10 @@
 by a Linear on [x, skip]; which blocks are shallow, middle and deep; vit-pytorch's other function refused; the
 paper's models counted against the official code's."""
 
-import json
-
 import pytest
 import torch
 
-from helpers import FIXTURES, count, move_off_initialisation, reference_case, tiny_vit_kwargs
+from helpers import count, move_off_initialisation, official_counts, reference_case, tiny_vit_kwargs
 from vit_pytorch.pretrained import CheckpointError, load_vit_pytorch
 from vit_pytorch.simple_uvit import CONFIGS, SimpleUViT, uvit
 
@@ -160,7 +158,7 @@ def test_the_long_skips_join_as_in_the_official_code():
 # U-ViT-S/2 (Deep), built and counted part by part by tests/fixtures/make_simple_uvit_official_counts.py, run outside
 # this repository)
 
-OFFICIAL = json.loads((FIXTURES / 'simple_uvit_official_counts.json').read_text())['models']
+OFFICIAL = official_counts('simple_uvit_official_counts')
 # the paper's table of configurations, #Params (millions)
 PAPER_MILLIONS = {'S': 44, 'S-Deep': 58, 'M': 131, 'L': 287, 'H': 501}
 

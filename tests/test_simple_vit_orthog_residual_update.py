@@ -1,13 +1,11 @@
 """Orthogonal residual updates: what a branch adds to the stream is orthogonal to it, by the explicit projection;
 the stream's norm never shrinks; the official code's update; vit-pytorch's weights."""
 
-import json
-
 import pytest
 import torch
 from torch import nn
 
-from helpers import FIXTURES, count, load_fixture, move_off_initialisation, reference_case, tiny_vit_kwargs
+from helpers import count, load_fixture, move_off_initialisation, official_counts, reference_case, tiny_vit_kwargs
 from vit_pytorch.pretrained import load_vit_pytorch
 from vit_pytorch.simple_vit_orthog_residual_update import CONFIGS, OrthogonalResidualUpdate, SimpleViT, ortho_vit
 
@@ -189,7 +187,7 @@ def test_vit_pytorchs_main_block_runs():
 # ImageNet-1k), built and counted part by part by
 # tests/fixtures/make_simple_vit_orthog_residual_update_official_counts.py, run outside this repository
 
-OFFICIAL_COUNTS = json.loads((FIXTURES / 'simple_vit_orthog_residual_update_official_counts.json').read_text())['models']
+OFFICIAL_COUNTS = official_counts('simple_vit_orthog_residual_update_official_counts')
 
 
 def test_the_table_holds_the_official_sizes_and_patch_sizes():
