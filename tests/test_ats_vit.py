@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import load_fixture, move_off_initialisation, reference_case
+from helpers import count, load_fixture, move_off_initialisation, reference_case
 from vit_pytorch.ats_vit import AdaptiveTokenSampling, Attention, ViT, ats_vit
 from vit_pytorch.pretrained import load_vit_pytorch
 
@@ -215,7 +215,7 @@ def test_the_deit_s_configuration_has_the_official_parameters_less_qkv_biases_pl
         model = ats_vit('DeiT-S')
     qkv_biases = 12 * 3 * 384
     patch_norms = 2 * (16 * 16 * 3) + 2 * 384
-    assert sum(p.numel() for p in model.parameters()) == OFFICIAL_DEIT_S - qkv_biases + patch_norms
+    assert count(model) == OFFICIAL_DEIT_S - qkv_biases + patch_norms
 
 
 def test_the_deit_s_configuration_samples_in_layers_3_to_11_at_max_tokens():

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import tiny_vit_kwargs
+from helpers import count, tiny_vit_kwargs
 from vit_pytorch import ViT
 from vit_pytorch.cvt import CvT
 from vit_pytorch.dino import Dino, batch_center
@@ -386,7 +386,7 @@ def test_a_named_configuration_takes_the_official_yamls_swin(variant):
 @pytest.mark.parametrize('variant', sorted(OFFICIAL_SWIN))
 def test_a_named_configurations_backbone_counts_the_official_codes_parameters(variant):
     learner = meta_es_vit(variant)
-    assert sum(p.numel() for p in learner.student.net.parameters()) == OFFICIAL_SWIN[variant][-1]
+    assert count(learner.student.net) == OFFICIAL_SWIN[variant][-1]
 
 
 def test_a_window_of_14_adds_only_the_larger_relative_position_tables():
@@ -397,8 +397,8 @@ def test_a_window_of_14_adds_only_the_larger_relative_position_tables():
         w14 = OFFICIAL_SWIN[f'swin_{size}_patch4_window14_224'][-1]
         rows = sum(depth * heads for depth, heads in zip(depths[:3], num_heads[:3])) * (27 ** 2 - 13 ** 2)
         assert w14 - w7 == rows
-        assert sum(p.numel() for p in meta_es_vit(f'swin_{size}_patch4_window14_224').student.net.parameters()) \
-            - sum(p.numel() for p in meta_es_vit(f'swin_{size}_patch4_window7_224').student.net.parameters()) == rows
+        assert count(meta_es_vit(f'swin_{size}_patch4_window14_224').student.net) \
+            - count(meta_es_vit(f'swin_{size}_patch4_window7_224').student.net) == rows
 
 
 def test_a_named_configuration_has_the_papers_recipe():
@@ -430,5 +430,5 @@ def test_a_named_vit_takes_the_official_widths_and_counts_its_parameters(variant
     patch = int(variant.split('/')[1])
     assert (net.embed_dim, len(net.transformer.layers), net.transformer.layers[0][0].heads) == (dim, depth, heads)
     assert (net.patch_size, net.image_size, net.num_classes) == ((patch, patch), (224, 224), 0)
-    assert sum(p.numel() for p in net.parameters()) == official
+    assert count(net) == official
     assert set(VIT_CONFIGS) == set(OFFICIAL_VITS)

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import load_fixture
+from helpers import count, load_fixture
 from vit_pytorch import ViT
 from vit_pytorch.lejepa import CONFIGS, LeJEPA, lejepa, random_projections, sigreg, sigreg_loss
 from vit_pytorch.pretrained import load_vit_pytorch
@@ -275,7 +275,7 @@ def test_a_named_backbone_takes_the_official_timm_models_widths(variant):
 def test_a_named_backbone_counts_the_official_model_less_its_512_way_embedding_head(variant):
     """The official embedding is the timm model's Linear(dim, 512) output; ours is the pooled tokens."""
     dim, *_, official = OFFICIAL_BACKBONES[variant]
-    assert sum(p.numel() for p in meta_lejepa(variant).net.parameters()) == official - (dim * 512 + 512)
+    assert count(meta_lejepa(variant).net) == official - (dim * 512 + 512)
 
 
 def test_an_unknown_backbone_is_refused_by_name():
