@@ -1071,8 +1071,9 @@ def registry_workload(name, tiny=False):
 # measuring
 
 
-# `--tiny` runs (the tests' smoke run of the whole registry) take the peak on 256-wide products: the 2048-wide
-# ones cost about 0.5 s a call, two calls a pair, three quarters of a tiny pair's time
+# `--tiny` runs (the tests' smoke runs: a sample of the registry by default, all of it under -m slow) take the peak
+# on 256-wide products: the 2048-wide ones cost about 0.5 s a call, two calls a pair, three quarters of a tiny pair's
+# time
 TINY_PEAK_SIZE = 256
 
 

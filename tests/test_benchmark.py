@@ -1,8 +1,9 @@
 """benchmarks/throughput.py measures every model registered in vit_pytorch.models.
 
-All registered models run once through the script's own measuring code (`bench_registry`)
-at the `--tiny` size, one round of one step per task, and every number it reports for each
-must be a positive finite one. No test depends on how fast anything is.
+Registered models run once through the script's own measuring code (`bench_registry`) at the `--tiny` size, one round
+of one step per task, and every number it reports for each must be a positive finite one. The default run takes one
+model of each kind of workload the script builds (SAMPLE); `pytest -m slow` takes every registered model (about a
+minute). No test depends on how fast anything is.
 """
 
 import importlib.util
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from vit_pytorch import ViT
-from vit_pytorch.models import MODELS
+from vit_pytorch.models import AUX_LOSSES, INPUTS, MODELS
 
 SCRIPT = os.path.join(os.path.dirname(__file__), os.pardir, 'benchmarks', 'throughput.py')
 
@@ -33,11 +34,16 @@ def throughput():
     return load_script()
 
 
-@pytest.fixture(scope='module')
-def tiny_results(throughput):
-    """One tiny run of every registered model, as `--registry all --tiny` measures them."""
+# one model of each workload `registry_workload` builds: images, a distillation loss, a multi-scale model, packed
+# images, signals, clips, an N-D input shape, an auxiliary loss, an extra input; and a model with no reference
+SAMPLE = ('vit', 'distillable_vit', 'swin', 'na_vit', 'vit_1d', 'vivit', 'vit_nd', 'vit_with_decorr', 'vit_detpool',
+          'simple_vit_with_qk_norm')
+
+
+def tiny_run(throughput, registry):
+    """One tiny run of the models `registry` names, as `--registry <registry> --tiny` measures them."""
     threads = torch.get_num_threads()
-    args = throughput.parse_args(['--registry', 'all', '--tiny', '--rounds', '1', '--seconds', '0',
+    args = throughput.parse_args(['--registry', registry, '--tiny', '--rounds', '1', '--seconds', '0',
                                   '--batches', '1,2', '--train-batch', '2', '--memory', '0', '--threads', '1'])
     torch.set_num_threads(1)
     try:
@@ -47,23 +53,51 @@ def tiny_results(throughput):
     return result
 
 
+@pytest.fixture(scope='module')
+def tiny_results(throughput):
+    """One tiny run of every registered model, as `--registry all --tiny` measures them."""
+    return tiny_run(throughput, 'all')
+
+
+@pytest.fixture(scope='module')
+def sample_results(throughput):
+    """One tiny run of SAMPLE."""
+    return tiny_run(throughput, ','.join(SAMPLE))
+
+
 def positive_finite(value):
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
-@pytest.mark.parametrize('name', list(MODELS))
-def test_every_registered_model_gets_positive_finite_speeds_and_flops(tiny_results, name):
-    assert name not in tiny_results['failures'], tiny_results['failures'][name]
-    assert name in tiny_results['models']
+def check_measured(results, name):
+    assert name not in results['failures'], results['failures'][name]
+    assert name in results['models']
     for task in ('infer@1', 'infer@2', 'train@2'):
-        speed = tiny_results['speed'][task][name]
+        speed = results['speed'][task][name]
         assert len(speed['rounds']) == 1
         assert all(positive_finite(s) for s in speed['rounds']), (task, speed)
-        assert positive_finite(tiny_results['mfu'][task][name]['median'])
-    flops = tiny_results['flops_per_image'][name]
+        assert positive_finite(results['mfu'][task][name]['median'])
+    flops = results['flops_per_image'][name]
     assert positive_finite(flops['forward']) and positive_finite(flops['train_step'])
     # a training step is a forward plus a backward, which costs more than the forward
     assert flops['train_step'] > flops['forward']
+
+
+def test_the_sample_holds_registered_models_of_every_workload_kind():
+    assert set(SAMPLE) <= set(MODELS)
+    assert {'signals', 'clips'} <= {INPUTS.get(name, 'images').split()[0] for name in SAMPLE}
+    assert set(SAMPLE) & set(AUX_LOSSES)
+
+
+@pytest.mark.parametrize('name', SAMPLE)
+def test_a_model_of_each_workload_gets_positive_finite_speeds_and_flops(sample_results, name):
+    check_measured(sample_results, name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', list(MODELS))
+def test_every_registered_model_gets_positive_finite_speeds_and_flops(tiny_results, name):
+    check_measured(tiny_results, name)
 
 
 def test_a_model_that_fails_to_build_is_reported_and_the_others_are_still_measured(throughput, monkeypatch):
@@ -108,6 +142,13 @@ def test_unknown_registry_name_is_refused(throughput, capsys):
     assert 'not_a_model' in capsys.readouterr().err
 
 
+def test_tiny_report_names_every_sampled_model(throughput, sample_results):
+    text = throughput.report(dict(machine=throughput.machine(1, 'wall'), configs=[sample_results]))
+    for name in SAMPLE:
+        assert f'\n{name} ' in text
+
+
+@pytest.mark.slow
 def test_tiny_report_names_every_model(throughput, tiny_results):
     text = throughput.report(dict(machine=throughput.machine(1, 'wall'), configs=[tiny_results]))
     for name in MODELS:
@@ -459,6 +500,17 @@ def table_rows(text):
     return rows
 
 
+def test_the_markdown_table_has_a_row_for_every_registered_model_measured_or_not(throughput, sample_results):
+    rows = table_rows(throughput.markdown_table(throughput.registry_table(as_run(sample_results, 'A'))))
+    assert set(rows) == set(MODELS)
+    for name, cells in rows.items():
+        if name in SAMPLE:
+            assert cells[0] == 'tiny' and 'not measured' not in ' '.join(cells), (name, cells)
+        else:
+            assert cells[1] == 'not measured in these runs', (name, cells)
+
+
+@pytest.mark.slow
 def test_the_markdown_table_has_a_measured_row_for_every_registered_model(throughput, tiny_results):
     rows = table_rows(throughput.markdown_table(throughput.registry_table(as_run(tiny_results, 'A'))))
     assert set(rows) == set(MODELS)
@@ -466,22 +518,33 @@ def test_the_markdown_table_has_a_measured_row_for_every_registered_model(throug
         assert cells[0] == 'tiny' and 'not measured' not in ' '.join(cells), (name, cells)
 
 
-def test_a_model_missing_from_the_runs_is_a_row_saying_so(throughput, tiny_results):
-    table = throughput.registry_table(as_run(tiny_results, 'A'))
+def test_a_model_missing_from_the_runs_is_a_row_saying_so(throughput, sample_results):
+    table = throughput.registry_table(as_run(sample_results, 'A'))
     del table['rows']['swin']
     rows = table_rows(throughput.markdown_table(table))
     assert rows['swin'][1] == 'not measured in these runs' and rows['swin'][-2] == 'not measured'
 
 
-def test_every_missing_reference_is_stated(throughput, tiny_results):
+def check_references_stated(throughput, results, names):
     header = ['preset', 'reference', 'infer@1', 'infer@2', 'train@2']
-    rows = table_rows(throughput.markdown_table(throughput.registry_table(as_run(tiny_results, 'A'))))
-    for name, cells in rows.items():
+    rows = table_rows(throughput.markdown_table(throughput.registry_table(as_run(results, 'A'))))
+    for name in names:
+        cells = rows[name]
         reference = dict(zip(header, cells))['reference']
         if name in throughput.REFERENCES:       # references run at their preset only
             assert reference == 'not run: references run at the preset, not --tiny', (name, reference)
         else:                                    # none exists: the row says why
             assert reference == f'none: {throughput.NO_REFERENCE[name]}', (name, reference)
+
+
+def test_every_missing_reference_of_the_sample_is_stated(throughput, sample_results):
+    assert set(SAMPLE) & set(throughput.NO_REFERENCE) and set(SAMPLE) & set(throughput.REFERENCES)
+    check_references_stated(throughput, sample_results, SAMPLE)
+
+
+@pytest.mark.slow
+def test_every_missing_reference_is_stated(throughput, tiny_results):
+    check_references_stated(throughput, tiny_results, MODELS)
 
 
 def test_an_uninstalled_reference_says_what_it_needs(throughput, monkeypatch):
@@ -510,30 +573,30 @@ def run_tiny(throughput, names):
         torch.set_num_threads(threads)
 
 
-def test_merging_keeps_the_later_runs_rows(throughput, tiny_results, tmp_path):
-    later = run_tiny(throughput, 'vit,cait')
+def test_merging_keeps_the_later_runs_rows(throughput, sample_results, tmp_path):
+    later = run_tiny(throughput, 'vit,swin')
     first, second = tmp_path / 'all.json', tmp_path / 'two.json'
-    first.write_text(json.dumps(as_run(tiny_results, 'the whole registry')))
-    second.write_text(json.dumps(as_run(later, 'vit and cait again')))
+    first.write_text(json.dumps(as_run(sample_results, 'the whole registry')))
+    second.write_text(json.dumps(as_run(later, 'vit and swin again')))
     merged_md, merged_json, again_md = tmp_path / 'merged.md', tmp_path / 'merged.json', tmp_path / 'again.md'
     assert throughput.main(['--markdown-from', str(first), str(second), '--markdown', str(merged_md),
                             '--json', str(merged_json)]) == 0
     table = json.loads(merged_json.read_text())['registry_table']
-    assert [run['command'] for run in table['runs']] == ['the whole registry', 'vit and cait again']
-    for name in MODELS:
-        source, command = (later, 'vit and cait again') if name in ('vit', 'cait') else (tiny_results, 'the whole registry')
+    assert [run['command'] for run in table['runs']] == ['the whole registry', 'vit and swin again']
+    for name in SAMPLE:
+        source, command = (later, 'vit and swin again') if name in ('vit', 'swin') else (sample_results, 'the whole registry')
         assert table['runs'][table['rows'][name]['run']]['command'] == command
         assert table['rows'][name]['speed']['train@2']['ours'] == source['speed']['train@2'][name]
     rows = table_rows(merged_md.read_text())
-    assert rows['vit'][-1] == rows['cait'][-1] == '2' and rows['deepvit'][-1] == '1'
+    assert rows['vit'][-1] == rows['swin'][-1] == '2' and rows['vivit'][-1] == '1'
     # the merged JSON merges again, and the markdown comes out the same
     assert throughput.main(['--markdown-from', str(merged_json), '--markdown', str(again_md)]) == 0
     assert again_md.read_text() == merged_md.read_text()
     # in the other order the whole run wins everywhere and the superseded run is dropped
     reverse = throughput.merge_tables([throughput.registry_table(as_run(later, 'B')),
-                                       throughput.registry_table(as_run(tiny_results, 'A'))])
+                                       throughput.registry_table(as_run(sample_results, 'A'))])
     assert [run['command'] for run in reverse['runs']] == ['A']
-    assert reverse['rows']['vit']['speed']['train@2']['ours'] == tiny_results['speed']['train@2']['vit']
+    assert reverse['rows']['vit']['speed']['train@2']['ours'] == sample_results['speed']['train@2']['vit']
 
 
 def ratio_row(ratios, memory=None, failure=None):
