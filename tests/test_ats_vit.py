@@ -305,8 +305,9 @@ def fixture_layer(k, always_sample):
 
 
 def fixture_tokens():
+    """The fixture's 3 images as fixture_layer's input (3, 13, 11), and the official sampler's kept tokens at K = 12."""
     tensors = load_fixture('ats_official_sampler')[2]
-    attention, values = tensors['attention'][:, :, 0].double(), tensors['values'].double()     # (3, 2, 13), (3, 2, 13, 4)
+    attention, values = tensors['attention'][:, :, 0].double(), tensors['values'].double()   # (3, 2, 13), (3, 2, 13, 4)
     logits = attention.log().clamp_min(-1e4)
     x = torch.cat([rearrange(values, 'b h n d -> b n (h d)'), rearrange(logits, 'b h n -> b n h'),
                    torch.zeros(3, 13, 1, dtype=torch.float64)], dim=-1)

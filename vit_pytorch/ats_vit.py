@@ -6,8 +6,9 @@ over heads) times the norm of its value vector, normalised to a distribution ove
 then keeps an inverse-transform sample of K of them (K evenly spaced points read through the scores'
 cumulative distribution, as in the official code), duplicates removed. Only the kept tokens (and the cls token)
 go on: a layer keeps at most K, fewer for an image whose scores are concentrated. The sampler has no
-parameters. `max_tokens_per_depth` gives K for each layer; a layer with no more tokens than its K
-keeps them all.
+parameters. `max_tokens_per_depth` gives K for each layer (None: a plain layer, with no sampler). A layer with
+no more patch tokens than its K keeps them all (vit-pytorch's rule), unless `always_sample=True`: then it samples
+all the same, min(K, patch tokens) points, duplicates dropped, as the official code does at its budget.
 
     import torch
     from vit_pytorch.ats_vit import ViT
@@ -23,6 +24,11 @@ The arguments, parameter names and return values are vit-pytorch's (1.26.14), wh
 unchanged (`load_state_dict`, or `vit_pytorch.pretrained.load_vit_pytorch`): the sampler has no
 parameters, so its weights are a plain ViT's. Where ours differs, it follows the paper (and its
 official code, github.com/adaptivetokensampling/ATS):
+  - `always_sample=True` (ours only; default False, vit-pytorch's rule) makes a layer sample even where its
+    n - 1 patch tokens are no more than its K, as the official code does (its `forward` caps n_tokens at the
+    token count and samples); a test checks a layer at K = n - 1 against the official sampler's fixture, where 12
+    points over 12 patches keep 7, 7 and 2 of them. `max_tokens_per_depth` may hold None: a layer with no sampler
+    (vit-pytorch takes ints only).
   - the sample is the paper's deterministic inverse transform sampling of the sorted scores, as the official
     sampler computes it for a budget of K (its `inverse_transform_sampling` with n_tokens = n_ref_tokens = K + 1;
     a test checks the kept tokens against its own on a fixture): the cumulative scores min-max normalised (the
@@ -37,19 +43,21 @@ official code, github.com/adaptivetokensampling/ATS):
   - the score is the official code's: the heads' cls attention summed, times the norm of the whole value
     vector (all heads); vit-pytorch weighs each head's attention by that head's value norm.
   - the score reads the attention before dropout (vit-pytorch's after it; the same without dropout).
-  - every sampling layer keeps K slots (static shapes: `torch.export` and `torch.compile` follow it);
-    a duplicate's slot is left empty: masked out of every later attention, id -1. vit-pytorch pads the
-    batch to its largest count of distinct tokens.
+  - every sampling layer keeps K slots (min(K, n - 1) with `always_sample`; static shapes: `torch.export` and
+    `torch.compile` follow it); a duplicate's slot is left empty: masked out of every later attention, id -1.
+    vit-pytorch pads the batch to its largest count of distinct tokens.
 Only the kept tokens' queries are computed in a sampling layer (vit-pytorch forms all n rows of the
 attention matrix and then gathers K + 1).
 
 `ats_vit('DeiT-S', max_tokens)` builds the official configuration (`CONFIGS`, from the official
 configs/ImageNet/DeiT_S.yaml: DeiT-S, ATS in layers 3 to 11, counted from 0, each with a budget of 197 tokens, the cls
-token among them), the ATS layers keeping at most `max_tokens` patch tokens. Its default, the official budget less the
-cls token, is 196, as many as the patches at 224 pixels, so under vit-pytorch's rule no layer samples; the official
-code samples even then (196 points over 196 tokens, duplicates dropped), which this module does not reproduce: pass
-a smaller `max_tokens`. Its parameters are the official model's (22,050,664, timm's DeiT-S's too) without the 12
-layers' qkv biases (-13,824) and with the patch embedding's two LayerNorms (+2,304): 22,039,144.
+token among them): layers 0 to 2 plain (None), the ATS layers keeping at most `max_tokens` patch tokens, with
+`always_sample=True`. Its default, the official budget less the cls token, is 196, as many as the patches at 224
+pixels: each ATS layer then samples 196 points over its 196 slots, duplicates dropped, as the official code does (a
+test checks that layers 3 to 11 sample, 0 to 2 do not, and that fewer than 196 patches are kept on a random image
+with random weights). A smaller `max_tokens` samples fewer points. Its parameters are the official model's
+(22,050,664, timm's DeiT-S's too) without the 12 layers' qkv biases (-13,824) and with the patch embedding's two
+LayerNorms (+2,304): 22,039,144.
 """
 
 import math
@@ -174,9 +182,13 @@ class Transformer(vit.Stack):
 class ViT(vit.TokenFace, vit.NormedHead, nn.Module):
     """ViT whose layers keep an adaptive sample of the patch tokens; see the module's docstring.
 
+    `always_sample=True` (keyword-only, ours; default False, vit-pytorch's rule) makes every layer with a K sample,
+    even where its patch tokens are no more than K: min(K, patch tokens) points, duplicates dropped, as many slots.
+
     `forward(img, return_sampled_token_ids=False)` returns the logits (b, num_classes), and with
     `return_sampled_token_ids=True` also the patches the last layer kept (b, K), ascending, -1 for an empty slot
-    (K: the last layer's slots, the last entry of `max_tokens_per_depth` where it sampled).
+    (K: the slots of the last layer that sampled, min(its max_tokens_per_depth entry, the tokens it read); every
+    patch where none did).
     `forward_features` returns the last layer's tokens (not normed), (b, 1 + K, dim), the cls token first; an empty
     slot holds a copy of a kept token that no other token attends to. `num_classes=0` makes `forward` return the
     pooled embedding after the head's norm, (b, dim).
