@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from einops import rearrange
 from torch import nn
 
 from helpers import count, load_fixture, move_off_initialisation, reference_case
@@ -35,6 +36,20 @@ def kept_per_layer(model, img):
         ids = state.get('token_ids')
         kept.append(ids.masked_fill(~state['mask'], 0)[:, 1:] - 1 if ids is not None else None)
     return kept
+
+
+def sampled_per_layer(model, img):
+    """Each attention layer's `ids` (b, 1 + slots) where it sampled, None where it did not."""
+    sampled = []
+    hooks = [layer[0].register_forward_hook(lambda module, inputs, output: sampled.append(output[2]))
+             for layer in model.transformer.layers]
+    try:
+        with torch.no_grad():
+            model(img)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return sampled
 
 
 # the paper's idea
@@ -202,6 +217,44 @@ def test_layers_with_no_more_tokens_than_their_limit_keep_every_token():
     assert ids.tolist() == [list(range(PATCHES))] * 4
 
 
+def test_without_always_sample_a_layer_at_its_patch_count_is_a_plain_layer():
+    """vit-pytorch's rule (always_sample=False, the default): K = every patch samples nothing, so the model is the
+    plain one with the same weights (no sampler at all: None layers)."""
+    model = small_model(0, max_tokens_per_depth=(PATCHES, PATCHES - 4, PATCHES - 4), always_sample=False)
+    # the first layer keeps all 24, the second samples 20 slots, the third (20 slots, K = 20) keeps them
+    assert [layer is None for layer in sampled_per_layer(model, images(0))] == [True, False, True]
+    model = small_model(0, max_tokens_per_depth=(PATCHES,) * 3, always_sample=False)
+    plain = ViT(**{**SMALL, 'max_tokens_per_depth': (None, None, None)}).eval()
+    plain.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        logits, ids = model(images(0), return_sampled_token_ids=True)
+        expected = plain(images(0))
+    torch.testing.assert_close(logits, expected, rtol=0, atol=0)
+    assert ids.tolist() == [list(range(PATCHES))] * 4
+
+
+def test_with_always_sample_a_layer_at_its_patch_count_samples():
+    """always_sample=True: K = 24 points over 24 patches (and K = 30 is capped at the 24 patches), duplicates
+    dropped: every layer keeps 24 slots, some of them empty, fewer tokens than patches."""
+    for k in (PATCHES, 30):
+        model = small_model(0, max_tokens_per_depth=(k,) * 3, always_sample=True)
+        sampled = sampled_per_layer(model, images(0))
+        assert all(ids.shape == (4, 1 + PATCHES) for ids in sampled), k
+        _, ids = model(images(0), return_sampled_token_ids=True)
+        assert ids.shape == (4, PATCHES) and ((ids >= 0).sum(dim=1) < PATCHES).all(), k
+
+
+def test_a_layer_without_a_max_tokens_never_samples():
+    """None in max_tokens_per_depth: a plain layer with no sampler, even with always_sample and after a layer that
+    sampled (it attends over the slots the layer before it kept and passes them on)."""
+    model = small_model(0, max_tokens_per_depth=(None, 12, None), always_sample=True)
+    assert [layer[0].ats is None for layer in model.transformer.layers] == [True, False, True]
+    sampled = sampled_per_layer(model, images(0))
+    assert sampled[0] is None and sampled[1].shape == (4, 13) and sampled[2] is None
+    tokens = model.forward_features(images(0))
+    assert tokens.shape == (4, 13, SMALL['dim'])
+
+
 # the paper's configuration (the official configs/ImageNet/DeiT_S.yaml, adaptivetokensampling/ATS @ 9271257)
 
 OFFICIAL_DEIT_S = 22_050_664      # tests/fixtures/count_official_ats.py: its trainable parameters (timm's DeiT-S's too)
@@ -221,7 +274,10 @@ def test_the_deit_s_configuration_has_the_official_parameters_less_qkv_biases_pl
 def test_the_deit_s_configuration_samples_in_layers_3_to_11_at_max_tokens():
     with torch.device('meta'):
         model = ats_vit('DeiT-S', 98)
-    assert model.max_tokens_per_depth == (196,) * 3 + (98,) * 9      # the first three keep all 196 patches
+    assert model.max_tokens_per_depth == (None,) * 3 + (98,) * 9     # the first three are plain layers
+    assert model.always_sample
+    with torch.device('meta'):
+        assert ats_vit('DeiT-S').max_tokens_per_depth == (None,) * 3 + (196,) * 9
 
 
 def test_the_deit_s_configuration_samples_only_in_its_ats_layers():
@@ -233,16 +289,60 @@ def test_the_deit_s_configuration_samples_only_in_its_ats_layers():
     assert all(layer.shape == (2, 8) for layer in kept[3:])
 
 
-def test_at_the_official_budget_every_patch_is_kept_though_the_official_sampler_drops_some():
-    """The official budget, 197 tokens of 197 at 224 pixels, is K = every patch. The official sampler still samples
-    then (the fixture's K = 12 of 12 patches keeps 7, 7 and 2 of them); under vit-pytorch's rule a layer with no more
-    patches than its K keeps them all, so the default DeiT-S keeps all 196."""
-    official = load_fixture('ats_official_sampler')[2]['kept.12']
-    assert ((official[:, 1:] > 0).sum(dim=1) < 12).all()
-    model = ats_vit('DeiT-S', num_classes=0, dim=24, heads=2).eval()
+def fixture_layer(k, always_sample):
+    """An ATS layer (2 heads of 4 channels, no norm, float64) whose cls attention and values are read off its input,
+    for the official sampler fixture's 1 + 12 tokens: v = (x_0 .. x_3 | x_4 .. x_7); q_h = (2 x_10, 0, 0, 0) and
+    k_h = (x_(8+h), 0, 0, 0), so the cls token (x_10 = 1) has the logit q k^T / 2 = x_(8+h) on every token in head
+    h: x_(8+h) = ln a gives it the attention a (a row that sums to 1), -1e4 (exp underflows to 0) for a = 0."""
+    layer = Attention(11, heads=2, dim_head=4, output_num_tokens=k, always_sample=always_sample).double().eval()
+    layer.norm = nn.Identity()
+    weight = torch.zeros(24, 11, dtype=torch.float64)
+    weight[0, 10] = weight[4, 10] = 2.                      # q: (qkv h d) rows 0 and 4 are each head's first channel
+    weight[8, 8] = weight[12, 9] = 1.                       # k: rows 8 and 12
+    weight[16:24, :8] = torch.eye(8)                        # v: rows 16 to 23
+    layer.to_qkv.weight.data = weight
+    return layer
+
+
+def fixture_tokens():
+    """The fixture's 3 images as fixture_layer's input (3, 13, 11), and the official sampler's kept tokens at K = 12."""
+    tensors = load_fixture('ats_official_sampler')[2]
+    attention, values = tensors['attention'][:, :, 0].double(), tensors['values'].double()   # (3, 2, 13), (3, 2, 13, 4)
+    logits = attention.log().clamp_min(-1e4)
+    x = torch.cat([rearrange(values, 'b h n d -> b n (h d)'), rearrange(logits, 'b h n -> b n h'),
+                   torch.zeros(3, 13, 1, dtype=torch.float64)], dim=-1)
+    x[:, 0, 10] = 1.                                        # the cls token asks
+    return x, tensors['kept.12']
+
+
+def test_at_the_official_budget_a_layer_that_always_samples_keeps_the_official_samplers_tokens():
+    """The official budget, 197 tokens of 197 at 224 pixels, is K = every patch, and the official code samples then
+    too. On the official sampler's fixture (tests/fixtures/make_ats_official_fixtures.py: 12 points over 12 patches,
+    its `inverse_transform_sampling` at n_tokens = n_ref_tokens = 13, keeping 7, 7 and 2 of them), a layer with K = 12
+    and always_sample=True, given the fixture's cls attention and values through its own projections, keeps the
+    official sampler's tokens, in its order (ascending significance), the rest of its 12 slots empty."""
+    x, official = fixture_tokens()
+    assert [(row[1:] > 0).sum().item() for row in official] == [7, 7, 2]
     with torch.no_grad():
-        _, ids = model(torch.randn(1, 3, 224, 224), return_sampled_token_ids=True)
-    assert ids.tolist() == [list(range(196))]
+        _, kept, ids = fixture_layer(12, always_sample=True)(x)
+    assert ids.shape == (3, 13) and (ids[:, 0] == 0).all() and kept[:, 0].all()
+    ours = [[i for i, flag in zip(row[1:], flags[1:]) if flag] for row, flags in zip(ids.tolist(), kept.tolist())]
+    assert ours == [[i for i in row[1:] if i > 0] for row in official.tolist()]
+
+
+def test_the_deit_s_configuration_samples_at_its_default_budget_in_layers_3_to_11_only():
+    """`ats_vit('DeiT-S')` at 224 pixels (196 patches, K = 196): layers 0 to 2 never sample, each of layers 3 to 11
+    does (196 slots), and the official rule's duplicates leave fewer than 196 patches kept on a random image (random
+    weights, narrowed to 24 wide to be quick)."""
+    torch.manual_seed(0)
+    model = ats_vit('DeiT-S', num_classes=0, dim=24, heads=2).eval()
+    img = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    sampled = sampled_per_layer(model, img)
+    assert sampled[:3] == [None] * 3
+    assert all(ids.shape == (2, 197) for ids in sampled[3:])
+    with torch.no_grad():
+        _, ids = model(img, return_sampled_token_ids=True)
+    assert ids.shape == (2, 196) and ((ids >= 0).sum(dim=1) < 196).all()
 
 
 # vit-pytorch's checkpoints
@@ -268,10 +368,20 @@ def test_loads_vit_pytorchs_checkpoint_and_gives_its_output_where_no_layer_sampl
     ((12, 0, 0), ValueError, 'max_tokens_per_depth'),
     ((12, 6.5, 3), TypeError, 'max_tokens_per_depth'),
     (12, TypeError, 'max_tokens_per_depth'),
+    ((None, 6, 12), ValueError, 'must not increase'),           # the None entries aside, 6 then 12
+    ((12, None, 24), ValueError, 'must not increase'),
+    ((None, 0, None), ValueError, 'max_tokens_per_depth'),
+    ((None, 'x', None), TypeError, 'max_tokens_per_depth'),
 ])
 def test_a_bad_max_tokens_per_depth_is_refused_by_name(value, error, words):
     with pytest.raises(error, match=words):
         ViT(**{**SMALL, 'max_tokens_per_depth': value})
+
+
+@pytest.mark.parametrize('value', [1, 'yes', None])
+def test_a_bad_always_sample_is_refused_by_name(value):
+    with pytest.raises(TypeError, match=f'always_sample must be True or False, got {value!r}'):
+        ViT(**SMALL, always_sample=value)
 
 
 @pytest.mark.parametrize('variant, error, words', [

@@ -6,8 +6,9 @@ over heads) times the norm of its value vector, normalised to a distribution ove
 then keeps an inverse-transform sample of K of them (K evenly spaced points read through the scores'
 cumulative distribution, as in the official code), duplicates removed. Only the kept tokens (and the cls token)
 go on: a layer keeps at most K, fewer for an image whose scores are concentrated. The sampler has no
-parameters. `max_tokens_per_depth` gives K for each layer; a layer with no more tokens than its K
-keeps them all.
+parameters. `max_tokens_per_depth` gives K for each layer (None: a plain layer, with no sampler). A layer with
+no more patch tokens than its K keeps them all (vit-pytorch's rule), unless `always_sample=True`: then it samples
+all the same, min(K, patch tokens) points, duplicates dropped, as the official code does at its budget.
 
     import torch
     from vit_pytorch.ats_vit import ViT
@@ -23,6 +24,11 @@ The arguments, parameter names and return values are vit-pytorch's (1.26.14), wh
 unchanged (`load_state_dict`, or `vit_pytorch.pretrained.load_vit_pytorch`): the sampler has no
 parameters, so its weights are a plain ViT's. Where ours differs, it follows the paper (and its
 official code, github.com/adaptivetokensampling/ATS):
+  - `always_sample=True` (ours only; default False, vit-pytorch's rule) makes a layer sample even where its
+    n - 1 patch tokens are no more than its K, as the official code does (its `forward` caps n_tokens at the
+    token count and samples); a test checks a layer at K = n - 1 against the official sampler's fixture, where 12
+    points over 12 patches keep 7, 7 and 2 of them. `max_tokens_per_depth` may hold None: a layer with no sampler
+    (vit-pytorch takes ints only).
   - the sample is the paper's deterministic inverse transform sampling of the sorted scores, as the official
     sampler computes it for a budget of K (its `inverse_transform_sampling` with n_tokens = n_ref_tokens = K + 1;
     a test checks the kept tokens against its own on a fixture): the cumulative scores min-max normalised (the
@@ -37,19 +43,21 @@ official code, github.com/adaptivetokensampling/ATS):
   - the score is the official code's: the heads' cls attention summed, times the norm of the whole value
     vector (all heads); vit-pytorch weighs each head's attention by that head's value norm.
   - the score reads the attention before dropout (vit-pytorch's after it; the same without dropout).
-  - every sampling layer keeps K slots (static shapes: `torch.export` and `torch.compile` follow it);
-    a duplicate's slot is left empty: masked out of every later attention, id -1. vit-pytorch pads the
-    batch to its largest count of distinct tokens.
+  - every sampling layer keeps K slots (min(K, n - 1) with `always_sample`; static shapes: `torch.export` and
+    `torch.compile` follow it); a duplicate's slot is left empty: masked out of every later attention, id -1.
+    vit-pytorch pads the batch to its largest count of distinct tokens.
 Only the kept tokens' queries are computed in a sampling layer (vit-pytorch forms all n rows of the
 attention matrix and then gathers K + 1).
 
 `ats_vit('DeiT-S', max_tokens)` builds the official configuration (`CONFIGS`, from the official
 configs/ImageNet/DeiT_S.yaml: DeiT-S, ATS in layers 3 to 11, counted from 0, each with a budget of 197 tokens, the cls
-token among them), the ATS layers keeping at most `max_tokens` patch tokens. Its default, the official budget less the
-cls token, is 196, as many as the patches at 224 pixels, so under vit-pytorch's rule no layer samples; the official
-code samples even then (196 points over 196 tokens, duplicates dropped), which this module does not reproduce: pass
-a smaller `max_tokens`. Its parameters are the official model's (22,050,664, timm's DeiT-S's too) without the 12
-layers' qkv biases (-13,824) and with the patch embedding's two LayerNorms (+2,304): 22,039,144.
+token among them): layers 0 to 2 plain (None), the ATS layers keeping at most `max_tokens` patch tokens, with
+`always_sample=True`. Its default, the official budget less the cls token, is 196, as many as the patches at 224
+pixels: each ATS layer then samples 196 points over its 196 slots, duplicates dropped, as the official code does (a
+test checks that layers 3 to 11 sample, 0 to 2 do not, and that fewer than 196 patches are kept on a random image
+with random weights). A smaller `max_tokens` samples fewer points. Its parameters are the official model's
+(22,050,664, timm's DeiT-S's too) without the 12 layers' qkv biases (-13,824) and with the patch embedding's two
+LayerNorms (+2,304): 22,039,144.
 """
 
 import math
@@ -66,8 +74,8 @@ class AdaptiveTokenSampling(nn.Module):
     """The sampler: from the cls token's attention and the values, K patch tokens to keep (parameter-free).
 
     `forward(cls_attention, values)` takes the cls row of the attention (b, heads, n) (the cls token first)
-    and the values (b, heads, n, dim_head); it returns `ids` (b, K), the positions (1 .. n-1) of the sampled
-    patch tokens, and `keep` (b, K), False where a slot repeats the token before it.
+    and the values (b, heads, n, dim_head); it returns `ids` (b, k), the positions (1 .. n-1) of the sampled
+    patch tokens, and `keep` (b, k), False where a slot repeats the token before it; k = min(K, n - 1).
     """
 
     def __init__(self, output_num_tokens, eps=1e-6):
@@ -82,10 +90,11 @@ class AdaptiveTokenSampling(nn.Module):
         cdf = sorted_scores.cumsum(dim=-1)
         # the official code's normalisation: the least significant token at 0, the whole at 1
         cdf = (cdf - cdf[:, :1]) / (cdf[:, -1:] - cdf[:, :1]).clamp_min(self.eps)
-        k = self.output_num_tokens
-        # K points evenly from the least non-zero value of the normalised distribution to 1 (all at 1 where there is
-        # none), each picking the token of the nearest value among the K most significant (the official code
-        # compares the points with these only); not searchsorted, which ONNX lacks
+        # k = min(K, n - 1) points (the official code caps its budget at the token count) evenly from the least
+        # non-zero value of the normalised distribution to 1 (all at 1 where there is none), each picking the token
+        # of the nearest value among the k most significant (the official code compares the points with these only);
+        # not searchsorted, which ONNX lacks
+        k = min(self.output_num_tokens, cdf.shape[-1])
         start = cdf.masked_fill(cdf == 0, float('inf')).amin(dim=-1, keepdim=True).clamp_max(1.)
         points = start + (1 - start) * torch.linspace(0, 1, k, device=cdf.device, dtype=cdf.dtype)
         candidates = cdf[:, -k:]
@@ -97,27 +106,33 @@ class AdaptiveTokenSampling(nn.Module):
 
 
 class Attention(vit.Attention):
-    """The core attention, with adaptive token sampling when `output_num_tokens` is set.
+    """The core attention, with adaptive token sampling when `output_num_tokens` (K) is set.
 
     `forward(x, mask)` takes the tokens (b, n, dim) and which of them are real (b, n; None: all) and returns
-    (output, mask, ids): where the layer samples (n - 1 > output_num_tokens), the output is the attention output
-    of the cls token and the K sampled tokens (b, 1 + K, dim), `ids` (b, 1 + K) their positions in `x` (the cls
-    token's 0) and `mask` which of them are kept; elsewhere the output of every token and `ids` None. The
-    recorded map of a sampling layer is (b, heads, 1 + K, n): the kept tokens' queries over every key.
+    (output, mask, ids): where the layer samples (n - 1 > K, or with `always_sample` wherever K is set), the output
+    is the attention output of the cls token and the k = min(K, n - 1) sampled tokens (b, 1 + k, dim), `ids`
+    (b, 1 + k) their positions in `x` (the cls token's 0) and `mask` which of them are kept; elsewhere the output
+    of every token and `ids` None. The recorded map of a sampling layer is (b, heads, 1 + k, n): the kept tokens'
+    queries over every key.
     """
 
-    def __init__(self, dim, heads=8, dim_head=64, dropout=0., output_num_tokens=None):
+    def __init__(self, dim, heads=8, dim_head=64, dropout=0., output_num_tokens=None, *, always_sample=False):
         # vit-pytorch's ATS layer always projects its output, even one head as wide as the model
         super().__init__(dim, heads, dim_head, dropout,
                          to_out=nn.Sequential(nn.Linear(heads * dim_head, dim), nn.Dropout(dropout)))
         self.output_num_tokens = output_num_tokens
+        self.always_sample = always_sample
         self.ats = None if output_num_tokens is None else AdaptiveTokenSampling(output_num_tokens)
+
+    def samples(self, num_tokens):
+        """Whether the layer samples from `num_tokens` tokens (the cls token among them)."""
+        return self.ats is not None and (self.always_sample or num_tokens - 1 > self.output_num_tokens)
 
     def forward(self, x, *, mask=None):
         q, k, v = self.qkv(x)
         key_mask = None if mask is None else rearrange(mask, 'b n -> b 1 1 n')
         ids = None
-        if self.ats is not None and x.shape[1] - 1 > self.output_num_tokens:
+        if self.samples(x.shape[1]):
             cls_dots = q[:, :, :1] @ k.transpose(-1, -2) * self.scale             # (b, h, 1, n)
             if key_mask is not None:
                 cls_dots = cls_dots.masked_fill(~key_mask, float('-inf'))
@@ -132,11 +147,13 @@ class Attention(vit.Attention):
 
 class Transformer(vit.Stack):
     """vit-pytorch's ATS encoder: `depth` pre-norm layers, the i-th keeping at most `max_tokens_per_depth[i]` patch
-    tokens, no final norm. `forward(x)` returns (tokens, token_ids): the tokens the last layer kept (b, n', dim) and
-    their positions in the input (b, n'; -1 for an empty slot, the cls token's 0)."""
+    tokens (None: a plain layer, no sampler), no final norm. `forward(x)` returns (tokens, token_ids): the tokens the
+    last layer kept (b, n', dim) and their positions in the input (b, n'; -1 for an empty slot, the cls token's 0)."""
 
-    def __init__(self, dim, depth, max_tokens_per_depth, heads, dim_head, mlp_dim, dropout=0.):
-        super().__init__([(Attention(dim, heads, dim_head, dropout, output_num_tokens=tokens),
+    def __init__(self, dim, depth, max_tokens_per_depth, heads, dim_head, mlp_dim, dropout=0., *,
+                 always_sample=False):
+        super().__init__([(Attention(dim, heads, dim_head, dropout, output_num_tokens=tokens,
+                                     always_sample=always_sample),
                            vit.FeedForward(dim, mlp_dim, dropout))
                           for tokens in max_tokens_per_depth])
 
@@ -165,9 +182,13 @@ class Transformer(vit.Stack):
 class ViT(vit.TokenFace, vit.NormedHead, nn.Module):
     """ViT whose layers keep an adaptive sample of the patch tokens; see the module's docstring.
 
+    `always_sample=True` (keyword-only, ours; default False, vit-pytorch's rule) makes every layer with a K sample,
+    even where its patch tokens are no more than K: min(K, patch tokens) points, duplicates dropped, as many slots.
+
     `forward(img, return_sampled_token_ids=False)` returns the logits (b, num_classes), and with
     `return_sampled_token_ids=True` also the patches the last layer kept (b, K), ascending, -1 for an empty slot
-    (K: the last layer's slots, the last entry of `max_tokens_per_depth` where it sampled).
+    (K: the slots of the last layer that sampled, min(its max_tokens_per_depth entry, the tokens it read); every
+    patch where none did).
     `forward_features` returns the last layer's tokens (not normed), (b, 1 + K, dim), the cls token first; an empty
     slot holds a copy of a kept token that no other token attends to. `num_classes=0` makes `forward` return the
     pooled embedding after the head's norm, (b, dim).
@@ -177,19 +198,20 @@ class ViT(vit.TokenFace, vit.NormedHead, nn.Module):
     pool = 'cls'
 
     def __init__(self, *, image_size, patch_size, num_classes, dim, depth, max_tokens_per_depth, heads, mlp_dim,
-                 channels=3, dim_head=64, dropout=0., emb_dropout=0.):
+                 channels=3, dim_head=64, dropout=0., emb_dropout=0., always_sample=False):
         check_arguments(**vit.arguments(locals()))
         super().__init__()
         self.image_size, self.patch_size = vit.pair(image_size), vit.pair(patch_size)
         self.grid_size = self.token_grid(self.image_size)
         self.channels, self.num_classes, self.embed_dim, self.num_features = channels, num_classes, dim, dim
-        self.max_tokens_per_depth = tuple(max_tokens_per_depth)
+        self.max_tokens_per_depth, self.always_sample = tuple(max_tokens_per_depth), always_sample
 
         self.to_patch_embedding = vit.PatchEmbedding(channels=channels, patch_size=self.patch_size, dim=dim)
         self.pos_embedding = nn.Parameter(torch.randn(1, math.prod(self.grid_size) + 1, dim))
         self.cls_token = nn.Parameter(torch.randn(1, 1, dim))
         self.dropout = nn.Dropout(emb_dropout)
-        self.transformer = Transformer(dim, depth, self.max_tokens_per_depth, heads, dim_head, mlp_dim, dropout)
+        self.transformer = Transformer(dim, depth, self.max_tokens_per_depth, heads, dim_head, mlp_dim, dropout,
+                                       always_sample=always_sample)
         self.to_latent = nn.Identity()
         self.mlp_head = nn.Sequential(nn.LayerNorm(dim), *([nn.Linear(dim, num_classes)] if num_classes > 0 else []))
 
@@ -233,20 +255,20 @@ def ats_vit(variant, max_tokens=None, *, image_size=224, num_classes=1000, **ove
     """The paper's `variant` (a key of CONFIGS) with ATS in its ATS layers; keyword arguments override the table.
 
     max_tokens: the patch tokens each ATS layer keeps at most (its K); None gives the official budget, 197 tokens less
-                the cls token. At 224 pixels that is all 196 patches, so no layer samples (vit-pytorch's rule: a layer
-                with no more tokens than its K keeps them all): pass a smaller `max_tokens` to sample.
-    The other layers keep every token. `max_tokens_per_depth` in `overrides` replaces the whole schedule.
+                the cls token: 196, every patch at 224 pixels.
+    The ATS layers sample as the official code does, even where K is at least their patch tokens
+    (`always_sample=True`: min(K, n - 1) points, duplicates dropped); the other layers are plain layers, with no
+    sampler (None in `max_tokens_per_depth`). `max_tokens_per_depth` or `always_sample` in `overrides` replace these.
     """
     if variant not in CONFIGS:
         raise ValueError(f"variant must be one of {sorted(CONFIGS)}, got {variant!r}")
     dim, depth, heads, ats_layers, budget = CONFIGS[variant]
     k = budget - 1 if max_tokens is None else vit.positive_int('max_tokens', max_tokens)
     config = {**dict(image_size=image_size, patch_size=16, num_classes=num_classes, dim=dim, depth=depth, heads=heads,
-                     dim_head=dim // heads, mlp_dim=4 * dim), **overrides}
+                     dim_head=dim // heads, mlp_dim=4 * dim, always_sample=True), **overrides}
     if 'max_tokens_per_depth' not in config:
-        keep_all = max(k, math.prod(vit.check_patches(config['image_size'], config['patch_size'])))
         layers = range(vit.positive_int('depth', config['depth']))
-        config['max_tokens_per_depth'] = tuple(k if i in ats_layers else keep_all for i in layers)
+        config['max_tokens_per_depth'] = tuple(k if i in ats_layers else None for i in layers)
     return ViT(**config)
 
 
@@ -254,21 +276,23 @@ def ats_vit(variant, max_tokens=None, *, image_size=224, num_classes=1000, **ove
 
 
 def check_arguments(*, image_size, patch_size, num_classes, dim, depth, max_tokens_per_depth, heads, mlp_dim,
-                    channels, dim_head, dropout, emb_dropout):
+                    channels, dim_head, dropout, emb_dropout, always_sample):
     vit.check_patches(image_size, patch_size)
     vit.check_transformer_arguments(num_classes=num_classes, dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim,
                                     channels=channels, dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout)
+    vit.boolean('always_sample', always_sample)
     if not isinstance(max_tokens_per_depth, (tuple, list)):
-        raise TypeError(f"max_tokens_per_depth must be a tuple of {depth} token counts, one per layer, got "
-                        f"{type(max_tokens_per_depth).__name__} {max_tokens_per_depth!r}")
-    for value in max_tokens_per_depth:
-        vit.positive_int('every entry of max_tokens_per_depth', value)
+        raise TypeError(f"max_tokens_per_depth must be a tuple of {depth} token counts (or None), one per layer, "
+                        f"got {type(max_tokens_per_depth).__name__} {max_tokens_per_depth!r}")
+    counts = [value for value in max_tokens_per_depth if value is not None]
+    for value in counts:
+        vit.positive_int('every entry of max_tokens_per_depth (None: a layer without a sampler)', value)
     if len(max_tokens_per_depth) != depth:
         raise ValueError(f"max_tokens_per_depth must have one entry per layer (depth={depth}), got "
                          f"{len(max_tokens_per_depth)}: {tuple(max_tokens_per_depth)}")
-    if list(max_tokens_per_depth) != sorted(max_tokens_per_depth, reverse=True):
-        raise ValueError(f"max_tokens_per_depth must not increase from layer to layer (a layer cannot keep tokens "
-                         f"an earlier one dropped), got {tuple(max_tokens_per_depth)}")
+    if counts != sorted(counts, reverse=True):
+        raise ValueError(f"max_tokens_per_depth must not increase from layer to layer among its token counts (a "
+                         f"layer cannot keep tokens an earlier one dropped), got {tuple(max_tokens_per_depth)}")
 
 
 # loading checkpoints
