@@ -368,7 +368,7 @@ REFERENCES = {
         lambda ours: vit_pytorch_reference('simple_vit_with_relative_proj_pos_bias', 'SimpleViT', ours,
                                            **REGISTRY['simple_vit_with_relative_proj_pos_bias'][2])),
     'ats_vit': ('vit-pytorch 1.26.14 ats_vit.ViT',
-                lambda ours: vit_pytorch_reference('ats_vit', 'ViT', ours, **REGISTRY['ats_vit'][2])),
+                lambda ours: vit_pytorch_reference('ats_vit', 'ViT', ours, load=False, **REGISTRY['ats_vit'][2])),
     'vit_with_patch_merger': ('vit-pytorch 1.26.14 vit_with_patch_merger.ViT',
                               lambda ours: vit_pytorch_reference('vit_with_patch_merger', 'ViT', ours,
                                                                  **REGISTRY['vit_with_patch_merger'][2])),

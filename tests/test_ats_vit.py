@@ -359,6 +359,20 @@ def test_loads_vit_pytorchs_checkpoint_and_gives_its_output_where_no_layer_sampl
     assert torch.equal(ids, token_ids)
 
 
+@pytest.mark.parametrize('schedule, always_sample', [((16, 8), False), ((None, 24), True), ((24, 24), True)])
+def test_vit_pytorchs_checkpoint_is_refused_where_a_layer_samples(schedule, always_sample):
+    # 24 patches: K = 16 samples by vit-pytorch's rule, K = 24 only under always_sample; vit-pytorch draws another
+    # sample (Gumbel-max, random), so its weights would compute another function there
+    config = dict(image_size=(32, 48), patch_size=8, num_classes=5, dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32)
+    state_dict = ViT(**config, max_tokens_per_depth=(24, 24)).state_dict()
+    model = ViT(**config, max_tokens_per_depth=schedule, always_sample=always_sample)
+    with pytest.raises(ValueError, match="Gumbel-max.*inverse transform sample.*every entry at least 24"):
+        load_vit_pytorch(model, state_dict)
+    # where no layer samples the same weights load
+    plain = load_vit_pytorch(ViT(**config, max_tokens_per_depth=(24, None)), state_dict)
+    assert all(torch.equal(plain.state_dict()[key], value) for key, value in state_dict.items())
+
+
 # clear errors
 
 

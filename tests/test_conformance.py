@@ -293,6 +293,8 @@ CASES = {
     'simple_vit_with_relative_proj_pos_bias[max_dist=3]': Case(dict(VIT, num_distance_basis=4, max_dist=3), IMAGES),
     # ATS keeps at most 8, then 4 of the 12 patches (its token count depends on the image, in fixed slots)
     'ats_vit': Case(dict(VIT, max_tokens_per_depth=(8, 4)), IMAGES),
+    # a plain first layer, then the official code's rule: the second samples 12 points over its 12 patches
+    'ats_vit[always_sample]': Case(dict(VIT, max_tokens_per_depth=(None, 12), always_sample=True), IMAGES),
     # the 12 patch tokens merged into 4 after the first layer: the second attends over 4
     'vit_with_patch_merger': Case(dict(VIT, patch_merge_layer=1, patch_merge_num_tokens=4), IMAGES),
     # the second layer mixes its values with the first's: learned per token and head, or fixed as the paper's 0.5

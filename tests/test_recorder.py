@@ -702,13 +702,14 @@ def regionvit_attention(module, x, mask=None, entry='forward'):
 
 def token_sampling_attention(module, x, *, mask=None):
     """ATS: softmax(q k^T / sqrt(d)) over the real keys (`mask` (b, n): which tokens are real); in a sampling layer
-    (n - 1 > K) only the rows of the cls token and of the K sampled tokens, which the parameter-free sampler (checked
-    against the official one in tests/test_ats_vit.py) picks from this map's cls row and the values."""
+    (n - 1 > K, or any layer with a K under always_sample) only the rows of the cls token and of the min(K, n - 1)
+    sampled tokens, which the parameter-free sampler (checked against the official one in tests/test_ats_vit.py)
+    picks from this map's cls row and the values."""
     h = explicit_linear(explicit_layer_norm(x, module.norm), module.to_qkv)
     q, k, v = (split_heads(t, module.heads) for t in h.chunk(3, dim=-1))
     attn = masked(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), None if mask is None else mask[:, None, None])
     attn = attn.softmax(dim=-1)
-    if module.ats is None or x.shape[1] - 1 <= module.output_num_tokens:
+    if module.ats is None or (not module.always_sample and x.shape[1] - 1 <= module.output_num_tokens):
         return attn
     ids, _ = module.ats(attn[:, :, 0], v)
     rows = torch.cat((torch.zeros_like(ids[:, :1]), ids), dim=1)

@@ -20,10 +20,11 @@ all the same, min(K, patch tokens) points, duplicates dropped, as the official c
 `token_ids` holds, for each image, the patches (row-major, from 0) the last layer kept, in ascending
 order, then -1 for each slot left empty.
 
-The arguments, parameter names and return values are vit-pytorch's (1.26.14), whose checkpoints load
-unchanged (`load_state_dict`, or `vit_pytorch.pretrained.load_vit_pytorch`): the sampler has no
-parameters, so its weights are a plain ViT's. Where ours differs, it follows the paper (and its
-official code, github.com/adaptivetokensampling/ATS):
+The arguments, parameter names and return values are vit-pytorch's (1.26.14). The sampler has no parameters, so
+its weights are a plain ViT's and `load_state_dict` takes them; `vit_pytorch.pretrained.load_vit_pytorch` loads
+a vit-pytorch checkpoint only into a model in which no layer samples (every K at least the patch count,
+`always_sample=False`), where the two compute the same function, and refuses it, naming the difference, where a
+layer samples. Where ours differs, it follows the paper (and its official code, github.com/adaptivetokensampling/ATS):
   - `always_sample=True` (ours only; default False, vit-pytorch's rule) makes a layer sample even where its
     n - 1 patch tokens are no more than its K, as the official code does (its `forward` caps n_tokens at the
     token count and samples); a test checks a layer at K = n - 1 against the official sampler's fixture, where 12
@@ -299,6 +300,19 @@ def check_arguments(*, image_size, patch_size, num_classes, dim, depth, max_toke
 
 
 def vit_pytorch_plan(model, keys):
-    """vit-pytorch's `ats_vit.ViT` has our parameter names; its sampler has no parameters (the sampling differs:
-    see the module's docstring)."""
+    """vit-pytorch's `ats_vit.ViT` has our parameter names and its sampler no parameters, so its checkpoint loads
+    where no layer of `model` samples (every K at least the patch count, `always_sample=False`): the two compute
+    the same function there. A model in which a layer samples is refused: vit-pytorch's sampling is another
+    function (see the module's docstring)."""
+    patches = math.prod(model.grid_size)
+    budgets = [k for k in model.max_tokens_per_depth if k is not None]
+    if (model.always_sample and budgets) or any(k < patches for k in budgets):
+        raise ValueError(
+            f"vit-pytorch's ATS samples other tokens than the paper's: a Gumbel-max draw from each head's cls "
+            f"attention weighed by that head's value norms, a new random set on every call, where this ViT takes the "
+            f"official code's deterministic inverse transform sample of the summed cls attention times the whole "
+            f"value norm; with max_tokens_per_depth={model.max_tokens_per_depth} and always_sample="
+            f"{model.always_sample} over {patches} patches a layer here samples, so the checkpoint would compute "
+            f"another function. It loads into a model whose layers do not sample (every entry at least {patches}, "
+            f"always_sample=False), where the two agree")
     return None
