@@ -412,6 +412,11 @@ def test_the_official_local_vit_reference_is_skipped_without_the_checkouts(throu
     assert throughput.reference_workload(throughput.registry_workload('local_vit')) is None
     assert 'local_vit' in throughput.REFERENCES and 'local_vit' not in throughput.NO_REFERENCE
 
+def test_every_registered_model_has_a_reference_or_says_why_it_has_none(throughput):
+    # the table's reference cell reads one or the other (the slow whole-registry run checks every cell)
+    assert set(MODELS) <= set(throughput.REFERENCES) | set(throughput.NO_REFERENCE)
+
+
 def test_no_model_with_a_reference_also_says_why_it_has_none(throughput):
     # a NO_REFERENCE reason is read only where REFERENCES has no entry: one beside an entry is a stale statement
     assert not set(throughput.NO_REFERENCE) & set(throughput.REFERENCES)
