@@ -107,6 +107,15 @@ SAME_WORK = {
                "all 4 views with gradient: twice the views with gradient"),
 }
 
+# the wrappers of the package (tests/test_conformance.py's WRAPPER_STEPS) without a row here: why
+NOT_YET = 'no row yet: not measured against vit-pytorch 1.26.14 in any table'
+NO_ROW = {
+    'distill_wrapper': "timed in the registry table (docs/registry-table.md): `distillable_vit` trains through "
+                       "DistillWrapper's loss",
+    'vit_with_decorr': 'a model with its own loss: a row of the registry table (docs/registry-table.md)',
+    **dict.fromkeys(('mae', 'simmim', 'mpp', 'dino', 'accept_video_wrapper', 'extractor', 'recorder'), NOT_YET),
+}
+
 # rows without an inference path in vit-pytorch's wrapper: why
 NO_INFERENCE = {'mp3': "vit-pytorch's MP3 returns only the loss"}
 
