@@ -27,23 +27,26 @@ README = dict(num_classes=1000, s1_emb_dim=64, s1_emb_kernel=7, s1_emb_stride=4,
               s1_heads=1, s1_depth=1, s1_mlp_mult=4, s2_emb_dim=192, s2_emb_kernel=3, s2_emb_stride=2, s2_proj_kernel=3,
               s2_kv_proj_stride=2, s2_heads=3, s2_depth=2, s2_mlp_mult=4, s3_emb_dim=384, s3_emb_kernel=3,
               s3_emb_stride=2, s3_proj_kernel=3, s3_kv_proj_stride=2, s3_heads=4, s3_depth=10, s3_mlp_mult=4, dropout=0.)
+HEAD = dict(projection_hidden_size=256, projection_layers=4, num_classes_K=65336)      # the README's
 class Both(nn.Module):
     """Our CvT, its last map also the output of a hookable module (for vit-pytorch's trainer)."""
-    def __init__(self):
+    def __init__(self, cvt=README):
         super().__init__()
-        self.body, self.to_map, self.channels, self.num_prefix_tokens = CvT(**README), nn.Identity(), 3, 0
+        self.body, self.to_map, self.channels, self.num_prefix_tokens = CvT(**cvt), nn.Identity(), 3, 0
     def forward(self, x):
         return self.to_map(self.body.forward_intermediates(x, 1)[-1])
     def forward_intermediates(self, x, indices=None):
         return [self.forward(x)]
-def build(which, image_size=64):
-    """The trainer (theirs, ours, ours0) around a fresh Both, seed 0."""
+def build(which, image_size=64, cvt=README, head=HEAD, reference=None):
+    """The trainer (theirs, ours, ours0) around a fresh Both(cvt), seed 0; `reference`: vit-pytorch's es_vit
+    module for theirs (else from $VIT_PYTORCH_SOURCE or the installed vit-pytorch)."""
     torch.manual_seed(0)
-    net = Both()
-    args = dict(image_size=image_size, hidden_layer='to_map' if which == 'theirs' else 'layers',
-                projection_hidden_size=256, projection_layers=4, num_classes_K=65336)
+    net = Both(cvt)
+    args = dict(image_size=image_size, hidden_layer='to_map' if which == 'theirs' else 'layers', **head)
     if which == 'theirs':
-        if os.environ.get('VIT_PYTORCH_SOURCE'):        # its wheel or folder, as throughput.py reads it
+        if reference is not None:
+            ref = reference
+        elif os.environ.get('VIT_PYTORCH_SOURCE'):      # its wheel or folder, as throughput.py reads it
             sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
             import throughput
             ref = throughput.vit_pytorch_module('es_vit')

@@ -57,24 +57,31 @@ def reference_lejepa():
     return module
 
 
-def build(mode):
-    """(step function, learner) of a mode, its network from the same initial weights."""
+def learner_of(mode, net=NET, learner=LEARNER, reference=None):
+    """(learner, loss function of a batch) of a mode, its network from the same initial weights (seed 0);
+    `reference`: vit-pytorch's lejepa module for 'theirs' (else `reference_lejepa()`)."""
     torch.manual_seed(0)
-    net = ViT(**NET)
+    network = ViT(**net)
     if mode == 'theirs':
-        learner = reference_lejepa().LeJEPA(net, hidden_layer='to_latent', **LEARNER)
+        model = (reference or reference_lejepa()).LeJEPA(network, hidden_layer='to_latent', **learner)
     else:
         from vit_pytorch.lejepa import LeJEPA
-        learner = LeJEPA(net, **LEARNER, **IMAGENET, num_local_crops=0 if mode == 'ours2' else 2)
-    optimizer = torch.optim.AdamW(learner.parameters(), lr=3e-4)
+        model = LeJEPA(network, **learner, **IMAGENET, num_local_crops=0 if mode == 'ours2' else 2)
 
     def loss_of(images):
         if mode != 'ours_eq':
-            return learner(images)
-        global_views, local_views = learner.views(images)
+            return model(images)
+        global_views, local_views = model.views(images)
         with torch.no_grad():
-            learner.project(local_views)
-        return learner.loss(learner.project(global_views))
+            model.project(local_views)
+        return model.loss(model.project(global_views))
+    return model, loss_of
+
+
+def build(mode):
+    """(step function, learner) of a mode, its network from the same initial weights."""
+    learner, loss_of = learner_of(mode)
+    optimizer = torch.optim.AdamW(learner.parameters(), lr=3e-4)
 
     def step(images):
         optimizer.zero_grad(set_to_none=True)

@@ -1,5 +1,5 @@
 """The research-long-tail wrappers against vit-pytorch 1.26.14's module of the same name: mp3, levjepa, levjepa_nd,
-vat, vaat, vat_siglip.
+vat, vaat, vat_siglip, es_vit, lejepa.
 
 For each (`--rows`), at vit-pytorch's README or `__main__` configuration scaled to a 2-core machine (`ROWS`: what
 is scaled is said there), on the same inputs (one seeded draw, handed to both):
@@ -16,12 +16,18 @@ Speeds are paired ratios ours / vit-pytorch's over interleaved rounds of CPU tim
 vit-pytorch's weights load into ours (`load_vit_pytorch`), ours gets them and the outputs are checked equal before
 timing; where its module computes another function (`DIFFERENT_FUNCTION`) or cannot run here, the row says so, the
 latter with the exception it raised, and where `load_vit_pytorch` refuses its weights (a function ours does not
-compute) the row says "not timed" with the loader's reason (ours is still measured). vit-pytorch 1.26.14 comes
+compute) the row says "not timed" with the loader's reason (ours is still measured). Where ours at the paper's
+recipe does more work than vit-pytorch's step (`SAME_WORK`: es_vit, lejepa, whose paper steps take more views with
+gradient), `ours` is ours at vit-pytorch's work (the setting that performance.md's step scripts call `ours0` and
+`ours_eq`, imported from es_vit_step.py and lejepa_step.py), and the paper's step (`paper`) is timed beside it in the
+same rounds and memory runs; the row gives both. vit-pytorch 1.26.14 comes
 from $VIT_PYTORCH_SOURCE (its wheel or unpacked folder), as in throughput.py. Run in an environment with
 torchvision (vit-pytorch's levjepa imports it) and torchaudio (its vaat does):
 
     PYTHONPATH=. VIT_PYTORCH_SOURCE=vit_pytorch-1.26.14-py3-none-any.whl python benchmarks/wrapper_steps.py --json rows.json
 
+`--merge docs/wrapper-table.json` puts the rows measured into that table (the other rows kept), each with a record
+of its own run (`remeasured`: command, date, machine, load average, `--note`), and prints the merged table.
 `--tiny` shrinks every row to a few milliseconds a step (for the tests).
 """
 import argparse
@@ -43,7 +49,7 @@ import throughput  # noqa: E402  (the timing helpers: interleaved, paired, Runne
 from vit_pytorch.pretrained import CheckpointError, load_vit_pytorch  # noqa: E402
 
 BATCH = 8
-ROW_NAMES = ('mp3', 'levjepa', 'levjepa_nd', 'vat', 'vaat', 'vat_siglip')
+ROW_NAMES = ('mp3', 'levjepa', 'levjepa_nd', 'vat', 'vaat', 'vat_siglip', 'es_vit', 'lejepa')
 
 # what each row runs, as vit-pytorch's example has it and as scaled here
 CONFIGS = {
@@ -65,6 +71,12 @@ CONFIGS = {
                   "layers (0,1,26,27), 2 views x 2 frames, 4 tasks, an extra token of 32, chunks of 50 x 32, training "
                   "with freeze_vit; batch 1; here the tower a third as wide and deep (384, 9 layers, 6 heads, MLP "
                   "1536) at 112 px / 14 (64 patches), layers (0,1,8,9), batch 8",
+    'es_vit': "README: CvT (stages 64, 192, 384 wide, depths 1, 2, 10), EsViTTrainer at 256 px, projector hidden "
+              "256, 4 layers, K 65336, batch 8; here 64 px (benchmarks/es_vit_step.py's), both trainers around our "
+              "CvT from the same initial weights, the step with the EMA update",
+    'lejepa': "__main__: ViT 256 px / 32 (64 patches), width 1024, depth 6, 8 heads, MLP 2048, projector hidden "
+              "256, 4 layers, K 65336, batch 8; here (benchmarks/lejepa_step.py's) 64 px / 8 (64 patches), width "
+              "256, MLP 512, both LeJEPAs around our ViT from the same initial weights",
 }
 
 # references that compute another function than ours at the same sizes: timed without the output check
@@ -75,6 +87,33 @@ DIFFERENT_FUNCTION = {
     'levjepa_nd': "vit-pytorch's LeVJEPAND reads its [sources, targets] batch back as (input, view), so at batch > 1 "
                   "it pulls most inputs' target views to other inputs' sources; ours each to its own (the same "
                   "encoder, weights and work: the embeddings are checked equal)",
+    'es_vit': "vit-pytorch's EsViTTrainer L2-normalises each region feature across the tokens (load_vit_pytorch "
+              "refuses its weights) and its student sees only the 2 local crops; ours the paper's region loss (the "
+              "backbone is the same: its weights are checked equal)",
+    'lejepa': "vit-pytorch's LeJEPA takes its targets under no_grad, pairs each local view with the other global "
+              "view and leaves the factor N out of SIGReg; ours the paper's loss (its weights load into ours: the "
+              "projections and embeddings are checked equal)",
+}
+
+# rows where ours at the paper's recipe does more work than vit-pytorch's step: (what `ours` times instead, the same
+# work as vit-pytorch's; what the paper's step, `paper`, timed beside it, does)
+SAME_WORK = {
+    'es_vit': ("timed at vit-pytorch's number of forwards (num_local_crops=0: the student and the teacher each see the "
+               "2 global crops; vit-pytorch's student the 2 local ones, its teacher the 2 global ones; "
+               "es_vit_step.py's ours0)",
+               "the student sees the 2 global and 2 local crops: twice the student's work"),
+    'lejepa': ("timed doing vit-pytorch's work with our code (lejepa_step.py's ours_eq: 4 views, our loss on the 2 "
+               "global ones with gradient, the 2 local ones projected under no_grad; not a LeJEPA step)",
+               "all 4 views with gradient: twice the views with gradient"),
+}
+
+# the wrappers of the package (tests/test_conformance.py's WRAPPER_STEPS) without a row here: why
+NOT_YET = 'no row yet: not measured against vit-pytorch 1.26.14 in any table'
+NO_ROW = {
+    'distill_wrapper': "timed in the registry table (docs/registry-table.md): `distillable_vit` trains through "
+                       "DistillWrapper's loss",
+    'vit_with_decorr': 'a model with its own loss: a row of the registry table (docs/registry-table.md)',
+    **dict.fromkeys(('mae', 'simmim', 'mpp', 'dino', 'accept_video_wrapper', 'extractor', 'recorder'), NOT_YET),
 }
 
 # rows without an inference path in vit-pytorch's wrapper: why
@@ -90,9 +129,10 @@ class Step:
     its clock and `interleaved` rounds)."""
 
     run = throughput.Runner.run
+    paper = None            # rows of SAME_WORK: the paper's step beside ours (build_row)
 
-    def __init__(self, module, infer, loss):
-        self.module, self.infer_fn, self.loss_fn = module, infer, loss
+    def __init__(self, module, infer, loss, after=None):
+        self.module, self.infer_fn, self.loss_fn, self.after = module, infer, loss, after
         self.optimizer = torch.optim.AdamW(module.parameters(), lr=1e-5)
 
     def infer(self, batch):
@@ -105,9 +145,12 @@ class Step:
         self.optimizer.zero_grad(set_to_none=True)
         self.loss_fn().backward()
         self.optimizer.step()
+        if self.after is not None:          # the EMA teacher's update, where the wrapper has one
+            self.after()
 
 
-# the rows: build(tiny) -> dict(ours=(module, infer or None, loss), reference=(...) or None, missing=why none)
+# the rows: build(tiny) -> (dict(ours=(module, infer or None, loss[, after]), paper=(...) where SAME_WORK), reference
+# builder)
 
 
 def reference_module(name):
@@ -306,8 +349,67 @@ def build_vat_siglip(tiny):
     return row, reference
 
 
+def step_script(name):
+    """benchmarks/`name`.py (es_vit_step, lejepa_step): the row reuses its trainers."""
+    import importlib
+    return importlib.import_module(name)
+
+
+def build_es_vit(tiny):
+    es_vit_step = step_script('es_vit_step')
+    cvt = tiny_or(tiny, es_vit_step.README, dict(
+        num_classes=10, s1_emb_dim=8, s1_emb_kernel=3, s1_emb_stride=2, s1_proj_kernel=3, s1_kv_proj_stride=2,
+        s1_heads=1, s1_depth=1, s2_emb_dim=16, s2_emb_kernel=3, s2_emb_stride=2, s2_proj_kernel=3, s2_kv_proj_stride=2,
+        s2_heads=2, s2_depth=1, s3_emb_dim=16, s3_emb_kernel=3, s3_emb_stride=2, s3_proj_kernel=3, s3_kv_proj_stride=2,
+        s3_heads=2, s3_depth=1, dropout=0.))
+    head = tiny_or(tiny, es_vit_step.HEAD, dict(projection_hidden_size=16, projection_layers=2, num_classes_K=32))
+    size = tiny_or(tiny, 64, 32)
+    images = inputs(lambda g: dict(img=torch.rand(BATCH, 3, size, size, generator=g)))
+    steps = lambda learner: (learner, lambda: learner(images['img'], return_embedding=True),
+                             lambda: learner(images['img']), learner.update_moving_average)
+    ours, paper = (es_vit_step.build(which, size, cvt, head) for which in ('ours0', 'ours'))
+    row = dict(ours=steps(ours), paper=steps(paper))
+
+    def reference():
+        theirs = es_vit_step.build('theirs', size, cvt, head, reference=reference_module('es_vit'))
+        # the same initial weights (not buffers: vit-pytorch's constructor runs a forward, which moves the batch
+        # norms' running statistics)
+        for learner in (ours, paper):
+            weights = dict(learner.student.net.named_parameters())
+            for key, value in theirs.student_encoder.net.named_parameters():
+                torch.testing.assert_close(weights[key], value, atol=0, rtol=0)
+        return steps(theirs)
+    return row, reference
+
+
+def build_lejepa(tiny):
+    lejepa_step = step_script('lejepa_step')
+    net = tiny_or(tiny, lejepa_step.NET, dict(image_size=16, patch_size=8, num_classes=10, dim=16, depth=1, heads=2,
+                                              dim_head=8, mlp_dim=32))
+    learner = tiny_or(tiny, lejepa_step.LEARNER, dict(image_size=16, projection_hidden_size=16, projection_layers=2,
+                                                      num_classes_K=32))
+    images = inputs(lambda g: dict(img=torch.rand(BATCH, 3, net['image_size'], net['image_size'], generator=g)))
+    built = {mode: lejepa_step.learner_of(mode, net, learner) for mode in ('ours_eq', 'ours')}
+    steps = {mode: (model, lambda model=model: model(images['img'], return_embedding=True),
+                    lambda loss_of=loss_of: loss_of(images['img'])) for mode, (model, loss_of) in built.items()}
+    row = dict(ours=steps['ours_eq'], paper=steps['ours'])
+
+    def reference():
+        theirs, loss_of = lejepa_step.learner_of('theirs', net, learner, reference=reference_module('lejepa'))
+        for ours, _ in built.values():
+            load_vit_pytorch(ours, theirs.state_dict())
+        ours = built['ours_eq'][0]
+        # theirs normalises in its augmentation, ours (given mean and std, as lejepa_step.py) in its embedding
+        with torch.no_grad():
+            torch.testing.assert_close(ours.eval()(images['img'], return_embedding=True),
+                                       theirs.eval()(ours.normalise(images['img']), return_embedding=True),
+                                       atol=1e-4, rtol=0)
+        return theirs, lambda: theirs(images['img'], return_embedding=True), lambda: loss_of(images['img'])
+    return row, reference
+
+
 BUILDERS = dict(mp3=build_mp3, levjepa=build_levjepa, levjepa_nd=build_levjepa_nd, vat=build_vat, vaat=build_vaat,
-                vat_siglip=build_vat_siglip)
+                vat_siglip=build_vat_siglip, es_vit=build_es_vit, lejepa=build_lejepa)
 
 
 def inputs(make):
@@ -328,6 +430,8 @@ def build_row(name, tiny, probe=True):
     torch.manual_seed(0)
     row, reference = BUILDERS[name](tiny)
     ours = Step(*row['ours'])
+    if 'paper' in row:
+        ours.paper = Step(*row['paper'])
     try:
         theirs = Step(*reference())
     except CheckpointError as error:
@@ -354,26 +458,34 @@ def measure_row(name, args, log):
     ours, theirs, missing = build_row(name, args.tiny)
     log(f'{name}: reference {"built" if theirs else missing}')
     runners = {'ours': ours} if theirs is None else {'ours': ours, 'reference': theirs}
+    if ours.paper is not None:                   # SAME_WORK: the paper's step in the same rounds
+        runners['paper'] = ours.paper
     tasks = ([] if ours.infer_fn is None or (theirs is not None and theirs.infer_fn is None) else [('infer', BATCH)])
     tasks.append(('train', BATCH))
     speeds, _ = throughput.interleaved(runners, tasks, args.rounds, args.seconds, log=log, same_steps=False)
     result = dict(config=CONFIGS[name], reference_missing=missing, different_function=DIFFERENT_FUNCTION.get(name),
                   no_inference=NO_INFERENCE.get(name), speed={}, ratios={}, memory={}, memory_ratio=None)
+    if 'paper' in runners:
+        result['same_work'], work = SAME_WORK[name]
+        result['paper'] = dict(work=work, ratios={}, memory_ratio=None)   # its speeds, memory: speed/memory's 'paper'
     for kind, batch in tasks:
         key = f'{kind}@{batch}'
         result['speed'][key] = {who: throughput.summary(speeds[(kind, batch)][who]) for who in runners}
         if theirs is not None:
             result['ratios'][key] = throughput.paired(speeds[(kind, batch)], 'ours', 'reference')
+            if 'paper' in runners and kind == 'train':   # its inference is ours' (the same path and weights)
+                result['paper']['ratios'][key] = throughput.paired(speeds[(kind, batch)], 'paper', 'reference')
     del ours, theirs, runners
     throughput.release_memory()
     if args.memory:
-        runs = {who: [] for who in (('ours',) if missing else ('ours', 'reference'))}
+        runs = {who: [] for who in ('ours', 'reference', 'paper') if who in result['speed']['train@8']}
         for _ in range(args.memory):
             for who in runs:              # alternating: run i of each is a pair in time
                 runs[who].append(memory_run(name, who, args.tiny))
         result['memory'] = {who: throughput.summary(values) for who, values in runs.items()}
-        if 'reference' in runs:
-            result['memory_ratio'] = throughput.summary([a / b for a, b in zip(runs['ours'], runs['reference'])])
+        for who, into in (('ours', result), ('paper', result.get('paper'))):
+            if who in runs and 'reference' in runs:
+                into['memory_ratio'] = throughput.summary([a / b for a, b in zip(runs[who], runs['reference'])])
     return result
 
 
@@ -387,12 +499,13 @@ def memory_run(name, who, tiny):
 
 
 def memory_child(spec):
-    """Peak RSS increase (MiB) over two training steps of one wrapper, from a state with both wrappers, their
-    optimisers and the inputs built (so that ours and the reference start from the same allocator state), the
-    peak reset (/proc/self/clear_refs) after building: loading and checking do not count."""
+    """Peak RSS increase (MiB) over two training steps of one wrapper, from a state with both wrappers (and the
+    paper's step of SAME_WORK's rows), their optimisers and the inputs built (so that ours and the reference start
+    from the same allocator state), the peak reset (/proc/self/clear_refs) after building: loading and checking do
+    not count."""
     torch.set_num_threads(1)
     ours, theirs, _ = build_row(spec['row'], spec['tiny'], probe=False)
-    step = ours if spec['who'] == 'ours' else theirs
+    step = dict(ours=ours, reference=theirs, paper=ours.paper)[spec['who']]
     throughput.release_memory()
     with open('/proc/self/clear_refs', 'w') as refs:
         refs.write('5')                                      # VmHWM back to the current VmRSS
@@ -413,17 +526,32 @@ def ratio_cell(row, key):
     return '-'
 
 
+def memory_cell(memory, ratio, who):
+    mib = ' / '.join(f"{memory[w]['median']:.0f}" for w in (who, 'reference') if w in memory) or '-'
+    if ratio:
+        mib += f" = {ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f})"
+    return mib
+
+
+def reference_cell(name, row):
+    """What the reference is: missing (why), another function, and for SAME_WORK's rows what ours times and the
+    paper's step's ratios (training speed, memory)."""
+    cell = row['reference_missing'] or f'`{name}`' + (
+        f" (another function: {row['different_function']})" if row['different_function'] else '')
+    if row.get('same_work'):
+        paper = row['paper']
+        train = throughput.spread(paper['ratios']['train@8'], '{:.2f}') if 'train@8' in paper['ratios'] else '-'
+        cell += (f"; like for like, ours is {row['same_work']}; the paper's step ({paper['work']}): train@8 {train}, "
+                 f"train MiB {memory_cell(row['memory'], paper['memory_ratio'], 'paper')}")
+    return cell
+
+
 def markdown(results):
     lines = ['| wrapper | configuration | vit-pytorch 1.26.14 | infer@8 | train@8 | train MiB, ours / vit-pytorch | '
              'ours samples/s (infer@8, train@8) |', '|---|---|---|---|---|---|---|']
     for name, row in results['rows'].items():
-        reference = row['reference_missing'] or f'`{name}`' + (
-            f" (another function: {row['different_function']})" if row['different_function'] else '')
-        memory = row['memory']
-        mib = ' / '.join(f"{memory[who]['median']:.0f}" for who in ('ours', 'reference') if who in memory) or '-'
-        if row['memory_ratio']:
-            r = row['memory_ratio']
-            mib += f" = {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})"
+        reference = reference_cell(name, row)
+        mib = memory_cell(row['memory'], row['memory_ratio'], 'ours')
         ours = ', '.join(f"{row['speed'][k]['ours']['median']:.2f}" if k in row['speed'] else '-'
                          for k in ('infer@8', 'train@8'))
         cells = [f'`{name}`', row['config'], reference, ratio_cell(row, 'infer@8'), ratio_cell(row, 'train@8'), mib,
@@ -440,6 +568,11 @@ def parse_args(argv=None):
     parser.add_argument('--memory', type=int, default=3, help='fresh-process memory runs of each wrapper (0: none)')
     parser.add_argument('--tiny', action='store_true', help='every row at a few milliseconds a step (for tests)')
     parser.add_argument('--json', help='write the results to this file')
+    parser.add_argument('--merge', metavar='TABLE_JSON',
+                        help="put the measured rows into this table (docs/wrapper-table.json), each with a "
+                             "'remeasured' record of this run (command, date, machine, load); the table's other rows "
+                             "and its top-level fields are kept; the merged table's markdown is printed")
+    parser.add_argument('--note', default='', help="the 'remeasured' records' note (what was measured, where)")
     parser.add_argument('--memory-child', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.rows = [r for r in args.rows.split(',') if r]
@@ -478,7 +611,25 @@ def main(argv=None, log=None):
     if args.json:
         with open(args.json, 'w') as f:
             json.dump(results, f, indent=1)
+    if args.merge:
+        with open(args.merge) as f:
+            table = merge(json.load(f), results, args.note)
+        with open(args.merge, 'w') as f:
+            json.dump(table, f, indent=1)
+            f.write('\n')
+        print(f'\nmerged into {args.merge}:')
+        print(markdown(table))
     return results
+
+
+def merge(table, results, note):
+    """`table` (a full run's results) with `results`' rows put in place of its rows of those names (new rows after
+    the others), each with a 'remeasured' record of `results`' run; its other rows and top-level fields kept."""
+    record = {key: results[key] for key in ('command', 'date', 'machine', 'load_average', 'rounds', 'memory_runs')}
+    rows = dict(table['rows'])
+    for name, row in results['rows'].items():
+        rows[name] = dict(row, remeasured=dict(record, note=note))
+    return dict(table, rows=rows)
 
 
 if __name__ == '__main__':

@@ -12,6 +12,7 @@ import math
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -759,7 +760,7 @@ def test_wrapper_steps_measures_a_wrapper_with_and_one_without_an_inference_path
 def test_wrapper_steps_measures_ours_in_every_row_at_tiny_sizes(wrapper_steps, monkeypatch):
     # 2.6 s of CPU time on the 2-core machine
     run_wrapper_rows(wrapper_steps, monkeypatch, list(wrapper_steps.ROW_NAMES))
-    assert wrapper_steps.ROW_NAMES == ('mp3', 'levjepa', 'levjepa_nd', 'vat', 'vaat', 'vat_siglip')
+    assert wrapper_steps.ROW_NAMES == ('mp3', 'levjepa', 'levjepa_nd', 'vat', 'vaat', 'vat_siglip', 'es_vit', 'lejepa')
 
 
 def test_a_wrapper_reference_that_cannot_be_imported_is_stated_with_its_exception(wrapper_steps, monkeypatch):
@@ -825,9 +826,100 @@ def test_the_wrapper_memory_child_measures_two_training_steps(wrapper_steps):
     assert math.isfinite(mib) and mib >= 0
 
 
+def test_every_wrapper_has_a_row_or_a_stated_reason(wrapper_steps):
+    # the wrappers' registry (test_conformance.WRAPPER_STEPS): a row in this table or the reason it has none here
+    import test_conformance as conformance
+    for name in conformance.WRAPPER_STEPS:
+        assert (name in wrapper_steps.ROW_NAMES) != (name in wrapper_steps.NO_ROW), name
+    assert set(wrapper_steps.NO_ROW) <= set(conformance.WRAPPER_STEPS)
+    assert {'es_vit', 'lejepa'} <= set(wrapper_steps.ROW_NAMES)
+
+
+def test_the_wrapper_table_has_every_row(wrapper_steps):
+    # docs/wrapper-table.json (and .md) hold a measured row of every row the script defines
+    root = os.path.join(os.path.dirname(__file__), os.pardir)
+    with open(os.path.join(root, 'docs', 'wrapper-table.json')) as f:
+        rows = json.load(f)['rows']
+    with open(os.path.join(root, 'docs', 'wrapper-table.md')) as f:
+        markdown = f.read()
+    for name in wrapper_steps.ROW_NAMES:
+        assert name in rows and rows[name]['config'] == wrapper_steps.CONFIGS[name], name
+        assert f'| `{name}` |' in markdown, name
+        if name in wrapper_steps.SAME_WORK:
+            assert rows[name]['same_work'] == wrapper_steps.SAME_WORK[name][0], name
+            assert 'train@8' in rows[name]['paper']['ratios'] and rows[name]['paper']['memory_ratio'], name
+
+
+def images_through_the_backbone(learner, loss):
+    """{grad enabled: images} that one training loss of `learner` sends through its backbone (our ViT's transformer,
+    es_vit_step.Both), its EMA teacher's copy included."""
+    seen = {True: 0, False: 0}
+
+    def counted(module, x, *args, **kwargs):
+        seen[torch.is_grad_enabled()] += x.shape[0]
+        return type(module).forward(module, x, *args, **kwargs)
+    # an instance's forward, not a hook: Both's forward_intermediates calls self.forward; bound, so that a deepcopy
+    # (vit-pytorch's teacher, made in its first step) counts its own calls
+    backbones = [m for m in learner.modules() if type(m).__name__ == 'Both'
+                 or (type(m).__name__ == 'Transformer' and m.__module__ == 'vit_pytorch.vit')]
+    for m in backbones:
+        m.forward = types.MethodType(counted, m)
+    try:
+        loss()
+    finally:
+        for m in learner.modules():
+            m.__dict__.pop('forward', None)
+    return seen
+
+
+@pytest.mark.parametrize('name', ['es_vit', 'lejepa'])
+def test_a_like_for_like_row_times_ours_at_vit_pytorchs_work_and_the_papers_step_beside_it(wrapper_steps, name,
+                                                                                           monkeypatch):
+    # vit-pytorch 1.26.14's steps (es_vit.py's and lejepa.py's forward): 2 views of the batch with gradient (the
+    # student's / the encoder's local crops) and 2 without (the teacher's / the targets' global crops). Ours in the
+    # row must send as many images through the backbone, with and without gradient; the paper's step takes its 2
+    # global views with gradient too (es_vit: its teacher still sees 2 without)
+    monkeypatch.delenv('VIT_PYTORCH_SOURCE', raising=False)
+    row, _ = wrapper_steps.BUILDERS[name](tiny=True)
+    batch = wrapper_steps.BATCH
+    assert images_through_the_backbone(row['ours'][0], row['ours'][2]) == {True: 2 * batch, False: 2 * batch}
+    paper = {'es_vit': {True: 4 * batch, False: 2 * batch}, 'lejepa': {True: 4 * batch, False: 0}}[name]
+    assert images_through_the_backbone(row['paper'][0], row['paper'][2]) == paper
+    # the script runs it beside ours and says so in the row
+    results = wrapper_steps.main(['--tiny', '--rows', name, '--rounds', '1', '--seconds', '0', '--memory', '0'],
+                                 log=lambda msg: None)
+    measured = results['rows'][name]
+    assert set(measured['speed']['train@8']) == {'ours', 'paper'}
+    assert measured['same_work'] == wrapper_steps.SAME_WORK[name][0]
+    assert 'like for like, ours is timed' in wrapper_steps.markdown(results)
+
+
+@pytest.mark.skipif(not os.environ.get('VIT_PYTORCH_SOURCE'), reason='vit-pytorch 1.26.14 source not given')
+@pytest.mark.parametrize('name', ['es_vit', 'lejepa'])
+def test_vit_pytorchs_step_does_the_work_the_like_for_like_row_times(wrapper_steps, name):
+    # the counts the test above takes from vit-pytorch's source, from its module run
+    row, reference = wrapper_steps.BUILDERS[name](tiny=True)
+    theirs, _, loss, *_ = reference()
+    batch = wrapper_steps.BATCH
+    assert images_through_the_backbone(theirs, loss) == {True: 2 * batch, False: 2 * batch}
+
+
+def test_merging_rows_keeps_the_others_and_records_the_run(wrapper_steps):
+    table = dict(command='full', date='d0', machine='m0', load_average='l0', rounds=5, memory_runs=3,
+                 rows=dict(a=dict(config='A'), b=dict(config='B old')))
+    results = dict(command='rows', date='d1', machine='m1', load_average='l1', rounds=2, memory_runs=1,
+                   rows=dict(b=dict(config='B new'), c=dict(config='C')))
+    merged = wrapper_steps.merge(table, results, 'why')
+    record = dict(command='rows', date='d1', machine='m1', load_average='l1', rounds=2, memory_runs=1, note='why')
+    assert merged == dict(command='full', date='d0', machine='m0', load_average='l0', rounds=5, memory_runs=3,
+                          rows=dict(a=dict(config='A'), b=dict(config='B new', remeasured=record),
+                                    c=dict(config='C', remeasured=record)))
+    assert list(merged['rows']) == ['a', 'b', 'c'] and table['rows']['b'] == dict(config='B old')
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get('VIT_PYTORCH_SOURCE'), reason='vit-pytorch 1.26.14 source not given')
-@pytest.mark.parametrize('name', ['mp3', 'levjepa_nd', 'vat', 'vat_siglip', pytest.param(
+@pytest.mark.parametrize('name', ['mp3', 'levjepa_nd', 'vat', 'vat_siglip', 'es_vit', 'lejepa', pytest.param(
     'vaat', marks=pytest.mark.skipif(importlib.util.find_spec('torchaudio') is None,
                                      reason="vit-pytorch's vaat imports torchaudio"))])
 def test_vit_pytorch_wrappers_load_into_ours_and_agree_on_the_same_inputs(wrapper_steps, name):
