@@ -22,9 +22,11 @@ paired difference to the plain ViT of the same seed, the forward FLOPs per image
 count), and the mean number of patch tokens each layer keeps on the test digits (a layer keeps at most its K,
 fewer where the sample repeats a token; the FLOPs are those of the K slots, which a batch computes either way: an
 empty slot is masked, not skipped, so at the full budget the count is the plain ViT's plus the sampler's cls rows).
-A further column gives the forward FLOPs the same computation would cost with the empty slots skipped (as the
-official code's `drop_tokens` does, at a batch of one image), `skipped_flops`: exact for each test image from its
-kept counts, by the same formula, then averaged over the test images; not counted by the flop counter, not timed.
+A further column gives the forward FLOPs of the kept tokens' work alone, as if the empty slots were dropped (each
+layer reading only the tokens the one before kept), `skipped_flops`: exact for each test image from its kept counts,
+by the same formula, then averaged over the test images; no model here computes it (not counted by the flop
+counter, not timed). The official code's `drop_tokens` drops them (at a batch of one image, all of them), though
+its next layer then samples min(K, kept) points, not min(K, slots) as ours, so it may keep other tokens.
 
 Written to --out: results.json (one record per run, saved as each ends: the same command run again skips the
 runs recorded, and refuses other settings in the same --out) and table.md.
