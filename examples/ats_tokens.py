@@ -26,7 +26,8 @@ A further column gives the forward FLOPs of the kept tokens' work alone, as if t
 layer reading only the tokens the one before kept), `skipped_flops`: exact for each test image from its kept counts,
 by the same formula, then averaged over the test images; no model here computes it (not counted by the flop
 counter, not timed). The official code's `drop_tokens` drops them (at a batch of one image, all of them), though
-its next layer then samples min(K, kept) points, not min(K, slots) as ours, so it may keep other tokens.
+its next layer then caps its points at the fewer tokens it reads, where ours takes min(K, slots): it may keep other
+tokens.
 
 Written to --out: results.json (one record per run, saved as each ends: the same command run again skips the
 runs recorded, and refuses other settings in the same --out) and table.md.
