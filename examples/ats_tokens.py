@@ -10,14 +10,24 @@ width 64, depth 4, 4 heads of 16, MLP 128) with the training command's recipe an
 (`vit_pytorch.training.trials.fit`):
 
   plain      max_tokens_per_depth (16, 16, 16, 16): no layer samples, a plain ViT (vit-pytorch's ATS layout)
-  ATS        (16, 8, 8, 4) and the harsher (16, 8, 4, 2), trained with the sampler
-  plug-in    the plain ViT's trained weights in an ATS model of each budget, the sampler switched on, no training
+  ATS        (16, 8, 8, 4) and the harsher (16, 8, 4, 2), trained with the sampler; and the paper's own setting,
+             (None, 16, 16, 16) with always_sample=True: the first layer plain, the others sampling at the full
+             budget (16 points over 16 patches, duplicates dropped), so the tokens kept adapt to each image, as the
+             official DeiT-S configuration (layers 0-2 plain, 197 tokens in layers 3-11)
+  plug-in    the plain ViT's trained weights in an ATS model of each of these, the sampler switched on, no training
 
 and tests each on the 450 test digits. The table gives the test accuracy (mean +- sample std over the seeds), the
 paired difference to the plain ViT of the same seed, the forward FLOPs per image counted by
 `vit_pytorch.flops.training_flops` (torch.utils.flop_counter; the formula `forward_flops` below gives the same
 count), and the mean number of patch tokens each layer keeps on the test digits (a layer keeps at most its K,
-fewer where the sample repeats a token; the FLOPs are those of the K slots, which a batch computes either way).
+fewer where the sample repeats a token; the FLOPs are those of the K slots, which a batch computes either way: an
+empty slot is masked, not skipped, so at the full budget the count is the plain ViT's plus the sampler's cls rows).
+A further column gives the forward FLOPs of the kept tokens' work alone, as if the empty slots were dropped (each
+layer reading only the tokens the one before kept), `skipped_flops`: exact for each test image from its kept counts,
+by the same formula, then averaged over the test images; no model here computes it (not counted by the flop
+counter, not timed). The official code's `drop_tokens` drops them (at a batch of one image, all of them), though
+its next layer then caps its points at the fewer tokens it reads, where ours takes min(K, slots): it may keep other
+tokens.
 
 Written to --out: results.json (one record per run, saved as each ends: the same command run again skips the
 runs recorded, and refuses other settings in the same --out) and table.md.
@@ -40,15 +50,24 @@ from vit_pytorch.training.trials import Results, fit, load_data
 
 PLAIN = (16, 16, 16, 16)
 BUDGETS = ((16, 8, 8, 4), (16, 8, 4, 2))
+OFFICIAL = (None, 16, 16, 16)                # with always_sample=True: the paper's rule at the full budget
+# the ATS models: (max_tokens_per_depth, always_sample)
+SETTINGS = (*((budget, False) for budget in BUDGETS), (OFFICIAL, True))
+
+
+def samples(k, slots, always_sample):
+    """Whether a layer of budget `k` (None: a plain layer) samples from `slots` patch slots."""
+    return k is not None and (always_sample or slots > k)
 
 
 def forward_flops(*, image_size, patch_size, channels, num_classes, dim, heads, dim_head, mlp_dim,
-                  max_tokens_per_depth, **_):
+                  max_tokens_per_depth, always_sample=False, **_):
     """Multiply-adds x 2 of one image's forward pass through vit_pytorch.ats_vit.ViT (square images).
 
-    A layer reads n tokens (the cls token first) and, where it samples (n - 1 > K), computes the cls token's row of
-    attention scores for the sampler and then only the 1 + K kept tokens' queries, attention outputs and MLP; the
-    next layer reads those 1 + K slots. Norms, softmax and elementwise work are not counted (nor does the counter).
+    A layer reads n tokens (the cls token first) and, where it samples (n - 1 > K, or with `always_sample` wherever
+    K is set; None: never), computes the cls token's row of attention scores for the sampler and then only the
+    1 + k sampled slots' queries, attention outputs and MLP, k = min(K, n - 1); the next layer reads those 1 + k
+    slots. Norms, softmax and elementwise work are not counted (nor does the counter).
     """
     patches = (image_size // patch_size) ** 2
     inner = heads * dim_head
@@ -57,13 +76,30 @@ def forward_flops(*, image_size, patch_size, channels, num_classes, dim, heads, 
     for k in max_tokens_per_depth:
         flops += 2 * n * dim * 3 * inner                                      # q, k, v of every token
         kept = n
-        if n - 1 > k:
+        if samples(k, n - 1, always_sample):
             flops += 2 * heads * n * dim_head                                 # the cls row, for the sampler
-            kept = 1 + k
+            kept = 1 + min(k, n - 1)
         flops += 2 * 2 * heads * kept * n * dim_head                          # q k^T and attention @ v
         flops += 2 * kept * inner * dim + 2 * 2 * kept * dim * mlp_dim        # output projection, MLP
         n = kept
     return flops + 2 * dim * num_classes                                      # the head
+
+
+def skipped_flops(config, max_tokens_per_depth, always_sample, kept):
+    """The forward FLOPs of one image whose layers keep `kept` patch tokens (one count per layer, as `kept_tokens`
+    gives) if the empty slots were skipped: each layer reads only the tokens the one before kept (the cls token and
+    `kept[i - 1]`, all the patches for the first), and a sampling layer (where the model samples, decided by its
+    slots as in the model) computes its kept tokens' queries only: the formula of a model whose sampling layers
+    have budgets `kept`, always sampling, and whose other layers are plain."""
+    patches = (config['image_size'] // config['patch_size']) ** 2
+    budgets, slots = [], patches
+    for k, count in zip(max_tokens_per_depth, kept, strict=True):
+        if samples(k, slots, always_sample):
+            budgets.append(count)
+            slots = min(k, slots)
+        else:
+            budgets.append(None)
+    return forward_flops(**config, max_tokens_per_depth=tuple(budgets), always_sample=True)
 
 
 @torch.no_grad()
@@ -84,21 +120,40 @@ def kept_tokens(model, images):
     return torch.stack(counts)
 
 
-def build(config, max_tokens_per_depth, seed=0):
+def build(config, max_tokens_per_depth, seed=0, always_sample=False):
     torch.manual_seed(seed)
-    return registry.build_model('ats_vit', **{**config, 'max_tokens_per_depth': max_tokens_per_depth})
+    return registry.build_model('ats_vit', **{**config, 'max_tokens_per_depth': max_tokens_per_depth,
+                                              'always_sample': always_sample})
 
 
-def name_of(budget):
-    return ','.join(map(str, budget))
+def name_of(budget, always_sample=False):
+    """'16,8,8,4'; 'None,16,16,16 always_sample' with always_sample."""
+    return ','.join(map(str, budget)) + (' always_sample' if always_sample else '')
+
+
+def label_of(budget, always_sample=False):
+    return f"({', '.join(map(str, budget))})" + (', always_sample' if always_sample else '')
 
 
 def tested(model, data, device):
-    """Test accuracy and the mean tokens each layer keeps on the test images."""
+    """Test accuracy, the mean tokens each layer keeps on the test images, and how many test images keep each
+    combination of counts ('16,9,7,5': images)."""
     result = loop.evaluate(model, data.test, mean=data.mean, std=data.std, device=device)
     images = normalise(data.test.floats().to(device), data.mean, data.std)
+    counts = kept_tokens(model, images)
+    combinations = {}
+    for image in counts.t().tolist():
+        combinations[name_of(image)] = combinations.get(name_of(image), 0) + 1
     return dict(test_accuracy=result['accuracy'],
-                kept_tokens=[round(value, 3) for value in kept_tokens(model, images).float().mean(dim=1).tolist()])
+                kept_tokens=[round(value, 3) for value in counts.float().mean(dim=1).tolist()],
+                kept_counts=dict(sorted(combinations.items())))
+
+
+def mean_skipped_flops(config, budget, always_sample, kept_counts):
+    """`skipped_flops` averaged over the images of a record's `kept_counts`."""
+    total = sum(kept_counts.values())
+    return sum(images * skipped_flops(config, budget, always_sample, tuple(map(int, name.split(','))))
+               for name, images in kept_counts.items()) / total
 
 
 def run_seed(config, data, plan, seed, device):
@@ -108,20 +163,22 @@ def run_seed(config, data, plan, seed, device):
         model = build(config, PLAIN, seed)
         record = fit(model, data, plan, seed=seed, device=device, title=f'seed {seed} plain')
         record.update(tested(model, data, device))
-        for budget in BUDGETS:
-            plugged = build(config, budget).to(device)
+        for budget, always_sample in SETTINGS:
+            plugged = build(config, budget, always_sample=always_sample).to(device)
             plugged.load_state_dict(model.state_dict())                       # the same weights, the sampler on
-            record[f'plug-in {name_of(budget)}'] = tested(plugged, data, device)
+            record[f'plug-in {name_of(budget, always_sample)}'] = tested(plugged, data, device)
         return record
 
-    def ats(budget):
+    def ats(budget, always_sample):
+        name = name_of(budget, always_sample)
+
         def run():
-            model = build(config, budget, seed)
-            record = fit(model, data, plan, seed=seed, device=device, title=f'seed {seed} ATS {name_of(budget)}')
+            model = build(config, budget, seed, always_sample)
+            record = fit(model, data, plan, seed=seed, device=device, title=f'seed {seed} ATS {name}')
             return {**record, **tested(model, data, device)}
         return run
 
-    return [('plain', plain), *((f'ATS {name_of(budget)}', ats(budget)) for budget in BUDGETS)]
+    return [('plain', plain), *((f'ATS {name_of(*setting)}', ats(*setting)) for setting in SETTINGS)]
 
 
 def spread(values):
@@ -132,28 +189,33 @@ def spread(values):
 def table(results, config, seeds):
     """The table's markdown lines from the records of `seeds`."""
     plain = {run['seed']: run for run in results.runs if run['setting'] == 'plain'}
-    rows = [('plain ViT (16, 16, 16, 16)', None, {seed: plain[seed] for seed in seeds})]
-    for budget in BUDGETS:
-        trained = {run['seed']: run for run in results.runs if run['setting'] == f'ATS {name_of(budget)}'}
-        rows.append((f'ATS trained ({", ".join(map(str, budget))})', budget, {seed: trained[seed] for seed in seeds}))
-    for budget in BUDGETS:
-        rows.append((f'ATS plug-in, untrained ({", ".join(map(str, budget))})', budget,
-                     {seed: plain[seed][f'plug-in {name_of(budget)}'] for seed in seeds}))
+    rows = [(f'plain ViT {label_of(PLAIN)}', None, False, {seed: plain[seed] for seed in seeds})]
+    for budget, always_sample in SETTINGS:
+        setting = f'ATS {name_of(budget, always_sample)}'
+        trained = {run['seed']: run for run in results.runs if run['setting'] == setting}
+        rows.append((f'ATS trained {label_of(budget, always_sample)}', budget, always_sample,
+                     {seed: trained[seed] for seed in seeds}))
+    for budget, always_sample in SETTINGS:
+        rows.append((f'ATS plug-in, untrained {label_of(budget, always_sample)}', budget, always_sample,
+                     {seed: plain[seed][f'plug-in {name_of(budget, always_sample)}'] for seed in seeds}))
     lines = ['| model | test accuracy | paired difference to plain | forward MFLOPs / image (counter, formula) | '
-             'patch tokens kept per layer (test mean) |', '|---|---|---|---|---|']
-    for label, budget, records in rows:
+             'MFLOPs / image if the empty slots were skipped (formula, test mean) | '
+             'patch tokens kept per layer (test mean) |', '|---|---|---|---|---|---|']
+    for label, budget, always_sample, records in rows:
         mean, std = spread([records[seed]['test_accuracy'] for seed in seeds])
         differences = [records[seed]['test_accuracy'] - plain[seed]['test_accuracy'] for seed in seeds]
         difference = '' if budget is None else '{:+.2f} +- {:.2f} points'.format(*spread(differences))
         budget = budget or PLAIN
-        model = build(config, budget)
+        model = build(config, budget, always_sample=always_sample)
         counted = training_flops(model, config['image_size'], channels=config['channels'],
                                  num_classes=config['num_classes'])[1]
-        formula = forward_flops(**config, max_tokens_per_depth=budget)
+        formula = forward_flops(**config, max_tokens_per_depth=budget, always_sample=always_sample)
+        skipped = statistics.mean(mean_skipped_flops(config, budget, always_sample, records[seed]['kept_counts'])
+                                  for seed in seeds)
         kept = [statistics.mean(records[seed]['kept_tokens'][layer] for seed in seeds)
                 for layer in range(len(budget))]
-        lines.append(f"| {label} | {mean:.2f} +- {std:.2f}% | {difference} | {counted / 1e6:.2f}, "
-                     f"{formula / 1e6:.2f} | {' / '.join(f'{value:.2f}' for value in kept)} |")
+        lines.append(f"| {label} | {mean:.2f} +- {std:.2f}% | {difference} | {counted / 1e6:.3f}, "
+                     f"{formula / 1e6:.3f} | {skipped / 1e6:.3f} | {' / '.join(f'{value:.2f}' for value in kept)} |")
     return lines
 
 
@@ -188,7 +250,7 @@ def main(argv=None):
                                    num_classes=data.num_classes)
     config.pop('max_tokens_per_depth')
     settings = dict(epochs=args.epochs, recipe=recipe, config=config,
-                    budgets=[PLAIN, *BUDGETS])
+                    budgets=[[PLAIN, False], *([budget, always_sample] for budget, always_sample in SETTINGS)])
     results = Results(args.out, 'ats_tokens', settings)
     if results.differences:
         raise SystemExit(f"{args.out} holds runs of other settings: {'; '.join(results.differences)}; "
