@@ -7,6 +7,7 @@
     python examples/digits_claims.py tokens2 --seeds 0 1 2 3 4 --epochs 30 --out runs/claims30_tokens2
     python examples/digits_claims.py blocks2 --seeds 0 1 2 3 4 --epochs 10 --out runs/claims_blocks2
     python examples/digits_claims.py blocks2 --seeds 0 1 2 3 4 --epochs 30 --out runs/claims30_blocks2
+    python examples/digits_claims.py blocks3 --seeds 0 1 2 3 4 --epochs 10 --out runs/claims_blocks3
     python examples/digits_claims.py detpool --seeds 0 1 2 3 4 --epochs 10 --out runs/claims_detpool
     python examples/digits_claims.py detpool --seeds 0 1 2 3 4 --epochs 30 --out runs/claims30_detpool
 
@@ -48,6 +49,14 @@ digits after every epoch. The models are the trainer's small ones (patch 4, so 1
                 (arXiv 2209.12152, a diffusion backbone: only a stand-in check that the skips do not hurt a
                 classifier; no registers); and LocalViT (arXiv 2104.05707: locality helps, most on small data)
                 against the ViT it modifies (`vit`, cls token).
+  blocks3       modern and normalized blocks against the ViT they modify (`vit`, cls token): ViT-5 (arXiv
+                2602.08071: a better modern block; `vit_5`), RvT (rotary positions, RoFormer's RoPE, arXiv
+                2104.09864, made axial, in place of the position table, with vit-pytorch's depthwise-convolution
+                queries and GEGLU; `rvt`), nViT, the nGPT block (arXiv 2410.01131: faster convergence, everything on
+                the unit sphere; `normalized_vit`, its weights renormalised after every optimizer step by the
+                epoch loop); and at depth 16, Keel (arXiv 2601.19895: a deep post-LN stack that trains, the
+                residual weighted by alpha = the number of sub-layers, 32) against the same stack with
+                `keel_residual_scale=1` (plain post-LN, each LN over x + F(LN(x))).
   detpool       DetPool (arXiv 2510.12866: an object-centric representation) on cluttered digits: each 16-pixel
                 digit at a random place of a 24-pixel black canvas over 3 pieces (8x8 squares cut at random places)
                 of other digits of its set, pasted at random places, the brighter pixel winning (`cluttered`); the
@@ -97,6 +106,7 @@ DECORR_MATRICES = dict(decorr_matrices=True)
 SPARSITY_WEIGHT = 0.1          # the training command's default --sparsity-aux-loss-weight
 TIED_CLS = 'SimpleViT with a cls token (tied)'
 JET_FULL = 'JetViT, full attention (FA) in every layer'
+POST_LN_16 = 'plain post-LN, depth 16 (Keel alpha = 1)'
 CLUTTER_SIZE, CLUTTER_PIECES, PIECE_SIZE, INK = 24, 3, 8, 0.25
 
 # claim -> [(label, registered name, options beyond the trainer's small configuration, training weight of the
@@ -145,6 +155,14 @@ CLAIMS = {
         ('ViT (cls token)', 'vit', {}, None),
         ('LocalViT', 'local_vit', {}, None),
     ],
+    'blocks3': [
+        ('ViT (cls token)', 'vit', {}, None),
+        ('ViT-5', 'vit_5', {}, None),
+        ('RvT (rotary positions)', 'rvt', {}, None),
+        ('nViT (nGPT block)', 'normalized_vit', {}, None),
+        (POST_LN_16, 'vit_with_keel_post_ln', dict(depth=16, keel_residual_scale=1), None),
+        ('Keel, depth 16', 'vit_with_keel_post_ln', dict(depth=16), None),
+    ],
     'detpool': [
         ('ViT, mean pooling, no mask', 'vit_detpool', dict(channels=1), None),
         ("DetPool, the digit's mask", 'vit_detpool', dict(channels=1), None),
@@ -157,6 +175,7 @@ AGAINST = {
     'JetViT, linear attention (LA) in every layer': JET_FULL,
     'JetViT, 2x2 window attention (WA) in every layer': JET_FULL,
     'LocalViT': 'ViT (cls token)',
+    'Keel, depth 16': POST_LN_16,
 }
 
 

@@ -1,6 +1,6 @@
 """examples/digits_claims.py (issues 26, 27): its FLOP formula for the patch merger, the auxiliary loss and the
-per-epoch hook it gives `trials.fit`, the tied control of the specialized cls token, the cluttered digits and their
-mask channel, and the script at a tiny size."""
+per-epoch hook it gives `trials.fit`, nViT's renormalisation in it, the tied control of the specialized cls token,
+the cluttered digits and their mask channel, and the script at a tiny size."""
 
 import argparse
 import importlib.util
@@ -109,6 +109,24 @@ def test_fit_without_an_auxiliary_loss_does_not_ask_for_one():
     assert model.offset.grad is None and not any(model.asked)
 
 
+def test_fit_puts_nvits_weights_back_on_the_sphere_after_the_steps():
+    # blocks3 trains nViT through fit: the epoch loop must renormalise it after the steps, as the training command
+    # does (input-side matrices unit rows, output-side unit columns; the layout of tests/test_normalized_vit.py)
+    torch.manual_seed(0)
+    model = registry.build_model('normalized_vit', image_size=4, patch_size=2, channels=1, num_classes=3, dim=16,
+                                 depth=2, heads=2, dim_head=8, mlp_dim=32)
+    before = {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
+    fit(model, toy_data(), PLAN, seed=0, device='cpu')
+    weights = dict(model.named_parameters())
+    assert not torch.equal(weights['to_pred.weight'], before['to_pred.weight'])       # it trained
+    for name in ('abs_pos_emb.weight', 'to_pred.weight', 'transformer.layers.1.0.block.to_qkv.weight',
+                 'transformer.layers.1.1.block.to_hidden_and_gate.weight'):
+        torch.testing.assert_close(weights[name].detach().norm(dim=1), torch.ones(len(weights[name])))
+    for name in ('to_patch_embedding.1.weight', 'transformer.layers.1.0.block.to_out.weight',
+                 'transformer.layers.1.1.block.to_out.weight'):
+        torch.testing.assert_close(weights[name].detach().norm(dim=0), torch.ones(weights[name].shape[1]))
+
+
 def test_the_tied_control_is_a_simplevit_with_a_cls_token():
     # every specialized pair tied: SimpleViT's parameters and the cls token (dim), none of the cls token's own
     from vit_pytorch.simple_vit import SimpleViT
@@ -166,7 +184,7 @@ def test_the_mask_channel_comes_back_after_normalisation():
 
 
 @pytest.mark.slow          # 2 epochs each on the 1,347 digits: 24 s of CPU time for the first three, 40 s for the others
-@pytest.mark.parametrize('claim', ['patch_merger', 'decorr', 'residuals', 'tokens2', 'blocks2', 'detpool'])
+@pytest.mark.parametrize('claim', ['patch_merger', 'decorr', 'residuals', 'tokens2', 'blocks2', 'blocks3', 'detpool'])
 def test_the_script_at_a_tiny_size(claim, tmp_path, monkeypatch):
     arguments = [claim, '--seeds', '0', '--epochs', '2', '--out', str(tmp_path), '--quiet']
     lines = digits_claims.main(arguments)
