@@ -1,7 +1,8 @@
 """LeVJEPA on the moving digits: do its pre-trained clip features beat a random encoder's under a few-label probe?
 
-    python examples/levjepa_clips.py --seeds 0 1 2 --epochs 4   # the table of docs/pretraining.md
-    python examples/levjepa_clips.py --seeds 0 --epochs 1     # one short epoch, to time it
+    python examples/levjepa_clips.py --seeds 0 1 2 --epochs 4        # the table of docs/pretraining.md
+    python examples/levjepa_clips.py --nd --seeds 0 1 2 --epochs 4   # the same with LeVJEPAND (levjepa_nd)
+    python examples/levjepa_clips.py --seeds 0 --epochs 1          # one short epoch, to time it
 
 LeVJEPA (`vit_pytorch.levjepa`, arXiv 2608.27395) claims that its objective (LeJEPA's prediction loss between a
 clip's global view and its local views, SIGReg, 95 % of the patch tokens dropped) pre-trains useful video
@@ -24,6 +25,14 @@ features, scikit-learn's L-BFGS). The baseline is the same encoder at its random
 untrained), so the difference is paired per seed. `--supervised-epochs N` adds the same encoder trained from that
 initialisation with a linear head on the labelled clips alone (cross-entropy, every token kept, N epochs).
 
+`--nd` pre-trains the same encoder as `vit_pytorch.levjepa_nd`'s `NDTransformer` over (frames, rows, columns),
+causal along the frames (the same layers, initialised from the same draws as the `VideoTransformer`: the same
+function on the same weights), with `LeVJEPAND`: its source view is LeVJEPA's global view and its
+`--local-views` target views LeVJEPA's local views, made by `levjepa`'s own crop and augmentations (`ClipView`),
+but at 32 pixels: the `NDTransformer` takes inputs of one shape, so the local crops are resized to 32, not 16
+(`--local-size 32` gives LeVJEPA the same). LeVJEPAND encodes all the views of a batch as one batch where LeVJEPA
+encodes the global and the local views apart; the probes, the seeds and the random-init baseline are the same.
+
 Prints, per seed, the pre-training loss per epoch and every probe's test accuracy, then the table (mean +- sample
 std over the seeds) and the paired differences pre-trained - random. Needs scikit-learn.
 """
@@ -38,14 +47,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vit_pytorch import levjepa
 from vit_pytorch.clips import moving_digits
 from vit_pytorch.levjepa import LeVJEPA, VideoTransformer
+from vit_pytorch.levjepa_nd import LeVJEPAND, NDTransformer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from label_efficiency import knn_accuracy  # noqa: E402
 
 TASKS = ('digit', 'direction')
 ENCODER = dict(image_size=32, patch_size=4, frames=8, channels=3, dim=64, depth=4, heads=4, dim_head=16, mlp_dim=128)
+# LeVJEPA's views (its defaults), for LeVJEPA and for LeVJEPAND's ClipViews alike
+VIEWS = dict(global_crop_scale=(0.8, 1.0), local_crop_scale=(0.02, 0.4), crop_ratio_range=(0.75, 1.3333))
+# the learners' shared settings: a BatchNorm projector 256 wide to 64, SIGReg with 256 directions and 17 knots
+LEARNER = dict(num_classes_K=64, projection_hidden=256, sigreg_loss_kwargs=dict(num_proj=256, knots=17))
 
 
 def clips(split, count=None):
@@ -58,11 +73,47 @@ def clips(split, count=None):
     return videos.expand(-1, 3, -1, -1, -1), {task: clips.labels for task, clips in by_task.items()}
 
 
-def make_learner(seed, *, local_views, drop_ratio):
+def make_encoder(nd=False):
+    """The example's encoder: a `VideoTransformer`, or with `nd` the same as a 3-D `NDTransformer` (patches of one
+    frame by 4 x 4 pixels, causal along the frames), which builds the same parameters in the same order."""
+    if not nd:
+        return VideoTransformer(**ENCODER)
+    sizes = {key: ENCODER[key] for key in ('channels', 'dim', 'depth', 'heads', 'dim_head', 'mlp_dim')}
+    return NDTransformer(ndim=3, input_shape=(ENCODER['frames'], ENCODER['image_size'], ENCODER['image_size']),
+                         patch_size=(1, ENCODER['patch_size'], ENCODER['patch_size']), causal_dims=(0,), **sizes)
+
+
+class ClipView(nn.Module):
+    """One of LeVJEPA's views of clips (b, c, t, h, w) as a LeVJEPAND augmentation: `levjepa.video_crop` (a random
+    resized crop of `scale` per clip, resized to `size`, flipped left-right with `augment.hflip`'s probability 0.5,
+    as LeVJEPA's local views), then `augment` (`levjepa.NormalizeVideo` or `levjepa.PhotometricAugment`)."""
+
+    def __init__(self, size, scale, augment):
+        super().__init__()
+        self.size, self.scale, self.augment = size, scale, augment
+        self.flip_p = 0.5 if getattr(augment, 'hflip', False) else 0.
+
+    def forward(self, video):
+        return self.augment(levjepa.video_crop(video, self.size, self.scale, VIEWS['crop_ratio_range'],
+                                               flip_p=self.flip_p))
+
+
+def make_learner(seed, *, local_views, drop_ratio, nd=False, local_size=None):
+    """LeVJEPA (local views of `local_size`, 16 by default) or with `nd` LeVJEPAND with LeVJEPA's views at 32
+    pixels, on `make_encoder(nd)` initialised by `seed`."""
     torch.manual_seed(seed)
-    encoder = VideoTransformer(**ENCODER)
-    return LeVJEPA(encoder, image_size=32, local_size=16, num_local_views=local_views, num_classes_K=64,
-                   projection_hidden=256, drop_ratio=drop_ratio, sigreg_loss_kwargs=dict(num_proj=256, knots=17))
+    encoder = make_encoder(nd)
+    size = ENCODER['image_size']
+    if not nd:
+        return LeVJEPA(encoder, image_size=size, local_size=local_size or 16, num_local_views=local_views,
+                       drop_ratio=drop_ratio, **VIEWS, **LEARNER)
+    if local_size not in (None, size):
+        raise ValueError(f"local_size must be {size} (or None) with nd: the NDTransformer takes clips of one shape, "
+                         f"got {local_size}")
+    source = ClipView(size, VIEWS['global_crop_scale'], levjepa.NormalizeVideo())
+    target = ClipView(size, VIEWS['local_crop_scale'], levjepa.PhotometricAugment())
+    return LeVJEPAND(encoder, input_shape=encoder.input_shape, augment_src=source, augment_tgt=target,
+                     num_target_aug_views=local_views, drop_ratio=drop_ratio, **LEARNER)
 
 
 def pretrain(learner, videos, *, epochs, batch_size, lr, seed, log=print):
@@ -159,7 +210,8 @@ def run_seed(seed, args, data, log=print):
     """{(start, task, probe): test accuracy} for one seed, and the pre-training's history."""
     pretrain_videos, train_videos, train_labels, test_videos, test_labels = data
     subsets = {task: labelled_subset(train_labels[task], args.labels, seed) for task in TASKS}
-    learner = make_learner(seed, local_views=args.local_views, drop_ratio=args.drop_ratio)
+    learner = make_learner(seed, local_views=args.local_views, drop_ratio=args.drop_ratio, nd=args.nd,
+                           local_size=args.local_size)
     initial = {k: v.clone() for k, v in learner.encoder.state_dict().items()}
 
     scores = {}
@@ -169,17 +221,21 @@ def run_seed(seed, args, data, log=print):
     history = pretrain(learner, pretrain_videos, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                        seed=seed, log=log)
     trained_scores = probe_all(learner.encoder, train_videos, train_labels, test_videos, test_labels, subsets)
-    scores.update({('LeVJEPA', *key): value for key, value in trained_scores.items()})
+    scores.update({(method_name(args), *key): value for key, value in trained_scores.items()})
 
     if args.supervised_epochs:
         for task in TASKS:
-            encoder = VideoTransformer(**ENCODER)
+            encoder = make_encoder(args.nd)
             encoder.load_state_dict(initial)
             index = subsets[task]
             scores[('supervised', task, 'fine-tuned')] = supervised_accuracy(
                 encoder, train_videos[index], train_labels[task][index], test_videos, test_labels[task],
                 epochs=args.supervised_epochs, lr=args.supervised_lr, seed=seed)
     return scores, history
+
+
+def method_name(args):
+    return 'LeVJEPAND' if args.nd else 'LeVJEPA'
 
 
 def spread(values):
@@ -196,6 +252,10 @@ def make_parser():
     parser.add_argument('--batch-size', type=int, default=64)
     parser.add_argument('--lr', type=float, default=1e-3)
     parser.add_argument('--local-views', type=int, default=4)
+    parser.add_argument('--local-size', type=int, default=None,
+                        help="the local views' size in pixels (default: 16; with --nd 32, the only one it takes)")
+    parser.add_argument('--nd', action='store_true',
+                        help="pre-train with levjepa_nd's LeVJEPAND on a 3-D NDTransformer, LeVJEPA's views at 32")
     parser.add_argument('--drop-ratio', type=float, default=0.95)
     parser.add_argument('--labels', type=int, default=10, help='labelled clips per class (default: %(default)s)')
     parser.add_argument('--supervised-epochs', type=int, default=0,
@@ -242,15 +302,16 @@ def main(argv=None):
     print(f"\n| start | probe | digit (10 classes, {args.labels} labels each) | direction (8 classes, "
           f"{args.labels} labels each) |")
     print("|---|---|---|---|")
-    rows = sorted({key[::2] for key in results}, key=lambda row: (['random init', 'LeVJEPA', 'supervised']
+    method = method_name(args)
+    rows = sorted({key[::2] for key in results}, key=lambda row: (['random init', method, 'supervised']
                                                                    .index(row[0]), row[1]))
     for start, probe in rows:
         cells = [spread(results[(start, task, probe)]) if (start, task, probe) in results else '' for task in TASKS]
         print(f"| {start} | {probe} | " + ' | '.join(cells) + ' |')
-    print("\npaired differences, LeVJEPA - random init (points, per seed):")
+    print(f"\npaired differences, {method} - random init (points, per seed):")
     for task in TASKS:
         for probe in ('5-NN', 'linear'):
-            differences = [a - b for a, b in zip(results[('LeVJEPA', task, probe)],
+            differences = [a - b for a, b in zip(results[(method, task, probe)],
                                                  results[('random init', task, probe)])]
             print(f"  {task} {probe}: " + ' '.join(f"{100 * d:+.1f}" for d in differences)
                   + f"  (mean {spread(differences)})")

@@ -112,6 +112,26 @@ def test_levjepa_clips_labelled_subset_takes_that_many_clips_of_every_class():
     assert len(first.unique()) == 21 and labels[first].bincount().tolist() == [3] * 7
 
 
+def test_levjepa_clips_nd_is_levjepa_with_local_views_of_the_full_size():
+    # --nd (LeVJEPAND on the 3-D NDTransformer, LeVJEPA's views through ClipView) against the library's LeVJEPA
+    # with local views of 32 (--local-size 32): the same initial weights, and on the same draws the same loss and
+    # encoder gradient (the two encode the views in one batch or in two; only float rounding may differ)
+    module = example('levjepa_clips')
+    clips = torch.rand(6, 3, 8, 32, 32, generator=torch.Generator().manual_seed(0))
+    learners = [module.make_learner(0, local_views=2, drop_ratio=0.9, nd=nd, local_size=32) for nd in (False, True)]
+    states = [learner.state_dict() for learner in learners]
+    assert states[0].keys() == states[1].keys() and all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+    losses, gradients = [], []
+    for learner in learners:
+        torch.manual_seed(1)
+        loss = learner(clips)
+        loss.backward()
+        losses.append(loss)
+        gradients.append(torch.cat([p.grad.flatten() for p in learner.encoder.parameters()]))
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=0)
+    torch.testing.assert_close(gradients[1], gradients[0], rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.slow
 def test_levjepa_clips_pretraining_lowers_its_loss_and_the_probe_beats_chance():
     # the loss on a fixed batch of the training's size (32: SIGReg grows with N), views, dropped tokens and SIGReg
