@@ -373,6 +373,27 @@ def test_vit_pytorchs_checkpoint_is_refused_where_a_layer_samples(schedule, alwa
     assert all(torch.equal(plain.state_dict()[key], value) for key, value in state_dict.items())
 
 
+def test_dropping_the_empty_slots_would_change_the_next_sample():
+    # why every sampling layer keeps K slots (docs/performance.md): the sampler's k = min(K, n - 1) and its min-max
+    # normalisation read the slot count and whether a slot is empty, so the same real tokens with the empty slots
+    # removed keep other tokens; padded to a batch's largest count, an image's sample would depend on its batch mates
+    generator = torch.Generator().manual_seed(0)
+    changed = 0
+    for _ in range(200):
+        attn, values = torch.rand(1, 2, 13, generator=generator), torch.randn(1, 2, 13, 4, generator=generator)
+        empty = torch.zeros(13, dtype=torch.bool)
+        empty[torch.randperm(12, generator=generator)[:3] + 1] = True
+        attn = attn.masked_fill(empty, 0.)
+        attn = attn / attn.sum(dim=-1, keepdim=True)
+        ids, keep = AdaptiveTokenSampling(8)(attn, values)
+        real = (~empty).nonzero().squeeze(1)
+        compact_ids, compact_keep = AdaptiveTokenSampling(8)(attn[..., real], values[:, :, real])
+        kept = set(ids[keep].tolist())
+        assert not kept & set(empty.nonzero().squeeze(1).tolist())        # an empty slot is never kept
+        changed += kept != set(real[compact_ids[compact_keep]].tolist())
+    assert changed > 100
+
+
 # clear errors
 
 
