@@ -15,6 +15,13 @@
 
 Every run goes through the commands' main(argv), in this process, one at a time; a run whose log is
 complete is not run again, so an interrupted table continues where it stopped.
+
+`--model NAME` runs the same protocol on another network of the commands (the trainer's small size of it), e.g.
+
+    python examples/label_efficiency.py --model swin --methods esvit dino --out runs/label_efficiency-swin
+
+`--model` reaches the pre-training and the from-scratch fine-tuning; a fine-tuning from a checkpoint takes its
+network from there, and the k-NN's random network is built from the pre-trained checkpoints' configuration.
 """
 
 import argparse
@@ -84,6 +91,8 @@ def summary(values):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--out', default='runs/label_efficiency', help='folder of every run and the results')
+    parser.add_argument('--model', default=None,
+                        help="the network of the commands, e.g. swin (default: theirs, the trainer's small ViT)")
     parser.add_argument('--methods', nargs='+', default=list(METHODS), choices=METHODS)
     parser.add_argument('--pretrain-epochs', type=int, default=30, help='MAE, SimMIM, MPP and MP3')
     parser.add_argument('--dino-epochs', type=int, default=15, help='DINO and EsViT (5 views an image, so 5x the cost)')
@@ -100,6 +109,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     out = Path(args.out)
     common = ['--threads', args.threads] + (['--quiet'] if args.quiet else [])
+    model = [] if args.model is None else ['--model', args.model]
 
     checkpoints = {'scratch': None}
     for method in args.methods:
@@ -107,7 +117,8 @@ def main(argv=None):
         folder = out / f'pretrain-{method}'
         print(f"pre-training {method} for {epochs} epochs", flush=True)
         recipe = ['--lr', args.dino_lr, *shlex.split(args.dino_args)] if method in DINO_RECIPE else []
-        run_once(pretrain, folder, epochs, ['--method', method, '--epochs', epochs, '--seed', 0, *recipe, *common])
+        run_once(pretrain, folder, epochs, ['--method', method, *model, '--epochs', epochs, '--seed', 0, *recipe,
+                                            *common])
         checkpoints[method] = folder / 'checkpoint'
 
     results = {}
@@ -115,7 +126,7 @@ def main(argv=None):
         for fraction in args.fractions:
             for seed in args.seeds:
                 folder = out / f'finetune-{start}-{fraction:g}-seed{seed}'
-                init = [] if checkpoint is None else ['--init', checkpoint]
+                init = model if checkpoint is None else ['--init', checkpoint]
                 log = run_once(train, folder, args.finetune_epochs,
                                [*init, '--label-fraction', fraction, '--epochs', args.finetune_epochs,
                                 '--batch-size', 32, '--seed', seed, '--no-plots', *common])

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from helpers import digits_batch, tiny_vit_kwargs
 from vit_pytorch import SimpleViT, ViT
 from vit_pytorch.cait import CaiT
+from vit_pytorch.swin import SwinTransformer
 from vit_pytorch.dino import (Dino, MultiCrop, collapse_entropies, color_jitter, gaussian_blur, random_grayscale,
                               random_resized_crop, random_solarize, rotate_hue)
 
@@ -259,6 +260,17 @@ def test_trains_every_model_of_the_package(build):
     step(learner, torch.rand(2, 3, 16, 24), torch.optim.AdamW(learner.parameters(), lr=1e-3))
     embedding = learner(torch.rand(2, 3, 16, 24), return_embedding=True, return_projection=False)
     assert embedding.shape == (2, learner.student.head.mlp[0].in_features)
+
+
+def test_trains_swin_which_names_its_channels_in_chans():
+    """Swin (timm's face) has `in_chans`, not `channels`: DINO reads it, probes with that many channels, trains."""
+    net = SwinTransformer(img_size=16, patch_size=2, in_chans=1, num_classes=10, embed_dim=16, depths=(1, 1),
+                          num_heads=(2, 4), window_size=4)
+    assert not hasattr(net, 'channels')
+    learner = tiny_dino(net, image_size=16)
+    step(learner, torch.rand(2, 1, 16, 16), torch.optim.AdamW(learner.parameters(), lr=1e-3))
+    embedding = learner(torch.rand(2, 1, 16, 16), return_embedding=True, return_projection=False)
+    assert embedding.shape == (2, 32) == (2, learner.student.head.mlp[0].in_features)   # 16 doubled by 1 merge
 
 
 def test_the_student_learns_to_match_a_fixed_teacher_on_digits():

@@ -157,3 +157,42 @@ def test_levjepa_clips_pretraining_lowers_its_loss_and_the_probe_beats_chance():
     subsets = {task: module.labelled_subset(train_labels[task], 5, 0) for task in module.TASKS}
     scores = module.probe_all(learner.encoder, train_videos, train_labels, test_videos, test_labels, subsets)
     assert scores[('digit', 'linear')] > 0.2
+
+
+class _StopBeforeKnn(Exception):
+    pass
+
+
+@pytest.mark.parametrize('model', [None, 'swin'])
+def test_label_efficiency_passes_model_to_the_pretraining_and_the_scratch_fine_tuning(monkeypatch, tmp_path, model):
+    """--model reaches `pretrain` and the from-scratch `train` argv; a fine-tuning from a checkpoint takes its network
+    from --init alone; without --model the argv are those of the ViT table (no --model at all)."""
+    module = example('label_efficiency')
+    calls = []
+
+    def run_once(command, folder, epochs, argv):
+        calls.append((command.__name__.rsplit('.', 1)[-1], Path(folder).name, [str(arg) for arg in argv]))
+        return [{'test_accuracy': 0.5}] * epochs
+
+    def load_digits(*args, **kwargs):
+        raise _StopBeforeKnn
+    monkeypatch.setattr(module, 'run_once', run_once)
+    monkeypatch.setattr(module, 'load_digits', load_digits)
+    argv = ['--methods', 'esvit', 'dino', '--seeds', '0', '--fractions', '0.1', '--out', str(tmp_path)]
+    with pytest.raises(_StopBeforeKnn):
+        module.main(argv + ([] if model is None else ['--model', model]))
+
+    def model_of(args):
+        return args[args.index('--model') + 1] if '--model' in args else None
+    by_folder = {folder: (command, args) for command, folder, args in calls}
+    assert sorted(by_folder) == ['finetune-dino-0.1-seed0', 'finetune-esvit-0.1-seed0', 'finetune-scratch-0.1-seed0',
+                                 'pretrain-dino', 'pretrain-esvit']
+    for method in ('esvit', 'dino'):
+        command, args = by_folder[f'pretrain-{method}']
+        assert command == 'pretrain' and args[args.index('--method') + 1] == method
+        assert model_of(args) == model
+        command, args = by_folder[f'finetune-{method}-0.1-seed0']
+        assert command == 'train' and model_of(args) is None
+        assert Path(args[args.index('--init') + 1]) == tmp_path / f'pretrain-{method}' / 'checkpoint'
+    command, args = by_folder['finetune-scratch-0.1-seed0']
+    assert command == 'train' and '--init' not in args and model_of(args) == model

@@ -26,8 +26,8 @@ then a weight-normalised linear layer to K outputs (4 linear layers: `projection
     embedding = learner.teacher.embed(images)           # (8, 64): the teacher's pre-logits features
 
 The network is used only through the face every model of the package has: `forward_features`,
-`forward_head(tokens, pre_logits=True)` (the embedding) and `channels`; so DINO trains `ViT`,
-`SimpleViT` and every variant (CaiT, Swin, ...). Crops smaller than `image_size`
+`forward_head(tokens, pre_logits=True)` (the embedding) and `channels` (or timm's `in_chans`, as
+Swin has); so DINO trains `ViT`, `SimpleViT` and every variant (CaiT, Swin, ...). Crops smaller than `image_size`
 (`local_image_size`, the paper's 96 pixels for 224) need a model that takes other sizes
 (`SimpleViT`, `ViT(dynamic_image_size=True)`); by default every crop has the size of the model, and
 there are 2 local crops (the paper's multi-crop: `num_local_crops=6, local_image_size=96` at 224).
@@ -309,10 +309,15 @@ def get_module_device(module):
     return parameter.device
 
 
+def input_channels(net):
+    """The network's input channels: `channels`, or timm's `in_chans` (Swin's); None if it has neither."""
+    return getattr(net, 'channels', getattr(net, 'in_chans', None))
+
+
 def embedding_width(net, image_size):
     """The width of `net`'s pre-logits embedding, from one image (in eval mode, without gradients)."""
     parameter = next(net.parameters(), None)
-    probe = torch.zeros(1, net.channels, *image_size, device=None if parameter is None else parameter.device,
+    probe = torch.zeros(1, input_channels(net), *image_size, device=None if parameter is None else parameter.device,
                         dtype=None if parameter is None else parameter.dtype)
     modes = {module: module.training for module in net.modules()}
     net.eval()
@@ -417,14 +422,15 @@ def random_solarize(x, p, threshold=0.5):
 
 
 def check_arguments(*, net, hidden_layer, **settings):
-    missing = [name for name in ('forward_features', 'forward_head', 'channels') if not hasattr(net, name)]
+    missing = [name for name in ('forward_features', 'forward_head') if not hasattr(net, name)]
+    missing += [] if input_channels(net) is not None else ['channels or in_chans']
     if missing:
         raise TypeError(f"net must be a model of this package (forward_features, forward_head(pre_logits=True), "
-                        f"channels); {type(net).__name__} has no {', '.join(missing)}")
+                        f"channels or in_chans); {type(net).__name__} has no {', '.join(missing)}")
     if hidden_layer not in ('to_latent', -2):
         raise ValueError(f"hidden_layer must be 'to_latent' (or -2): the embedding is the pooled pre-logits "
                          f"features from forward_head(..., pre_logits=True), got {hidden_layer!r}")
-    check_training_arguments(channels=net.channels, **settings)
+    check_training_arguments(channels=input_channels(net), **settings)
 
 
 def check_training_arguments(*, image_size, projection_hidden_size, num_classes_K, projection_layers,

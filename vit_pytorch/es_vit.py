@@ -284,9 +284,8 @@ class MatchedCrossEntropy(torch.autograd.Function):
         return target.mul_(-grad / target[..., 0].numel()), None, None
 
 
-def input_channels(net):
-    """The network's input channels: `channels`, or timm's `in_chans` (Swin's)."""
-    return getattr(net, 'channels', getattr(net, 'in_chans', None))
+# the network's input channels: `channels`, or timm's `in_chans` (Swin's)
+input_channels = dino.input_channels
 
 
 def region_width(net, image_size):
