@@ -8,6 +8,7 @@
     python examples/digits_claims.py blocks2 --seeds 0 1 2 3 4 --epochs 10 --out runs/claims_blocks2
     python examples/digits_claims.py blocks2 --seeds 0 1 2 3 4 --epochs 30 --out runs/claims30_blocks2
     python examples/digits_claims.py blocks3 --seeds 0 1 2 3 4 --epochs 10 --out runs/claims_blocks3
+    python examples/digits_claims.py blocks3 --seeds 0 1 2 3 4 --epochs 30 --out runs/claims30_blocks3
     python examples/digits_claims.py detpool --seeds 0 1 2 3 4 --epochs 10 --out runs/claims_detpool
     python examples/digits_claims.py detpool --seeds 0 1 2 3 4 --epochs 30 --out runs/claims30_detpool
 
