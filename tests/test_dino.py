@@ -1,6 +1,7 @@
 """DINO (arXiv 2104.14294): the teacher has no gradient and follows the EMA formula, centring and sharpening,
 the loss over views, the multi-crop augmentations, every model of the package, vit-pytorch's README example."""
 
+import copy
 import math
 
 import pytest
@@ -181,6 +182,28 @@ def test_the_head_keeps_no_rows_by_outputs_product_for_many_rows_and_computes_th
     unit = F.normalize(head.last_layer.weight, dim=-1)
     torch.testing.assert_close(many, F.normalize(head.mlp(x), dim=-1) @ unit.T)
     torch.testing.assert_close(torch.cat([head(x[b, :2]) for b in range(3)]), many[:, :2].flatten(0, 1))
+
+
+def test_the_head_without_autograd_gives_the_same_logits_to_the_bit():
+    # without a graph (inference, the teacher) the product is divided by the row norms in place: the same quotient
+    from vit_pytorch.dino import ProjectionHead
+
+    torch.manual_seed(0)
+    head = ProjectionHead(8, 64, 16, 4, 2)
+    with torch.no_grad():
+        head.last_layer.weight.mul_(torch.rand(64, 1) * 10)
+    x = torch.randn(2, 2, 8)                                                 # 4 rows <= 4: the division
+    expected = F.normalize(head.mlp(x), dim=-1) @ head.last_layer.weight.T / head.last_layer.weight.norm(dim=-1)
+    recorded = head(x)
+    assert recorded.grad_fn is not None
+    with torch.no_grad():
+        plain = head(x)
+    with torch.inference_mode():
+        inference = head(x)
+    frozen = copy.deepcopy(head).requires_grad_(False)
+    for logits in (plain, inference, frozen(x)):
+        torch.testing.assert_close(logits, recorded, atol=0, rtol=0)
+    torch.testing.assert_close(recorded, expected)
 
 
 # views
