@@ -349,14 +349,8 @@ def build_vat_siglip(tiny):
     return row, reference
 
 
-def step_script(name):
-    """benchmarks/`name`.py (es_vit_step, lejepa_step): the row reuses its trainers."""
-    import importlib
-    return importlib.import_module(name)
-
-
 def build_es_vit(tiny):
-    es_vit_step = step_script('es_vit_step')
+    import es_vit_step          # benchmarks/es_vit_step.py (on the path above): the row reuses its trainers
     cvt = tiny_or(tiny, es_vit_step.README, dict(
         num_classes=10, s1_emb_dim=8, s1_emb_kernel=3, s1_emb_stride=2, s1_proj_kernel=3, s1_kv_proj_stride=2,
         s1_heads=1, s1_depth=1, s2_emb_dim=16, s2_emb_kernel=3, s2_emb_stride=2, s2_proj_kernel=3, s2_kv_proj_stride=2,
@@ -383,7 +377,7 @@ def build_es_vit(tiny):
 
 
 def build_lejepa(tiny):
-    lejepa_step = step_script('lejepa_step')
+    import lejepa_step          # benchmarks/lejepa_step.py: the row reuses its learners
     net = tiny_or(tiny, lejepa_step.NET, dict(image_size=16, patch_size=8, num_classes=10, dim=16, depth=1, heads=2,
                                               dim_head=8, mlp_dim=32))
     learner = tiny_or(tiny, lejepa_step.LEARNER, dict(image_size=16, projection_hidden_size=16, projection_layers=2,

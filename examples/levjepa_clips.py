@@ -84,18 +84,17 @@ def make_encoder(nd=False):
 
 
 class ClipView(nn.Module):
-    """One of LeVJEPA's views of clips (b, c, t, h, w) as a LeVJEPAND augmentation: `levjepa.video_crop` (a random
-    resized crop of `scale` per clip, resized to `size`, flipped left-right with `augment.hflip`'s probability 0.5,
-    as LeVJEPA's local views), then `augment` (`levjepa.NormalizeVideo` or `levjepa.PhotometricAugment`)."""
+    """One of LeVJEPA's views of clips (b, c, t, h, w) as a LeVJEPAND augmentation: `levjepa.augmented_view`, the
+    function LeVJEPA makes its views with (a random resized crop of `scale` per clip, resized to `size`, flipped
+    left-right where `augment` flips, as LeVJEPA's local views, then `augment`: `levjepa.NormalizeVideo` or
+    `levjepa.PhotometricAugment`)."""
 
     def __init__(self, size, scale, augment):
         super().__init__()
         self.size, self.scale, self.augment = size, scale, augment
-        self.flip_p = 0.5 if getattr(augment, 'hflip', False) else 0.
 
     def forward(self, video):
-        return self.augment(levjepa.video_crop(video, self.size, self.scale, VIEWS['crop_ratio_range'],
-                                               flip_p=self.flip_p))
+        return levjepa.augmented_view(video, self.size, self.scale, VIEWS['crop_ratio_range'], self.augment)
 
 
 def make_learner(seed, *, local_views, drop_ratio, nd=False, local_size=None):

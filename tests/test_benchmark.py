@@ -569,18 +569,8 @@ def test_a_failing_reference_is_stated_and_the_others_are_still_measured(through
     assert reference is None and why == 'failed: AssertionError: Tensor-likes are not close!'
 
 
-def run_tiny(throughput, names):
-    args = throughput.parse_args(['--registry', names, '--tiny', '--rounds', '1', '--seconds', '0', '--batches', '1,2',
-                                  '--train-batch', '2', '--memory', '0', '--threads', '1'])
-    threads = torch.get_num_threads()
-    try:
-        return throughput.bench_registry(args, log=lambda msg: None)
-    finally:
-        torch.set_num_threads(threads)
-
-
 def test_merging_keeps_the_later_runs_rows(throughput, sample_results, tmp_path):
-    later = run_tiny(throughput, 'vit,swin')
+    later = tiny_run(throughput, 'vit,swin')
     first, second = tmp_path / 'all.json', tmp_path / 'two.json'
     first.write_text(json.dumps(as_run(sample_results, 'the whole registry')))
     second.write_text(json.dumps(as_run(later, 'vit and swin again')))
@@ -682,7 +672,7 @@ def test_each_pair_is_freed_before_the_next_is_built(throughput, monkeypatch):
         return result
 
     monkeypatch.setattr(throughput, 'registry_workload', tracked)
-    result = run_tiny(throughput, 'vit,simple_vit,cait')
+    result = tiny_run(throughput, 'vit,simple_vit,cait')
     assert result['models'] == ['vit', 'simple_vit', 'cait']
     # none of the models built before is alive when the next one is built
     assert alive_at_build == [[], [False], [False, False]]

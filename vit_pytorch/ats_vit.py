@@ -304,9 +304,9 @@ def vit_pytorch_plan(model, keys):
     where no layer of `model` samples (every K at least the patch count, `always_sample=False`): the two compute
     the same function there. A model in which a layer samples is refused: vit-pytorch's sampling is another
     function (see the module's docstring)."""
+    # some layer samples iff one would at the full token count: the first that samples receives every token
     patches = math.prod(model.grid_size)
-    budgets = [k for k in model.max_tokens_per_depth if k is not None]
-    if (model.always_sample and budgets) or any(k < patches for k in budgets):
+    if any(attention.samples(1 + patches) for attention, _ in model.transformer.layers):
         raise ValueError(
             f"vit-pytorch's ATS samples other tokens than the paper's: a Gumbel-max draw from each head's cls "
             f"attention weighed by that head's value norms, a new random set on every call, where this ViT takes the "

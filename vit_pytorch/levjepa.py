@@ -225,6 +225,13 @@ def video_crop(video, size, scale, ratio, flip_p=0.):
     return rearrange(cropped, 'b (c t) h w -> b c t h w', t=frames)
 
 
+def augmented_view(video, size, scale, ratio, augment):
+    """A view of each clip: `video_crop` of `scale` resized to `size`, flipped left-right with probability 0.5 where
+    `augment` flips (its `hflip`, as PhotometricAugment's), then `augment`."""
+    flip = 0.5 if getattr(augment, 'hflip', False) else 0.
+    return augment(video_crop(video, size, scale, ratio, flip_p=flip))
+
+
 class LeVJEPA(nn.Module):
     """`forward(video)` returns the loss of one step (with `return_loss_breakdown=True`, also its
     `LeVJEPALosses(invariance_loss, sigreg_loss)`, weighted); `return_embedding=True` the encoder's cls token
@@ -253,13 +260,11 @@ class LeVJEPA(nn.Module):
 
     def views(self, video):
         """(global view (b, c, t, h, w), local views (b * num_local_views, c, t, h', w'), clip by clip)."""
-        global_view = self.global_augment(video_crop(video, self.image_size, self.global_crop_scale,
-                                                     self.crop_ratio_range))
+        global_view = augmented_view(video, self.image_size, self.global_crop_scale, self.crop_ratio_range,
+                                     self.global_augment)
         local = repeat(video, 'b c t h w -> (b v) c t h w', v=self.num_local_views)
-        flip = 0.5 if getattr(self.local_augment, 'hflip', False) else 0.
-        local = self.local_augment(video_crop(local, self.local_size, self.local_crop_scale, self.crop_ratio_range,
-                                              flip_p=flip))
-        return global_view, local
+        return global_view, augmented_view(local, self.local_size, self.local_crop_scale, self.crop_ratio_range,
+                                           self.local_augment)
 
     def project(self, global_view, local_views):
         """The projections (b, 1 + num_local_views, K) of the views, the global one first."""
