@@ -144,7 +144,8 @@ def test_an_images_stream_never_shrinks_under_the_global_update_though_a_token_m
 def test_in_float32_the_global_projection_in_double_precision_is_orthogonal_to_float32_rounding():
     """As per token: rounding the exact update moves each entry by at most 2^-24 of itself, so its cosine with the
     image's stream stays below 6e-8, even for a branch output nearly parallel to the stream (3 x plus noise of
-    1e-3, on entries of about 10), whose small orthogonal part a float32 projection loses to cancellation (cosine 1e-3 here)."""
+    1e-3, on entries of about 10), whose small orthogonal part a float32 projection loses to cancellation (a cosine
+    of 1e-3 here)."""
     generator = torch.Generator().manual_seed(0)
     stream = torch.randn(2, 12, 32, generator=generator) * 10 + 3
     branch_out = 3 * stream + 1e-3 * torch.randn(2, 12, 32, generator=generator)
