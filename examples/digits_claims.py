@@ -7,6 +7,7 @@
     python examples/digits_claims.py tokens2 --seeds 0 1 2 3 4 --epochs 30 --out runs/claims30_tokens2
     python examples/digits_claims.py blocks2 --seeds 0 1 2 3 4 --epochs 10 --out runs/claims_blocks2
     python examples/digits_claims.py blocks2 --seeds 0 1 2 3 4 --epochs 30 --out runs/claims30_blocks2
+    python examples/digits_claims.py orthog --seeds 0 1 2 3 4 --epochs 10 --out runs/claims_orthog
     python examples/digits_claims.py blocks3 --seeds 0 1 2 3 4 --epochs 10 --out runs/claims_blocks3
     python examples/digits_claims.py blocks3 --seeds 0 1 2 3 4 --epochs 30 --out runs/claims30_blocks3
     python examples/digits_claims.py detpool --seeds 0 1 2 3 4 --epochs 10 --out runs/claims_detpool
@@ -50,6 +51,9 @@ digits after every epoch. The models are the trainer's small ones (patch 4, so 1
                 (arXiv 2209.12152, a diffusion backbone: only a stand-in check that the skips do not hurt a
                 classifier; no registers); and LocalViT (arXiv 2104.05707: locality helps, most on small data)
                 against the ViT it modifies (`vit`, cls token).
+  orthog        orthogonal residual updates (arXiv 2505.11881: more stable, faster) per token (`feature`, the
+                paper's ViT update and vit-pytorch's) against `simple_vit`, and per image (`global`, the official
+                code's other option: one projection over all the tokens and channels of an image) against them.
   blocks3       modern and normalized blocks against the ViT they modify (`vit`, cls token): ViT-5 (arXiv
                 2602.08071: a better modern block; `vit_5`), RvT (rotary positions, RoFormer's RoPE, arXiv
                 2104.09864, made axial, in place of the position table, with vit-pytorch's depthwise-convolution
@@ -108,6 +112,7 @@ SPARSITY_WEIGHT = 0.1          # the training command's default --sparsity-aux-l
 TIED_CLS = 'SimpleViT with a cls token (tied)'
 JET_FULL = 'JetViT, full attention (FA) in every layer'
 POST_LN_16 = 'plain post-LN, depth 16 (Keel alpha = 1)'
+ORTHOG_FEATURE = 'orthogonal updates per token (feature)'
 CLUTTER_SIZE, CLUTTER_PIECES, PIECE_SIZE, INK = 24, 3, 8, 0.25
 
 # claim -> [(label, registered name, options beyond the trainer's small configuration, training weight of the
@@ -156,6 +161,12 @@ CLAIMS = {
         ('ViT (cls token)', 'vit', {}, None),
         ('LocalViT', 'local_vit', {}, None),
     ],
+    'orthog': [
+        ('SimpleViT', 'simple_vit', {}, None),
+        (ORTHOG_FEATURE, 'simple_vit_orthog_residual_update', {}, None),
+        ('orthogonal updates per image (global)', 'simple_vit_orthog_residual_update',
+         dict(orthog_residual_update_kwargs=dict(orthogonal_method='global')), None),
+    ],
     'blocks3': [
         ('ViT (cls token)', 'vit', {}, None),
         ('ViT-5', 'vit_5', {}, None),
@@ -177,6 +188,7 @@ AGAINST = {
     'JetViT, 2x2 window attention (WA) in every layer': JET_FULL,
     'LocalViT': 'ViT (cls token)',
     'Keel, depth 16': POST_LN_16,
+    'orthogonal updates per image (global)': ORTHOG_FEATURE,
 }
 
 

@@ -300,10 +300,13 @@ CASES = {
     # the second layer mixes its values with the first's: learned per token and head, or fixed as the paper's 0.5
     'simple_vit_with_value_residual': Case(VIT, IMAGES),
     'simple_vit_with_value_residual[value_residual_mix=0.5]': Case(dict(VIT, value_residual_mix=0.5), IMAGES),
-    # each branch adds its part orthogonal to the stream (in float64), or both parts modulated (learned)
+    # each branch adds its part orthogonal to the stream (in float64), or both parts modulated (learned); per token,
+    # or per image over all 12 tokens and 16 channels (global)
     'simple_vit_orthog_residual_update': Case(VIT, IMAGES),
     'simple_vit_orthog_residual_update[learned]': Case(
         dict(VIT, orthog_residual_update_kwargs=dict(learned=True)), IMAGES),
+    'simple_vit_orthog_residual_update[global]': Case(
+        dict(VIT, orthog_residual_update_kwargs=dict(orthogonal_method='global')), IMAGES),
     # the registered class returns the logits alone unless asked for its loss (the trainer asks: AUX_LOSSES)
     'vit_with_decorr': Case(VIT, IMAGES),
     # a cls token, 2 registers and the 4x3 patches; every token but the cls token turned by its rotary angles; the

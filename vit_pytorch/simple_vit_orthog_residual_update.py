@@ -17,42 +17,53 @@ reports more stable and faster training. A token's stream can then only grow: |x
 `orthog_residual_update_kwargs` as in vit-pytorch 1.26.14 (whose checkpoints load unchanged, same keys):
 `double_precision` (default True) computes the projection in float64 and casts back; `learned=True` (vit-pytorch's
 refinement, not the paper's) adds both parts, each scaled by a sigmoid of a Linear of the branch's output per token.
+Ours also takes `orthogonal_method`, the official code's option: 'feature' (the default, the paper's Orthogonal-F and
+vit-pytorch's update, per token) or 'global' (one projection per image: f - (<f, x> / <x, x>) x with the inner
+products over all the image's tokens and channels, so the update is orthogonal to the image's whole stream, not to
+each token, and only the image's norm is sure to grow).
 Where it differs from vit-pytorch: `orthog_residual_update_kwargs` defaults to None (vit-pytorch: an empty dict, the
-same model); an unknown key or a non-boolean value in that dict is refused by name (vit-pytorch
-passes it on, to a TypeError); and a zero stream token (norm below 1e-12) takes the whole branch output, as
-vit-pytorch's `F.normalize` gives.
+same model); an unknown key, a non-boolean flag or an unknown method in that dict is refused by name (vit-pytorch
+passes it on, to a TypeError); and a zero stream token (norm below 1e-12; for 'global', a zero image) takes the whole
+branch output, as vit-pytorch's `F.normalize` gives.
 """
 
 import functools
 import re
 
-import torch.nn.functional as F
 from torch import nn
 
 from vit_pytorch import simple_vit, vit
 
+ORTHOGONAL_METHODS = ('feature', 'global')     # the official code's names: per token, per image
+
 
 class OrthogonalResidualUpdate(nn.Module):
     """A residual branch `block` whose `forward(x)` returns the update to add to the stream x (b, n, dim): the part
-    of block(x) orthogonal to x per token (`learned`: both parts, each scaled by sigmoid(Linear(block(x))))."""
+    of block(x) orthogonal to x (`learned`: both parts, each scaled by sigmoid(Linear(block(x))) per token), per
+    token (`orthogonal_method='feature'`) or per image, over all its tokens and channels at once ('global')."""
 
-    def __init__(self, block, dim=None, double_precision=True, learned=False):
+    def __init__(self, block, dim=None, double_precision=True, learned=False, *, orthogonal_method='feature'):
         super().__init__()
         if learned and dim is None:
             raise ValueError("dim must be given for a learned orthogonal residual update, got None")
+        if not isinstance(orthogonal_method, str) or orthogonal_method not in ORTHOGONAL_METHODS:
+            raise ValueError(f"orthogonal_method must be one of {ORTHOGONAL_METHODS}, got {orthogonal_method!r}")
         self.block = block
         self.double_precision = double_precision
         self.learned = learned
+        self.orthogonal_method = orthogonal_method
         if learned:
             self.to_modulation = nn.Linear(dim, 2)
 
     def orthog_proj(self, block_out, residual):
-        """(parallel, orthogonal) parts of `block_out` with respect to `residual`, per token; in float64 if asked."""
+        """(parallel, orthogonal) parts of `block_out` with respect to `residual`, per token or per image (the
+        residual flattened over all axes but the batch's); in float64 if asked."""
         dtype = residual.dtype
         if self.double_precision:
             block_out, residual = block_out.double(), residual.double()
-        unit = F.normalize(residual, dim=-1)
-        parallel = (block_out * unit).sum(dim=-1, keepdim=True) * unit
+        axes = -1 if self.orthogonal_method == 'feature' else tuple(range(1, residual.ndim))
+        unit = residual / residual.norm(dim=axes, keepdim=True).clamp_min(1e-12)    # F.normalize over `axes`
+        parallel = (block_out * unit).sum(dim=axes, keepdim=True) * unit
         return parallel.to(dtype), (block_out - parallel).to(dtype)
 
     def forward(self, x):
@@ -80,7 +91,8 @@ class Transformer(vit.Stack):
 
 class SimpleViT(simple_vit.SimpleViT):
     """`vit_pytorch.simple_vit.SimpleViT` (same arguments and methods) whose branches add only their part orthogonal
-    to the stream; `orthog_residual_update_kwargs`: `double_precision` (True), `learned` (False).
+    to the stream; `orthog_residual_update_kwargs`: `double_precision` (True), `learned` (False), `orthogonal_method`
+    ('feature': per token, or 'global': per image).
 
     `forward_features` returns all tokens after the final norm, (b, h * w, dim).
     `num_classes=0` makes `forward` return the pooled embedding (b, dim).
@@ -127,12 +139,17 @@ def check_arguments(*, orthog_residual_update_kwargs, **_):
     if not isinstance(orthog_residual_update_kwargs, dict):
         raise TypeError(f"orthog_residual_update_kwargs must be a dict or None, got "
                         f"{orthog_residual_update_kwargs!r} ({type(orthog_residual_update_kwargs).__name__})")
-    unknown = set(orthog_residual_update_kwargs) - {'double_precision', 'learned'}
+    unknown = set(orthog_residual_update_kwargs) - {'double_precision', 'learned', 'orthogonal_method'}
     if unknown:
-        raise ValueError(f"orthog_residual_update_kwargs takes 'double_precision' and 'learned', got "
-                         f"{sorted(unknown)}")
+        raise ValueError(f"orthog_residual_update_kwargs takes 'double_precision', 'learned' and "
+                         f"'orthogonal_method', got {sorted(unknown)}")
     for name, value in orthog_residual_update_kwargs.items():
-        vit.boolean(f'orthog_residual_update_kwargs[{name!r}]', value)
+        if name == 'orthogonal_method':
+            if not isinstance(value, str) or value not in ORTHOGONAL_METHODS:
+                raise ValueError(f"orthog_residual_update_kwargs['orthogonal_method'] must be one of "
+                                 f"{ORTHOGONAL_METHODS}, got {value!r}")
+        else:
+            vit.boolean(f'orthog_residual_update_kwargs[{name!r}]', value)
 
 
 # loading checkpoints
