@@ -17,6 +17,10 @@ output is one more such mix, then a LayerNorm.
     logits, history = model(img, return_history=True)           # (2, 1000); 1 + 2 * depth outputs (2, 64, 1024)
     logits, _ = model(img, history=history, return_history=True)   # the earlier outputs as more keys and values
 
+    blocks = SimpleViTAttnResidual(image_size=256, patch_size=32, num_classes=1000, dim=1024, depth=6, heads=16,
+                                   mlp_dim=2048, block_size=4)   # Block AttnRes: 12 branches in 3 blocks of 4
+    logits, kept = blocks(img, return_history=True)              # kept: b_0 .. b_3, 4 tensors (2, 64, 1024)
+
 `learned_query=False` (vit-pytorch's option) makes each token's latest output its query instead of w_l. `history`
 (vit-pytorch's): depth outputs of an earlier run put before this run's, so its branches attend over them too.
 
@@ -26,7 +30,8 @@ and MLP alike), fall in blocks of `block_size` in turn. A block's representation
 outputs, b_n = sum_(j in block n) v_j, and the patch tokens are block 0, b_0 = v_0. The i-th branch of block n reads
 the same softmax as above over b_0 .. b_(n-1), and from its second branch on also the block's partial sum
 b_n^(i-1) (the outputs of its first i - 1 branches): keys RMSNorm(b), its own pseudo-query w_l. The stack keeps
-n + 1 tensors instead of every output, and `block_size=1` is Full AttnRes. Sources: the README of the official
+the completed blocks and one partial sum, at most 2 * depth / block_size + 1 tensors, instead of every output; no
+parameter is added, and `block_size=1` is Full AttnRes. Sources: the README of the official
 repository (MoonshotAI/Attention-Residuals: `block_attn_res` stacks the completed blocks and the partial sum,
 keys their RMSNorm, logits against the pseudo-query, a softmax over them; blocks start with the token embedding;
 the partial sum restarts at a boundary) and the paper's Eq. 5-6 as stored summaries quote them. Our choices, as no
