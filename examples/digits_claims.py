@@ -12,6 +12,7 @@
     python examples/digits_claims.py blocks3 --seeds 0 1 2 3 4 --epochs 30 --out runs/claims30_blocks3
     python examples/digits_claims.py detpool --seeds 0 1 2 3 4 --epochs 10 --out runs/claims_detpool
     python examples/digits_claims.py detpool --seeds 0 1 2 3 4 --epochs 30 --out runs/claims30_detpool
+    python examples/digits_claims.py attnres_blocks --seeds 0 1 2 3 4 --epochs 10 --out runs/claims_attnres_blocks
 
 On scikit-learn's digits at 16 pixels (the training command's data and split, 1,347 training and 450 test images),
 with the training command's recipe and epoch loop (`vit_pytorch.training.trials.fit`, the setup of
@@ -68,6 +69,10 @@ digits after every epoch. The models are the trainer's small ones (patch 4, so 1
                 digit's own pixels above 0.25 are its object mask, given as a second channel (so the training
                 shifts move it with the image) that `vit_detpool` takes as `object_mask`, against the same model
                 without it (a ViT with mean pooling; 36 patch tokens).
+  attnres_blocks  Block AttnRes ("Attention Residuals", arXiv 2603.15031: most of Full AttnRes's gain over the
+                plain residual at O(blocks) memory): `simple_vit` against `simple_vit_attn_residual` (Full AttnRes)
+                and the same with `block_size` 2 and 4 (4 blocks of one layer, 2 blocks of two layers; 8 branches),
+                each block model paired with Full AttnRes.
 
 The table gives the test accuracy after given epochs (mean +- sample std over the seeds), the paired difference to
 the first model of the same seed (or to the model `AGAINST` names), the forward FLOPs per image counted by
@@ -175,6 +180,12 @@ CLAIMS = {
         (POST_LN_16, 'vit_with_keel_post_ln', dict(depth=16, keel_residual_scale=1), None),
         ('Keel, depth 16', 'vit_with_keel_post_ln', dict(depth=16), None),
     ],
+    'attnres_blocks': [
+        ('SimpleViT', 'simple_vit', {}, None),
+        ('Full AttnRes', 'simple_vit_attn_residual', {}, None),
+        ('Block AttnRes, 4 blocks of 2 branches', 'simple_vit_attn_residual', dict(block_size=2), None),
+        ('Block AttnRes, 2 blocks of 4 branches', 'simple_vit_attn_residual', dict(block_size=4), None),
+    ],
     'detpool': [
         ('ViT, mean pooling, no mask', 'vit_detpool', dict(channels=1), None),
         ("DetPool, the digit's mask", 'vit_detpool', dict(channels=1), None),
@@ -189,6 +200,8 @@ AGAINST = {
     'LocalViT': 'ViT (cls token)',
     'Keel, depth 16': POST_LN_16,
     'orthogonal updates per image (global)': ORTHOG_FEATURE,
+    'Block AttnRes, 4 blocks of 2 branches': 'Full AttnRes',
+    'Block AttnRes, 2 blocks of 4 branches': 'Full AttnRes',
 }
 
 

@@ -52,6 +52,7 @@ OPTIONAL_NUMBERS = {
     'proj_embed_to_dim',
     'specialize_qkv_depth',     # simple_vit_with_specialized_cls: depth // 3 when None
     'patch_merge_layer',    # the PatchMerger's layer: None merges halfway (depth // 2)
+    'block_size',       # simple_vit_attn_residual: branches a Block AttnRes block, None: Full AttnRes
     'value_residual_mix',   # simple_vit_with_value_residual: None learns the mix per token and head
     'residual_lerp_scale_init',     # normalized_vit: alpha's init, None: 1 / depth
     'keel_residual_scale',      # vit_with_keel_post_ln: alpha, None: the number of sub-layers (2 * depth)
@@ -100,7 +101,7 @@ OPTIONAL_INTS = {
     's2_emb_padding', 's3_emb_padding', 's1_heads', 's2_heads', 's3_heads', 's4_heads', 'dim_head', 'heads',
     'ssa_dim_value', 'iwsa_dim_key', 'iwsa_dim_value', 'frame_padding', 'frame_pooling_padding', 'patch_size',
     'dim', 'channels', 'local_image_size', 'dim_emb', 'time_seq_len', 'proj_embed_to_dim', 'specialize_qkv_depth',
-    'patch_merge_layer', 'input_shape', 'image_size',
+    'patch_merge_layer', 'input_shape', 'image_size', 'block_size',
 }
 # int arguments for which 0 is a valid value, with the reason (every other int argument must refuse 0)
 ZERO_ALLOWED = {

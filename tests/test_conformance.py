@@ -358,6 +358,8 @@ CASES = {
     # every branch reads a softmax over depth of the outputs before it: a learned pseudo-query, or the latest output
     'simple_vit_attn_residual': Case(VIT, IMAGES),
     'simple_vit_attn_residual[learned_query=False]': Case(dict(VIT, learned_query=False), IMAGES),
+    # Block AttnRes: the softmax over blocks of 2 branches (the tokens, one layer's summed outputs) and a partial sum
+    'simple_vit_attn_residual[block_size=2]': Case(dict(VIT, block_size=2), IMAGES),
     # separate query, key and value depth mixes, shared by the heads or one per group of heads and MLP head
     'attn_residual_with_dca_simple_vit': Case(VIT, IMAGES),
     'attn_residual_with_dca_simple_vit[head_groups=2]': Case(dict(VIT, head_groups=2, ffn_heads=2), IMAGES),

@@ -185,7 +185,7 @@ def test_the_mask_channel_comes_back_after_normalisation():
 
 @pytest.mark.slow          # 2 epochs each on the 1,347 digits: 24 s of CPU time for the first three, 40 s for the others
 @pytest.mark.parametrize('claim', ['patch_merger', 'decorr', 'residuals', 'tokens2', 'blocks2', 'orthog', 'blocks3',
-                                   'detpool'])
+                                   'detpool', 'attnres_blocks'])
 def test_the_script_at_a_tiny_size(claim, tmp_path, monkeypatch):
     arguments = [claim, '--seeds', '0', '--epochs', '2', '--out', str(tmp_path), '--quiet']
     lines = digits_claims.main(arguments)

@@ -17,15 +17,37 @@ output is one more such mix, then a LayerNorm.
     logits, history = model(img, return_history=True)           # (2, 1000); 1 + 2 * depth outputs (2, 64, 1024)
     logits, _ = model(img, history=history, return_history=True)   # the earlier outputs as more keys and values
 
+    blocks = SimpleViTAttnResidual(image_size=256, patch_size=32, num_classes=1000, dim=1024, depth=6, heads=16,
+                                   mlp_dim=2048, block_size=4)   # Block AttnRes: 12 branches in 3 blocks of 4
+    logits, kept = blocks(img, return_history=True)              # kept: b_0 .. b_3, 4 tensors (2, 64, 1024)
+
 `learned_query=False` (vit-pytorch's option) makes each token's latest output its query instead of w_l. `history`
 (vit-pytorch's): depth outputs of an earlier run put before this run's, so its branches attend over them too.
+
+Block AttnRes (the paper's variant for memory at scale; ours only, keyword-only `block_size`, default None: Full
+AttnRes as above): the 2 * depth branches, each one of the paper's layers (the README's pseudocode counts attention
+and MLP alike), fall in blocks of `block_size` in turn. A block's representation is the plain sum of its branches'
+outputs, b_n = sum_(j in block n) v_j, and the patch tokens are block 0, b_0 = v_0. The i-th branch of block n reads
+the same softmax as above over b_0 .. b_(n-1), and from its second branch on also the block's partial sum
+b_n^(i-1) (the outputs of its first i - 1 branches): keys RMSNorm(b), its own pseudo-query w_l. The stack keeps
+the completed blocks and one partial sum, at most 2 * depth / block_size + 1 tensors, instead of every output; no
+parameter is added, and `block_size=1` is Full AttnRes. Sources: the README of the official
+repository (MoonshotAI/Attention-Residuals: `block_attn_res` stacks the completed blocks and the partial sum,
+keys their RMSNorm, logits against the pseudo-query, a softmax over them; blocks start with the token embedding;
+the partial sum restarts at a boundary) and the paper's Eq. 5-6 as stored summaries quote them. Our choices, as no
+source says: the encoder's output is one more mix over b_0 .. b_N (with `block_size=1`, Full AttnRes's), then the
+LayerNorm; `block_size` must divide 2 * depth (the paper's blocks are all S = L / N layers; odd sizes put a
+boundary before an MLP, which Eq. 6 defines and the README's pseudocode, written for even sizes, does not show);
+`learned_query=False` is refused with it (the query would be a partial sum, in no source);
+`return_history=True` returns the block representations (the given history, b_0 .. b_N) and `history` puts
+them before b_0 as more completed blocks.
 
 Where it differs from vit-pytorch 1.26.14, which does not compute the paper's function (its checkpoints are
 refused, naming it): vit-pytorch mixes the depth outputs through a multi-head cross-attention with LayerNorms and
 query, key-value and output projections, from a query drawn from a unit normal; a branch's input is then a learned
 projection of the outputs, not their convex combination. Ours is the paper's mix, without parameters besides w_l and
 the RMSNorm's weight. The first attention reads v_0 alone (a softmax over one output is 1), so it has no query, as
-in vit-pytorch; the paper's Block AttnRes (mixing over blocks of layers, for memory at scale) is left out.
+in vit-pytorch; vit-pytorch has no Block AttnRes.
 """
 
 import functools
@@ -89,22 +111,54 @@ class Transformer(vit.Stack):
         return self.final_norm(self.final_pool(state['history'])), outputs, state
 
 
+class BlockTransformer(Transformer):
+    """Block AttnRes: `Transformer` with the 2 * depth branches in blocks of `block_size` (a divisor of 2 * depth).
+    The state's 'history' holds the completed blocks (an earlier run's, then b_0 = the patch tokens, b_1, ...),
+    'partial' the current block's sum so far (None at a boundary) and 'branches' how many branches have run; each
+    branch reads the depth mix of the completed blocks and the partial sum."""
+
+    def __init__(self, dim, depth, heads, dim_head, mlp_dim, *, block_size, attention=simple_vit.Attention):
+        super().__init__(dim, depth, heads, dim_head, mlp_dim, attention=attention)
+        self.block_size = block_size
+
+    def step(self, entry, x, state, history=None):
+        blocks = state.get('history')
+        if blocks is None:
+            blocks, partial, done = (*(history or ()), x), None, 0
+        else:
+            partial, done = state['partial'], state['branches']
+        attn_mix, attn, ff_mix, ff = entry
+        for mix, branch in ((attn_mix, attn), (ff_mix, ff)):
+            sources = blocks if partial is None else (*blocks, partial)
+            out = branch(sources[-1] if mix is None else mix(sources))
+            partial = out if partial is None else partial + out
+            done += 1
+            if done % self.block_size == 0:
+                blocks, partial = (*blocks, partial), None
+        return out, {'history': blocks, 'partial': partial, 'branches': done}
+
+
 class SimpleViTAttnResidual(simple_vit.SimpleViT):
     """`vit_pytorch.simple_vit.SimpleViT` (same arguments and methods) with attention residuals; `learned_query`
     (vit-pytorch's): False queries the depth outputs with each token's latest one.
 
+    `block_size` (keyword-only, ours; None: Full AttnRes): Block AttnRes over blocks of `block_size` branches
+    (attention and MLP each count one; a divisor of 2 * depth; 1 is Full AttnRes), with the same parameters.
+
     `forward(img, history=None, return_history=False)`: `history` a list of depth outputs (b, h * w, dim) of an
     earlier run; `return_history=True` returns (logits, every depth output: the given history, the patch tokens and
-    each branch's output). `forward_features` returns the final depth mix after its norm, (b, h * w, dim).
+    each branch's output; with `block_size`, the given history and the 2 * depth / block_size + 1 block
+    representations). `forward_features` returns the final depth mix after its norm, (b, h * w, dim).
     `num_classes=0` makes `forward` return the pooled embedding (b, dim).
     """
 
     def __init__(self, *, image_size, patch_size, num_classes, dim, depth, heads, mlp_dim, channels=3, dim_head=64,
-                 learned_query=True):
+                 learned_query=True, block_size=None):
         check_arguments(**vit.arguments(locals()))
+        transformer = (functools.partial(Transformer, learned_query=learned_query) if block_size is None else
+                       functools.partial(BlockTransformer, block_size=block_size))
         super().__init__(image_size=image_size, patch_size=patch_size, num_classes=num_classes, dim=dim, depth=depth,
-                         heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head,
-                         transformer=functools.partial(Transformer, learned_query=learned_query))
+                         heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head, transformer=transformer)
 
     def forward(self, img, history=None, return_history=False):
         tokens = self.embed(img)
@@ -117,8 +171,18 @@ class SimpleViTAttnResidual(simple_vit.SimpleViT):
 # argument checks
 
 
-def check_arguments(*, learned_query, **_):
+def check_arguments(*, learned_query, block_size, depth, **_):
     vit.boolean('learned_query', learned_query)
+    if block_size is None:
+        return
+    branches = 2 * vit.positive_int('depth', depth)
+    if branches % vit.positive_int('block_size', block_size):
+        raise ValueError(f"block_size must divide 2 * depth = {branches} (the attention and MLP branches, each one "
+                         f"of the paper's layers), got {block_size}")
+    if not learned_query:
+        raise ValueError("block_size (Block AttnRes) needs learned_query=True: the paper's blocks are read by a "
+                         "learned pseudo-query; with learned_query=False the query would be a block's partial sum, "
+                         "which no source defines")
 
 
 def check_history(history, tokens):
