@@ -776,6 +776,24 @@ def test_the_papers_decorrelation_row_is_timed_against_vit_pytorchs_method(throu
     assert reference['params'] == workload['params']
 
 
+def test_the_registry_table_has_the_papers_decorrelation_row_beside_vit_pytorchs_method(throughput):
+    with open(os.path.join(DOCS, 'registry-table.json')) as f:
+        table = json.load(f)['registry_table']
+    row = table['rows'][PAPER_DECORR]
+    assert row['reference'] == 'vit-pytorch 1.26.14 vit_with_decorr.ViT' and row['failure'] is None
+    assert set(row['ratios']) == {'infer@1', 'infer@8', 'train@8'} and len(row['memory_ratio']['rounds']) == 3
+    assert all(len(ratio['rounds']) == 5 for ratio in row['ratios'].values())
+    assert positive_finite(row['flops']['ours']['after_step']) and 'after_step' not in row['flops']['reference']
+    with open(os.path.join(DOCS, 'registry-table.md')) as f:
+        text = f.read()
+    assert text == throughput.markdown_table(table)
+    names = list(table_rows(text))
+    assert names.index(PAPER_DECORR) == names.index('vit_with_decorr') + 1
+    cells = table_rows(text)[PAPER_DECORR]
+    assert "the paper's method against vit-pytorch's method" in cells[1] and 'GFLOP per image' in cells[1]
+    assert cells[-2] == 'different work (no verdict)'
+
+
 # benchmarks/wrapper_steps.py: the research-long-tail wrappers against vit-pytorch 1.26.14's module of the same name
 
 WRAPPER_SCRIPT = os.path.join(os.path.dirname(__file__), os.pardir, 'benchmarks', 'wrapper_steps.py')
