@@ -752,6 +752,23 @@ def test_the_papers_decorrelation_row_trains_as_the_training_loop_does(throughpu
         assert all(torch.equal(weight, torch.eye(len(weight))) for weight in ours.values())
 
 
+def test_the_papers_decorrelation_rows_memory_child_takes_the_matrices_step(throughput, monkeypatch):
+    steps = []
+
+    def recorded(model):
+        steps.append(sum(not torch.equal(w, torch.eye(len(w))) for w in decorrelation_weights(model).values()))
+        throughput.step_decorrelation(model)
+
+    monkeypatch.setitem(throughput.VARIANTS, PAPER_DECORR, dict(throughput.VARIANTS[PAPER_DECORR], after_step=recorded))
+    threads = torch.get_num_threads()
+    try:
+        out = throughput.memory_child(dict(registry=PAPER_DECORR, tiny=True, batch=2, threads=1))
+    finally:
+        torch.set_num_threads(threads)
+    # after each of its two training steps, from the identity (none moved) and then from the first step's matrices
+    assert math.isfinite(out['peak_increase_mib']) and len(steps) == 2 and steps[0] == 0 and steps[1] > 0
+
+
 def test_the_papers_decorrelation_row_is_measured_with_the_flops_of_its_matrices_step(throughput):
     result = tiny_run(throughput, PAPER_DECORR)
     check_measured(result, PAPER_DECORR)
