@@ -33,6 +33,11 @@ ratios and the memory ratio. One model and its reference are measured at a time,
 states and gradients) before the next pair is built, so that a run of the whole registry holds one pair's memory. For models only vit-pytorch has, the reference is vit-pytorch 1.26.14's own
 module, imported from $VIT_PYTORCH_SOURCE (its wheel, from `pip download vit-pytorch==1.26.14 --no-deps`, or
 the unpacked `vit_pytorch` folder) beside ours. `--tiny` shrinks them to a few milliseconds a step, for tests.
+A variant row (`VARIANTS`, measured by name or with `all`) is a registered model with an option of its own that its
+preset leaves off, timed against the preset's reference doing the preset's work: `vit_with_decorr:paper`, the
+paper's decorrelation matrices, whose training step ends with the matrices' step as the training loop's does,
+against vit-pytorch's auxiliary loss. Its ratios are of different work: the table gives no verdict, and the FLOPs
+per image of both steps (the matrices' step counted at the training batch) beside them.
 
 `--markdown FILE` writes the registry table for the docs: a row for every registered model with its preset, its
 reference (or why there is none: none exists, not installed, not run, failed), the paired ratios ours / reference
@@ -89,6 +94,7 @@ import types
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from vit_pytorch import SimpleViT, ViT
 from vit_pytorch import models as registry
@@ -307,6 +313,39 @@ REGISTRY = {
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
 TINY = dict(image_size=16, channels=1, num_classes=10)
+
+
+def step_decorrelation(model):
+    """What the training loop (`vit_pytorch.training.loop.train_epoch`) does after every optimizer step for a model
+    with decorrelation matrices: `update_decorrelation_()` of every module that has one."""
+    for module in model.modules():
+        if callable(getattr(module, 'update_decorrelation_', None)):
+            module.update_decorrelation_()
+
+
+# variant rows: a registered model with an option of its own that its preset leaves off, a row of the table beside
+# the model's (measured by name, and by `--registry all`), timed against the preset's reference doing the preset's
+# work: another method, different work. name -> dict(model: the registered name; preset; options: keyword arguments
+# added to the preset's, and to the tiny model's; loss: its training loss; after_step: what the training loop does
+# after the optimizer's step, or None; reference: what the reference does instead, for the table)
+VARIANTS = {
+    # the paper's method (decorrelated backpropagation): a matrix before each of the encoder's 49 Linears (the patch
+    # projection, 4 in each of the 12 layers), stepped by its rule after every optimizer step as the training loop
+    # steps it, on the cross-entropy alone (as examples/digits_claims.py trains the matrices). vit-pytorch has no
+    # matrices: its module trains by its own method, the loss of the preset's row
+    'vit_with_decorr:paper': dict(
+        model='vit_with_decorr', preset="S/16, the paper's decorrelation matrices (lr 1e-4, kappa 1e-3), no loss",
+        options=dict(decorr_matrices=True), loss=classification_loss, after_step=step_decorrelation,
+        reference="the paper's method against vit-pytorch's method (its decorrelation loss x 0.1; vit-pytorch has "
+                  "no matrices): different work"),
+}
+
+
+def table_names():
+    """The table's rows in order, what `--registry all` measures: every registered model, each followed by its
+    variants."""
+    return [row for name in registry.MODELS
+            for row in [name] + [variant for variant, v in VARIANTS.items() if v['model'] == name]]
 
 
 def input_dims(image_size):
@@ -994,28 +1033,32 @@ def reference_workload(workload):
     """The reference implementation of a registry workload's preset, as a workload named '<name>:ref'; None
     where there is none (or its library is not importable, or the workload is tiny)."""
     name = workload['name']
-    if name not in REFERENCES or workload['preset'] == 'tiny':
+    model_name = VARIANTS[name]['model'] if name in VARIANTS else name
+    if model_name not in REFERENCES or workload['preset'] == 'tiny':
         return None
-    label, build = REFERENCES[name]
+    label, build = REFERENCES[model_name]
     reference = build(workload['model'])
     if reference is None:
         return None
     img = torch.randn(2, workload['channels'], *input_dims(workload['image_size']))
-    if name not in DIFFERENT_FUNCTION:
+    if model_name not in DIFFERENT_FUNCTION:
         with torch.no_grad():
             expected = reference.eval()(img)
-            if name == 'vit_with_decorr':                   # vit-pytorch's returns (logits, loss) always
+            if model_name == 'vit_with_decorr':             # vit-pytorch's returns (logits, loss) always
                 expected = expected[0]
             torch.testing.assert_close(workload['model'].eval()(img), expected, atol=1e-4, rtol=0)
+    # a variant's reference trains as the preset's row trains it (its loss, nothing after the optimizer's step)
+    step = {} if name not in VARIANTS else dict(
+        loss=workload_loss(model_name, workload['channels'], workload['num_classes']), after_step=None)
     return dict(workload, name=f'{name}:ref', preset=label, model=reference,
-                params=sum(p.numel() for p in reference.parameters()))
+                params=sum(p.numel() for p in reference.parameters()), **step)
 
 
 def try_reference(workload, tiny):
     """(reference workload, None), or (None, why there is none) for the table: no reference exists, it is not
     installed, it is not run at --tiny, or it failed to build or to agree with ours (a failure is stated, and the
     other models are still measured)."""
-    name = workload['name']
+    name = VARIANTS[workload['name']]['model'] if workload['name'] in VARIANTS else workload['name']
     if name not in REFERENCES:
         return None, f'none: {NO_REFERENCE.get(name, "no reference in REFERENCES yet")}'
     if tiny:
@@ -1038,14 +1081,31 @@ def try_reference(workload, tiny):
     return reference, None
 
 
+def workload_loss(name, channels, num_classes):
+    """The training loss of the registered model `name`'s row."""
+    return (DistillationLoss(channels, num_classes) if name == 'distillable_vit' else
+            AuxiliaryLoss(registry.AUX_LOSSES[name][0]) if name in registry.AUX_LOSSES else classification_loss)
+
+
 def registry_workload(name, tiny=False):
-    """The model registered as `name` at its `REGISTRY` preset (or tiny), with its input and loss (its
-    reference implementation: `reference_workload`)."""
+    """The model registered as `name` at its `REGISTRY` preset (or tiny), with its input, loss and what its training
+    step does after the optimizer's (`after_step`; its reference implementation: `reference_workload`). A name of
+    VARIANTS is its registered model at the preset with the variant's options, loss and step."""
+    variant = VARIANTS.get(name)
+    if variant is not None:
+        workload = registered_workload(variant['model'], tiny, **variant['options'])
+        return dict(workload, name=name, preset='tiny' if tiny else variant['preset'], loss=variant['loss'],
+                    after_step=variant['after_step'])
+    return registered_workload(name, tiny)
+
+
+def registered_workload(name, tiny=False, **options):
+    """`registry_workload` of a registered model, `options` added to its keyword arguments."""
     if tiny:
         from vit_pytorch.train import model_config
 
         preset, channels, num_classes = 'tiny', TINY['channels'], TINY['num_classes']
-        kwargs = model_config(name, {}, **TINY)
+        kwargs = dict(model_config(name, {}, **TINY), **options)
         image_size = TINY['image_size']
         if registry.INPUTS.get(name, '').startswith('signals'):
             image_size = (image_size,)
@@ -1057,15 +1117,15 @@ def registry_workload(name, tiny=False):
         model = registry.build_model(name, **kwargs)
     else:
         preset, constructor, kwargs, image_size, channels, num_classes = REGISTRY[name]
+        kwargs = dict(kwargs, **options)
         if constructor is None:
             model = registry.build_model(name, **kwargs)
         else:
             module = importlib.import_module(registry.MODELS[name].split(':')[0])
             model = getattr(module, constructor)(**kwargs)
-    loss = (DistillationLoss(channels, num_classes) if name == 'distillable_vit' else
-            AuxiliaryLoss(registry.AUX_LOSSES[name][0]) if name in registry.AUX_LOSSES else classification_loss)
     return dict(name=name, preset=preset, model=model, image_size=image_size, channels=channels,
-                num_classes=num_classes, loss=loss, params=sum(p.numel() for p in model.parameters()))
+                num_classes=num_classes, loss=workload_loss(name, channels, num_classes), after_step=None,
+                params=sum(p.numel() for p in model.parameters()))
 
 
 # measuring
@@ -1119,12 +1179,14 @@ def set_device(device, bf16, compile_):
 
 
 class Runner:
-    """One model's inference and training step on fixed inputs."""
+    """One model's inference and training step on fixed inputs; `after_step(model)` runs after the optimizer's step
+    of each training step (the paper's decorrelation matrices' step, as the training loop takes it)."""
 
     def __init__(self, model, image_size, batches, train_batch, *, channels=3, num_classes=NUM_CLASSES,
-                 loss=classification_loss):
+                 loss=classification_loss, after_step=None):
         model.to(DEVICE)
         self.model, self.loss = torch.compile(model) if COMPILE else model, loss
+        self.after_step = None if after_step is None else (lambda: after_step(model))
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=DEVICE.type == 'cuda')
         generator = torch.Generator().manual_seed(1)
         self.images = {b: torch.randn(b, channels, *input_dims(image_size), generator=generator).to(DEVICE)
@@ -1143,6 +1205,8 @@ class Runner:
             loss = self.loss(self.model, self.images[batch], self.labels)
         loss.backward()
         self.optimizer.step()
+        if self.after_step is not None:
+            self.after_step()
 
     def run(self, task, iterations):
         kind, batch = task
@@ -1212,7 +1276,7 @@ def memory_child(spec):
     torch.set_num_threads(spec['threads'])
     set_device(spec.get('device', 'cpu'), spec.get('bf16', False), spec.get('compile', False))
     torch.manual_seed(0)
-    channels, num_classes, loss = 3, NUM_CLASSES, classification_loss
+    channels, num_classes, loss, after_step = 3, NUM_CLASSES, classification_loss, None
     if 'registry' in spec:
         # the reference is built (and run on two images beside ours) in both children, so that our model's
         # and the reference's training steps start from the same allocator state: measured after a warm-up
@@ -1224,6 +1288,7 @@ def memory_child(spec):
             try_reference(workload, spec['tiny'])   # a reference that fails was left out of the rounds too
         model, spec['image_size'] = workload['model'], workload['image_size']
         channels, num_classes, loss = workload['channels'], workload['num_classes'], workload['loss']
+        after_step = workload['after_step']
     elif spec['model'] in ('vit', 'simple_vit'):
         model = build_ours(spec['model'], spec['config'], spec['image_size'])
     elif spec['model'] == 'deep_vit':
@@ -1236,7 +1301,7 @@ def memory_child(spec):
     model.train().to(DEVICE)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=DEVICE.type == 'cuda')
     params = sum(p.numel() for p in model.parameters()) * 4 / 2 ** 20
-    model = torch.compile(model) if COMPILE else model
+    uncompiled, model = model, torch.compile(model) if COMPILE else model
     img = torch.randn(spec['batch'], channels, *input_dims(spec['image_size'])).to(DEVICE)
     label = torch.randint(0, num_classes, (spec['batch'],)).to(DEVICE)
     if DEVICE.type == 'cuda':
@@ -1252,6 +1317,8 @@ def memory_child(spec):
             step_loss = loss(model, img, label)
         step_loss.backward()
         optimizer.step()
+        if after_step is not None:
+            after_step(uncompiled)
         synchronize()
         times.append(time.perf_counter() - start)
     peak = torch.cuda.max_memory_allocated(DEVICE) / 2 ** 20 if DEVICE.type == 'cuda' else rss_mib('VmHWM')
@@ -1406,15 +1473,35 @@ def counted_as_ours(reference, ours_flops, log):
     return ours_flops
 
 
+def after_step_flops(workload, batch):
+    """FLOPs per image of what the workload's training step does after the optimizer's (`after_step`; 0 without
+    one), counted after a training forward of `batch` inputs: the decorrelation matrices' rule reads that forward's
+    rows, and its cost per image depends on the batch (Z^T Z grows with the b n rows, C R does not)."""
+    if workload['after_step'] is None or not batch:
+        return 0.
+    model = copy.deepcopy(workload['model']).train()
+    img = torch.randn(batch, workload['channels'], *input_dims(workload['image_size']))
+    labels = torch.randint(0, workload['num_classes'], (batch,))
+    with torch.no_grad():
+        workload['loss'](model, img, labels)
+    with FlopCounterMode(display=False) as counter:
+        workload['after_step'](model)
+    return counter.get_total_flops() / batch
+
+
 def bench_pair(name, args, tasks, result, peaks, log):
     """One registered model and its reference (where there is one) into `result`: speeds in paired interleaved
     rounds (each model times as many steps as fill `--seconds` for it), their ratios, then `--memory` fresh-process
     memory runs of each, ours and the reference's alternating. A preset that fails to build, count or time is
     recorded in result['failures'] and the caller goes on with the next model. Everything built here is freed on
     return; returns the forecast seconds of the pair (`expected_seconds`), 0 where it failed to build."""
+    after = {}
+
     def count(w):
-        return training_flops(w['model'], w['image_size'], channels=w['channels'], num_classes=w['num_classes'],
-                              loss=w['loss'])
+        train, forward = training_flops(w['model'], w['image_size'], channels=w['channels'],
+                                        num_classes=w['num_classes'], loss=w['loss'])
+        after[w['name']] = after_step_flops(w, args.train_batch)
+        return train + after[w['name']], forward
 
     try:
         workload = registry_workload(name, args.tiny)
@@ -1438,7 +1525,8 @@ def bench_pair(name, args, tasks, result, peaks, log):
     workloads = {w['name']: w for w in (workload, reference) if w is not None}
     del workload, reference
     runners = {n: Runner(w['model'], w['image_size'], args.batches, args.train_batch, channels=w['channels'],
-                         num_classes=w['num_classes'], loss=w['loss']) for n, w in workloads.items()}
+                         num_classes=w['num_classes'], loss=w['loss'], after_step=w['after_step'])
+               for n, w in workloads.items()}
     measure_peak = (lambda: matmul_peak(TINY_PEAK_SIZE)) if args.tiny else matmul_peak
     pair_peaks = [measure_peak()]
     forecast = expected_seconds(flops, args, pair_peaks[0])
@@ -1458,6 +1546,9 @@ def bench_pair(name, args, tasks, result, peaks, log):
     for (k, b), steps in iterations.items():
         result['iterations'].setdefault(f'{k}@{b}', {}).update(steps)
     fill_speeds(result, tasks, speeds, pair_peaks, flops)
+    for n, value in after.items():
+        if value:
+            result['flops_per_image'][n]['after_step'] = value
     if f'{name}:ref' in workloads:
         result['ratios'][f'{name}/{name}:ref'] = {f'{k}@{b}': paired(speeds[(k, b)], name, f'{name}:ref')
                                                   for k, b in tasks}
@@ -1627,7 +1718,9 @@ def registry_table(results):
                 ratios={task: s for task, s in r['ratios'].get(f'{name}/{ref}', {}).items()},
                 speed={task: {who: r['speed'][task][key] for who, key in (('ours', name), ('reference', ref))
                               if key in r['speed'][task]} for task in r['speed']},
-                memory=memory, memory_ratio=ratio, failure=r['failures'].get(name))
+                memory=memory, memory_ratio=ratio, failure=r['failures'].get(name),
+                flops={who: r['flops_per_image'][key] for who, key in (('ours', name), ('reference', ref))
+                       if key in r.get('flops_per_image', {})})
     return dict(runs=[run], tasks=tasks, rows=rows)
 
 
@@ -1687,9 +1780,29 @@ def describe_run(number, run):
             + (f"; {run['note']}" if run.get('note') else ''))
 
 
+def variant_reference(name, row):
+    """A variant row's reference cell: the reference, what it does instead (different work) and the FLOPs per image
+    of both steps (`vit_pytorch.flops` with explicit attention; a training step with what follows the optimizer's
+    step, counted at the training batch), so that the ratios can be read against the extra work."""
+    cell = f"{row['reference']}: {VARIANTS[name]['reference']}"
+    flops = row.get('flops') or {}
+    if len(flops) == 2:
+        ours, theirs = flops['ours'], flops['reference']
+        after = (f" (of which {ours['after_step'] / 1e9:.1f} after the optimizer's step)"
+                 if ours.get('after_step') else '')
+        cell += (f"; GFLOP per image, ours against the reference's: a training step {ours['train_step'] / 1e9:.1f}"
+                 f"{after} against {theirs['train_step'] / 1e9:.1f} = {ours['train_step'] / theirs['train_step']:.2f}x, "
+                 f"a forward {ours['forward'] / 1e9:.1f} against {theirs['forward'] / 1e9:.1f} = "
+                 f"{ours['forward'] / theirs['forward']:.2f}x")
+    return cell
+
+
 def markdown_table(table):
-    """The docs' table: a row for every registered model (and any other model in the table), in registry order."""
-    names = list(registry.MODELS) + [name for name in table['rows'] if name not in registry.MODELS]
+    """The docs' table: a row for every registered model, each followed by its variant rows (and any other row in
+    the table), in registry order. A variant row (VARIANTS) is another method than its reference's: its ratios are
+    of different work, and it has no verdict."""
+    names = table_names()
+    names += [name for name in table['rows'] if name not in names]
     tasks = table['tasks']
     header = ['model', 'preset', 'reference'] + tasks + ['train MiB, ours / reference', 'verdict', 'run']
     lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
@@ -1702,6 +1815,8 @@ def markdown_table(table):
             reference = row['reference'] or row['reference_missing']
             if row['reference'] and name in DIFFERENT_FUNCTION:
                 reference += ' (computes another function at the same sizes: see DIFFERENT_FUNCTION)'
+            if row['reference'] and name in VARIANTS:
+                reference = variant_reference(name, row)
             ratios = [spread(row['ratios'][t], '{:.2f}') if t in row['ratios'] else '-' for t in tasks]
             memory = row['memory']
             mib = ' / '.join(f"{memory[w]['median']:.0f}" for w in ('ours', 'reference') if w in memory) or '-'
@@ -1710,15 +1825,22 @@ def markdown_table(table):
                 mib += f" = {ratio['median']:.2f}" + (f" ({ratio['min']:.2f}-{ratio['max']:.2f})"
                                                         if len(ratio['rounds']) > 1 else '')
             kind = verdict(name, row)
+            if name in VARIANTS and kind not in ('-', 'not measured'):
+                kind = 'different work (no verdict)'
             cells = ([row['preset'] or '-', reference] + ratios + [mib, kind if not row['failure'] else
                                                                    f"not measured: {row['failure']}", str(row['run'] + 1)])
-        counts[kind.split(' ')[0]] = counts.get(kind.split(' ')[0], 0) + 1
-        if name not in registry.MODELS:
+        if name not in VARIANTS:
+            counts[kind.split(' ')[0]] = counts.get(kind.split(' ')[0], 0) + 1
+        if name not in registry.MODELS and name not in VARIANTS:
             name += ' (not registered now)'
         lines.append('| ' + ' | '.join([f'`{name}`'] + [str(c).replace('|', '/') for c in cells]) + ' |')
-    summary_line = (f"{len(names)} models: {counts.get('>=', 0)} at or above 1.0x, {counts.get('parity', 0)} at parity "
-                    f"(spread includes 1.0), {counts.get('below', 0)} below, {counts.get('-', 0)} without a "
-                    f"reference measured, {counts.get('not', 0) + counts.get('absent', 0)} not measured.")
+    variants = [name for name in names if name in VARIANTS]
+    summary_line = (f"{len(names) - len(variants)} models: {counts.get('>=', 0)} at or above 1.0x, "
+                    f"{counts.get('parity', 0)} at parity (spread includes 1.0), {counts.get('below', 0)} below, "
+                    f"{counts.get('-', 0)} without a reference measured, "
+                    f"{counts.get('not', 0) + counts.get('absent', 0)} not measured"
+                    + (f"; and {len(variants)} variant row(s), another method than its reference's (different work, "
+                       f"no verdict): {', '.join(f'`{name}`' for name in variants)}." if variants else '.'))
     intro = ['Paired speed ratios ours / reference (each round times both; median (min-max) over rounds; above 1: '
              'ours is faster) and the training-step memory (peak RSS increase over two steps, a fresh process each; '
              'below 1: ours takes less). Made by:', '']
@@ -1789,9 +1911,11 @@ def parse_args(argv=None):
                         help='comma-separated, of throughput (speed, MFU, memory per model), compile '
                              '(torch.compile speed-up over eager), checkpointing (memory saved in a deep ViT); '
                              'default throughput, or none when --registry is given')
+    variants = ', '.join(f'{name} ({variant["preset"]})' for name, variant in VARIANTS.items())
     parser.add_argument('--registry', type=names, default=[],
-                        help=f'comma-separated models of vit_pytorch.models, or all, each at its preset: '
-                             f'{", ".join(f"{n} ({v[0]})" for n, v in REGISTRY.items())}')
+                        help=f'comma-separated models of vit_pytorch.models or variant rows, or all (every row), '
+                             f'each at its preset: {", ".join(f"{n} ({v[0]})" for n, v in REGISTRY.items())}; '
+                             f'variant rows: {variants}')
     parser.add_argument('--shard', metavar='K/N',
                         help='measure the K-th of N interleaved slices of the --registry list (every N-th model '
                              'from the K-th): N processes of --threads 1 --clock cpu run side by side on N cores, '
@@ -1835,13 +1959,14 @@ def parse_args(argv=None):
     if args.sections is None:
         args.sections = [] if args.registry else ['throughput']
     if args.registry == ['all']:
-        args.registry = list(registry.MODELS)
+        args.registry = table_names()
     if args.shard:
         args.registry = shard(args.registry, args.shard, parser)
     for name in args.registry:
-        if name not in registry.MODELS:
-            parser.error(f'unknown registry model {name!r}; choose from {list(registry.MODELS)} or all')
-        if name not in REGISTRY and not args.tiny:
+        if name not in registry.MODELS and name not in VARIANTS:
+            parser.error(f'unknown registry model {name!r}; choose from {list(registry.MODELS)}, a variant row of '
+                         f'{list(VARIANTS)}, or all')
+        if VARIANTS.get(name, dict(model=name))['model'] not in REGISTRY and not args.tiny:
             parser.error(f'registry model {name!r} has no preset in REGISTRY yet; add one (or use --tiny)')
     for name in args.configs:
         if name not in CONFIGS:

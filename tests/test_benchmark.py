@@ -127,8 +127,12 @@ def test_every_registered_model_has_a_preset(throughput):
     assert set(throughput.REGISTRY) == set(MODELS)
 
 
-def test_registry_all_expands_to_every_registered_model(throughput):
-    assert throughput.parse_args(['--registry', 'all']).registry == list(MODELS)
+def test_registry_all_expands_to_every_registered_model_each_followed_by_its_variant_rows(throughput):
+    expanded = throughput.parse_args(['--registry', 'all']).registry
+    assert [name for name in expanded if name not in throughput.VARIANTS] == list(MODELS)
+    for name, variant in throughput.VARIANTS.items():
+        assert expanded.index(name) > expanded.index(variant['model'])
+        assert all(n in throughput.VARIANTS for n in expanded[expanded.index(variant['model']) + 1:expanded.index(name)])
 
 
 def test_registry_replaces_the_default_section_only(throughput):
@@ -508,7 +512,7 @@ def table_rows(text):
 
 def test_the_markdown_table_has_a_row_for_every_registered_model_measured_or_not(throughput, sample_results):
     rows = table_rows(throughput.markdown_table(throughput.registry_table(as_run(sample_results, 'A'))))
-    assert set(rows) == set(MODELS)
+    assert set(rows) == set(MODELS) | set(throughput.VARIANTS)
     for name, cells in rows.items():
         if name in SAMPLE:
             assert cells[0] == 'tiny' and 'not measured' not in ' '.join(cells), (name, cells)
@@ -519,7 +523,7 @@ def test_the_markdown_table_has_a_row_for_every_registered_model_measured_or_not
 @pytest.mark.slow
 def test_the_markdown_table_has_a_measured_row_for_every_registered_model(throughput, tiny_results):
     rows = table_rows(throughput.markdown_table(throughput.registry_table(as_run(tiny_results, 'A'))))
-    assert set(rows) == set(MODELS)
+    assert set(rows) == set(MODELS) | set(throughput.VARIANTS)
     for name, cells in rows.items():
         assert cells[0] == 'tiny' and 'not measured' not in ' '.join(cells), (name, cells)
 
@@ -635,15 +639,16 @@ def test_a_memory_ratio_is_below_only_when_its_whole_spread_is_above_one(through
 def test_budget_is_the_tables_settings_and_given_options_replace_them(throughput):
     args = throughput.parse_args(['--budget'])
     assert (args.registry, args.batches, args.train_batch, args.rounds, args.memory, args.threads, args.clock) == (
-        list(MODELS), [1, 8], 8, 3, 3, 1, 'cpu')
+        throughput.table_names(), [1, 8], 8, 3, 3, 1, 'cpu')
     args = throughput.parse_args(['--budget', '--registry', 'swin,levit', '--rounds', '5'])
     assert (args.registry, args.rounds, args.batches) == (['swin', 'levit'], 5, [1, 8])
 
 
 def test_shards_split_the_registry_into_disjoint_slices_that_cover_it(throughput):
     shards = [throughput.parse_args(['--registry', 'all', '--shard', f'{k}/3']).registry for k in (1, 2, 3)]
-    assert sorted(sum(shards, [])) == sorted(MODELS) and sum(map(len, shards)) == len(MODELS)
-    assert shards[0][:2] == list(MODELS)[0:4:3]
+    rows = throughput.table_names()
+    assert sorted(sum(shards, [])) == sorted(rows) and sum(map(len, shards)) == len(rows)
+    assert shards[0][:2] == rows[0:4:3]
 
 
 @pytest.mark.parametrize('spec', ['0/2', '3/2', 'half'])
@@ -708,6 +713,102 @@ def test_memory_runs_alternate_and_give_the_ratio_a_spread(throughput, monkeypat
     assert throughput.verdict('vit', dict(row, ratios={'train@2': dict(median=1.0, min=1.0, max=1.0)})) == \
         'below (memory 1.03): not explained yet'
     assert '| 103 / 100 = 1.03 (1.01-1.04) |' in throughput.markdown_table(throughput.registry_table(as_run(result, 'A')))
+
+
+# variant rows: the paper's decorrelation matrices (`vit_with_decorr:paper`) beside vit-pytorch's method
+
+PAPER_DECORR = 'vit_with_decorr:paper'
+DOCS = os.path.join(os.path.dirname(__file__), os.pardir, 'docs')
+
+
+def decorrelation_weights(model):
+    return {name: buffer.clone() for name, buffer in model.named_buffers() if name.endswith('decorrelation.weight')}
+
+
+@pytest.mark.parametrize('after_step', [True, False])
+def test_the_papers_decorrelation_row_trains_as_the_training_loop_does(throughput, after_step):
+    # the training loop's order (vit_pytorch.training.loop.train_epoch): cross-entropy, backward, the optimizer's
+    # step, then every matrix's own step from that forward's rows; the row's Runner must take the same step
+    workload = throughput.registry_workload(PAPER_DECORR, tiny=True)
+    by_hand = throughput.copy.deepcopy(workload['model'])
+    runner = throughput.Runner(workload['model'], workload['image_size'], [2], 2, channels=workload['channels'],
+                               num_classes=workload['num_classes'], loss=workload['loss'],
+                               after_step=workload['after_step'] if after_step else None)
+    runner.train(2)
+    by_hand.train()
+    optimizer = torch.optim.AdamW(by_hand.parameters(), lr=1e-5)
+    torch.nn.functional.cross_entropy(by_hand(runner.images[2]), runner.labels).backward()
+    optimizer.step()
+    by_hand.update_decorrelation_()
+    ours, expected = decorrelation_weights(workload['model']), decorrelation_weights(by_hand)
+    # a matrix before every Linear of the encoder: the patch projection and 4 in each layer
+    assert len(ours) == len(expected) == 1 + 4 * len(by_hand.transformer.layers)
+    moved = [name for name, weight in expected.items() if not torch.equal(weight, torch.eye(len(weight)))]
+    assert moved == list(expected)                      # the rule moved every matrix off the identity
+    if after_step:
+        for name, weight in expected.items():
+            torch.testing.assert_close(ours[name], weight, atol=1e-6, rtol=0)
+    else:                                               # without the step the matrices stay where they started
+        assert all(torch.equal(weight, torch.eye(len(weight))) for weight in ours.values())
+
+
+def test_the_papers_decorrelation_rows_memory_child_takes_the_matrices_step(throughput, monkeypatch):
+    steps = []
+
+    def recorded(model):
+        steps.append(sum(not torch.equal(w, torch.eye(len(w))) for w in decorrelation_weights(model).values()))
+        throughput.step_decorrelation(model)
+
+    monkeypatch.setitem(throughput.VARIANTS, PAPER_DECORR, dict(throughput.VARIANTS[PAPER_DECORR], after_step=recorded))
+    threads = torch.get_num_threads()
+    try:
+        out = throughput.memory_child(dict(registry=PAPER_DECORR, tiny=True, batch=2, threads=1))
+    finally:
+        torch.set_num_threads(threads)
+    # after each of its two training steps, from the identity (none moved) and then from the first step's matrices
+    assert math.isfinite(out['peak_increase_mib']) and len(steps) == 2 and steps[0] == 0 and steps[1] > 0
+
+
+def test_the_papers_decorrelation_row_is_measured_with_the_flops_of_its_matrices_step(throughput):
+    result = tiny_run(throughput, PAPER_DECORR)
+    check_measured(result, PAPER_DECORR)
+    flops = result['flops_per_image'][PAPER_DECORR]
+    assert positive_finite(flops['after_step']) and flops['train_step'] > flops['after_step'] + flops['forward']
+    table = throughput.registry_table(as_run(result, 'A'))
+    assert table['rows'][PAPER_DECORR]['flops']['ours'] == flops
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get('VIT_PYTORCH_SOURCE'), reason='vit-pytorch 1.26.14 source not given')
+def test_the_papers_decorrelation_row_is_timed_against_vit_pytorchs_method(throughput):
+    # vit-pytorch has no matrices: its module, at the preset, trains by its own method (the auxiliary loss x 0.1)
+    # and takes no step after the optimizer's; its weights load into ours (the matrices at the identity), so that
+    # the logits were checked equal before it returns
+    workload = throughput.registry_workload(PAPER_DECORR)
+    reference, why = throughput.try_reference(workload, tiny=False)
+    assert why is None and reference['preset'] == 'vit-pytorch 1.26.14 vit_with_decorr.ViT'
+    assert reference['after_step'] is None and workload['after_step'] is throughput.step_decorrelation
+    assert isinstance(reference['loss'], throughput.AuxiliaryLoss) and reference['loss'].weight == 0.1
+    assert workload['loss'] is throughput.classification_loss
+    assert reference['params'] == workload['params']
+
+
+def test_the_registry_table_has_the_papers_decorrelation_row_beside_vit_pytorchs_method(throughput):
+    with open(os.path.join(DOCS, 'registry-table.json')) as f:
+        table = json.load(f)['registry_table']
+    row = table['rows'][PAPER_DECORR]
+    assert row['reference'] == 'vit-pytorch 1.26.14 vit_with_decorr.ViT' and row['failure'] is None
+    assert set(row['ratios']) == {'infer@1', 'infer@8', 'train@8'} and len(row['memory_ratio']['rounds']) == 3
+    assert all(len(ratio['rounds']) == 5 for ratio in row['ratios'].values())
+    assert positive_finite(row['flops']['ours']['after_step']) and 'after_step' not in row['flops']['reference']
+    with open(os.path.join(DOCS, 'registry-table.md')) as f:
+        text = f.read()
+    assert text == throughput.markdown_table(table)
+    names = list(table_rows(text))
+    assert names.index(PAPER_DECORR) == names.index('vit_with_decorr') + 1
+    cells = table_rows(text)[PAPER_DECORR]
+    assert "the paper's method against vit-pytorch's method" in cells[1] and 'GFLOP per image' in cells[1]
+    assert cells[-2] == 'different work (no verdict)'
 
 
 # benchmarks/wrapper_steps.py: the research-long-tail wrappers against vit-pytorch 1.26.14's module of the same name

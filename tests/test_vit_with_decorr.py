@@ -141,19 +141,26 @@ def test_training_on_the_loss_alone_lowers_it():
 # the paper's method: decorrelation matrices that move by their own rule (decorr_matrices=True)
 
 
-def explicit_step(weight, rows, *, lr, kappa):
-    """decorbp's 'standard' rule, entry by entry in float64, for the (N, d) rows z = R x of a forward:
+def explicit_step(weight, rows, *, lr, kappa, method='standard'):
+    """decorbp's rules, entry by entry in float64, for the (N, d) rows z = R x of a forward:
     X_ij = sum_r z_ri z_rj / N, C_ij = X_ij for i != j (0 on the diagonal), v_j = X_jj - 1;
-    R_ij <- R_ij - lr ((1 - kappa) sum_k C_ik R_kj + kappa R_ij v_j); loss ((1 - kappa) sum C^2 + kappa sum v^2) / d^2.
+    'standard': R_ij <- R_ij - lr ((1 - kappa) sum_k C_ik R_kj + kappa R_ij v_j),
+                loss ((1 - kappa) sum C^2 + kappa sum v^2) / d^2;
+    'normalized': R_ij <- R_ij - lr ((1 - kappa) / (d - 1) sum_k C_ik R_kj + 2 kappa R_ij v_j),
+                loss ((1 - kappa) / (d - 1) sum C^2 + kappa sum v^2) / d.
     Returns (new R, loss)."""
     weight, rows = weight.double().tolist(), rows.double().tolist()
     n, d = len(rows), len(weight)
     second = [[sum(row[i] * row[j] for row in rows) / n for j in range(d)] for i in range(d)]
     off = [[second[i][j] if i != j else 0. for j in range(d)] for i in range(d)]
     gap = [second[j][j] - 1. for j in range(d)]
-    new = [[weight[i][j] - lr * ((1 - kappa) * sum(off[i][k] * weight[k][j] for k in range(d))
-                                 + kappa * weight[i][j] * gap[j]) for j in range(d)] for i in range(d)]
-    loss = ((1 - kappa) * sum(c * c for line in off for c in line) + kappa * sum(g * g for g in gap)) / d ** 2
+    if method == 'standard':
+        a, b, loss_a, loss_b, size = 1 - kappa, kappa, 1 - kappa, kappa, d ** 2
+    else:
+        a, b, loss_a, loss_b, size = (1 - kappa) / (d - 1), 2 * kappa, (1 - kappa) / (d - 1), kappa, d
+    new = [[weight[i][j] - lr * (a * sum(off[i][k] * weight[k][j] for k in range(d))
+                                 + b * weight[i][j] * gap[j]) for j in range(d)] for i in range(d)]
+    loss = (loss_a * sum(c * c for line in off for c in line) + loss_b * sum(g * g for g in gap)) / size
     return torch.tensor(new, dtype=torch.float64), torch.tensor(loss, dtype=torch.float64)
 
 
@@ -163,27 +170,31 @@ def off_identity(d, seed=0):
                                                                  dtype=torch.float64)
 
 
+@pytest.mark.parametrize('method', ['standard', 'normalized'])
 @pytest.mark.parametrize('kappa', [0.0, 0.3])
-def test_a_step_of_the_matrix_is_the_rule_written_out(kappa):
-    module = Decorrelation(6, lr=0.05, kappa=kappa).double().train()
+def test_a_step_of_the_matrix_is_the_rule_written_out(kappa, method):
+    module = Decorrelation(6, lr=0.05, kappa=kappa, method=method).double().train()
     module.weight.copy_(off_identity(6))
     x = correlated(2, 5, 6).double()
     z = module(x)
     torch.testing.assert_close(z, torch.einsum('ij,bnj->bni', off_identity(6), x), rtol=1e-12, atol=1e-12)
     loss = module.update()
-    expected_weight, expected_loss = explicit_step(off_identity(6), z.reshape(10, 6), lr=0.05, kappa=kappa)
+    expected_weight, expected_loss = explicit_step(off_identity(6), z.reshape(10, 6), lr=0.05, kappa=kappa,
+                                                   method=method)
     torch.testing.assert_close(module.weight, expected_weight, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(loss, expected_loss, rtol=1e-12, atol=1e-14)
     assert module.update() is None                      # no training forward since: nothing to step on
 
 
-@pytest.mark.parametrize('case', ['decorrelate', 'whiten'])
+@pytest.mark.parametrize('case', ['decorrelate', 'whiten', 'normalized_decorrelate', 'normalized_whiten'])
 def test_a_step_of_the_matrix_is_the_official_codes(case):
     """decorbp's own `Decorrelation.update()` (tests/fixtures/make_decorbp_official_fixtures.py), from a matrix off
-    the identity, without (kappa 0) and with the variance term (kappa 0.3)."""
+    the identity, by its 'standard' and its 'normalized' rule, without (kappa 0) and with the variance term (kappa
+    0.3)."""
     metadata, _, tensors = load_fixture('decorbp_official')
     options = metadata['cases'][case]
-    module = Decorrelation(6, lr=options['decor_lr'], kappa=options['kappa']).double().train()
+    module = Decorrelation(6, lr=options['decor_lr'], kappa=options['kappa'], method=options['method'])
+    module = module.double().train()
     module.weight.copy_(tensors[f'{case}.weight_before'])
     torch.testing.assert_close(module(tensors[f'{case}.input']), tensors[f'{case}.output'], rtol=1e-12, atol=1e-12)
     loss = module.update()
@@ -280,6 +291,16 @@ def test_the_training_loop_steps_the_matrices_after_each_optimizer_step():
     assert events == ['optimizer step', 'matrices step'] * 2
     assert all(not torch.equal(buffer, torch.eye(len(buffer))) for name, buffer in model.named_buffers()
                if name.endswith('decorrelation.weight'))
+
+
+def test_the_models_matrices_take_the_rule_it_is_given():
+    model = tiny(decorr_matrices=True, decorr_matrices_method='normalized', decorr_matrices_lr=0.5,
+                 decorr_matrices_kappa=0.2)
+    matrices = [module for module in model.modules() if isinstance(module, Decorrelation)]
+    assert len(matrices) == 9 and all(module.method == 'normalized' and module.lr == 0.5 and module.kappa == 0.2
+                                      for module in matrices)
+    assert all(module.method == 'standard' for module in tiny(decorr_matrices=True).modules()
+               if isinstance(module, Decorrelation))
 
 
 def test_the_update_reads_a_share_of_the_rows_drawn_with_replacement_and_only_in_training():
@@ -380,7 +401,8 @@ def test_tokens_of_another_width_than_the_subspace_basis_are_refused():
                                                 ('decorr_matrices', 1, TypeError),
                                                 ('decorr_matrices_lr', 0., ValueError),
                                                 ('decorr_matrices_kappa', 1.5, ValueError),
-                                                ('decorr_matrices_sample_frac', 0., ValueError)])
+                                                ('decorr_matrices_sample_frac', 0., ValueError),
+                                                ('decorr_matrices_method', 'whitened', ValueError)])
 def test_bad_model_arguments_are_refused_by_name(name, value, error):
     with pytest.raises(error, match=name):
         tiny(**{name: value, 'decorr_use_subspace': name == 'decorr_dim_subspace'})

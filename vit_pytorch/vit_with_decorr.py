@@ -54,8 +54,9 @@ those with `pool='mean'`, whose mean includes the cls token; ours has no cls tok
 an assert. `num_classes=0` gives the tokens, as `vit.ViT`. `decorr_matrices` and its options are ours.
 
 Differences from the paper's code (decorbp): the rule, its loss and its row sampling are decorbp's 'standard'
-method (tests/fixtures/make_decorbp_official_fixtures.py checks a step against it); its 'normalized' method and
-its lower-triangular matrices (`full=False`) are not offered, nor its convolution version (our patch projection
+method by default, its 'normalized' method with `decorr_matrices_method='normalized'`
+(tests/fixtures/make_decorbp_official_fixtures.py checks a step of each against it); its lower-triangular
+matrices (`full=False`) are not offered, nor its convolution version (our patch projection
 is a Linear on flattened patches, which its Conv2d patch embedding computes too). Its defaults are taken as
 ours (lr 1e-4 and kappa 1e-3 of its command line; every row read); the rates of the paper's ViT runs are not
 known to us (we read the paper's abstract, not its method section). With several processes (DDP) each process
@@ -137,14 +138,22 @@ class Decorrelation(nn.Module):
     decorrelates; kappa > 0 also pulls each variance towards 1 (whitening). This is decorbp's 'standard' rule as
     its code computes it (artcogsys/decorbp, `Decorrelation.update`, commit 5a15d9a; `kappa * v * weight` there
     scales R's columns by v, hence R diag(v), where its earlier notes write the variance term on the left, diag(v)
-    R; the two agree while R is diagonal). `sample_frac` < 1 keeps int(N * sample_frac) rows drawn with
-    replacement (at least one) from the N = b * n rows of a forward (decorbp's `downsample_perc`); the output
-    always transforms every row. With no training forward since the last update, `update()` does nothing (None).
+    R; the two agree while R is diagonal). `method='normalized'` is decorbp's other rule: the decorrelation term
+    divided by the d - 1 off-diagonal entries of a row and the variance term doubled (the gradient of v^2),
+
+        R <- R - lr ((1 - kappa) / (d - 1) C R + 2 kappa R diag(v)),
+
+    returning (((1 - kappa) / (d - 1)) sum C^2 + kappa sum v^2) / d: each row's decorrelation step averages its
+    d - 1 off-diagonal entries where the standard rule sums them. `sample_frac` < 1 keeps
+    int(N * sample_frac) rows drawn with replacement (at least one) from the N = b * n rows of a forward
+    (decorbp's `downsample_perc`); the output always transforms every row. With no training forward since the
+    last update, `update()` does nothing (None).
     """
 
-    def __init__(self, dim, *, lr=1e-4, kappa=1e-3, sample_frac=1.):
+    def __init__(self, dim, *, lr=1e-4, kappa=1e-3, sample_frac=1., method='standard'):
+        check_method(method)
         super().__init__()
-        self.lr, self.kappa, self.sample_frac = lr, kappa, sample_frac
+        self.lr, self.kappa, self.sample_frac, self.method = lr, kappa, sample_frac, method
         self.register_buffer('weight', torch.eye(dim))
         self.rows = None
 
@@ -167,18 +176,22 @@ class Decorrelation(nn.Module):
         second = rows.T @ rows / len(rows)
         off_diagonal = second - torch.diag_embed(second.diagonal())
         variance_gap = second.diagonal() - 1.
-        self.weight -= self.lr * ((1. - self.kappa) * off_diagonal @ self.weight +
-                                  self.kappa * self.weight * variance_gap)
-        return ((1. - self.kappa) * off_diagonal.pow(2).sum() + self.kappa * variance_gap.pow(2).sum()) / dim ** 2
+        # the two terms' weights: decorbp's 'standard' rule, or its 'normalized' one (per off-diagonal entry of a
+        # row; the variance term's gradient, 2 v); the loss summed over d^2 entries, or averaged over the d rows
+        decorrelate, whiten, size = ((1. - self.kappa) / (dim - 1), 2. * self.kappa, dim) \
+            if self.method == 'normalized' else (1. - self.kappa, self.kappa, dim ** 2)
+        self.weight -= self.lr * (decorrelate * off_diagonal @ self.weight + whiten * self.weight * variance_gap)
+        return (decorrelate * off_diagonal.pow(2).sum() + self.kappa * variance_gap.pow(2).sum()) / size
 
 
 class DecorrelatedLinear(nn.Linear):
     """A Linear whose input passes a `Decorrelation` first: y = W (R x) + b. Its parameters keep nn.Linear's keys
     (`weight`, `bias`); R is `decorrelation.weight`."""
 
-    def __init__(self, in_features, out_features, bias=True, *, lr=1e-4, kappa=1e-3, sample_frac=1.):
+    def __init__(self, in_features, out_features, bias=True, *, lr=1e-4, kappa=1e-3, sample_frac=1.,
+                 method='standard'):
         super().__init__(in_features, out_features, bias=bias)
-        self.decorrelation = Decorrelation(in_features, lr=lr, kappa=kappa, sample_frac=sample_frac)
+        self.decorrelation = Decorrelation(in_features, lr=lr, kappa=kappa, sample_frac=sample_frac, method=method)
 
     def forward(self, x):
         return F.linear(self.decorrelation(x), self.weight, self.bias)
@@ -219,7 +232,8 @@ class ViT(vit.ViT):
     `Decorrelation` matrix before every Linear of the encoder (the patch projection, and in each layer the
     query/key/value and output projections and both feed-forward Linears; not the head), each updated by
     `update_decorrelation_()` after every optimizer step (the training loop calls it), with its rule's
-    `decorr_matrices_lr`, `decorr_matrices_kappa` and `decorr_matrices_sample_frac` (see `Decorrelation`).
+    `decorr_matrices_lr`, `decorr_matrices_kappa` and `decorr_matrices_sample_frac`, and
+    `decorr_matrices_method` ('standard', decorbp's default, or its 'normalized' rule; see `Decorrelation`).
 
     `forward_features` returns all tokens after the final norm, (b, prefix + h * w, dim).
     `num_classes=0` makes `forward` return (all those tokens, the loss), as `vit.ViT` does the tokens.
@@ -229,12 +243,12 @@ class ViT(vit.ViT):
                  dim_head=64, dropout=0., emb_dropout=0., decorr_sample_frac=1., decorr_use_subspace=False,
                  decorr_dim_subspace=64, decorr_num_subspaces=1, decorr_mean_center=False,
                  decorr_layer_outputs_across_depth=False, decorr_matrices=False, decorr_matrices_lr=1e-4,
-                 decorr_matrices_kappa=1e-3, decorr_matrices_sample_frac=1.):
+                 decorr_matrices_kappa=1e-3, decorr_matrices_sample_frac=1., decorr_matrices_method='standard'):
         check_arguments(**vit.arguments(locals()))
         blocks = dict(attention=Attention)
         if decorr_matrices:
             linear = partial(DecorrelatedLinear, lr=decorr_matrices_lr, kappa=decorr_matrices_kappa,
-                             sample_frac=decorr_matrices_sample_frac)
+                             sample_frac=decorr_matrices_sample_frac, method=decorr_matrices_method)
             blocks = dict(attention=partial(Attention, linear=linear),
                           feedforward=partial(vit.FeedForward, linear=linear),
                           patch_embedding=partial(vit.PatchEmbedding, linear=linear))
@@ -322,15 +336,21 @@ def check_tokens(tokens, loss):
                          f"{tuple(tokens.shape)}")
 
 
+def check_method(method, name='method'):
+    if method not in ('standard', 'normalized'):
+        raise ValueError(f"{name} must be 'standard' or 'normalized' (decorbp's two rules), got {method!r}")
+
+
 def check_arguments(*, decorr_sample_frac, decorr_use_subspace, decorr_dim_subspace, decorr_num_subspaces,
                     decorr_mean_center, decorr_layer_outputs_across_depth, decorr_matrices, decorr_matrices_lr,
-                    decorr_matrices_kappa, decorr_matrices_sample_frac, dim, **_):
+                    decorr_matrices_kappa, decorr_matrices_sample_frac, decorr_matrices_method, dim, **_):
     vit.fraction('decorr_sample_frac', decorr_sample_frac, ' (the share of tokens sampled; 0: no loss)')
     for name, value in dict(decorr_use_subspace=decorr_use_subspace, decorr_mean_center=decorr_mean_center,
                             decorr_layer_outputs_across_depth=decorr_layer_outputs_across_depth,
                             decorr_matrices=decorr_matrices).items():
         vit.boolean(name, value)
     vit.positive_float('decorr_matrices_lr', decorr_matrices_lr)
+    check_method(decorr_matrices_method, 'decorr_matrices_method')
     vit.fraction('decorr_matrices_kappa', decorr_matrices_kappa, ' (the weight of the variance term)')
     if vit.fraction('decorr_matrices_sample_frac', decorr_matrices_sample_frac,
                     ' (the share of rows the update reads)') == 0:
