@@ -104,6 +104,17 @@ def test_the_readme_lists_every_registered_model():
                                    f'in the README but not registered: {sorted(listed - set(MODELS))}')
 
 
+def test_the_readme_gives_the_registry_tables_counts():
+    """The README's summary of docs/registry-table.md is that table's own summary line, count for count."""
+    table = (ROOT / 'docs' / 'registry-table.md').read_text()
+    summary = re.search(r'^(\d+) models: (\d+) at or above 1\.0x, (\d+) at parity .*?, (\d+) below, (\d+) without a '
+                        r'reference measured', table, flags=re.M)
+    readme = re.search(r'all (\d+) models measured on [^:]*: (\d+) at or above 1\.0x, (\d+) at parity, (\d+) below '
+                       r'\([^)]*\), (\d+) without a reference', README.read_text())
+    assert summary and readme, 'a summary line was not found'
+    assert readme.groups() == summary.groups(), (readme.groups(), summary.groups())
+
+
 def test_the_readme_lists_the_wrappers():
     models = readme_section('Models')
     for wrapper in ('mae.MAE', 'simmim.SimMIM', 'mpp.MPP', 'dino.Dino', 'distill.DistillWrapper',
