@@ -2,6 +2,7 @@
 
     python examples/levjepa_clips.py --seeds 0 1 2 --epochs 4        # the table of docs/pretraining.md
     python examples/levjepa_clips.py --nd --seeds 0 1 2 --epochs 4   # the same with LeVJEPAND (levjepa_nd)
+    python examples/levjepa_clips.py --no-flip --seeds 0 1 2 --epochs 4   # the local views unflipped (the docs)
     python examples/levjepa_clips.py --seeds 0 --epochs 1          # one short epoch, to time it
 
 LeVJEPA (`vit_pytorch.levjepa`, arXiv 2608.27395) claims that its objective (LeJEPA's prediction loss between a
