@@ -70,11 +70,12 @@ def test_each_method_writes_a_network_that_loads_as_the_model_it_pre_trained(met
         assert torch.equal(value, wrapper[prefix + key]), key
 
 
-@pytest.mark.parametrize('method', ['mae', 'dino', 'mp3', 'lejepa'])
+@pytest.mark.parametrize('method', ['mae', 'dino', 'mp3', 'lejepa', 'levjepa'])
 def test_interrupted_run_resumed_matches_an_uninterrupted_run(method, tmp_path, monkeypatch):
     whole, broken = tmp_path / 'whole', tmp_path / 'broken'
-    # 8-pixel digits (a 2x2 grid) in 3 batches an epoch keep it fast
-    args = [*method_args(method), '--epochs', 2, *FAST, '--batch-size', 512, '--image-size', 8]
+    # 8-pixel digits (a 2x2 grid), or 16-pixel clips, in 3 batches an epoch keep it fast
+    data = TINY_CLIPS if method in CLIP_METHODS else [*FAST, '--batch-size', 512, '--image-size', 8]
+    args = [*method_args(method), '--epochs', 2, *data]
     assert run(*args, '--out', whole) == 0
 
     saves = []
