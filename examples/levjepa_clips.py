@@ -2,6 +2,7 @@
 
     python examples/levjepa_clips.py --seeds 0 1 2 --epochs 4        # the table of docs/pretraining.md
     python examples/levjepa_clips.py --nd --seeds 0 1 2 --epochs 4   # the same with LeVJEPAND (levjepa_nd)
+    python examples/levjepa_clips.py --no-flip --seeds 0 1 2 --epochs 4   # the local views unflipped (the docs)
     python examples/levjepa_clips.py --seeds 0 --epochs 1          # one short epoch, to time it
 
 LeVJEPA (`vit_pytorch.levjepa`, arXiv 2608.27395) claims that its objective (LeJEPA's prediction loss between a
@@ -12,8 +13,9 @@ moving-digits clips of the training digits (`vit_pytorch.clips.moving_digits`, g
 that the paper's photometric augmentation applies; `--repeats` clips per training digit, each on its own random
 path), without their labels. The recipe is the paper's code's on a small scale: one global view (a crop of 0.8 to
 1 of the frame, resized to 32), `--local-views` local ones (crops of 0.02 to 0.4, resized to 16, colour jitter,
-grayscale and a horizontal flip per clip), `--drop-ratio` of the patch tokens dropped, SIGReg weight 0.02 with 17
-knots and 256 directions, a BatchNorm projector 256 wide to 64; AdamW at `--lr` with cosine decay.
+grayscale and a horizontal flip per clip, which `--no-flip` leaves out), `--drop-ratio` of the patch tokens
+dropped, SIGReg weight 0.02 with 17 knots and 256 directions, a BatchNorm projector 256 wide to 64; AdamW at `--lr`
+with cosine decay.
 
 The probes read the frozen encoder's cls token (`LeVJEPA(..., return_embedding=True)`, every token kept, eval
 mode) of each clip. Two labels come with every clip: the digit (10 classes; any frame tells) and the direction of
@@ -97,20 +99,22 @@ class ClipView(nn.Module):
         return levjepa.augmented_view(video, self.size, self.scale, VIEWS['crop_ratio_range'], self.augment)
 
 
-def make_learner(seed, *, local_views, drop_ratio, nd=False, local_size=None):
+def make_learner(seed, *, local_views, drop_ratio, nd=False, local_size=None, flip=True):
     """LeVJEPA (local views of `local_size`, 16 by default) or with `nd` LeVJEPAND with LeVJEPA's views at 32
-    pixels, on `make_encoder(nd)` initialised by `seed`."""
+    pixels, on `make_encoder(nd)` initialised by `seed`; `flip=False` leaves the local views unflipped (the crops
+    draw the same random numbers either way, so only the flips differ)."""
     torch.manual_seed(seed)
     encoder = make_encoder(nd)
     size = ENCODER['image_size']
     if not nd:
         return LeVJEPA(encoder, image_size=size, local_size=local_size or 16, num_local_views=local_views,
-                       drop_ratio=drop_ratio, **VIEWS, **LEARNER)
+                       drop_ratio=drop_ratio, local_augment_fn=levjepa.PhotometricAugment(hflip=flip), **VIEWS,
+                       **LEARNER)
     if local_size not in (None, size):
         raise ValueError(f"local_size must be {size} (or None) with nd: the NDTransformer takes clips of one shape, "
                          f"got {local_size}")
     source = ClipView(size, VIEWS['global_crop_scale'], levjepa.NormalizeVideo())
-    target = ClipView(size, VIEWS['local_crop_scale'], levjepa.PhotometricAugment())
+    target = ClipView(size, VIEWS['local_crop_scale'], levjepa.PhotometricAugment(hflip=flip))
     return LeVJEPAND(encoder, input_shape=encoder.input_shape, augment_src=source, augment_tgt=target,
                      num_target_aug_views=local_views, drop_ratio=drop_ratio, **LEARNER)
 
@@ -210,7 +214,7 @@ def run_seed(seed, args, data, log=print):
     pretrain_videos, train_videos, train_labels, test_videos, test_labels = data
     subsets = {task: labelled_subset(train_labels[task], args.labels, seed) for task in TASKS}
     learner = make_learner(seed, local_views=args.local_views, drop_ratio=args.drop_ratio, nd=args.nd,
-                           local_size=args.local_size)
+                           local_size=args.local_size, flip=not args.no_flip)
     initial = {k: v.clone() for k, v in learner.encoder.state_dict().items()}
 
     scores = {}
@@ -255,6 +259,8 @@ def make_parser():
                         help="the local views' size in pixels (default: 16; with --nd 32, the only one it takes)")
     parser.add_argument('--nd', action='store_true',
                         help="pre-train with levjepa_nd's LeVJEPAND on a 3-D NDTransformer, LeVJEPA's views at 32")
+    parser.add_argument('--no-flip', action='store_true',
+                        help="don't flip the local views left-right (flipping swaps left and right motion)")
     parser.add_argument('--drop-ratio', type=float, default=0.95)
     parser.add_argument('--labels', type=int, default=10, help='labelled clips per class (default: %(default)s)')
     parser.add_argument('--supervised-epochs', type=int, default=0,

@@ -132,6 +132,26 @@ def test_levjepa_clips_nd_is_levjepa_with_local_views_of_the_full_size():
     torch.testing.assert_close(gradients[1], gradients[0], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize('nd', [False, True])
+def test_levjepa_clips_no_flip_changes_only_the_local_views_flips(nd):
+    # --no-flip against the default on the same draws: the same global (source) views, and each local (target)
+    # view the flipped run's, or its left-right mirror where that run flipped it; a flip-off run of a seed is the
+    # flip-on run without the flips (the comparison of docs/pretraining.md)
+    module = example('levjepa_clips')
+    clips = torch.rand(4, 3, 8, 32, 32, generator=torch.Generator().manual_seed(0))
+    views = []
+    for flip in (True, False):
+        learner = module.make_learner(0, local_views=4, drop_ratio=0.9, nd=nd, flip=flip)
+        torch.manual_seed(1)
+        views.append(learner.views(clips))
+    (global_on, local_on), (global_off, local_off) = views
+    assert torch.equal(global_on, global_off)
+    same = [torch.allclose(on, off, atol=1e-5) for on, off in zip(local_on, local_off)]
+    mirrored = [torch.allclose(on.flip(-1), off, atol=1e-5) for on, off in zip(local_on, local_off)]
+    assert all(s != m for s, m in zip(same, mirrored))          # each view one or the other, not both
+    assert 0 < sum(mirrored) < len(mirrored)                     # 16 views: some flipped, some not
+
+
 @pytest.mark.slow
 def test_levjepa_clips_pretraining_lowers_its_loss_and_the_probe_beats_chance():
     # the loss on a fixed batch of the training's size (32: SIGReg grows with N), views, dropped tokens and SIGReg

@@ -17,6 +17,7 @@ from vit_pytorch.checkpoint import load_model
 from vit_pytorch.evaluate import load_digits
 from vit_pytorch.dino import Dino
 from vit_pytorch.models import build_model
+from vit_pytorch.training import pretraining
 
 TINY = ['--threads', '1', '--dim', '32', '--depth', '2', '--heads', '2', '--dim-head', '16', '--mlp-dim', '64']
 FAST = ['--quiet', '--no-plots', '--batch-size', '256', '--warmup-epochs', '1'] + TINY
@@ -43,7 +44,13 @@ def method_args(method):
                                    if method == 'mae' else [])
 
 
-@pytest.mark.parametrize('method', pretrain.METHODS)
+IMAGE_METHODS = [name for name in pretrain.METHODS if pretraining.METHODS[name].inputs == 'images']
+CLIP_METHODS = [name for name in pretrain.METHODS if pretraining.METHODS[name].inputs == 'clips']
+# the clip methods at their smallest: 16-pixel clips (a 4 x 2 x 2 grid of simple_vit_3d's tubelets), 2 local views
+TINY_CLIPS = [*FAST, '--batch-size', 512, '--model', 'simple_vit_3d', '--image-size', 16, '--local-views', 2]
+
+
+@pytest.mark.parametrize('method', IMAGE_METHODS)
 def test_each_method_writes_a_network_that_loads_as_the_model_it_pre_trained(method, tmp_path):
     out = tmp_path / method
     assert run(*method_args(method), '--epochs', 1, '--out', out, *FAST, '--image-size', 8) == 0
@@ -63,11 +70,12 @@ def test_each_method_writes_a_network_that_loads_as_the_model_it_pre_trained(met
         assert torch.equal(value, wrapper[prefix + key]), key
 
 
-@pytest.mark.parametrize('method', ['mae', 'dino', 'mp3', 'lejepa'])
+@pytest.mark.parametrize('method', ['mae', 'dino', 'mp3', 'lejepa', 'levjepa'])
 def test_interrupted_run_resumed_matches_an_uninterrupted_run(method, tmp_path, monkeypatch):
     whole, broken = tmp_path / 'whole', tmp_path / 'broken'
-    # 8-pixel digits (a 2x2 grid) in 3 batches an epoch keep it fast
-    args = [*method_args(method), '--epochs', 2, *FAST, '--batch-size', 512, '--image-size', 8]
+    # 8-pixel digits (a 2x2 grid), or 16-pixel clips, in 3 batches an epoch keep it fast
+    data = TINY_CLIPS if method in CLIP_METHODS else [*FAST, '--batch-size', 512, '--image-size', 8]
+    args = [*method_args(method), '--epochs', 2, *data]
     assert run(*args, '--out', whole) == 0
 
     saves = []
@@ -388,3 +396,91 @@ def test_lejepa_logs_its_two_terms_which_make_its_loss(tmp_path):
 def test_lejepa_refuses_a_lambda_outside_zero_one(tmp_path, capsys):
     assert run('--method', 'lejepa', '--lejepa-lambda', 1.5, '--epochs', 1, '--out', tmp_path / 'run', *FAST) == 2
     assert '--lejepa-lambda must be in [0, 1]' in capsys.readouterr().err
+
+
+# the clip methods: LeVJEPA and LeVJEPAND on a registered clip model
+
+
+def test_the_clip_methods_are_levjepa_and_levjepa_nd():
+    assert CLIP_METHODS == ['levjepa', 'levjepa_nd']
+
+
+@pytest.mark.parametrize('method', CLIP_METHODS)
+def test_each_clip_method_pre_trains_the_model_on_clips_and_its_network_reloads(method, tmp_path):
+    out = tmp_path / method
+    assert run('--method', method, '--epochs', 1, '--out', out, *TINY_CLIPS) == 0
+    [record] = log_of(out)
+    assert record['invariance_loss'] > 0 and record['sigreg'] > 0          # the two weighted terms make the loss
+    assert record['loss'] == pytest.approx(record['invariance_loss'] + record['sigreg'], rel=1e-5)
+    model, config = load_model(out / 'checkpoint')
+    assert config['model'] == 'simple_vit_3d' and config['pretraining'] == dict(method=method)
+    assert config['data']['source'] == 'clips:digit' and config['model_kwargs']['dim'] == 32
+    assert model(torch.zeros(2, 1, 8, 16, 16)).shape == (2, 10)
+    # the network is the model inside the learner, as trained: not its initialisation (seed 0)
+    wrapper, network = weights_of(out / 'pretrainer'), weights_of(out / 'checkpoint')
+    prefix = 'learner.encoder.model.'
+    assert network.keys() == {key[len(prefix):] for key in wrapper if key.startswith(prefix)}
+    for key, value in network.items():
+        assert torch.equal(value, wrapper[prefix + key]), key
+    torch.manual_seed(0)
+    initial = build_model('simple_vit_3d', **config['model_kwargs']).state_dict()
+    assert not all(torch.equal(initial[key], value) for key, value in network.items())
+
+
+def test_a_clip_method_takes_the_moving_digits_and_vit_nd_when_no_data_or_model_is_given():
+    args, _ = pretrain.parse_args(['--method', 'levjepa'])
+    assert (args.data, args.model) == ('clips:digit', 'vit_nd')
+    assert args.notes == ['--method levjepa on its default --data clips:digit',
+                          '--method levjepa on its default --model vit_nd']
+    args, _ = pretrain.parse_args(['--method', 'levjepa_nd', '--data', 'clips:direction', '--model', 'vit_3d'])
+    assert (args.data, args.model, args.notes) == ('clips:direction', 'vit_3d', [])
+    args, _ = pretrain.parse_args(['--method', 'mae'])
+    assert (args.data, args.model, args.notes) == ('digits', 'vit', [])
+
+
+def test_levjepa_nd_is_levjepa_with_local_views_of_the_clips_size():
+    """The two recipes on the same draws: LeVJEPAND's source and target views are LeVJEPA's global and local
+    views at the clips' side, so the losses agree (up to float rounding: one batch of views, or two)."""
+    args, _ = pretrain.parse_args(['--method', 'levjepa', '--local-views', '3'])
+    videos = torch.rand(6, 1, 8, 16, 16)
+    losses = []
+    for method in ('levjepa', 'levjepa_nd'):
+        torch.manual_seed(0)
+        encoder = build_model('simple_vit_3d', image_size=16, frames=8, image_patch_size=8, frame_patch_size=2,
+                              num_classes=10, dim=32, depth=1, heads=2, dim_head=16, mlp_dim=64, channels=1)
+        learner = pretraining.METHODS[method].build(args, encoder, image_size=(8, 16, 16), mean=[0.2], std=[0.3])
+        torch.manual_seed(1)
+        losses.append(learner(videos))
+    assert losses[0].item() == pytest.approx(losses[1].item(), rel=1e-5)
+    assert learner.last_losses[1] > 0
+
+
+@pytest.mark.parametrize('argv, error', [
+    (['--method', 'levjepa', '--data', 'digits'],
+     '--method levjepa pre-trains on clips, but --data digits gives images: give --data clips:digit'),
+    (['--method', 'levjepa_nd', '--data', 'ucr:GunPoint'],
+     '--method levjepa_nd pre-trains on clips, but --data ucr:GunPoint gives signals'),
+    (['--method', 'mae', '--data', 'clips:digit'],
+     '--method mae pre-trains on images, but --data clips:digit gives clips: clips take --method levjepa, levjepa_nd'),
+    (['--method', 'levjepa', '--model', 'vit'], '--model vit takes images, but --data clips:digit gives clips'),
+    (['--method', 'levjepa', '--local-size', '16'],
+     '--model vit_nd does not take clips of 8 frames of 16x16 (--local-size)'),
+    (['--method', 'levjepa_nd', '--local-size', '16'],
+     "--local-size must be the clips' side, 32, with --method levjepa_nd"),
+])
+def test_a_clip_method_refuses_what_it_cannot_pre_train_naming_the_flags(argv, error, tmp_path, capsys):
+    assert run(*argv, '--epochs', 1, '--out', tmp_path / 'run', '--quiet', '--no-plots', '--threads', 1) == 2
+    assert error in capsys.readouterr().err
+    assert not (tmp_path / 'run' / 'log.jsonl').exists()
+
+
+@pytest.mark.slow
+def test_levjepa_on_its_defaults_pre_trains_vit_nd_and_the_trainer_probes_it(tmp_path):
+    out = tmp_path / 'levjepa'
+    assert run('--method', 'levjepa', '--epochs', 1, '--out', out, *FAST) == 0
+    model, config = load_model(out / 'checkpoint')
+    assert config['model'] == 'vit_nd' and config['data']['source'] == 'clips:digit'
+    assert model(torch.zeros(2, 1, 8, 32, 32)).shape == (2, 10)
+    assert train.main(['--init', str(out / 'checkpoint'), '--data', 'clips:direction', '--linear-probe',
+                       '--epochs', '1', '--out', str(tmp_path / 'probe'), '--quiet', '--no-plots',
+                       '--threads', '1']) == 0

@@ -1,5 +1,5 @@
-"""Self-supervised pre-training in one command, without labels: MAE, SimMIM, masked patch prediction, DINO
-or MP3.
+"""Self-supervised pre-training in one command, without labels: MAE, SimMIM, masked patch prediction, DINO,
+MP3, LeJEPA, EsViT, and on clips LeVJEPA and LeVJEPAND.
 
     python -m vit_pytorch.pretrain --method mae             # small ViT on the 1,347 training digits
     python -m vit_pytorch.pretrain --method dino --epochs 100
@@ -7,6 +7,8 @@ or MP3.
     python -m vit_pytorch.pretrain --method mae --out runs/digits-vit-mae --resume --epochs 200
     torchrun --standalone --nproc_per_node=2 -m vit_pytorch.pretrain --method simmim
     python -m vit_pytorch.train --init runs/digits-vit-mae/checkpoint            # then fine-tune it
+    python -m vit_pytorch.pretrain --method levjepa --epochs 4                   # vit_nd on the moving digits
+    python -m vit_pytorch.pretrain --method levjepa_nd --data clips:direction --model simple_vit_3d
 
 The command follows the training command's conventions (`vit_pytorch.train`): the same data
 (`--data digits`, a folder with train/<class>/, or a registered NAME:ARG source of images; the
@@ -32,6 +34,13 @@ teacher temperature rises linearly from `--teacher-temp` to `--final-teacher-tem
 and its head's last layer is not updated during the first `--freeze-last-layer` epochs, as in the
 paper's code (its weight-decay schedule is left out).
 
+LeVJEPA and LeVJEPAND (`--method levjepa`, `--method levjepa_nd`) pre-train a clip model on clips (`--data
+clips:digit`, their default, or `clips:direction`; `--model vit_nd`, their default, or any model for clips) with
+examples/levjepa_clips.py's recipe: `--local-views` views of each clip (`--local-size` their side, for LeVJEPA and a
+model that takes smaller clips), SIGReg weighted by `--sigreg-loss-weight`. They read the model's pooled embedding
+and keep every token (the registered clip models drop none); image methods refuse clips, and clip methods images,
+naming the flags.
+
 A resumed run takes its data, model, method and recipe from pretrainer/; `--epochs` may grow and
 `--lr` may change (the new peak for the remaining steps); any other option given with a value
 unlike the run's is refused with both values.
@@ -47,7 +56,8 @@ Written to --out (default runs/<data>-<model>-<method>):
                 vit_pytorch.train --init <out>/checkpoint` fine-tunes it (or `--linear-probe`
                 trains only a new head on its frozen features), `vit_pytorch.checkpoint.load_model`
                 loads it. For DINO it is the teacher's network, which the paper evaluates; for MP3
-                the ViT, whose position embedding it never used (as initialised).
+                the ViT, whose position embedding it never used (as initialised); for LeVJEPA and
+                LeVJEPAND the clip model (`--init` it with the same --data kind and --image-size).
   pretrainer/   the whole wrapper (decoder, heads, DINO's student and teacher) with the optimizer
                 and the run's state, for --resume
   curves.png    the loss per epoch
@@ -61,12 +71,13 @@ model with BatchNorm trains on no last batch of fewer than 2 images per process.
 
 import argparse
 import contextlib
+import os
 import sys
 
 import torch
 
 from vit_pytorch import plots
-from vit_pytorch.train import command_line_fits, epoch_count
+from vit_pytorch.train import command_line_fits, data_inputs, epoch_count
 from vit_pytorch.train import parse_args as parse_training_args
 from vit_pytorch.training import pretraining, registry
 from vit_pytorch.training.checkpoints import save_checkpoint
@@ -88,13 +99,17 @@ def build_parser():
                         help='the self-supervised objective (required, except with --resume)')
     data = parser.add_argument_group('data')
     data.add_argument('--data', default='digits',
-                      help="'digits', a folder with train/<class>/ or NAME:ARG (labels unused)")
+                      help="'digits', a folder with train/<class>/ or NAME:ARG (labels unused); clips:digit or "
+                         "clips:direction (moving digits) for --method levjepa, levjepa_nd (default for them: "
+                         "clips:digit)")
     data.add_argument('--image-size', type=int, default=None,
-                      help="side in pixels (default: the data's, 16 for the digits, 32 for a folder)")
+                      help="side in pixels, or a clip frame's (default: the data's, 16 for the digits, 32 for a "
+                           "folder or clips)")
     data.add_argument('--channels', type=int, default=None,
                       help="1 gray or 3 RGB (default: the data's, 1 for the digits, 3 for a folder)")
     model = parser.add_argument_group('model')
-    model.add_argument('--model', default='vit', help=f"one of {', '.join(registry.known_names())}")
+    model.add_argument('--model', default='vit', help=f"one of {', '.join(registry.known_names())} (default: vit; "
+                       "vit_nd for --method levjepa, levjepa_nd)")
     recipe = parser.add_argument_group('recipe')
     recipe.add_argument('--epochs', type=int, default=100,
                         help='passes over the images; with --resume, more than before extends the run')
@@ -132,12 +147,27 @@ def build_parser():
 
 
 def parse_args(argv=None):
-    """(arguments, model keyword arguments); `args.given` names the options the command line set."""
+    """(arguments, model keyword arguments); `args.given` names the options the command line set (and the data and
+    model a clip method chose, `args.notes` saying so)."""
     parser = build_parser()
     args, model_kwargs = parse_training_args(argv, parser)
     if args.method is None and args.resume is None:
         parser.error(f"--method is required: one of {', '.join(pretraining.METHODS)}")
+    args.notes = pretraining.method_defaults(args)
     return args, model_kwargs
+
+
+def check_inputs(args):
+    """A ValueError naming the flags when --data does not give what --method pre-trains on (images or clips)."""
+    method = pretraining.METHODS.get(args.method)
+    kind = data_inputs(args.data)
+    if method is None or kind == method.inputs:
+        return
+    clip_methods = ', '.join(name for name, entry in pretraining.METHODS.items() if entry.inputs == 'clips')
+    hint = ("give --data clips:digit or clips:direction" if method.inputs == 'clips' else
+            f"clips take --method {clip_methods}" if kind == 'clips' else "give images")
+    raise ValueError(f"--method {args.method} pre-trains on {method.inputs}, but --data {args.data} gives {kind}: "
+                     f"{hint}")
 
 
 def pretrain(args, model_kwargs):
@@ -160,6 +190,14 @@ def pretrain(args, model_kwargs):
 
 def main(argv=None):
     args, model_kwargs = parse_args(argv)
+    try:
+        check_inputs(args)                                         # --method and --data first: the model follows
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if not args.quiet and int(os.environ.get('RANK', '0')) == 0:
+        for note in args.notes:
+            print(note, flush=True)
     if not command_line_fits(args, model_kwargs, build_parser()):
         return 2
     return run_command(pretrain, args, model_kwargs, command='vit_pytorch.pretrain', summary=lambda result: (

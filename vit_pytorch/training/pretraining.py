@@ -11,7 +11,9 @@ A method is a `Method` in `METHODS`. To add one (say `--method lejepa`):
    fine-tunes), `options` declares its command-line options (flag, argparse keywords) under its `group` title;
    override the hooks it needs (`forward_options`, `after_backward`, `after_step`, `sums`, `record`, `line`,
    `pictures`; the defaults do nothing) and set `masked` (the loop shifts, flips and normalises its images)
-   and `betas` (its paper's AdamW);
+   and `betas` (its paper's AdamW); a method for clips sets `inputs = 'clips'` (with the data and model it
+   takes when none is given, `default_data` and `default_model`), and its `build` gets the clips' (frames, h, w)
+   as `image_size`;
 3. add `'lejepa': LeJEPAMethod()` to `METHODS`.
 
 The command then offers `--method lejepa` with its options, and the run, resume, divergence checks, logs and
@@ -49,6 +51,8 @@ class Method:
     # sees shifted (and flipped) normalised images; a method that makes its own views takes the pixels
     masked = True
     betas = (0.9, 0.95)                                        # MAE's AdamW
+    inputs = 'images'                                          # or 'clips' (b, c, frames, h, w)
+    default_data = default_model = None                        # a clip method's, when --data, --model not given
     group = None                                               # the title of its options in --help
     options = ()                                               # (flag, argparse keyword arguments)
 
@@ -302,6 +306,148 @@ METHODS = dict(mae=MAEMethod(), simmim=SimMIMMethod(), mpp=MPPMethod(), dino=Din
                lejepa=LeJEPAMethod())
 
 
+class PooledEncoder(nn.Module):
+    """A registered clip model as the encoder LeVJEPA and LeVJEPAND take: `forward(x, drop_ratio=None)` gives its
+    pre-logits embedding (`forward_head(forward_features(x), pre_logits=True)`: its cls token, or the mean of its
+    tokens, as the model pools) as the one token (b, 1, dim) they read; `dim` its width, `ndim` the dimensions of
+    its input (3 for clips). The registered models keep every token (only levjepa's `VideoTransformer` and
+    levjepa_nd's `NDTransformer` drop them), so `drop_ratio` must be None."""
+
+    ndim = 3
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.dim = model, model.num_features
+
+    def forward(self, x, drop_ratio=None):
+        if drop_ratio is not None:
+            raise ValueError(f"drop_ratio must be None: a registered model keeps every token, got {drop_ratio}")
+        return self.model.forward_head(self.model.forward_features(x), pre_logits=True)[:, None]
+
+
+class KeepsLossTerms(nn.Module):
+    """`learner` (LeVJEPA, LeVJEPAND) whose forward returns the loss and keeps its two weighted terms, detached
+    (`last_losses`: invariance, SIGReg), for the log."""
+
+    def __init__(self, learner):
+        super().__init__()
+        self.learner, self.last_losses = learner, None
+
+    def forward(self, video):
+        loss, terms = self.learner(video, return_loss_breakdown=True)
+        self.last_losses = tuple(term.detach() for term in terms)
+        return loss
+
+
+class ClipView(nn.Module):
+    """One of LeVJEPA's views of clips (b, c, t, h, w) for LeVJEPAND: `levjepa.augmented_view` (a random resized
+    crop of `scale` per clip, resized to `size`, flipped left-right where `augment` flips, then `augment`), as
+    examples/levjepa_clips.py's `ClipView`."""
+
+    def __init__(self, size, scale, ratio, augment):
+        super().__init__()
+        self.size, self.scale, self.ratio, self.augment = size, scale, ratio, augment
+
+    def forward(self, video):
+        from vit_pytorch import levjepa
+
+        return levjepa.augmented_view(video, self.size, self.scale, self.ratio, self.augment)
+
+
+class LeVJEPAMethod(Method):
+    """LeVJEPA on clips (`vit_pytorch.levjepa`): a global view of each clip (a crop of 0.8 to 1, normalised) and
+    `--local-views` local ones (crops of 0.02 to 0.4 resized to `--local-size`, colour jitter, grayscale, flips),
+    every local view's projection pulled to its clip's global one, SIGReg weighted by `--sigreg-loss-weight`;
+    examples/levjepa_clips.py's recipe (a BatchNorm projector `--projection-hidden-size` wide to 64, SIGReg on
+    `--sigreg-slices` directions and 17 knots) on a registered clip model (`PooledEncoder`: its pooled embedding,
+    every token kept). Its network is that model; the log gives the two terms."""
+
+    masked = False                                             # LeVJEPA makes its own views of the clips
+    betas = (0.9, 0.999)                                       # the example's AdamW (torch's default betas)
+    group = 'LeVJEPA, LeVJEPAND (clips)'
+    inputs, default_data, default_model = 'clips', 'clips:digit', 'vit_nd'
+    options = (
+        ('--local-views', dict(type=int, default=4, help="LeVJEPA's local views of each clip (LeVJEPAND's target "
+                                                         "views)")),
+        ('--local-size', dict(type=int, default=None, help="LeVJEPA: the local views' side in pixels, for a "
+                                                           "model that takes it (default: the clips'; LeVJEPAND "
+                                                           "takes only that)")),
+        ('--sigreg-loss-weight', dict(type=float, default=0.02, help="the weight of SIGReg (the invariance "
+                                                                     "loss's is 1); the projector is "
+                                                                     "--projection-hidden-size wide to 64, SIGReg "
+                                                                     "tests --sigreg-slices directions")))
+    projection_dim = 64                                        # the example's projector output
+
+    def build(self, args, encoder, *, image_size, mean, std):
+        from vit_pytorch.levjepa import LeVJEPA, NormalizeVideo, PhotometricAugment
+
+        frames, height, width = image_size
+        local = (height, width) if args.local_size is None else (args.local_size, args.local_size)
+        check_takes_clips(args, encoder, (len(mean), frames, height, width), '--image-size')
+        check_takes_clips(args, encoder, (len(mean), frames, *local), '--local-size')
+        return KeepsLossTerms(LeVJEPA(
+            PooledEncoder(encoder), image_size=(height, width), local_size=local, num_local_views=args.local_views,
+            drop_ratio=None, **self.learner_options(args), global_augment_fn=NormalizeVideo(mean, std),
+            local_augment_fn=PhotometricAugment(mean=mean, std=std)))
+
+    def learner_options(self, args):
+        return dict(num_classes_K=self.projection_dim, projection_hidden=args.projection_hidden_size,
+                    sigreg_loss_weight=args.sigreg_loss_weight,
+                    sigreg_loss_kwargs=dict(num_proj=args.sigreg_slices, knots=17))
+
+    def network(self, learner):
+        return learner.learner.encoder.model
+
+    def sums(self, learner, count):
+        return [term.item() * count for term in learner.last_losses]
+
+    def record(self, args, sums, global_step, steps, total_steps):
+        invariance, sigreg = sums
+        return dict(invariance_loss=invariance, sigreg=sigreg)
+
+    def line(self, record):
+        return f", invariance {record['invariance_loss']:.4f}, SIGReg {record['sigreg']:.4f}"
+
+
+class LeVJEPANDMethod(LeVJEPAMethod):
+    """LeVJEPAND (`vit_pytorch.levjepa_nd`) with LeVJEPA's views, as examples/levjepa_clips.py --nd: its source
+    view LeVJEPA's global view, its `--local-views` target views LeVJEPA's local views at the clips' size (it
+    encodes every view in one batch); the rest as `--method levjepa`."""
+
+    def build(self, args, encoder, *, image_size, mean, std):
+        from vit_pytorch.levjepa import NormalizeVideo, PhotometricAugment
+        from vit_pytorch.levjepa_nd import LeVJEPAND
+
+        frames, height, width = image_size
+        if args.local_size is not None and (args.local_size, args.local_size) != (height, width):
+            raise ValueError(f"--local-size must be the clips' side, {height}, with --method levjepa_nd (LeVJEPAND "
+                             f"encodes every view in one batch), got --local-size {args.local_size}")
+        check_takes_clips(args, encoder, (len(mean), frames, height, width), '--image-size')
+        views = dict(size=(height, width), ratio=(0.75, 1.3333))   # LeVJEPA's crops, its defaults
+        source = ClipView(scale=(0.8, 1.0), augment=NormalizeVideo(mean, std), **views)
+        target = ClipView(scale=(0.02, 0.4), augment=PhotometricAugment(mean=mean, std=std), **views)
+        return KeepsLossTerms(LeVJEPAND(
+            PooledEncoder(encoder), input_shape=image_size, augment_src=source, augment_tgt=target,
+            num_target_aug_views=args.local_views, drop_ratio=None, **self.learner_options(args)))
+
+
+def check_takes_clips(args, model, shape, flag):
+    """A ValueError naming `flag` when `model` refuses clips of `shape` (c, frames, h, w)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model.forward_features(torch.zeros(1, *shape))
+    except ValueError as error:
+        raise ValueError(f"--model {args.model} does not take clips of {shape[1]} frames of {shape[2]}x{shape[3]} "
+                         f"({flag}): {error}") from error
+    finally:
+        model.train(was_training)
+
+
+METHODS.update(levjepa=LeVJEPAMethod(), levjepa_nd=LeVJEPANDMethod())
+
+
 class EsViTMethod(DinoMethod):
     """EsViT: DINO's options, schedules, freeze and log, with the region-level loss added (`vit_pytorch.es_vit`): its
     region tokens are the model's last `forward_intermediates` entry (a ViT's patch tokens, a multi-stage model's
@@ -395,13 +541,16 @@ def pretrain(args, model_kwargs, *, parser, rank, world_size, device, run, save=
     channels = args.channels or source.channels
     train_set = source.load('train', image_size=image_size, channels=channels)
     pixels = train_set.floats()
-    if pixels.ndim != 4:
-        raise ValueError(f"--data {args.data} gives inputs of shape {tuple(pixels.shape[1:])}; pre-training takes "
-                         f"images (c, h, w)")
+    clips = method.inputs == 'clips'
+    if pixels.ndim != 4 + clips:
+        raise ValueError(f"--data {args.data} gives inputs of shape {tuple(pixels.shape[1:])}; " + (
+            f"--method {args.method} pre-trains on clips (c, frames, h, w)" if clips else
+            "pre-training takes images (c, h, w)"))
     image_size = image_size or tuple(pixels.shape[2:])
     channels = channels or pixels.shape[1]
-    mean = pixels.mean(dim=(0, 2, 3)).tolist()
-    std = pixels.std(dim=(0, 2, 3)).clamp_min(1e-6).tolist()
+    over = (0, *range(2, pixels.ndim))                             # every pixel (and frame) of each channel
+    mean = pixels.mean(dim=over).tolist()
+    std = pixels.std(dim=over).clamp_min(1e-6).tolist()
 
     # model, wrapper and optimizer
     kwargs = model_config(args.model, model_kwargs, image_size=image_size, channels=channels,
@@ -415,7 +564,8 @@ def pretrain(args, model_kwargs, *, parser, rank, world_size, device, run, save=
                                   f"({kwargs}): {error}") from error
         raise ValueError(f"cannot build model {args.model!r} with {kwargs}: {error}") from error
     try:
-        learner = method.build(args, encoder, image_size=image_size, mean=mean, std=std).to(device)
+        learner = method.build(args, encoder, image_size=tuple(pixels.shape[2:]) if clips else image_size,
+                               mean=mean, std=std).to(device)
     except TypeError as error:
         raise ValueError(f"--method {args.method} cannot pre-train --model {args.model}: {error}") from error
     config = dict(model=args.model, model_kwargs=kwargs, pretraining=dict(method=args.method),
@@ -448,7 +598,7 @@ def pretrain(args, model_kwargs, *, parser, rank, world_size, device, run, save=
         if not args.quiet:
             count = sum(p.numel() for p in encoder.parameters())
             write(f"{args.method} pre-training of {args.model} ({count:,} parameters) on {len(train_set)} unlabelled "
-                  f"{args.data} images, {image_size}px; {world_size} process(es) on {device}; writing to {out}"
+                  f"{args.data} {method.inputs}, {image_size}px; {world_size} process(es) on {device}; writing to {out}"
                   + (f"; resumed after epoch {start_epoch}" if start_epoch else ''))
             if merged:
                 write(f"note: {merged}")
@@ -501,7 +651,7 @@ def pretrain(args, model_kwargs, *, parser, rank, world_size, device, run, save=
             save(out / 'checkpoint', model=method.network(learner), config=config)
             save(out / 'pretrainer', model=learner, config=config, optimizer=optimizer,
                  state=dict(epoch=epoch + 1, elapsed=elapsed, history=history,
-                            args={k: v for k, v in vars(args).items() if k != 'given'}))
+                            args={k: v for k, v in vars(args).items() if k not in ('given', 'notes')}))
             if not args.quiet:
                 write(f"epoch {epoch + 1}/{args.epochs}: {args.method} loss {record['loss']:.4f}"
                       f"{method.line(record)}, {record['images_per_second']:.0f} img/s, {seconds:.1f} s")
@@ -513,6 +663,24 @@ def pretrain(args, model_kwargs, *, parser, rank, world_size, device, run, save=
         pictures.append(save_loss_curve(history, out / 'curves.png', method=args.method, figure=figure))
         pictures += draw(learner, args.method, test_set, mean=mean, std=std, device=device, out=out, figure=figure)
     return dict(record, out=str(out), checkpoint=str(out / 'checkpoint'), pictures=[str(p) for p in pictures])
+
+
+def method_defaults(args):
+    """A clip method's data and model where the command line gave none; the notes that say so. In a new run they
+    count as given from then on, so that the training command's check of the command line keeps the model (it
+    picks the data's default model for one not given); a resumed run takes its own from its pretrainer/ (these
+    only name its default --out)."""
+    method = METHODS.get(args.method)
+    if method is None or method.default_data is None:
+        return []
+    notes = []
+    for name, value in dict(data=method.default_data, model=method.default_model).items():
+        if name not in args.given:
+            setattr(args, name, value)
+            if args.resume is None:
+                args.given = tuple(sorted((*args.given, name)))
+                notes.append(f"--method {args.method} on its default --{name} {value}")
+    return notes
 
 
 # pictures
