@@ -30,7 +30,7 @@ initialisation with a linear head on the labelled clips alone (cross-entropy, ev
 `--nd` pre-trains the same encoder as `vit_pytorch.levjepa_nd`'s `NDTransformer` over (frames, rows, columns),
 causal along the frames (the same layers, initialised from the same draws as the `VideoTransformer`: the same
 function on the same weights), with `LeVJEPAND`: its source view is LeVJEPA's global view and its
-`--local-views` target views LeVJEPA's local views, made by `levjepa`'s own crop and augmentations (`ClipView`),
+`--local-views` target views LeVJEPA's local views, made by `levjepa`'s own crop and augmentations (`levjepa.ClipView`),
 but at 32 pixels: the `NDTransformer` takes inputs of one shape, so the local crops are resized to 32, not 16
 (`--local-size 32` gives LeVJEPA the same). LeVJEPAND encodes all the views of a batch as one batch where LeVJEPA
 encodes the global and the local views apart; the probes, the seeds and the random-init baseline are the same.
@@ -59,7 +59,7 @@ from label_efficiency import knn_accuracy  # noqa: E402
 
 TASKS = ('digit', 'direction')
 ENCODER = dict(image_size=32, patch_size=4, frames=8, channels=3, dim=64, depth=4, heads=4, dim_head=16, mlp_dim=128)
-# LeVJEPA's views (its defaults), for LeVJEPA and for LeVJEPAND's ClipViews alike
+# LeVJEPA's views (its defaults), for LeVJEPA and for LeVJEPAND's levjepa.ClipViews alike
 VIEWS = dict(global_crop_scale=(0.8, 1.0), local_crop_scale=(0.02, 0.4), crop_ratio_range=(0.75, 1.3333))
 # the learners' shared settings: a BatchNorm projector 256 wide to 64, SIGReg with 256 directions and 17 knots
 LEARNER = dict(num_classes_K=64, projection_hidden=256, sigreg_loss_kwargs=dict(num_proj=256, knots=17))
@@ -85,20 +85,6 @@ def make_encoder(nd=False):
                          patch_size=(1, ENCODER['patch_size'], ENCODER['patch_size']), causal_dims=(0,), **sizes)
 
 
-class ClipView(nn.Module):
-    """One of LeVJEPA's views of clips (b, c, t, h, w) as a LeVJEPAND augmentation: `levjepa.augmented_view`, the
-    function LeVJEPA makes its views with (a random resized crop of `scale` per clip, resized to `size`, flipped
-    left-right where `augment` flips, as LeVJEPA's local views, then `augment`: `levjepa.NormalizeVideo` or
-    `levjepa.PhotometricAugment`)."""
-
-    def __init__(self, size, scale, augment):
-        super().__init__()
-        self.size, self.scale, self.augment = size, scale, augment
-
-    def forward(self, video):
-        return levjepa.augmented_view(video, self.size, self.scale, VIEWS['crop_ratio_range'], self.augment)
-
-
 def make_learner(seed, *, local_views, drop_ratio, nd=False, local_size=None, flip=True):
     """LeVJEPA (local views of `local_size`, 16 by default) or with `nd` LeVJEPAND with LeVJEPA's views at 32
     pixels, on `make_encoder(nd)` initialised by `seed`; `flip=False` leaves the local views unflipped (the crops
@@ -113,8 +99,9 @@ def make_learner(seed, *, local_views, drop_ratio, nd=False, local_size=None, fl
     if local_size not in (None, size):
         raise ValueError(f"local_size must be {size} (or None) with nd: the NDTransformer takes clips of one shape, "
                          f"got {local_size}")
-    source = ClipView(size, VIEWS['global_crop_scale'], levjepa.NormalizeVideo())
-    target = ClipView(size, VIEWS['local_crop_scale'], levjepa.PhotometricAugment(hflip=flip))
+    source = levjepa.ClipView(size, VIEWS['global_crop_scale'], levjepa.NormalizeVideo(), VIEWS['crop_ratio_range'])
+    target = levjepa.ClipView(size, VIEWS['local_crop_scale'], levjepa.PhotometricAugment(hflip=flip),
+                              VIEWS['crop_ratio_range'])
     return LeVJEPAND(encoder, input_shape=encoder.input_shape, augment_src=source, augment_tgt=target,
                      num_target_aug_views=local_views, drop_ratio=drop_ratio, **LEARNER)
 

@@ -232,6 +232,19 @@ def augmented_view(video, size, scale, ratio, augment):
     return augment(video_crop(video, size, scale, ratio, flip_p=flip))
 
 
+class ClipView(nn.Module):
+    """`augmented_view` as a module: one of LeVJEPA's views of clips (b, c, t, h, w), a crop of `scale` and aspect
+    `ratio` resized to `size`, flipped where `augment` flips, then `augment` (`NormalizeVideo`, `PhotometricAugment`);
+    the views LeVJEPAND takes as its augmentations when it trains on LeVJEPA's views."""
+
+    def __init__(self, size, scale, augment, ratio=(0.75, 1.3333)):
+        super().__init__()
+        self.size, self.scale, self.augment, self.ratio = vit.pair(size), tuple(scale), augment, tuple(ratio)
+
+    def forward(self, video):
+        return augmented_view(video, self.size, self.scale, self.ratio, self.augment)
+
+
 class LeVJEPA(nn.Module):
     """`forward(video)` returns the loss of one step (with `return_loss_breakdown=True`, also its
     `LeVJEPALosses(invariance_loss, sigreg_loss)`, weighted); `return_embedding=True` the encoder's cls token

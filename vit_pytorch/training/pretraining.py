@@ -339,21 +339,6 @@ class KeepsLossTerms(nn.Module):
         return loss
 
 
-class ClipView(nn.Module):
-    """One of LeVJEPA's views of clips (b, c, t, h, w) for LeVJEPAND: `levjepa.augmented_view` (a random resized
-    crop of `scale` per clip, resized to `size`, flipped left-right where `augment` flips, then `augment`), as
-    examples/levjepa_clips.py's `ClipView`."""
-
-    def __init__(self, size, scale, ratio, augment):
-        super().__init__()
-        self.size, self.scale, self.ratio, self.augment = size, scale, ratio, augment
-
-    def forward(self, video):
-        from vit_pytorch import levjepa
-
-        return levjepa.augmented_view(video, self.size, self.scale, self.ratio, self.augment)
-
-
 class LeVJEPAMethod(Method):
     """LeVJEPA on clips (`vit_pytorch.levjepa`): a global view of each clip (a crop of 0.8 to 1, normalised) and
     `--local-views` local ones (crops of 0.02 to 0.4 resized to `--local-size`, colour jitter, grayscale, flips),
@@ -415,7 +400,7 @@ class LeVJEPANDMethod(LeVJEPAMethod):
     encodes every view in one batch); the rest as `--method levjepa`."""
 
     def build(self, args, encoder, *, image_size, mean, std):
-        from vit_pytorch.levjepa import NormalizeVideo, PhotometricAugment
+        from vit_pytorch.levjepa import ClipView, NormalizeVideo, PhotometricAugment
         from vit_pytorch.levjepa_nd import LeVJEPAND
 
         frames, height, width = image_size
@@ -423,9 +408,8 @@ class LeVJEPANDMethod(LeVJEPAMethod):
             raise ValueError(f"--local-size must be the clips' side, {height}, with --method levjepa_nd (LeVJEPAND "
                              f"encodes every view in one batch), got --local-size {args.local_size}")
         check_takes_clips(args, encoder, (len(mean), frames, height, width), '--image-size')
-        views = dict(size=(height, width), ratio=(0.75, 1.3333))   # LeVJEPA's crops, its defaults
-        source = ClipView(scale=(0.8, 1.0), augment=NormalizeVideo(mean, std), **views)
-        target = ClipView(scale=(0.02, 0.4), augment=PhotometricAugment(mean=mean, std=std), **views)
+        source = ClipView((height, width), (0.8, 1.0), NormalizeVideo(mean, std))   # LeVJEPA's crops, its defaults
+        target = ClipView((height, width), (0.02, 0.4), PhotometricAugment(mean=mean, std=std))
         return KeepsLossTerms(LeVJEPAND(
             PooledEncoder(encoder), input_shape=image_size, augment_src=source, augment_tgt=target,
             num_target_aug_views=args.local_views, drop_ratio=None, **self.learner_options(args)))
