@@ -42,6 +42,11 @@ PROBES = {
     'lambda-0.5': '--lejepa-lambda 0.5',
     'lr-2e-3': '--lr 2e-3',
     'lr-1e-4': '--lr 1e-4',
+    'no-local-crops': '--num-local-crops 0',
+    # the official projector with one more change
+    'batchnorm-lambda-0.1': '--lejepa-projector batchnorm --lejepa-lambda 0.1',
+    'batchnorm-lr-2e-3': '--lejepa-projector batchnorm --lr 2e-3',
+    'batchnorm-no-local-crops': '--lejepa-projector batchnorm --num-local-crops 0',
 }
 
 

@@ -36,7 +36,9 @@ vit-pytorch's arguments are kept, in its order and with its defaults (projector 
 K = 65336 outputs, both loss weights 1, SIGReg over 1024 slices on 17 knots of [-5, 5]), and so is its
 projector (`MLP`: GELU layers, an L2 norm, a last linear layer), so its LeJEPA's state_dict loads
 (`load_vit_pytorch`; it holds the network twice, as `net` and `encoder.net`, ours once, as `net`, and the
-projector as `projector`). Where vit-pytorch's LeJEPA differs from the paper,
+projector as `projector`). `projector='batchnorm'` (keyword-only) takes the official code's projector instead
+(`BatchNormMLP`: linear layers with BatchNorm and ReLU): on the digits vit-pytorch's collapsed where it did not
+(docs/pretraining.md, measured by examples/lejepa_probes.py). Where vit-pytorch's LeJEPA differs from the paper,
 ours follows the paper:
   - vit-pytorch computes its targets, the global views' projections, under `torch.no_grad()` (a
     stop-gradient) and pairs each local view with the other augmentation's global view; ours has no
