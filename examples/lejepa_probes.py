@@ -13,8 +13,11 @@ embeddings centred; Roy and Vetterli 2007, RankMe's measure); and the 5-NN test 
 with all 1,347 training labels and with 10 % of them (seed 0's subset), as in examples/label_efficiency.py. The
 command's log gives SIGReg and the prediction loss, averaged over the epoch's steps.
 
+Two probes change what no flag reaches (`EDITS`, applied to the learner the command builds, before its optimizer):
+vit-pytorch's projector without its L2 norm, and the official projector with 4 linear layers instead of 3.
+
 Writes <out>/<probe>/ (the run) and <out>/<probe>.jsonl (one line per epoch: the log's record and the
-measurements), and prints the first and last epochs' values of each probe.
+measurements), and prints every epoch's values, the untrained learner's first.
 """
 
 import argparse
@@ -24,13 +27,17 @@ import shlex
 import sys
 from pathlib import Path
 
+from unittest import mock
+
 import torch
+from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
 from label_efficiency import embeddings, knn_accuracy  # noqa: E402
 
 from vit_pytorch import pretrain, train  # noqa: E402
 from vit_pytorch.evaluate import load_digits, normalise  # noqa: E402
+from vit_pytorch.lejepa import BatchNormMLP  # noqa: E402
 from vit_pytorch.training import pretraining, registry  # noqa: E402
 from vit_pytorch.training.checkpoints import save_checkpoint  # noqa: E402
 
@@ -48,6 +55,27 @@ PROBES = {
     'batchnorm-lr-2e-3': '--lejepa-projector batchnorm --lr 2e-3',
     'batchnorm-no-local-crops': '--lejepa-projector batchnorm --num-local-crops 0',
 }
+# probes that change the learner the command builds (no flag does it), before its optimizer is made: vit-pytorch's
+# projector without its L2 norm, and the official projector with vit-pytorch's 4 linear layers instead of 3
+EDITS = {
+    'no-l2norm': lambda learner: learner.projector.net.__setitem__(-2, nn.Identity()),
+    'batchnorm-4-layers': lambda learner: setattr(learner, 'projector', BatchNormMLP(
+        learner.projector.net[0].in_features, learner.projector.net[-1].out_features, 4,
+        learner.projector.net[0].out_features)),
+}
+PROBES.update({name: '' for name in EDITS})
+
+
+class EditedLeJEPA(pretraining.LeJEPAMethod):
+    """The command's LeJEPA with `edit(learner)` applied once it is built."""
+
+    def __init__(self, edit):
+        self.edit = edit
+
+    def build(self, *args, **kwargs):
+        learner = super().build(*args, **kwargs)
+        self.edit(learner)
+        return learner
 
 
 def effective_rank(features):
@@ -109,6 +137,8 @@ def probe(name, options, out, epochs, threads, data):
 
     torch.set_num_threads(threads)
     with contextlib.ExitStack() as run:
+        if name in EDITS:
+            run.enter_context(mock.patch.dict(pretraining.METHODS, lejepa=EditedLeJEPA(EDITS[name])))
         pretraining.pretrain(args, model_kwargs, parser=pretrain.build_parser(), rank=0, world_size=1,
                              device='cpu', run=run, save=save)
     log = [json.loads(line) for line in (out / name / 'log.jsonl').read_text().splitlines()]
