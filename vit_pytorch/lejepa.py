@@ -92,8 +92,8 @@ class MLP(nn.Module):
 class BatchNormMLP(nn.Module):
     """The official code's projector (MINIMAL.md: torchvision's `MLP(512, [2048, 2048, proj_dim],
     norm_layer=nn.BatchNorm1d)`): `num_layers - 1` linear layers each followed by a BatchNorm and a ReLU, then a
-    linear layer to `dim_out`. Its BatchNorm standardises every hidden unit over the batch, so the last layer's
-    input spreads with unit variance whatever the network's embedding does."""
+    linear layer to `dim_out`. Its BatchNorm standardises every hidden unit over the batch (in training), so its
+    hidden layers cannot make the last layer's input the same for every image, which vit-pytorch's can."""
 
     def __init__(self, dim, dim_out, num_layers, hidden_size=256):
         super().__init__()
