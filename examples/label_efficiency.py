@@ -100,6 +100,8 @@ def main(argv=None):
                         help="DINO's and EsViT's peak learning rate: the paper's 5e-4 x batch / 256")
     parser.add_argument('--dino-args', default='',
                         help="more options of DINO's and EsViT's pre-training, e.g. '--momentum-teacher 0.95'")
+    parser.add_argument('--lejepa-args', default='',
+                        help="more options of LeJEPA's pre-training, e.g. '--lejepa-projector batchnorm'")
     parser.add_argument('--finetune-epochs', type=int, default=30)
     parser.add_argument('--fractions', nargs='+', type=float, default=[0.05, 0.1])
     parser.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
@@ -116,7 +118,8 @@ def main(argv=None):
         epochs = args.dino_epochs if method in DINO_RECIPE else args.pretrain_epochs
         folder = out / f'pretrain-{method}'
         print(f"pre-training {method} for {epochs} epochs", flush=True)
-        recipe = ['--lr', args.dino_lr, *shlex.split(args.dino_args)] if method in DINO_RECIPE else []
+        recipe = ['--lr', args.dino_lr, *shlex.split(args.dino_args)] if method in DINO_RECIPE else \
+            shlex.split(args.lejepa_args) if method == 'lejepa' else []
         run_once(pretrain, folder, epochs, ['--method', method, *model, '--epochs', epochs, '--seed', 0, *recipe,
                                             *common])
         checkpoints[method] = folder / 'checkpoint'

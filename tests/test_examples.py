@@ -3,6 +3,7 @@
 where their results are used)."""
 
 import importlib.util
+import math
 import re
 from pathlib import Path
 
@@ -216,3 +217,34 @@ def test_label_efficiency_passes_model_to_the_pretraining_and_the_scratch_fine_t
         assert Path(args[args.index('--init') + 1]) == tmp_path / f'pretrain-{method}' / 'checkpoint'
     command, args = by_folder['finetune-scratch-0.1-seed0']
     assert command == 'train' and '--init' not in args and model_of(args) == model
+
+
+def test_label_efficiency_passes_lejepa_args_to_lejepas_pretraining_alone(monkeypatch, tmp_path):
+    module = example('label_efficiency')
+    calls = {}
+
+    def run_once(command, folder, epochs, argv):
+        calls[Path(folder).name] = [str(arg) for arg in argv]
+        return [{'test_accuracy': 0.5}] * epochs
+
+    def load_digits(*args, **kwargs):
+        raise _StopBeforeKnn
+    monkeypatch.setattr(module, 'run_once', run_once)
+    monkeypatch.setattr(module, 'load_digits', load_digits)
+    with pytest.raises(_StopBeforeKnn):
+        module.main(['--methods', 'lejepa', 'mae', '--seeds', '0', '--fractions', '0.1', '--out', str(tmp_path),
+                     '--lejepa-args', '--lejepa-projector batchnorm'])
+    assert calls['pretrain-lejepa'][-4:-2] == ['--lejepa-projector', 'batchnorm']
+    assert '--lejepa-projector' not in calls['pretrain-mae']
+
+
+def test_lejepa_probes_effective_rank_counts_equal_orthogonal_directions():
+    # 3 orthogonal directions of equal spread, centred: 3 equal singular values, entropy ln 3, effective rank 3;
+    # spreads 2:1 give p = (2/3, 1/3), effective rank exp(-(2/3) ln(2/3) - (1/3) ln(1/3))
+    module = example('lejepa_probes')
+    basis = torch.linalg.qr(torch.randn(12, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(0)))[0]
+    spread = torch.cat([torch.eye(3), -torch.eye(3)]).double()              # (6, 3): columns orthogonal, mean 0
+    assert module.effective_rank(spread @ basis[:, :3].T + 5) == pytest.approx(3, rel=1e-9)
+    two = torch.cat([torch.diag(torch.tensor([2., 1.])), -torch.diag(torch.tensor([2., 1.]))]).double()
+    expected = math.exp(-(2 / 3) * math.log(2 / 3) - (1 / 3) * math.log(1 / 3))
+    assert module.effective_rank(two @ basis[:, :2].T) == pytest.approx(expected, rel=1e-9)

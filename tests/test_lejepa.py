@@ -151,6 +151,51 @@ def test_bad_sigreg_kwargs_are_refused(kwargs, match):
         LeJEPA(ViT(**TINY), 16, num_classes_K=8, sigreg_loss_kwargs=kwargs)
 
 
+def batch_norm_by_hand(z, eps=1e-5):
+    """(z - batch mean) / sqrt(biased batch variance + eps), per unit of z (n, d)."""
+    return (z - z.mean(dim=0)) / (z.var(dim=0, unbiased=False) + eps).sqrt()
+
+
+def test_the_batchnorm_projector_is_linear_batchnorm_relu_then_linear():
+    # the official projector (MINIMAL.md: torchvision's MLP with norm_layer=BatchNorm1d), in training mode: each
+    # hidden layer h = relu(gamma * standardise_over_batch(W h + b) + beta), then y = W h + b
+    learner = tiny_lejepa(projector='batchnorm', projection_layers=3).train()
+    generator = torch.Generator().manual_seed(9)
+    for parameter in learner.projector.parameters():           # gamma and beta away from 1 and 0
+        parameter.data = torch.randn(parameter.shape, generator=generator)
+    x = torch.randn(6, 16, generator=generator)
+    linears = [module for module in learner.projector.modules() if isinstance(module, torch.nn.Linear)]
+    norms = [module for module in learner.projector.modules() if isinstance(module, torch.nn.BatchNorm1d)]
+    assert len(linears) == 3 and len(norms) == 2
+    h = x
+    for linear, norm in zip(linears[:-1], norms):
+        h = (norm.weight * batch_norm_by_hand(h @ linear.weight.T + linear.bias) + norm.bias).clamp_min(0)
+    expected = h @ linears[-1].weight.T + linears[-1].bias
+    torch.testing.assert_close(learner.projector(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_batchnorm_projector_does_not_see_the_embeddings_scale():
+    # BatchNorm after the first linear layer: standardise(c W x + b) = standardise(W x) for c > 0 (BatchNorm's
+    # eps, 1e-5 added to the variance, made negligible in float64), so the projections' spread does not shrink
+    # with the embedding's
+    projector = tiny_lejepa(projector='batchnorm').projector.double().train()
+    for module in projector.modules():
+        if isinstance(module, torch.nn.BatchNorm1d):
+            module.eps = 1e-20
+    x = torch.randn(32, 16, generator=torch.Generator().manual_seed(10), dtype=torch.float64)
+    torch.testing.assert_close(projector(0.001 * x), projector(x), rtol=1e-9, atol=1e-9)
+
+
+def test_the_default_projector_is_vit_pytorchs_l2_normed_mlp():
+    projector = tiny_lejepa().projector
+    assert [type(module).__name__ for module in projector.net] == ['Linear', 'GELU'] * 3 + ['L2Norm', 'Linear']
+
+
+def test_an_unknown_projector_is_refused_by_name():
+    with pytest.raises(ValueError, match="projector must be one of 'vit-pytorch', 'batchnorm', got 'bn'"):
+        tiny_lejepa(projector='bn')
+
+
 def test_images_of_the_wrong_shape_are_refused():
     with pytest.raises(ValueError, match=r'takes images \(b, 3, h, w\)'):
         tiny_lejepa()(torch.rand(2, 1, 16, 16))

@@ -393,6 +393,18 @@ def test_lejepa_logs_its_two_terms_which_make_its_loss(tmp_path):
     assert record['loss'] == pytest.approx(0.75 * record['prediction_loss'] + 0.25 * record['sigreg'], rel=1e-5)
 
 
+def test_lejepa_projector_batchnorm_trains_the_official_projector(tmp_path):
+    # MINIMAL.md's projector: 3 linear layers, BatchNorm and ReLU between them
+    out = tmp_path / 'run'
+    assert run('--method', 'lejepa', '--lejepa-projector', 'batchnorm', '--projection-hidden-size', 32, '--epochs',
+               1, '--out', out, *FAST, '--image-size', 8) == 0
+    keys = weights_of(out / 'pretrainer')
+    assert sorted(key for key in keys if key.startswith('projector.') and key.endswith('.weight')) == [
+        'projector.net.0.weight', 'projector.net.1.weight', 'projector.net.3.weight', 'projector.net.4.weight',
+        'projector.net.6.weight']
+    assert keys['projector.net.1.running_var'].shape == (32,) and keys['projector.net.6.weight'].shape == (16, 32)
+
+
 def test_lejepa_refuses_a_lambda_outside_zero_one(tmp_path, capsys):
     assert run('--method', 'lejepa', '--lejepa-lambda', 1.5, '--epochs', 1, '--out', tmp_path / 'run', *FAST) == 2
     assert '--lejepa-lambda must be in [0, 1]' in capsys.readouterr().err

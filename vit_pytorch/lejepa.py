@@ -36,7 +36,9 @@ vit-pytorch's arguments are kept, in its order and with its defaults (projector 
 K = 65336 outputs, both loss weights 1, SIGReg over 1024 slices on 17 knots of [-5, 5]), and so is its
 projector (`MLP`: GELU layers, an L2 norm, a last linear layer), so its LeJEPA's state_dict loads
 (`load_vit_pytorch`; it holds the network twice, as `net` and `encoder.net`, ours once, as `net`, and the
-projector as `projector`). Where vit-pytorch's LeJEPA differs from the paper,
+projector as `projector`). `projector='batchnorm'` (keyword-only) takes the official code's projector instead
+(`BatchNormMLP`: linear layers with BatchNorm and ReLU): on the digits vit-pytorch's collapsed where it did not
+(docs/pretraining.md, measured by examples/lejepa_probes.py). Where vit-pytorch's LeJEPA differs from the paper,
 ours follows the paper:
   - vit-pytorch computes its targets, the global views' projections, under `torch.no_grad()` (a
     stop-gradient) and pairs each local view with the other augmentation's global view; ours has no
@@ -87,11 +89,34 @@ class MLP(nn.Module):
         return self.net(x)
 
 
+class BatchNormMLP(nn.Module):
+    """The official code's projector (MINIMAL.md: torchvision's `MLP(512, [2048, 2048, proj_dim],
+    norm_layer=nn.BatchNorm1d)`): `num_layers - 1` linear layers each followed by a BatchNorm and a ReLU, then a
+    linear layer to `dim_out`. Its BatchNorm standardises every hidden unit over the batch (in training), so its
+    hidden layers cannot make the last layer's input the same for every image, which vit-pytorch's can."""
+
+    def __init__(self, dim, dim_out, num_layers, hidden_size=256):
+        super().__init__()
+        widths = [dim] + [hidden_size] * (num_layers - 1)
+        layers = []
+        for width_in, width_out in zip(widths[:-1], widths[1:]):
+            layers += [nn.Linear(width_in, width_out), nn.BatchNorm1d(width_out), nn.ReLU()]
+        self.net = nn.Sequential(*layers, nn.Linear(widths[-1], dim_out))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+PROJECTORS = {'vit-pytorch': MLP, 'batchnorm': BatchNormMLP}
+
+
 class LeJEPA(nn.Module):
     """`forward(images)` returns the loss of one LeJEPA step: `target_loss_weight` times the prediction loss
     plus `sigreg_loss_weight` times SIGReg (`last_losses` keeps the two terms, detached).
 
-    `net` is the network (trained in place), `projector` its projector. `sigreg_loss_kwargs`:
+    `net` is the network (trained in place), `projector` its projector: vit-pytorch's (`MLP`, the default) or,
+    with `projector='batchnorm'`, the official code's (`BatchNormMLP`; `projection_layers=3` and
+    `projection_hidden_size=2048` are MINIMAL.md's). `sigreg_loss_kwargs`:
     `num_slices` random directions, drawn anew at every step, and the trapezoidal rule's `num_knots` knots on
     `domain`.
     """
@@ -100,7 +125,7 @@ class LeJEPA(nn.Module):
                  projection_layers=4, local_upper_crop_scale=0.4, global_lower_crop_scale=0.5, use_ema=None,
                  moving_average_decay=None, use_sigreg=None, target_loss_weight=1., sigreg_loss_weight=1.,
                  sigreg_loss_kwargs=SIGREG, augment_fn=None, augment_fn2=None, *, num_local_crops=2,
-                 local_image_size=None, mean=None, std=None):
+                 local_image_size=None, mean=None, std=None, projector='vit-pytorch'):
         check_arguments(**vit.arguments(locals()))
         super().__init__()
         image_size = vit.pair(image_size)
@@ -110,7 +135,7 @@ class LeJEPA(nn.Module):
                                     local_scale=(0.05, local_upper_crop_scale), num_local_crops=num_local_crops,
                                     augment_fn=augment_fn, augment_fn2=augment_fn2)
         width = dino.embedding_width(net, image_size)
-        self.projector = MLP(width, num_classes_K, projection_layers, projection_hidden_size)
+        self.projector = PROJECTORS[projector](width, num_classes_K, projection_layers, projection_hidden_size)
         self.target_loss_weight, self.sigreg_loss_weight = target_loss_weight, sigreg_loss_weight
         self.sigreg_loss_kwargs = {**SIGREG, **sigreg_loss_kwargs}
         self.last_losses = None
@@ -206,7 +231,9 @@ def lejepa(variant, **overrides):
 def check_arguments(*, net, image_size, hidden_layer, projection_hidden_size, num_classes_K, projection_layers,
                     local_upper_crop_scale, global_lower_crop_scale, use_ema, moving_average_decay, use_sigreg,
                     target_loss_weight, sigreg_loss_weight, sigreg_loss_kwargs, augment_fn, augment_fn2,
-                    num_local_crops, local_image_size, mean, std):
+                    num_local_crops, local_image_size, mean, std, projector):
+    if not isinstance(projector, str) or projector not in PROJECTORS:
+        raise ValueError(f"projector must be one of {', '.join(map(repr, PROJECTORS))}, got {projector!r}")
     if use_ema or moving_average_decay is not None or use_sigreg is False:
         raise ValueError(f"LeJEPA has no teacher: SIGReg alone keeps it from collapsing (the paper's point), so "
                          f"vit-pytorch's EMA mode is not offered; got use_ema={use_ema!r}, moving_average_decay="

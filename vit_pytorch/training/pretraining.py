@@ -275,10 +275,16 @@ class LeJEPAMethod(Method):
         ('--projection-dim', dict(type=int, default=16, help='outputs of the projector (SIGReg tests them)')),
         ('--sigreg-slices', dict(type=int, default=256, help='random directions SIGReg tests at each step')),
         ('--projection-hidden-size', dict(type=int, default=256, help='width of the head MLP')),
-        ('--num-local-crops', dict(type=int, default=2, help='small crops the student sees')))
+        ('--num-local-crops', dict(type=int, default=2, help='small crops the student sees')),
+        ('--lejepa-projector', dict(choices=('vit-pytorch', 'batchnorm'), default='vit-pytorch',
+                                    help="vit-pytorch's projector (GELU layers, an L2 norm, a linear layer) or the "
+                                         "official code's (linear layers with BatchNorm and ReLU, 3 in all)")))
 
     def build(self, args, encoder, *, image_size, mean, std):
         from vit_pytorch.lejepa import LeJEPA
+
+        # the official projector has 3 linear layers (MINIMAL.md's torchvision MLP), vit-pytorch's 4
+        layers = 3 if args.lejepa_projector == 'batchnorm' else 4
 
         if not 0 <= args.lejepa_lambda <= 1:
             raise ValueError(f"--lejepa-lambda must be in [0, 1] (the weight of SIGReg; 1 - lambda the prediction "
@@ -287,7 +293,8 @@ class LeJEPAMethod(Method):
                       num_classes_K=args.projection_dim, target_loss_weight=1 - args.lejepa_lambda,
                       sigreg_loss_weight=args.lejepa_lambda,
                       sigreg_loss_kwargs=dict(num_slices=args.sigreg_slices, domain=(-3, 3), num_knots=33),
-                      num_local_crops=args.num_local_crops, mean=mean, std=std)
+                      num_local_crops=args.num_local_crops, mean=mean, std=std, projection_layers=layers,
+                      projector=args.lejepa_projector)
 
     def network(self, learner):
         return learner.net
