@@ -393,16 +393,33 @@ def test_lejepa_logs_its_two_terms_which_make_its_loss(tmp_path):
     assert record['loss'] == pytest.approx(0.75 * record['prediction_loss'] + 0.25 * record['sigreg'], rel=1e-5)
 
 
-def test_lejepa_projector_batchnorm_trains_the_official_projector(tmp_path):
-    # MINIMAL.md's projector: 3 linear layers, BatchNorm and ReLU between them
+@pytest.mark.parametrize('flag', [(), ('--lejepa-projector', 'batchnorm')], ids=['default', 'batchnorm'])
+def test_lejepa_projector_batchnorm_trains_the_official_projector(tmp_path, flag):
+    # MINIMAL.md's projector: 3 linear layers, BatchNorm and ReLU between them; the command's default (vit-pytorch's
+    # projector collapses on the digits: docs/pretraining.md)
     out = tmp_path / 'run'
-    assert run('--method', 'lejepa', '--lejepa-projector', 'batchnorm', '--projection-hidden-size', 32, '--epochs',
+    assert run('--method', 'lejepa', *flag, '--projection-hidden-size', 32, '--epochs',
                1, '--out', out, *FAST, '--image-size', 8) == 0
     keys = weights_of(out / 'pretrainer')
     assert sorted(key for key in keys if key.startswith('projector.') and key.endswith('.weight')) == [
         'projector.net.0.weight', 'projector.net.1.weight', 'projector.net.3.weight', 'projector.net.4.weight',
         'projector.net.6.weight']
     assert keys['projector.net.1.running_var'].shape == (32,) and keys['projector.net.6.weight'].shape == (16, 32)
+
+
+def test_lejepa_projector_vit_pytorch_trains_vit_pytorchs_projector(tmp_path):
+    # vit-pytorch's projector (as LeJEPA's default): no BatchNorm, an L2 norm before its last linear layer
+    from vit_pytorch import lejepa
+
+    out = tmp_path / 'run'
+    assert run('--method', 'lejepa', '--lejepa-projector', 'vit-pytorch', '--projection-hidden-size', 32,
+               '--epochs', 1, '--out', out, *FAST, '--image-size', 8) == 0
+    keys = weights_of(out / 'pretrainer')
+    assert not any(key.endswith('running_var') for key in keys)
+    width = keys['projector.net.0.weight'].shape[1]                             # the network's embedding
+    expected = lejepa.PROJECTORS['vit-pytorch'](width, 16, 4, 32).state_dict()
+    assert {key: value.shape for key, value in keys.items() if key.startswith('projector.')} == {
+        f'projector.{key}': value.shape for key, value in expected.items()}
 
 
 def test_lejepa_refuses_a_lambda_outside_zero_one(tmp_path, capsys):

@@ -276,9 +276,10 @@ class LeJEPAMethod(Method):
         ('--sigreg-slices', dict(type=int, default=256, help='random directions SIGReg tests at each step')),
         ('--projection-hidden-size', dict(type=int, default=256, help='width of the head MLP')),
         ('--num-local-crops', dict(type=int, default=2, help='small crops the student sees')),
-        ('--lejepa-projector', dict(choices=('vit-pytorch', 'batchnorm'), default='vit-pytorch',
-                                    help="vit-pytorch's projector (GELU layers, an L2 norm, a linear layer) or the "
-                                         "official code's (linear layers with BatchNorm and ReLU, 3 in all)")))
+        ('--lejepa-projector', dict(choices=('batchnorm', 'vit-pytorch'), default='batchnorm',
+                                    help="the official code's projector (linear layers with BatchNorm and ReLU, 3 in "
+                                         "all; the default) or vit-pytorch's (GELU layers, an L2 norm, a linear "
+                                         "layer), which collapses on the digits (docs/pretraining.md)")))
 
     def build(self, args, encoder, *, image_size, mean, std):
         from vit_pytorch.lejepa import LeJEPA
