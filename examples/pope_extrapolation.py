@@ -14,12 +14,11 @@ offset among them, label smoothing 0.1, gradient clipping at 1, batches of 64), 
 digits' clips of each of `--test-frames` frames (8 and 16): the same digits and directions at every length
 (`moving_digits` draws the direction first), only the paths longer.
 
-Neither model takes another input shape than the one it was built for (`check_input` refuses it), so `extend`
-builds the same model for the longer clips and loads the trained weights unchanged: the positions of the
-longer grid are the integer indices 0 .. slices - 1 along time (the trained ones, continued), the frequencies
-and PoPE's offset are the trained ones, as vit-pytorch, which reads the grid from the input, computes them (for a
-model without causal dimensions: vit-pytorch's causal mask keeps the built grid and wraps time round its length;
-tests/test_pope_extrapolation.py checks both against vit-pytorch 1.26.14).
+Both models take clips of any length (of whole tubelets), reading the grid from the input as vit-pytorch's do, so
+the trained model runs on the longer clips as it is: the positions along time are the integer indices 0 .. slices - 1
+(the trained ones, continued), the frequencies and PoPE's offset the trained ones; the outputs are those of the model
+built for the longer clips with the trained weights (tests/test_pope_extrapolation.py) and, without causal
+dimensions, vit-pytorch 1.26.14's (tests/test_vit_nd_any_grid.py).
 
 Each run writes its accuracies to `<out>/<model>_train<frames>_epochs<epochs>_seed<seed>.json` (`result_name`) and
 a later call reuses them; the last lines are the mean ± sd over the seeds and the paired differences (PoPE minus
@@ -52,14 +51,6 @@ RECIPE = dict(lr=3e-3, weight_decay=0.05, warmup_epochs=3, label_smoothing=0.1, 
 def build(name, frames, size=CLIPS['size'], **overrides):
     """The `name` model (a key of MODELS) for clips of `frames` frames of size x size pixels."""
     return MODELS[name](**{**SIZE, **overrides}, input_shape=(frames, size, size))
-
-
-def extend(model, name, frames, **overrides):
-    """`model` (built from SIZE with `overrides`), trained on shorter clips, rebuilt for clips of `frames` frames
-    with its weights, in eval mode."""
-    longer = MODELS[name](**{**SIZE, **overrides}, input_shape=(frames, *model.input_shape[1:]))
-    longer.load_state_dict(model.state_dict())
-    return longer.eval()
 
 
 def clips(split, frames, count=None):
@@ -105,8 +96,7 @@ def run(name, seed, args):
     seconds = time.perf_counter() - start
     result = dict(model=name, seed=seed, epochs=args.epochs, train_seconds=round(seconds, 1), accuracy={})
     for frames in args.test_frames:
-        tested = model if frames == args.train_frames else extend(model, name, frames)
-        result['accuracy'][str(frames)] = accuracy(tested, *clips('test', frames, args.test))
+        result['accuracy'][str(frames)] = accuracy(model, *clips('test', frames, args.test))
     return result
 
 

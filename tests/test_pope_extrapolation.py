@@ -1,7 +1,7 @@
 """examples/pope_extrapolation.py (issue 28): the clips of every length show the same digits moving the labelled
-way, a model rebuilt for longer clips keeps its weights and continues its positions (a causal one gives the trained
-model's tokens on the first frames; a plain one gives what vit-pytorch computes on the longer input), and the
-summary's means and paired differences."""
+way, the trained model on longer clips computes the model rebuilt for them with its weights (a causal one gives its
+tokens of the short clip on the first frames; vit-pytorch's logits on a longer input: tests/test_vit_nd_any_grid.py),
+and the summary's means and paired differences."""
 
 import importlib.util
 import re
@@ -9,9 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from helpers import load_fixture, reference_case
-from vit_pytorch.pretrained import load_vit_pytorch
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = importlib.util.spec_from_file_location('pope_extrapolation', ROOT / 'examples' / 'pope_extrapolation.py')
@@ -43,74 +40,38 @@ def test_the_clips_of_every_length_show_the_same_digits_moving_one_pixel_a_frame
     torch.testing.assert_close(moves, expected, rtol=0, atol=1e-9)
 
 
-@pytest.mark.parametrize('name', ['vit_nd_rotary', 'vit_nd_pope'])
-def test_a_model_rebuilt_for_longer_clips_keeps_its_weights_and_continues_its_positions(name):
+def trained(name, frames, **overrides):
+    """The example's `name` model (TINY) for clips of `frames` frames, its weights moved off their initialisation."""
     torch.manual_seed(0)
-    model = pope_extrapolation.build(name, 8, **TINY)
+    model = pope_extrapolation.build(name, frames, **TINY, **overrides)
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(0.1 * torch.randn_like(parameter))
-    longer = pope_extrapolation.extend(model, name, 16, **TINY)
-    assert not longer.training and longer.grid_size == (8, 4, 4)
-    for key, tensor in model.state_dict().items():
-        assert torch.equal(longer.state_dict()[key], tensor), key
-    # time is the outermost axis of the row-major grid: the first 4 slices are the trained grid, in its order
-    assert torch.equal(longer.positions[:model.positions.shape[0]], model.positions)
-    assert longer.positions[:, 0].tolist() == [t for t in range(8) for _ in range(16)]
+    return model.eval()
 
 
 @pytest.mark.parametrize('name', ['vit_nd_rotary', 'vit_nd_pope'])
-def test_a_causal_model_rebuilt_for_longer_clips_gives_the_trained_models_tokens_on_the_first_frames(name):
+@pytest.mark.parametrize('causal_dims', [None, (0,)])
+def test_the_trained_model_on_longer_clips_computes_the_model_rebuilt_for_them_with_its_weights(name, causal_dims):
+    """The script tests the trained model on the longer clips as it is; rebuilding it for them and loading its
+    weights (what the script did before the models took any grid) gives the same logits, bit for bit."""
+    model = trained(name, 8, causal_dims=causal_dims)
+    rebuilt = pope_extrapolation.build(name, 16, **TINY, causal_dims=causal_dims).eval()
+    rebuilt.load_state_dict(model.state_dict())
+    videos, _ = pope_extrapolation.clips('test', 16, count=4)
+    with torch.no_grad():
+        assert torch.equal(model(videos), rebuilt(videos))
+
+
+@pytest.mark.parametrize('name', ['vit_nd_rotary', 'vit_nd_pope'])
+def test_a_causal_model_on_longer_clips_gives_its_tokens_of_the_short_clip_on_the_first_frames(name):
     """No slice reads a later one and the first slices keep the trained grid's positions, so the first 8 frames'
-    tokens of 16-frame clips are the trained 8-frame model's on those frames, whatever follows them."""
-    torch.manual_seed(0)
-    model = pope_extrapolation.build(name, 8, causal_dims=(0,), **TINY)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(0.1 * torch.randn_like(parameter))
-    model.eval()
-    longer = pope_extrapolation.extend(model, name, 16, causal_dims=(0,), **TINY)
+    tokens of 16-frame clips are those of the 8-frame clips alone, whatever follows them."""
+    model = trained(name, 8, causal_dims=(0,))
     videos = torch.rand(2, 1, 16, 32, 32, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        first = longer(videos, return_embed=True)[:, :4]                      # (b, 4 slices, 4, 4, dim)
+        first = model(videos, return_embed=True)[:, :4]                       # (b, 4 slices, 4, 4, dim)
         torch.testing.assert_close(first, model(videos[:, :, :8], return_embed=True), rtol=1e-5, atol=1e-5)
-
-
-def vit_pytorch_model(name):
-    """Our `name` model holding the weights of vit-pytorch's fixture (built for 4 x 8 x 12: 2 slices of time) and its
-    configuration, less input_shape."""
-    config, state_dict, _, _ = reference_case(f'vit_pytorch_1.26.14_{name}', 'input_shape', 'patch_size',
-                                              'causal_dims')
-    module = name.removesuffix('_causal')
-    model = pope_extrapolation.MODELS[module](**config)
-    return load_vit_pytorch(model, state_dict).eval(), module, {k: v for k, v in config.items() if k != 'input_shape'}
-
-
-@pytest.mark.parametrize('name', ['vit_nd_rotary', 'vit_nd_pope'])
-def test_a_model_rebuilt_for_twice_the_frames_gives_vit_pytorchs_logits_on_them(name):
-    """vit-pytorch reads the grid from the input: positions 0 .. slices - 1, its frequencies and offset unchanged."""
-    _, _, tensors = load_fixture('vit_pytorch_1.26.14_vit_nd_longer')
-    model, module, config = vit_pytorch_model(name)
-    with pytest.raises(ValueError, match='input_shape'):
-        model(tensors['input'])                                  # as built, ours takes its own input_shape only
-    with torch.no_grad():
-        logits = pope_extrapolation.extend(model, module, 8, **config)(tensors['input'])
-    torch.testing.assert_close(logits, tensors[name], rtol=1e-4, atol=1e-5)
-
-
-@pytest.mark.parametrize('name', ['vit_nd_rotary_causal', 'vit_nd_pope_causal'])
-def test_vit_pytorchs_causal_mask_on_twice_the_frames_wraps_time_round_the_built_length(name):
-    """vit-pytorch's causal mask keeps the grid it was built for: on 4 slices of time instead of 2, slice t is
-    taken as t mod 2, so slice 2 reads slices 0 and 2 only and is hidden from slice 1; ours, rebuilt for the
-    longer grid, is causal over the 4 slices and so differs, and given that wrapped mask gives vit-pytorch's logits."""
-    _, _, tensors = load_fixture('vit_pytorch_1.26.14_vit_nd_longer')
-    model, module, config = vit_pytorch_model(name)
-    longer = pope_extrapolation.extend(model, module, 8, **config)
-    with torch.no_grad():
-        assert not torch.allclose(longer(tensors['input']), tensors[name], atol=1e-3)
-        time = torch.arange(4 * 2 * 3) // (2 * 3)                 # each token's slice: grid 4 x 2 x 3, row-major
-        longer.causal_mask = (time[:, None] % 2) >= (time[None, :] % 2)
-        torch.testing.assert_close(longer(tensors['input']), tensors[name], rtol=1e-4, atol=1e-5)
 
 
 def test_the_summary_gives_each_models_mean_and_sd_and_the_differences_paired_by_seed():

@@ -196,6 +196,15 @@ def test_an_input_of_another_shape_is_refused_with_the_expected_shape(shape):
         model(torch.randn(shape))
 
 
+def test_another_grid_of_whole_patches_is_refused_saying_the_position_table_fixes_the_grid():
+    """Unlike vit_nd_rotary's and vit_nd_pope's ViTND, this one has a learned position table of one row per patch of
+    input_shape: twice the frames (whole patches) are refused, the message saying why."""
+    model = nd_model(3, (4, 8, 12), (2, 4, 4))
+    with pytest.raises(ValueError, match=r'got \(2, 2, 8, 8, 12\): its learned position table holds one row per patch '
+                                         r'of input_shape, so it takes no other grid'):
+        model(torch.randn(2, 2, 8, 8, 12))
+
+
 # vit-pytorch 1.26.14's __main__ block / README example for this module, unchanged but for .cuda()
 
 @pytest.mark.slow

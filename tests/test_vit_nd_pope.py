@@ -36,7 +36,7 @@ def test_the_attention_is_popes_formula_written_out():
         logits = (magnitude * phase.cos()).sum(-1) * 8 ** -0.5
         out = torch.einsum('bhij,bhjd->bhid', logits.softmax(-1), v)
         expected = attention.to_out(out.permute(0, 2, 1, 3).reshape(3, 6, 16))
-        torch.testing.assert_close(attention(tokens, **model.rotary_angles()), expected)
+        torch.testing.assert_close(attention(tokens, **model.rotary_angles(model.positions)), expected)
 
 
 def test_shifting_every_position_leaves_the_outputs_unchanged():

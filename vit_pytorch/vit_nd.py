@@ -27,6 +27,9 @@ Where it differs from vit-pytorch:
     later slices through it (its causal dimensions are causal only for depth 1). A causal model therefore
     refuses vit-pytorch's checkpoints by name.
   - `ndim` is any positive number (vit-pytorch names the axes with single letters and stops at 7).
+Its learned position table has a row per patch of `input_shape`, so it takes that shape only (vit-pytorch's raises a
+RuntimeError on another: the table and the tokens differ in length; `vit_nd_rotary` and `vit_nd_pope` take any
+multiple of `patch_size`).
 The recorder sees (b, heads, 1 + prod(grid), same) maps, the cls token first, the patches row-major.
 """
 
@@ -52,11 +55,17 @@ def patch_pattern(ndim):
     return f"b c {sides} -> b ({' '.join(axes)}) ({patch} c)"
 
 
+def on_grid(tokens, grid):
+    """(b, prod(grid), dim) row-major patch tokens -> (b, dim, *grid)."""
+    axes = ' '.join(axis_names(len(grid)))
+    return rearrange(tokens, f'b ({axes}) d -> b d {axes}', **dict(zip(axis_names(len(grid)), grid)))
+
+
 class PatchGrid(vit.TokenFace, nn.Module):
     """What the N-D ViTs share (`ViTND`, `RotaryViTND`): the input cut into N-D patches (`to_patch_embedding`: a
-    Linear on each flattened patch, then a LayerNorm) on a grid of `grid_size` (`to_nd_patches` lays tokens
-    (b, prod(grid), dim) on it as (b, dim, *grid)), the one causal mask over the tokens (`causal_mask_over`), and
-    the face's grid, intermediate maps, head reset and gradient checkpointing."""
+    Linear on each flattened patch, then a LayerNorm) on the grid of `grid_size` as built (`token_grid` gives an
+    input's), the one causal mask over the tokens of a grid (`causal_mask_over`), and the face's grid, intermediate
+    maps (`on_grid`), head reset and gradient checkpointing."""
 
     def __init__(self, *, ndim, input_shape, patch_size, num_classes, dim, channels, causal_dims):
         super().__init__()
@@ -71,16 +80,14 @@ class PatchGrid(vit.TokenFace, nn.Module):
             nn.Linear(channels * math.prod(self.patch_size), dim),
             nn.LayerNorm(dim),
         )
-        self.to_nd_patches = Rearrange(f"b ({' '.join(axis_names(ndim))}) d -> b d {' '.join(axis_names(ndim))}",
-                                       **dict(zip(axis_names(ndim), self.grid_size)))
 
-    def causal_mask_over(self, heads, *, has_cls):
-        """The dense (n, n) boolean mask of the causal dimensions over the patches (row-major), after a cls token
-        with `has_cls` (it attends to every patch and no patch attends to it); None without causal dimensions."""
-        mask_fn = get_nd_causal_mask_fn(self.grid_size, self.causal_dims, ndim=self.ndim, has_cls=has_cls,
+    def causal_mask_over(self, grid, *, has_cls, device=None):
+        """The dense (n, n) boolean mask of the causal dimensions over the patches of `grid` (row-major), after a
+        cls token with `has_cls` (it attends to every patch and no patch attends to it); None without causal
+        dimensions."""
+        mask_fn = get_nd_causal_mask_fn(grid, self.causal_dims, ndim=self.ndim, has_cls=has_cls,
                                         patches_attend_cls=False)
-        return None if mask_fn is None else create_nd_block_mask(mask_fn, heads, has_cls + math.prod(self.grid_size),
-                                                                 device=None)
+        return None if mask_fn is None else create_nd_block_mask(mask_fn, 1, has_cls + math.prod(grid), device)
 
     def token_grid(self, input_shape):
         """The grid of patch tokens of an input of `input_shape` (its last `ndim` sides)."""
@@ -91,7 +98,8 @@ class PatchGrid(vit.TokenFace, nn.Module):
         (b, dim, *grid), for any `ndim`."""
         if output != 'maps':
             return super().forward_intermediates(x, indices, output=output)
-        return [self.to_nd_patches(tokens[:, self.num_prefix_tokens:])
+        grid = self.token_grid(x.shape)
+        return [on_grid(tokens[:, self.num_prefix_tokens:], grid)
                 for tokens in super().forward_intermediates(x, indices)]
 
     def reset_classifier(self, num_classes):
@@ -124,14 +132,17 @@ class ViTND(PatchGrid):
         self.pos_embedding = nn.Parameter(torch.zeros(1 + math.prod(self.grid_size), dim))
         vit.init_tokens(self.pos_embedding, self.cls_token, patch_norm=True)
         self.dropout = nn.Dropout(emb_dropout)
-        self.register_buffer('causal_mask', self.causal_mask_over(heads, has_cls=True), persistent=False)
+        self.register_buffer('causal_mask', self.causal_mask_over(self.grid_size, has_cls=True), persistent=False)
+        self.to_nd_patches = Rearrange(f"b ({' '.join(axis_names(ndim))}) d -> b d {' '.join(axis_names(ndim))}",
+                                       **dict(zip(axis_names(ndim), self.grid_size)))
 
         self.transformer = vit.Transformer(dim, depth, heads, dim_head, mlp_dim, dropout)
         self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
 
     def forward_features(self, x):
         """All tokens after the final norm: (b, 1 + prod(grid), dim), the cls token first."""
-        check_input(x, channels=self.channels, input_shape=self.input_shape, dtype=self.pos_embedding.dtype)
+        check_input(x, channels=self.channels, patch_size=self.patch_size, dtype=self.pos_embedding.dtype,
+                    input_shape=self.input_shape)
         patches = self.to_patch_embedding(x)
         cls_tokens = self.cls_token.expand(patches.shape[0], 1, -1)
         x = self.dropout(torch.cat((cls_tokens, patches), dim=1) + self.pos_embedding)
@@ -151,8 +162,12 @@ class ViTND(PatchGrid):
 
 class RotaryViTND(PatchGrid):
     """The N-D ViT of the rotary variants (`vit_nd_rotary`, `vit_nd_pope`): no position table and no cls token, the
-    tokens mean-pooled; each attention (`attention`, built like `vit.Attention`) takes `rotary_angles()`, the
-    angles `rotary_emb` gives the patches' grid positions, as `angles=`.
+    tokens mean-pooled; each attention (`attention`, built like `vit.Attention`) takes `rotary_angles(positions)`,
+    the angles `rotary_emb` gives the patches' grid positions, as `angles=`.
+
+    Any input whose sides are multiples of `patch_size` runs, as in vit-pytorch: the positions (each patch's index
+    along each dimension) and the causal mask are those of the input's grid (`grid_layout`), the weights, frequencies
+    and learned offsets the same. On the grid of `input_shape` they are the buffers `positions` and `causal_mask`.
 
     `forward(x)` gives the logits of the mean of the tokens; `forward(x, return_embed=True)` the tokens after the
     final norm on their grid, (b, *grid, dim). `num_classes=0` makes `forward` return the pooled embedding (b, dim).
@@ -169,7 +184,7 @@ class RotaryViTND(PatchGrid):
         self.dropout = nn.Dropout(emb_dropout)
         self.rotary_emb = rotary_emb
         self.register_buffer('positions', grid_positions(self.grid_size), persistent=False)
-        self.register_buffer('causal_mask', self.causal_mask_over(heads, has_cls=False), persistent=False)
+        self.register_buffer('causal_mask', self.causal_mask_over(self.grid_size, has_cls=False), persistent=False)
 
         self.transformer = vit.Transformer(dim, depth, heads, dim_head, mlp_dim, dropout, attention=attention)
         self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
@@ -177,13 +192,23 @@ class RotaryViTND(PatchGrid):
     def forward_features(self, x):
         """The tokens after the final norm: (b, prod(grid), dim), row-major."""
         dtype = self.to_patch_embedding[1].weight.dtype
-        check_input(x, channels=self.channels, input_shape=self.input_shape, dtype=dtype)
+        check_input(x, channels=self.channels, patch_size=self.patch_size, dtype=dtype)
+        positions, mask = self.grid_layout(self.token_grid(x.shape))
         x = self.dropout(self.to_patch_embedding(x))
-        return self.transformer(x, **self.rotary_angles(), mask=self.causal_mask)
+        return self.transformer(x, **self.rotary_angles(positions), mask=mask)
 
-    def rotary_angles(self):
-        """The keyword arguments that hand each attention its rotary angles: {'angles': (heads, n, pairs)}."""
-        return dict(angles=self.rotary_emb(self.positions))
+    def grid_layout(self, grid):
+        """(positions (prod(grid), ndim), causal mask (n, n) or None) of the patches of `grid`: the buffers on the
+        built grid, the same computed for another (a longer clip: time's positions continue, its mask stays causal)."""
+        if grid == self.grid_size:
+            return self.positions, self.causal_mask
+        device = self.positions.device
+        return grid_positions(grid, device), self.causal_mask_over(grid, has_cls=False, device=device)
+
+    def rotary_angles(self, positions):
+        """The keyword arguments that hand each attention its rotary angles at `positions` (n, ndim):
+        {'angles': (heads, n, pairs)}."""
+        return dict(angles=self.rotary_emb(positions))
 
     def forward_head(self, tokens, pre_logits=False):
         """The mean of the tokens: the pre-logits embedding, or the logits."""
@@ -193,7 +218,7 @@ class RotaryViTND(PatchGrid):
     def forward(self, x, return_embed=False):
         tokens = self.forward_features(x)
         if return_embed:
-            return rearrange(self.to_nd_patches(tokens), 'b d ... -> b ... d')
+            return rearrange(on_grid(tokens, self.token_grid(x.shape)), 'b d ... -> b ... d')
         return self.forward_head(tokens)
 
 
@@ -352,8 +377,13 @@ def check_causal_dims(causal_dims, ndim):
     return tuple(dims)
 
 
-def check_input(x, *, channels, input_shape, dtype):
-    expected = f"(b, {channels}, {', '.join(map(str, input_shape))})"
+def check_input(x, *, channels, patch_size, dtype, input_shape=None):
+    """x as (b, channels, *sides): each side a positive multiple of its patch size (the rotary models, as
+    vit-pytorch's), or with `input_shape` exactly that (the plain ViTND's learned position table fixes its grid)."""
+    ndim = len(patch_size)
+    expected = (f"(b, {channels}, {', '.join(map(str, input_shape))})" if input_shape is not None else
+                f"(b, {channels}, {', '.join(f'd_{i}' for i in range(ndim))}), each d_i a positive multiple of "
+                f"patch_size {tuple(patch_size)}")
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor of shape {expected}, got {type(x).__name__}")
     if not x.is_floating_point():
@@ -361,9 +391,18 @@ def check_input(x, *, channels, input_shape, dtype):
     if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
         raise TypeError(f"x has dtype {x.dtype} but the model's parameters are {dtype}; convert with x.to({dtype}) "
                         f"or run the model under torch.autocast")
-    if x.ndim != 2 + len(input_shape) or x.shape[1] != channels or tuple(x.shape[2:]) != tuple(input_shape):
+    if x.ndim != 2 + ndim or x.shape[1] != channels:
+        raise ValueError(f"x must have shape {expected}, got {tuple(x.shape)}: (batch, channels={channels}, "
+                         f"then ndim={ndim} sides)")
+    if input_shape is not None and tuple(x.shape[2:]) != tuple(input_shape):
         raise ValueError(f"x must have shape {expected} (batch, channels, the model's input_shape), got "
-                         f"{tuple(x.shape)}")
+                         f"{tuple(x.shape)}: its learned position table holds one row per patch of input_shape, so "
+                         f"it takes no other grid (vit_nd_rotary's and vit_nd_pope's ViTND take any multiple of "
+                         f"patch_size)")
+    for i, (side, patch) in enumerate(zip(x.shape[2:], patch_size)):
+        if side == 0 or side % patch:
+            raise ValueError(f"x must have shape {expected}, got {tuple(x.shape)}: dimension {i} (x.shape[{i + 2}]) "
+                             f"is {side}, not a positive multiple of its patch size {patch}")
 
 
 # loading checkpoints

@@ -21,7 +21,11 @@ frequencies (here `dim_head` of them per head), on `vit_nd.RotaryViTND`: mean-po
     embed = model(video, return_embed=True)                                    # (2, 4, 4, 8, 8, 128)
 
 As vit-pytorch's: its arguments, outputs, frequencies and learned offset; its checkpoints load through
-`vit_pytorch.pretrained.load_vit_pytorch` with equal outputs, causal ones too. Where it differs from vit-pytorch:
+`vit_pytorch.pretrained.load_vit_pytorch` with equal outputs, causal ones too; it takes any input whose sides are
+multiples of `patch_size`, reading the grid from the input (a longer clip: positions 0 .. slices - 1, the same
+frequencies and offset). Where it differs from vit-pytorch:
+  - on a grid other than the built one, the causal mask is the input grid's: vit-pytorch keeps the built grid's,
+    so on a longer clip time wraps round the built length and an earlier slice reads later ones.
   - the causal mask goes to `vit.attend` (a dense boolean mask), so the model trains on any device.
   - queries, keys and values come from one Linear `to_qkv` (vit-pytorch: `to_qk` and `to_v`, joined on loading);
     `ndim` is any positive number.
@@ -82,9 +86,10 @@ class ViTND(vit_nd.RotaryViTND):
         if pope_init_learned_bias_uniform:
             nn.init.uniform_(self.phase_bias, -2 * math.pi, 0.)
 
-    def rotary_angles(self):
-        """The queries' phases (heads, n, dim_head) and the keys', moved by the clamped learned offset."""
-        angles = self.rotary_emb(self.positions)
+    def rotary_angles(self, positions):
+        """The queries' phases (heads, n, dim_head) at `positions` (n, ndim) and the keys', moved by the clamped
+        learned offset."""
+        angles = self.rotary_emb(positions)
         offset = self.phase_bias.clamp(-2 * math.pi, 0.).to(angles.dtype)
         return dict(angles=angles, key_angles=angles + rearrange(offset, 'h d -> h 1 d'))
 

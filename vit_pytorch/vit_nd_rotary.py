@@ -21,7 +21,13 @@ The tokens are mean-pooled; dimensions in `causal_dims` are causal (no patch rea
 
 As vit-pytorch's: its arguments, outputs and frequencies; its checkpoints load through
 `vit_pytorch.pretrained.load_vit_pytorch` with equal outputs, causal ones too (it has no cls token, so its
-causal dimensions are causal). Where it differs from vit-pytorch:
+causal dimensions are causal). As vit-pytorch's, it takes any input whose sides are multiples of `patch_size`
+(`input_shape` only sets the grid of the buffers), reading the grid from the input: `model(longer_video)` runs a
+model built for shorter clips on longer ones, the positions continuing (0 .. slices - 1), the frequencies the same.
+Where it differs from vit-pytorch:
+  - on a grid other than the built one, the causal mask is the input grid's: vit-pytorch keeps the built grid's,
+    so on a longer clip time wraps round the built length (slice t taken as t mod the built slices) and an earlier
+    slice reads later ones (tests/test_vit_nd_any_grid.py); without causal dimensions the outputs are equal.
   - the causal mask goes to `vit.attend` (a dense boolean mask), so the model trains on any device; vit-pytorch's
     flex attention has no CPU backward.
   - the rotation is the house's `vit.rotate`, which pairs channels (2i, 2i + 1) where vit-pytorch pairs i with
