@@ -1,6 +1,8 @@
 """Attention residuals: every branch reads the paper's softmax over depth of all earlier outputs, written out by hand;
 a zero query is the mean over depth; an earlier run's history joins the mix; vit-pytorch's other function refused."""
 
+import functools
+
 import pytest
 import torch
 
@@ -34,24 +36,31 @@ def papers_mix(mix, values):
     return sum(a[..., None] * v for a, v in zip(alpha, values))
 
 
-@pytest.mark.parametrize('learned_query', [True, False])
-def test_each_branch_reads_the_softmax_over_depth_of_every_earlier_output(learned_query):
+@pytest.mark.parametrize('learned_query, block_size', [(True, None), (False, None), (True, 2), (True, 3), (True, 6)])
+def test_each_branch_reads_the_softmax_over_its_sources(learned_query, block_size):
+    """Full AttnRes (no block_size): every earlier output. Block AttnRes at depth 3 (6 branches; blocks of one
+    layer, of 3 branches (a boundary before the second MLP), one block): the completed blocks and the partial sum."""
     torch.manual_seed(0)
-    model = SimpleViTAttnResidual(**tiny_vit_kwargs(depth=3, learned_query=learned_query))
+    model = SimpleViTAttnResidual(**tiny_vit_kwargs(depth=3, learned_query=learned_query, block_size=block_size))
     model = move_off_initialisation(model, scale=0.5).double().eval()
     img = torch.randn(2, 3, 16, 24, dtype=torch.float64)
+    sources_of = (lambda values, index: values) if block_size is None else functools.partial(
+        block_sources, block_size=block_size)
     with torch.no_grad():
         seen, (_, history) = branch_inputs_and_outputs(model, img, return_history=True)
         values = [model.embed(img)]
         mixes = [mix for attn_mix, _, ff_mix, _ in model.transformer.layers for mix in (attn_mix, ff_mix)]
-        for mix, (branch_input, branch_output) in zip(mixes, seen):
-            expected = values[0] if mix is None else papers_mix(mix, values)
+        for index, (mix, (branch_input, branch_output)) in enumerate(zip(mixes, seen), start=1):
+            sources = sources_of(values, index=index)
+            expected = sources[0] if mix is None else papers_mix(mix, sources)
             torch.testing.assert_close(branch_input, expected, rtol=1e-10, atol=1e-10)
             values.append(branch_output)
-        assert len(history) == len(values) == 1 + 2 * 3
-        for returned, value in zip(history, values):
-            torch.testing.assert_close(returned, value, rtol=0, atol=0)
-        features = model.transformer.final_norm(papers_mix(model.transformer.final_pool, values))
+        stack = sources_of(values, index=len(values))        # as the next branch would: every output, or b_0 .. b_N
+        assert len(history) == len(stack) == (1 + 2 * 3 if block_size is None else 6 // block_size + 1)
+        exact = 0 if block_size is None else 1e-12            # Full AttnRes returns the outputs themselves
+        for returned, value in zip(history, stack):
+            torch.testing.assert_close(returned, value, rtol=exact, atol=exact)
+        features = model.transformer.final_norm(papers_mix(model.transformer.final_pool, stack))
         torch.testing.assert_close(model.forward_features(img), features, rtol=1e-10, atol=1e-10)
 
 
@@ -112,30 +121,6 @@ def block_sources(values, block_size, index):
     blocks = [values[0]] + [sum(values[(m - 1) * block_size + 1:m * block_size + 1]) for m in range(1, completed + 1)]
     partial = values[completed * block_size + 1:index]
     return blocks + ([sum(partial)] if partial else [])
-
-
-@pytest.mark.parametrize('block_size', [2, 3, 6])
-def test_each_branch_reads_the_softmax_over_the_completed_blocks_and_the_partial_sum(block_size):
-    """Depth 3 (6 branches): blocks of one layer, of 3 branches (a boundary before the second MLP), one block."""
-    torch.manual_seed(0)
-    model = SimpleViTAttnResidual(**tiny_vit_kwargs(depth=3, block_size=block_size))
-    model = move_off_initialisation(model, scale=0.5).double().eval()
-    img = torch.randn(2, 3, 16, 24, dtype=torch.float64)
-    with torch.no_grad():
-        seen, (_, history) = branch_inputs_and_outputs(model, img, return_history=True)
-        values = [model.embed(img)]
-        mixes = [mix for attn_mix, _, ff_mix, _ in model.transformer.layers for mix in (attn_mix, ff_mix)]
-        for index, (mix, (branch_input, branch_output)) in enumerate(zip(mixes, seen), start=1):
-            sources = block_sources(values, block_size, index)
-            expected = sources[0] if mix is None else papers_mix(mix, sources)
-            torch.testing.assert_close(branch_input, expected, rtol=1e-10, atol=1e-10)
-            values.append(branch_output)
-        blocks = block_sources(values, block_size, len(values))        # as the next branch would: b_0 .. b_N
-        assert len(history) == len(blocks) == 6 // block_size + 1
-        for returned, block in zip(history, blocks):
-            torch.testing.assert_close(returned, block, rtol=1e-12, atol=1e-12)
-        features = model.transformer.final_norm(papers_mix(model.transformer.final_pool, blocks))
-        torch.testing.assert_close(model.forward_features(img), features, rtol=1e-10, atol=1e-10)
 
 
 def test_blocks_of_one_branch_are_full_attnres():
