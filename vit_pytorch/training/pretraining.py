@@ -261,7 +261,23 @@ class DinoMethod(Method):
 
 
 
-class LeJEPAMethod(Method):
+class LossTerms(Method):
+    """A method whose learner keeps its loss's weighted terms, detached, as `last_losses`: the log gives each,
+    `terms` naming them ((record key, label in the line, decimals), in the learner's order)."""
+
+    terms = ()
+
+    def sums(self, learner, count):
+        return [term.item() * count for term in learner.last_losses]
+
+    def record(self, args, sums, global_step, steps, total_steps):
+        return {key: total for (key, _, _), total in zip(self.terms, sums)}
+
+    def line(self, record):
+        return ''.join(f", {label} {record[key]:.{decimals}f}" for key, label, decimals in self.terms)
+
+
+class LeJEPAMethod(LossTerms):
     """LeJEPA: DINO's crops without a teacher, the prediction loss and SIGReg weighed by lambda (the official
     minimal example's defaults: lambda 0.02, 16 projection outputs, 256 slices, its quadrature on [0, 3] doubled,
     which is [-3, 3] on 33 knots); the two terms in the log, as the paper's figures show them."""
@@ -269,6 +285,7 @@ class LeJEPAMethod(Method):
     masked = False                                             # LeJEPA makes its own views of the pixels
     betas = (0.9, 0.999)                                       # the official example's AdamW
     group = 'LeJEPA'
+    terms = (('prediction_loss', 'prediction', 4), ('sigreg', 'SIGReg', 3))
     options = (
         ('--lejepa-lambda', dict(type=float, default=0.02, help="the weight of SIGReg, the prediction loss's "
                                                                 "being 1 - lambda")),
@@ -300,15 +317,6 @@ class LeJEPAMethod(Method):
     def network(self, learner):
         return learner.net
 
-    def sums(self, learner, count):
-        return [term.item() * count for term in learner.last_losses]
-
-    def record(self, args, sums, global_step, steps, total_steps):
-        prediction, sigreg = sums
-        return dict(prediction_loss=prediction, sigreg=sigreg)
-
-    def line(self, record):
-        return f", prediction {record['prediction_loss']:.4f}, SIGReg {record['sigreg']:.3f}"
 
 METHODS = dict(mae=MAEMethod(), simmim=SimMIMMethod(), mpp=MPPMethod(), dino=DinoMethod(), mp3=MP3Method(),
                lejepa=LeJEPAMethod())
@@ -347,7 +355,7 @@ class KeepsLossTerms(nn.Module):
         return loss
 
 
-class LeVJEPAMethod(Method):
+class LeVJEPAMethod(LossTerms):
     """LeVJEPA on clips (`vit_pytorch.levjepa`): a global view of each clip (a crop of 0.8 to 1, normalised) and
     `--local-views` local ones (crops of 0.02 to 0.4 resized to `--local-size`, colour jitter, grayscale, flips),
     every local view's projection pulled to its clip's global one, SIGReg weighted by `--sigreg-loss-weight`;
@@ -359,6 +367,7 @@ class LeVJEPAMethod(Method):
     betas = (0.9, 0.999)                                       # the example's AdamW (torch's default betas)
     group = 'LeVJEPA, LeVJEPAND (clips)'
     inputs, default_data, default_model = 'clips', 'clips:digit', 'vit_nd'
+    terms = (('invariance_loss', 'invariance', 4), ('sigreg', 'SIGReg', 4))
     options = (
         ('--local-views', dict(type=int, default=4, help="LeVJEPA's local views of each clip (LeVJEPAND's target "
                                                          "views)")),
@@ -391,15 +400,6 @@ class LeVJEPAMethod(Method):
     def network(self, learner):
         return learner.learner.encoder.model
 
-    def sums(self, learner, count):
-        return [term.item() * count for term in learner.last_losses]
-
-    def record(self, args, sums, global_step, steps, total_steps):
-        invariance, sigreg = sums
-        return dict(invariance_loss=invariance, sigreg=sigreg)
-
-    def line(self, record):
-        return f", invariance {record['invariance_loss']:.4f}, SIGReg {record['sigreg']:.4f}"
 
 
 class LeVJEPANDMethod(LeVJEPAMethod):
