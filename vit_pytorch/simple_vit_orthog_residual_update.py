@@ -46,8 +46,7 @@ class OrthogonalResidualUpdate(nn.Module):
         super().__init__()
         if learned and dim is None:
             raise ValueError("dim must be given for a learned orthogonal residual update, got None")
-        if not isinstance(orthogonal_method, str) or orthogonal_method not in ORTHOGONAL_METHODS:
-            raise ValueError(f"orthogonal_method must be one of {ORTHOGONAL_METHODS}, got {orthogonal_method!r}")
+        check_orthogonal_method(orthogonal_method)
         self.block = block
         self.double_precision = double_precision
         self.learned = learned
@@ -133,6 +132,11 @@ def ortho_vit(variant, *, image_size=None, num_classes=1000, **overrides):
 # argument checks
 
 
+def check_orthogonal_method(value, name='orthogonal_method'):
+    if not isinstance(value, str) or value not in ORTHOGONAL_METHODS:
+        raise ValueError(f"{name} must be one of {ORTHOGONAL_METHODS}, got {value!r}")
+
+
 def check_arguments(*, orthog_residual_update_kwargs, **_):
     if orthog_residual_update_kwargs is None:
         return
@@ -145,9 +149,7 @@ def check_arguments(*, orthog_residual_update_kwargs, **_):
                          f"'orthogonal_method', got {sorted(unknown)}")
     for name, value in orthog_residual_update_kwargs.items():
         if name == 'orthogonal_method':
-            if not isinstance(value, str) or value not in ORTHOGONAL_METHODS:
-                raise ValueError(f"orthog_residual_update_kwargs['orthogonal_method'] must be one of "
-                                 f"{ORTHOGONAL_METHODS}, got {value!r}")
+            check_orthogonal_method(value, "orthog_residual_update_kwargs['orthogonal_method']")
         else:
             vit.boolean(f'orthog_residual_update_kwargs[{name!r}]', value)
 
