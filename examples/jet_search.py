@@ -17,7 +17,8 @@ data, model size and helpers), each seed:
   3. evaluates every per-layer pattern (3 ** depth) of the supernet on the held-out digits, and counts each pattern's
      forward FLOPs per image (`vit_pytorch.flops.training_flops`, torch.utils.flop_counter);
   4. picks the cheapest pattern whose held-out accuracy is at most --tolerance below the base model's (step 1; ties
-     in FLOPs go to the higher held-out accuracy) and fixes it with `set_attn_layers`;
+     in FLOPs go to the higher held-out accuracy) and fixes it with `set_attn_layers`; where no pattern is (the
+     supernet's all-FA included), the search keeps the base model (marked 'base kept');
   5. tests on the 450 test digits: the base model, the supernet with the chosen pattern, the supernet with full
      attention everywhere, and (unless --no-scratch) the chosen pattern trained from scratch on the same digits for
      --epochs + --supernet-epochs.
@@ -134,16 +135,21 @@ def run_seed(config, search_data, test_set, plan, supernet_plan, scratch_plan, s
                           title=f'seed {seed} supernet')
     rows = held_out_rows(supernet, search_data, depth, flops)
     chosen = search(rows, base_held_out, tolerance)
-    record = dict(base_held_out=base_held_out, base_test=tested(base, search_data, test_set),
-                  rows=rows, chosen=chosen['pattern'], chosen_held_out=chosen['accuracy'],
-                  chosen_flops=chosen['flops'],
+    record = dict(base_held_out=base_held_out, base_test=tested(base, search_data, test_set), rows=rows,
                   train_seconds=base_record['train_seconds'] + supernet_record['train_seconds'])
     supernet.set_attn_layers(['FA'] * depth)
     record['supernet_fa_held_out'] = loop.evaluate(supernet, search_data.test, mean=search_data.mean,
                                                    std=search_data.std)['accuracy']
     record['supernet_fa_test'] = tested(supernet, search_data, test_set)
-    supernet.set_attn_layers(chosen['pattern'])
-    record['test_accuracy'] = record['chosen_test'] = tested(supernet, search_data, test_set)
+    if chosen is None:
+        # no pattern of the supernet is within the tolerance: the search keeps the base model
+        chosen, kept = dict(pattern=['FA'] * depth, accuracy=base_held_out, flops=flops[('FA',) * depth]), base
+    else:
+        supernet.set_attn_layers(chosen['pattern'])
+        kept = supernet
+    record.update(chosen=chosen['pattern'], chosen_held_out=chosen['accuracy'], chosen_flops=chosen['flops'],
+                  base_kept=kept is base)
+    record['test_accuracy'] = record['chosen_test'] = tested(kept, search_data, test_set)
     if scratch:
         torch.manual_seed(seed)
         model = registry.build_model('jet_vit', **config, attn_layers=chosen['pattern'])
@@ -166,7 +172,7 @@ def table(results, seeds, flops, depth, tolerance, scratch):
     for seed in seeds:
         run = runs[seed]
         lines.append('| ' + ' | '.join([
-            str(seed), '-'.join(run['chosen']), f"{run['chosen_flops'] / 1e6:.3f} ({run['chosen_flops'] / full - 1:+.1%})",
+            str(seed), '-'.join(run['chosen']) + (' (base kept)' if run['base_kept'] else ''), f"{run['chosen_flops'] / 1e6:.3f} ({run['chosen_flops'] / full - 1:+.1%})",
             f"{100 * run['base_held_out']:.2f}%, {100 * run['chosen_held_out']:.2f}%",
             f"{100 * run['base_test']:.2f}%", f"{100 * run['supernet_fa_test']:.2f}%",
             f"{100 * run['chosen_test']:.2f}%",
