@@ -1,7 +1,9 @@
 """JetViT's post-training attention search, short, on the digits (arXiv 2605.26636; docs/blocks.md, JetViT).
 
-    OMP_NUM_THREADS=1 nice -n 15 python examples/jet_search.py --seeds 0 1 --epochs 10 --supernet-epochs 5 \\
+    OMP_NUM_THREADS=1 nice -n 15 python examples/jet_search.py --seeds 0 1 2 3 4 --epochs 10 --supernet-epochs 5 \\
         --out runs/jet_search
+    OMP_NUM_THREADS=1 nice -n 15 python examples/jet_search.py --seeds 0 1 2 3 4 --epochs 30 --supernet-epochs 15 \\
+        --out runs/jet_search30
 
 On scikit-learn's digits at 16 pixels with the training command's recipe and epoch loop (examples/digits_claims.py's
 data, model size and helpers), each seed:
@@ -172,7 +174,8 @@ def table(results, seeds, flops, depth, tolerance, scratch):
     for seed in seeds:
         run = runs[seed]
         lines.append('| ' + ' | '.join([
-            str(seed), '-'.join(run['chosen']) + (' (base kept)' if run['base_kept'] else ''), f"{run['chosen_flops'] / 1e6:.3f} ({run['chosen_flops'] / full - 1:+.1%})",
+            str(seed), '-'.join(run['chosen']) + (' (base kept)' if run['base_kept'] else ''),
+            f"{run['chosen_flops'] / 1e6:.3f} ({run['chosen_flops'] / full - 1:+.1%})",
             f"{100 * run['base_held_out']:.2f}%, {100 * run['chosen_held_out']:.2f}%",
             f"{100 * run['base_test']:.2f}%", f"{100 * run['supernet_fa_test']:.2f}%",
             f"{100 * run['chosen_test']:.2f}%",
