@@ -234,6 +234,23 @@ def load_average():
     return path.read_text().split()[0] if path.exists() else '?'
 
 
+def clock():
+    """(wall-clock, CPU time, load average) now, for `report` at the end."""
+    return time.perf_counter(), time.process_time(), load_average()
+
+
+def report(lines, out, started):
+    """The table's `lines` written to <out>/table.md and printed; the wall-clock and CPU time since `started` (a
+    `clock()`) and the load averages on stderr. Returns `lines`."""
+    text = '\n'.join(lines)
+    (Path(out) / 'table.md').write_text(text + '\n')
+    print(text)
+    wall, cpu, load = started
+    print(f"{time.perf_counter() - wall:.0f} s wall-clock, {time.process_time() - cpu:.0f} s of CPU time; load "
+          f"average {load} at the start, {load_average()} at the end", file=sys.stderr)
+    return lines
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2, 3, 4])
@@ -256,17 +273,11 @@ def main(argv=None):
         raise SystemExit(f"{args.out} holds runs of other settings: {'; '.join(results.differences)}; "
                          f"use another --out")
 
-    started, cpu, load = time.perf_counter(), time.process_time(), load_average()
+    started = clock()
     for seed in args.seeds:
         for setting, train_run in run_seed(config, data, plan, seed, device):
             results.run(dict(seed=seed, setting=setting), train_run, quiet=args.quiet, label=f'seed {seed} {setting}')
-    lines = table(results, config, args.seeds)
-    text = '\n'.join(lines)
-    (args.out / 'table.md').write_text(text + '\n')
-    print(text)
-    print(f"{time.perf_counter() - started:.0f} s wall-clock, {time.process_time() - cpu:.0f} s of CPU time; load "
-          f"average {load} at the start, {load_average()} at the end", file=sys.stderr)
-    return lines
+    return report(table(results, config, args.seeds), args.out, started)
 
 
 if __name__ == '__main__':

@@ -88,8 +88,6 @@ recorded, and refuses other settings in the same --out) and table.md.
 import argparse
 import importlib.util
 import statistics
-import sys
-import time
 from pathlib import Path
 
 import torch
@@ -419,19 +417,13 @@ def main(argv=None):
     if results.differences:
         raise SystemExit(f"{out} holds runs of other settings: {'; '.join(results.differences)}; use another --out")
 
-    started, cpu, load = time.perf_counter(), time.process_time(), ats_tokens.load_average()
+    started = ats_tokens.clock()
     for seed in args.seeds:
         for (label, name, _, weight), config in zip(CLAIMS[args.claim], configs(args.claim, data)):
             results.run(dict(seed=seed, setting=label),
                         lambda: run(label, name, config, weight, data, plan, seed),
                         quiet=args.quiet, label=f'seed {seed} {label}')
-    lines = table(args.claim, results, data, args.seeds, args.epochs)
-    text = '\n'.join(lines)
-    (out / 'table.md').write_text(text + '\n')
-    print(text)
-    print(f"{time.perf_counter() - started:.0f} s wall-clock, {time.process_time() - cpu:.0f} s of CPU time; load "
-          f"average {load} at the start, {ats_tokens.load_average()} at the end", file=sys.stderr)
-    return lines
+    return ats_tokens.report(table(args.claim, results, data, args.seeds, args.epochs), out, started)
 
 
 if __name__ == '__main__':

@@ -33,8 +33,6 @@ import argparse
 import copy
 import importlib.util
 import itertools
-import sys
-import time
 from pathlib import Path
 
 import torch
@@ -216,7 +214,7 @@ def main(argv=None):
         raise SystemExit(f"{args.out} holds runs of other settings: {'; '.join(results.differences)}; "
                          f"use another --out")
 
-    started, cpu, load = time.perf_counter(), time.process_time(), ats_tokens.load_average()
+    started = ats_tokens.clock()
     probe = registry.build_model('jet_vit', **config)
     flops = {pattern: pattern_flops(probe, pattern, data.image_size, data.channels, data.num_classes)
              for pattern in patterns(config['depth'])}
@@ -224,13 +222,8 @@ def main(argv=None):
         results.run(dict(seed=seed), lambda: run_seed(config, search_data, data.test, plan, supernet_plan,
                                                        scratch_plan, seed, args.tolerance, flops, scratch),
                     quiet=args.quiet, label=f'seed {seed} search')
-    lines = table(results, args.seeds, flops, config['depth'], args.tolerance, scratch)
-    text = '\n'.join(lines)
-    (args.out / 'table.md').write_text(text + '\n')
-    print(text)
-    print(f"{time.perf_counter() - started:.0f} s wall-clock, {time.process_time() - cpu:.0f} s of CPU time; load "
-          f"average {load} at the start, {ats_tokens.load_average()} at the end", file=sys.stderr)
-    return lines
+    return ats_tokens.report(table(results, args.seeds, flops, config['depth'], args.tolerance, scratch), args.out,
+                             started)
 
 
 if __name__ == '__main__':
