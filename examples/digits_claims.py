@@ -29,7 +29,9 @@ digits after every epoch. The models are the trainer's small ones (patch 4, so 1
                 weight 0 and 0.1 (the training command's default, vit-pytorch's example's), and the paper's method
                 (`decorr_matrices=True`: a decorrelation matrix before every Linear of the encoder, stepped by its
                 own rule after every optimizer step; no auxiliary loss) at the rule's learning rate 1e-4 (decorbp's
-                default) and 1e-2, over a short budget.
+                default) and 1e-2, over a short budget; and decorbp's 'normalized' rule (its decorrelation step
+                divided by d - 1) at 1e-2 and at 0.63 = 1e-2 x 63 (the standard rule's step at 1e-2 for the
+                inputs of width 64), each paired with weight 0 (the table) and with the standard rule at 1e-2.
   residuals     value residuals ("Value Residual Learning", arXiv 2410.17897) and hyper-connections
                 ("Hyper-Connections", arXiv 2409.19606): better or faster training at about the same compute.
                 `simple_vit` against `simple_vit_with_value_residual` (learned mix, vit-pytorch's default) and
@@ -75,11 +77,11 @@ digits after every epoch. The models are the trainer's small ones (patch 4, so 1
                 each block model paired with Full AttnRes.
 
 The table gives the test accuracy after given epochs (mean +- sample std over the seeds), the paired difference to
-the first model of the same seed (or to the model `AGAINST` names), the forward FLOPs per image counted by
-`vit_pytorch.flops.training_flops` (torch.utils.flop_counter; for the patch merger also the formula `merger_flops`)
-and the parameters; for decorr also the test digits' decorrelation loss (the model's auxiliary loss, of its blocks'
-normed inputs) and `linear_input_correlation` (of what every Linear of the encoder multiplies, after its matrix where
-it has one).
+the first model of the same seed (or to the model `AGAINST` names; then to the one `ALSO_AGAINST` names), the
+forward FLOPs per image counted by `vit_pytorch.flops.training_flops` (torch.utils.flop_counter; for the patch
+merger also the formula `merger_flops`) and the parameters; for decorr also the test digits' decorrelation loss
+(the model's auxiliary loss, of its blocks' normed inputs) and `linear_input_correlation` (of what every Linear of
+the encoder multiplies, after its matrix where it has one).
 
 Written to --out: results.json (one record per run, saved as each ends: the same command run again skips the runs
 recorded, and refuses other settings in the same --out) and table.md.
@@ -111,6 +113,10 @@ ats_tokens = _ats_tokens()           # its data and recipe (`digits_plan`), `spr
 
 DECORR_WEIGHT = 0.1
 DECORR_MATRICES = dict(decorr_matrices=True)
+NORMALIZED = dict(DECORR_MATRICES, decorr_matrices_method='normalized')
+# decorbp's 'normalized' rule divides the decorrelation step by d - 1: at 1e-2 x 63 its step on the width-64 inputs
+# (12 of the encoder's 17 Linears) is the standard rule's at 1e-2
+NORMALIZED_LR = 0.63
 SPARSITY_WEIGHT = 0.1          # the training command's default --sparsity-aux-loss-weight
 TIED_CLS = 'SimpleViT with a cls token (tied)'
 JET_FULL = 'JetViT, full attention (FA) in every layer'
@@ -133,6 +139,9 @@ CLAIMS = {
         (f'decorrelation weight {DECORR_WEIGHT}', 'vit_with_decorr', {}, DECORR_WEIGHT),
         ('decorrelation matrices, lr 1e-4', 'vit_with_decorr', dict(DECORR_MATRICES, decorr_matrices_lr=1e-4), 0.0),
         ('decorrelation matrices, lr 1e-2', 'vit_with_decorr', dict(DECORR_MATRICES, decorr_matrices_lr=1e-2), 0.0),
+        ('normalized matrices, lr 1e-2', 'vit_with_decorr', dict(NORMALIZED, decorr_matrices_lr=1e-2), 0.0),
+        (f'normalized matrices, lr {NORMALIZED_LR}', 'vit_with_decorr',
+         dict(NORMALIZED, decorr_matrices_lr=NORMALIZED_LR), 0.0),
     ],
     'residuals': [
         ('SimpleViT', 'simple_vit', {}, None),
@@ -200,6 +209,12 @@ AGAINST = {
     'orthogonal updates per image (global)': ORTHOG_FEATURE,
     'Block AttnRes, 4 blocks of 2 branches': 'Full AttnRes',
     'Block AttnRes, 2 blocks of 4 branches': 'Full AttnRes',
+}
+
+# the model each one is paired with as well (a second paired difference in the same cell)
+ALSO_AGAINST = {
+    'normalized matrices, lr 1e-2': 'decorrelation matrices, lr 1e-2',
+    f'normalized matrices, lr {NORMALIZED_LR}': 'decorrelation matrices, lr 1e-2',
 }
 
 
@@ -377,6 +392,11 @@ def table(claim, results, data, seeds, epochs):
         differences = [by_seed[seed]['test_accuracy'] - against[seed]['test_accuracy'] for seed in seeds]
         cells.append('' if index == 0 else '{:+.2f} +- {:.2f} points'.format(*ats_tokens.spread(differences))
                      + (f' (vs {AGAINST[label]})' if label in AGAINST else ''))
+        if label in ALSO_AGAINST:
+            also = records[first[ALSO_AGAINST[label]]]
+            cells[-1] += '; {:+.2f} +- {:.2f} points'.format(*ats_tokens.spread(
+                [by_seed[seed]['test_accuracy'] - also[seed]['test_accuracy'] for seed in seeds]))
+            cells[-1] += f' (vs {ALSO_AGAINST[label]})'
         model = build(label, name, config, 0, data)
         counted = training_flops(model, data.image_size, channels=data.channels, num_classes=data.num_classes)[1]
         flops = f'{counted / 1e6:.2f}'

@@ -205,8 +205,13 @@ def test_the_script_at_a_tiny_size(claim, tmp_path, monkeypatch):
         # the paired difference is this model's accuracy minus the first's, or the one's it is paired with
         against = digits_claims.AGAINST.get(label)
         difference = 100 * (run['test_accuracy'] - runs[against or models[0][0]]['test_accuracy'])
-        assert cells[3] == ('' if label == models[0][0] else
-                            f"{difference:+.2f} +- 0.00 points" + (f' (vs {against})' if against else ''))
+        expected = ('' if label == models[0][0] else
+                    f"{difference:+.2f} +- 0.00 points" + (f' (vs {against})' if against else ''))
+        also = digits_claims.ALSO_AGAINST.get(label)
+        if also:                                          # and minus the one's it is also paired with
+            also_difference = 100 * (run['test_accuracy'] - runs[also]['test_accuracy'])
+            expected += f"; {also_difference:+.2f} +- 0.00 points (vs {also})"
+        assert cells[3] == expected
         size = 24 if claim == 'detpool' else 16           # the cluttered canvas
         config = registry.model_config(name, options, image_size=size, channels=1, num_classes=10)
         if claim == 'patch_merger':                       # the counter's FLOPs and the formula's agree
@@ -220,8 +225,22 @@ def test_the_script_at_a_tiny_size(claim, tmp_path, monkeypatch):
         flops = [float(line.split('|')[5].split()[0]) for line in lines[2:]]
         assert flops[0] > flops[1] > flops[2]
     if claim == 'decorr':
+        # the normalized rows train decorbp's normalized rule (every matrix), at their rate, paired with the standard
+        # rule at 1e-2 as well; at the same rate that rule's step is 1 / (d - 1) of the standard's, so its matrices
+        # moved less and the Linears' inputs stayed more correlated
+        normalized = [(label, options) for label, _, options, _ in models if label.startswith('normalized')]
+        assert [options['decorr_matrices_lr'] for _, options in normalized] == [1e-2, 0.63]
+        for label, options in normalized:
+            assert digits_claims.ALSO_AGAINST[label] == 'decorrelation matrices, lr 1e-2'
+            config = registry.model_config('vit_with_decorr', options, image_size=16, channels=1, num_classes=10)
+            matrices = [module for module in digits_claims.build(label, 'vit_with_decorr', config, 0, None).modules()
+                        if isinstance(module, digits_claims.Decorrelation)]
+            assert len(matrices) == 17 and {(m.method, m.lr) for m in matrices} == {
+                ('normalized', options['decorr_matrices_lr'])}
         assert all(run['test_decorr_loss'] > 0 and run['test_linear_input_correlation'] > 0
-                   for run in runs.values()) and len(runs) == 4
+                   for run in runs.values()) and len(runs) == 6
+        assert (runs['normalized matrices, lr 1e-2']['test_linear_input_correlation']
+                > runs['decorrelation matrices, lr 1e-2']['test_linear_input_correlation'])
     if claim == 'detpool':                                # one ViT, with and without the mask
         assert len({line.split('|')[5] for line in lines[2:]}) == 1
         assert saved['settings']['data'] == dict(image_size=24, pieces=3, piece_size=8, ink=0.25)

@@ -59,8 +59,11 @@ method by default, its 'normalized' method with `decorr_matrices_method='normali
 matrices (`full=False`) are not offered, nor its convolution version (our patch projection
 is a Linear on flattened patches, which its Conv2d patch embedding computes too). Its defaults are taken as
 ours (lr 1e-4 and kappa 1e-3 of its command line; every row read); the rates of the paper's ViT runs are not
-known to us (we read the paper's abstract, not its method section). With several processes (DDP) each process
-steps its matrices on its own rows and DDP's buffer broadcast makes the first process's win at the next forward.
+known to us (we read the paper's abstract, not its method section). decorbp gives the 'normalized' rule no rate of
+its own (one `--decor_lr` for both rules): at the same lr its decorrelation step is 1 / (d - 1) of the standard
+rule's (docs/tokens.md trains both on the digits, the normalized rule at 1e-2 and 0.63). With several
+processes (DDP) each process steps its matrices on its own rows and DDP's buffer broadcast makes the first
+process's win at the next forward.
 """
 
 from functools import partial
