@@ -125,7 +125,7 @@ def test_the_digit_bounces_so_some_next_steps_reverse_the_observed_motion():
     assert 0 < reversed_axis.sum() < 200
 
 
-def test_every_frame_shows_the_whole_digit():
+def test_every_action_clip_frame_shows_the_whole_digit():
     task = action_clips('train', count=50, observed=8)
     sums = task.views[:, 0].float().sum(dim=(-2, -1))               # (n, 1, frames)
     assert torch.equal(sums, sums[..., :1].expand_as(sums))
