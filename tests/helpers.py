@@ -3,6 +3,7 @@
 Import them by name (`from helpers import digits_batch`); `conftest.py` keeps only pytest's fixtures.
 """
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -11,6 +12,20 @@ import torch.nn.functional as F
 from einops import rearrange
 
 FIXTURES = Path(__file__).parent / 'fixtures'
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_script(path, name=None):
+    """The Python file at `path` (a script outside the package: an example, a benchmark) imported as a module."""
+    spec = importlib.util.spec_from_file_location(name or Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_example(name):
+    """examples/<name>.py as a module."""
+    return load_script(ROOT / 'examples' / f'{name}.py')
 
 
 def tiny_vit_kwargs(**overrides):

@@ -1,30 +1,20 @@
 """examples/ats_tokens.py (issue 26): its count of kept tokens, its FLOP formula, and the script at a tiny size."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import move_off_initialisation
+from helpers import load_example, move_off_initialisation
 from vit_pytorch.ats_vit import ViT
 from torch.utils.flop_counter import FlopCounterMode
 
 from vit_pytorch.flops import FLOP_FORMULAS, explicit_attention
 from vit_pytorch.training.data import load_digits
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
-def example():
-    spec = importlib.util.spec_from_file_location('ats_tokens', ROOT / 'examples' / 'ats_tokens.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ats_tokens = example()
+ats_tokens = load_example('ats_tokens')
 
 # the example's model (the trainer's small ats_vit on the 16-pixel digits: 16 patch tokens)
 SMALL = dict(image_size=16, patch_size=4, channels=1, num_classes=10, dim=64, depth=4, heads=4, dim_head=16,

@@ -17,22 +17,20 @@ import types
 import pytest
 import torch
 
+from helpers import load_script
 from vit_pytorch import ViT
 from vit_pytorch.models import AUX_LOSSES, INPUTS, MODELS
 
 SCRIPT = os.path.join(os.path.dirname(__file__), os.pardir, 'benchmarks', 'throughput.py')
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location('throughput', SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def load_throughput():
+    return load_script(SCRIPT, 'throughput')
 
 
 @pytest.fixture(scope='module')
 def throughput():
-    return load_script()
+    return load_throughput()
 
 
 # one model of each workload `registry_workload` builds: images, a distillation loss, a multi-scale model, packed
@@ -818,10 +816,7 @@ WRAPPER_SCRIPT = os.path.join(os.path.dirname(__file__), os.pardir, 'benchmarks'
 
 @pytest.fixture(scope='module')
 def wrapper_steps():
-    spec = importlib.util.spec_from_file_location('wrapper_steps', WRAPPER_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(WRAPPER_SCRIPT, 'wrapper_steps')
 
 
 def run_wrapper_rows(wrapper_steps, monkeypatch, rows):

@@ -3,7 +3,6 @@ absent, one error line before anything is built for a model that does not fit th
 you mean" for a mistyped option, a short summary from `experiments`, captions and ticks that say what was done,
 and an example that writes under runs/."""
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import install_fake_aeon
+from helpers import install_fake_aeon, load_example
 from vit_pytorch import evaluate, experiments, models, pretrain, train
 from vit_pytorch.checkpoint import load_config
 
@@ -204,9 +203,7 @@ def test_pretraining_curves_tick_whole_epochs(tmp_path, monkeypatch):
 
 def test_the_moving_digits_example_writes_under_runs_unless_told(tmp_path, monkeypatch):
     pytest.importorskip('matplotlib')
-    spec = importlib.util.spec_from_file_location('moving_digits', ROOT / 'examples' / 'moving_digits.py')
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = load_example('moving_digits')
     documented = ROOT / 'docs' / 'images' / 'moving_digits.png'
     before = documented.stat().st_mtime_ns if documented.exists() else None
     monkeypatch.chdir(tmp_path)

@@ -3,31 +3,22 @@ per-epoch hook it gives `trials.fit`, nViT's renormalisation in it, the tied con
 the cluttered digits and their mask channel, and the script at a tiny size."""
 
 import argparse
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from helpers import load_example
 from vit_pytorch.flops import FLOP_FORMULAS, explicit_attention
 from vit_pytorch.training import registry
 from vit_pytorch.training.data import ImageSet, normalise
 from vit_pytorch.training.trials import fit, with_statistics
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
-def example():
-    spec = importlib.util.spec_from_file_location('digits_claims', ROOT / 'examples' / 'digits_claims.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-digits_claims = example()
+digits_claims = load_example('digits_claims')
 
 SMALL = dict(image_size=16, patch_size=4, channels=1, num_classes=10, dim=64, depth=4, heads=4, dim_head=16,
              mlp_dim=128)

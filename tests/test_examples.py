@@ -2,7 +2,6 @@
 (examples/vat_actions.py and examples/looped_exit_gate.py; ats_tokens, moving_digits and the others are tested
 where their results are used)."""
 
-import importlib.util
 import math
 import re
 from pathlib import Path
@@ -10,16 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import load_example
 from vit_pytorch.clips import action_clips
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def example(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / 'examples' / f'{name}.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example(name)
 
 
 def run_vat_actions(capsys, *argv):

@@ -1,20 +1,18 @@
 """benchmarks/gpu.py, the script that measures what a GPU would tell us, on its CPU path (no test needs a GPU)."""
-import importlib.util
 import json
 import math
 import os
 
 import pytest
 
+from helpers import load_script
+
 SCRIPT = os.path.join(os.path.dirname(__file__), '..', 'benchmarks', 'gpu.py')
 
 
 @pytest.fixture(scope='module')
 def gpu():
-    spec = importlib.util.spec_from_file_location('gpu_benchmark', SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, 'gpu_benchmark')
 
 
 @pytest.mark.parametrize('threshold', [0, 3, 4, 7, 8, 9, 100, 129, 1000, 4095, 5000])

@@ -5,13 +5,13 @@ from "How to train your ViT?", arXiv 2106.10270), not from the package's own tab
 are built on the meta device: no memory, nothing downloaded.
 """
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 import torch
 
+from helpers import load_script
 from vit_pytorch import SimpleViT, ViT
 
 REPO = str(Path(__file__).resolve().parent.parent)
@@ -35,10 +35,7 @@ def named_entries():
 
 
 def hubconf():
-    spec = importlib.util.spec_from_file_location('hubconf', Path(REPO) / 'hubconf.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(Path(REPO) / 'hubconf.py')
 
 
 def test_hubconf_lists_the_named_models_and_the_classes():

@@ -2,27 +2,18 @@
 choice of the cheapest pattern within the tolerance, the weight inheritance, the held-out split, the pattern set
 and its FLOPs, and that the chosen pattern is what `set_attn_layers` fixes."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
+from helpers import load_example
 from vit_pytorch.jet_vit import JetViT
 from vit_pytorch.training.data import ImageSet
 from vit_pytorch.training.trials import with_statistics
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
-def _example():
-    spec = importlib.util.spec_from_file_location('jet_search', ROOT / 'examples' / 'jet_search.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-jet_search = _example()
+jet_search = load_example('jet_search')
 
 
 def tiny(**options):

@@ -3,17 +3,14 @@ way, the trained model on longer clips computes the model rebuilt for them with 
 tokens of the short clip on the first frames; vit-pytorch's logits on a longer input: tests/test_vit_nd_any_grid.py),
 and the summary's means and paired differences."""
 
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-SPEC = importlib.util.spec_from_file_location('pope_extrapolation', ROOT / 'examples' / 'pope_extrapolation.py')
-pope_extrapolation = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(pope_extrapolation)
+from helpers import load_example
+
+pope_extrapolation = load_example('pope_extrapolation')
 
 TINY = dict(dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32)
 # (dy, dx) of the 8 classes, clockwise from right, y growing downwards: written here, not read from the module
