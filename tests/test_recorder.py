@@ -847,7 +847,7 @@ def relative_projected_attention(module, x, *, grid):
     bank[a, c, pos_i,a - pos_j,a + max_dist - 1], w a Linear of the block's input before its norm; 0 where an offset
     reaches max_dist."""
     position_bias = module.rel_pos_bias
-    axes, basis, max_dist = position_bias.dim_pos, position_bias.num_distance_basis, position_bias.max_dist
+    axes, max_dist = position_bias.dim_pos, position_bias.max_dist
     weights = rearrange(explicit_linear(x, position_bias.to_distance_weights[0]), 'b n (a h c) -> a b h n c',
                         a=axes, h=module.heads)
     positions = torch.cartesian_prod(*(torch.arange(side) for side in grid)).reshape(-1, len(grid))
