@@ -88,8 +88,8 @@ recorded, and refuses other settings in the same --out) and table.md.
 """
 
 import argparse
-import importlib.util
 import statistics
+import sys
 from pathlib import Path
 
 import torch
@@ -102,14 +102,8 @@ from vit_pytorch.training.trials import Results, fit, with_statistics
 from vit_pytorch.vit_with_decorr import DecorrelatedLinear, Decorrelation
 
 
-def _ats_tokens():
-    spec = importlib.util.spec_from_file_location('ats_tokens', Path(__file__).resolve().parent / 'ats_tokens.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ats_tokens = _ats_tokens()           # its data and recipe (`digits_plan`), `spread` and `load_average`
+sys.path.insert(0, str(Path(__file__).parent))
+import ats_tokens  # noqa: E402  its data and recipe (`digits_plan`), `spread`, `load_average` and `report`
 
 DECORR_WEIGHT = 0.1
 DECORR_MATRICES = dict(decorr_matrices=True)

@@ -31,8 +31,8 @@ recorded and refuses other settings in the same --out) and table.md.
 
 import argparse
 import copy
-import importlib.util
 import itertools
+import sys
 from pathlib import Path
 
 import torch
@@ -44,15 +44,9 @@ from vit_pytorch.training.data import ImageSet
 from vit_pytorch.training.trials import Results, fit, with_statistics
 
 
-def _digits_claims():
-    spec = importlib.util.spec_from_file_location('digits_claims', Path(__file__).resolve().parent /
-                                                  'digits_claims.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(Path(__file__).parent))
+import digits_claims  # noqa: E402
 
-
-digits_claims = _digits_claims()
 ats_tokens = digits_claims.ats_tokens        # the data and recipe (`digits_plan`), `spread`, `load_average`
 
 HELD_OUT = 0.2            # the fraction of the training digits held out for the search
