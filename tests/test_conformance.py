@@ -82,6 +82,8 @@ DETPOOL_MASK[0, 2:7, 3:20] = True                           # patches: rows 0-1,
 DETPOOL_MASK[1, 9:14, 10:12] = True                         # patches: rows 2-3, column 1
 VIDEO = dict(image_size=(16, 24), image_patch_size=(4, 8), frames=4, frame_patch_size=2)
 CLIPS = (2, 3, 4, 16, 24)             # 2 x 4 x 3 tubelets
+LEVJEPA = dict(image_size=(16, 24), patch_size=(4, 8), frames=4, num_classes=5, dim=16, depth=2, heads=2, dim_head=8,
+               mlp_dim=32)
 SIGNAL = dict(seq_len=24, patch_size=4, num_classes=5, dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32, channels=2)
 
 
@@ -386,6 +388,11 @@ CASES = {
     'vit_nd_pope[causal_dims=0]': Case(dict(ndim=3, input_shape=(4, 16, 24), patch_size=(2, 4, 8), num_classes=5,
                                             dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32, causal_dims=0,
                                             pope_init_learned_bias_uniform=True), CLIPS),
+    # LeVJEPA's encoder with a head on its cls token: 4 frames of 4 x 3 patches (48 patch tokens), block-causal; in
+    # training, half of them dropped (24 kept, the forward's drop_ratio); or every token attending to every other
+    'levjepa': Case(LEVJEPA, CLIPS),
+    'levjepa[drop_ratio=0.5]': Case(LEVJEPA, CLIPS, forward=dict(drop_ratio=0.5)),
+    'levjepa[block_causal=False]': Case(dict(LEVJEPA, block_causal=False), CLIPS),
 }
 
 
