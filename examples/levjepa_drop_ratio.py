@@ -1,7 +1,9 @@
 """LeVJEPA's token dropping in the pre-training command: does dropping tokens make pre-training cheaper at little cost?
 
-    python examples/levjepa_drop_ratio.py --ratios 0 0.5 0.75 0.95 --seeds 0 1 2 --epochs 8   # docs/pretraining.md
+    python examples/levjepa_drop_ratio.py --ratios 0 0.5 0.75 0.95 --seeds 0 1 2 --epochs 4   # the table
     python examples/levjepa_drop_ratio.py --ratios 0 0.75 --seeds 0 --epochs 1                # one short run
+    python examples/levjepa_drop_ratio.py --seeds 1 --out runs/drop-1    # a seed apart (results.json in --out),
+    python examples/levjepa_drop_ratio.py --summarise runs/drop-*        # and the table of several such folders
 
 LeVJEPA (arXiv 2608.27395) trains its encoder on a random `1 - drop_ratio` of each view's patch tokens (95 % dropped
 in its code's recipe) and claims that this makes video pre-training much cheaper. Here the pre-training command
@@ -15,10 +17,12 @@ class, 5-NN on cosine similarity and a logistic-regression probe, scored on the 
 the motion's direction. The same seed's model at its initialisation (the command seeds the model's weights with
 `--seed`) is probed too, so every difference is paired per seed.
 
-Prints a line per run and the table (mean +- sample std over the seeds). Needs scikit-learn.
+Prints a line per run and the table (mean +- sample std over the seeds); with `--out`, also writes the runs'
+numbers to results.json there. Needs scikit-learn.
 """
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -107,6 +111,38 @@ def probes(model, config, data, subsets):
     return scores
 
 
+def table(results):
+    """The markdown table of {drop ratio or 'random init': [(CPU-seconds of each epoch or None, {(task, probe):
+    accuracy})]}, mean +- sample std over the runs (seeds)."""
+    keys = [(task, probe) for task in TASKS for probe in ('5-NN', 'linear')]
+    lines = ['| drop ratio | seeds | CPU-s an epoch | ' + ' | '.join(f'{task} {probe}' for task, probe in keys) + ' |',
+             '|---|---|---|' + '---|' * len(keys)]
+    for ratio, runs in results.items():
+        cpu = spread([statistics.mean(seconds) for seconds, _ in runs]) if runs[0][0] is not None else '-'
+        lines.append(f'| {ratio} | {len(runs)} | {cpu} | '
+                     + ' | '.join(spread([scores[key] for _, scores in runs], 100) for key in keys) + ' |')
+    return '\n'.join(lines)
+
+
+def save(results, path):
+    runs = {str(ratio): [dict(seconds=seconds, scores={' '.join(key): value for key, value in scores.items()})
+                         for seconds, scores in entries] for ratio, entries in results.items()}
+    Path(path).write_text(json.dumps(runs, indent=1))
+
+
+def load(paths):
+    """The runs of several results.json files (folders), merged: the same form as `table` takes."""
+    results = {}
+    for path in paths:
+        path = Path(path) / 'results.json' if Path(path).is_dir() else Path(path)
+        for ratio, entries in json.loads(path.read_text()).items():
+            key = ratio if ratio == 'random init' else float(ratio)
+            results.setdefault(key, []).extend(
+                (entry['seconds'], {tuple(name.split(' ', 1)): value for name, value in entry['scores'].items()})
+                for entry in entries)
+    return dict(sorted(results.items(), key=lambda item: (isinstance(item[0], str), item[0])))
+
+
 def spread(values, scale=1.):
     mean = scale * statistics.mean(values)
     return f"{mean:.1f} ± {scale * statistics.stdev(values):.1f}" if len(values) > 1 else f"{mean:.1f}"
@@ -118,13 +154,19 @@ def make_parser():
     parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
     parser.add_argument('--epochs', type=int, default=8, help='pre-training epochs of each run')
     parser.add_argument('--labels', type=int, default=10, help='labelled clips per class (default: %(default)s)')
-    parser.add_argument('--out', default=None, help='folder for the runs (default: a temporary one)')
+    parser.add_argument('--out', default=None, help='folder for the runs and results.json (default: a temporary '
+                                                    'one, no results.json)')
+    parser.add_argument('--summarise', nargs='+', default=None, metavar='FOLDER',
+                        help="print the table of the results.json in these folders (no runs)")
     parser.add_argument('command', nargs='*', help='more options for the pre-training command, after --')
     return parser
 
 
 def main(argv=None):
     args = make_parser().parse_args(argv)
+    if args.summarise:
+        print(table(load(args.summarise)))
+        return
     torch.set_num_threads(1)
     data = probe_data()
     results = {}
@@ -148,14 +190,9 @@ def main(argv=None):
             print(f"seed {seed}, random init: "
                   + ', '.join(f"{task} {probe} {100 * value:.1f}" for (task, probe), value in scores.items()),
                   flush=True)
-
-    keys = [(task, probe) for task in TASKS for probe in ('5-NN', 'linear')]
-    print('\n| drop ratio | CPU-s an epoch | ' + ' | '.join(f'{task} {probe}' for task, probe in keys) + ' |')
-    print('|---|---|' + '---|' * len(keys))
-    for ratio, runs in results.items():
-        cpu = spread([statistics.mean(seconds) for seconds, _ in runs]) if runs[0][0] is not None else '-'
-        print(f'| {ratio} | {cpu} | ' + ' | '.join(spread([scores[key] for _, scores in runs], 100) for key in keys)
-              + ' |')
+            if args.out:
+                save(results, root / 'results.json')
+    print('\n' + table(results))
 
 
 if __name__ == '__main__':
