@@ -314,6 +314,10 @@ REGISTRY = {
     'levjepa': ("ViT-S, 8 x 128 px / 16, block-causal", None, dict(
         image_size=128, patch_size=16, frames=8, num_classes=NUM_CLASSES, dim=384, depth=12, heads=6, dim_head=64,
         mlp_dim=1536), (8, 128, 128), 3, NUM_CLASSES),
+    # the same widths on levjepa_nd's NDTransformer in tubelets of 2 x 16 x 16: 256 patch tokens, time causal
+    'levjepa_nd': ("ViT-S, 8 x 128 px / 2 x 16 x 16, time causal", None, dict(
+        ndim=3, input_shape=(8, 128, 128), patch_size=(2, 16, 16), num_classes=NUM_CLASSES, dim=384, depth=12, heads=6,
+        dim_head=64, mlp_dim=1536), (8, 128, 128), 3, NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -1034,6 +1038,8 @@ NO_REFERENCE = {
     'levjepa': "vit-pytorch has no classifier on levjepa's VideoTransformer, and its VideoTransformer stops on a CPU: "
                "its torch.compile'd mask function fails flex attention's create_block_mask (and flex attention has "
                "no CPU backward)",
+    'levjepa_nd': "vit-pytorch has no classifier on levjepa_nd's NDTransformer, whose tokens ours gives "
+                  "(tests/test_levjepa_nd.py: its fixture); a bare encoder is another workload than a classifier",
 }
 
 

@@ -84,6 +84,8 @@ VIDEO = dict(image_size=(16, 24), image_patch_size=(4, 8), frames=4, frame_patch
 CLIPS = (2, 3, 4, 16, 24)             # 2 x 4 x 3 tubelets
 LEVJEPA = dict(image_size=(16, 24), patch_size=(4, 8), frames=4, num_classes=5, dim=16, depth=2, heads=2, dim_head=8,
                mlp_dim=32)
+LEVJEPA_ND = dict(ndim=3, input_shape=(4, 16, 24), patch_size=(2, 4, 8), num_classes=5, dim=16, depth=2, heads=2,
+                  dim_head=8, mlp_dim=32)
 SIGNAL = dict(seq_len=24, patch_size=4, num_classes=5, dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32, channels=2)
 
 
@@ -393,6 +395,11 @@ CASES = {
     'levjepa': Case(LEVJEPA, CLIPS),
     'levjepa[drop_ratio=0.5]': Case(LEVJEPA, CLIPS, forward=dict(drop_ratio=0.5)),
     'levjepa[block_causal=False]': Case(dict(LEVJEPA, block_causal=False), CLIPS),
+    # levjepa_nd's N-D encoder on the clips in tubelets of 2 x 4 x 8 (2 x 4 x 3 = 24 patch tokens), time causal; half
+    # of them dropped in training; or no causal dimension
+    'levjepa_nd': Case(LEVJEPA_ND, CLIPS),
+    'levjepa_nd[drop_ratio=0.5]': Case(LEVJEPA_ND, CLIPS, forward=dict(drop_ratio=0.5)),
+    'levjepa_nd[causal_dims=()]': Case(dict(LEVJEPA_ND, causal_dims=()), CLIPS),
 }
 
 

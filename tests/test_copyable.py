@@ -111,6 +111,9 @@ WIDER_COPY_SETS = {
                 "its registered classifier (VideoTransformerClassifier) needs only vit.py, but the module is also "
                 "vit-pytorch's import path of the LeVJEPA learner, whose views and losses are LeJEPA's (lejepa, which "
                 "builds on dino, sigreg and the loaders)"),
+    'levjepa_nd': ({'levjepa_nd', 'levjepa', 'lejepa', 'dino', 'sigreg', 'pretrained', 'vit'},
+                   "its registered classifier (NDTransformerClassifier) builds on levjepa's encoder blocks; the module "
+                   "is also the LeVJEPAND learner's import path, whose projector and losses are levjepa's"),
 }
 
 

@@ -503,9 +503,11 @@ def test_levjepa_nd_is_levjepa_with_local_views_of_the_clips_size():
     (['--method', 'levjepa_nd', '--local-size', '16'],
      "--local-size must be the clips' side, 32, with --method levjepa_nd"),
     (['--method', 'levjepa', '--drop-ratio', '0.5'],
-     '--drop-ratio 0.5 needs a model that drops tokens (--model levjepa); --model vit_nd keeps every token'),
+     '--drop-ratio 0.5 needs a model that drops tokens (--model levjepa, levjepa_nd); --model vit_nd keeps '
+     'every token'),
     (['--method', 'levjepa_nd', '--model', 'simple_vit_3d', '--drop-ratio', '0'],
-     '--drop-ratio 0.0 needs a model that drops tokens (--model levjepa); --model simple_vit_3d keeps every token'),
+     '--drop-ratio 0.0 needs a model that drops tokens (--model levjepa, levjepa_nd); --model simple_vit_3d keeps '
+     'every token'),
     (['--method', 'levjepa', '--model', 'levjepa', '--drop-ratio', '1'],
      '--drop-ratio must be a share of the patch tokens in [0, 1), got 1.0'),
     (['--method', 'levjepa_nd', '--model', 'levjepa', '--drop-ratio', '-0.5'],
@@ -543,22 +545,34 @@ def token_counts(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize('method', ['levjepa', pytest.param('levjepa_nd', marks=pytest.mark.slow)])   # 2 s, 3 s
-def test_the_command_drops_tokens_in_its_training_steps_and_not_in_evaluation(method, tmp_path, monkeypatch):
-    """16-pixel clips in patches of 8: 8 frames of 2 x 2 patches, 32 patch tokens; --drop-ratio 0.75 keeps 8 of them
-    after the cls token in every training step (every view: LeVJEPA's local views are the clips' size here), and the
-    pre-trained network and LeVJEPA's embedding see all 1 + 32."""
+# (method, model, its options, patch tokens of TINY_CLIPS' 16-pixel clips, kept at --drop-ratio 0.75)
+DROPPING_RUNS = {
+    # 8 frames of 2 x 2 patches of 8 pixels: 32 patch tokens, a quarter of them kept
+    'levjepa': ('levjepa', 'levjepa', [], 32, 8),
+    'levjepa_nd': ('levjepa_nd', 'levjepa', [], 32, 8),
+    # tubelets of 2 x 8 x 8 on clips of 8 x 16 x 16: 4 x 2 x 2 = 16 patch tokens, 4 kept
+    'levjepa[model=levjepa_nd]': ('levjepa', 'levjepa_nd', ['--input-shape', '(8, 16, 16)'], 16, 4),
+}
+
+
+@pytest.mark.parametrize('run_id', [pytest.param(run_id, marks=[] if run_id == 'levjepa' else pytest.mark.slow)
+                                    for run_id in DROPPING_RUNS])                       # 2-3 s each
+def test_the_command_drops_tokens_in_its_training_steps_and_not_in_evaluation(run_id, tmp_path, monkeypatch):
+    """--drop-ratio 0.75 keeps a quarter of the patch tokens after the cls token in every training step (every view:
+    LeVJEPA's local views are the clips' size here), and the pre-trained network and LeVJEPA's embedding see them
+    all."""
+    method, name, options, patches, kept = DROPPING_RUNS[run_id]
     seen = token_counts(monkeypatch)
     out = tmp_path / method
-    assert run('--method', method, '--epochs', 1, '--out', out, *TINY_CLIPS, '--model', 'levjepa',
+    assert run('--method', method, '--epochs', 1, '--out', out, *TINY_CLIPS, '--model', name, *options,
                '--drop-ratio', 0.75) == 0
     # in eval mode only the command's check that the model takes the clips, with every token
-    assert set(seen) == {(True, 1 + 8), (False, 1 + 32)}
+    assert set(seen) == {(True, 1 + kept), (False, 1 + patches)}
     monkeypatch.undo()
     model, config = load_model(out / 'checkpoint')
-    assert config['model'] == 'levjepa'
+    assert config['model'] == name
     videos = torch.rand(2, 1, 8, 16, 16)
-    args, _ = pretrain.parse_args(['--method', method, '--model', 'levjepa', '--drop-ratio', '0.75'])
+    args, _ = pretrain.parse_args(['--method', method, '--model', name, '--drop-ratio', '0.75'])
     learner = pretraining.METHODS[method].build(args, model, image_size=(8, 16, 16), mean=[0.2], std=[0.3])
     model.get_submodule(model.intermediates_from).register_forward_pre_hook(
         lambda module, args: seen.append((module.training, args[0].shape[1])))
@@ -567,7 +581,7 @@ def test_the_command_drops_tokens_in_its_training_steps_and_not_in_evaluation(me
         model.eval().forward_features(videos, drop_ratio=0.75)
         learner.learner(videos, return_embedding=True)
         learner.eval()(videos)                          # the loss in eval mode: the views keep every token
-    assert set(seen) == {(False, 1 + 32)} and len(seen) == (3 if method == 'levjepa_nd' else 4)
+    assert set(seen) == {(False, 1 + patches)} and len(seen) == (3 if method == 'levjepa_nd' else 4)
 
 
 def test_a_model_that_drops_tokens_drops_half_by_default(monkeypatch, tmp_path):

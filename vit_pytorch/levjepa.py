@@ -143,10 +143,61 @@ class VideoTransformer(nn.Module):
         return self.norm(self.transformer(x, angles=angles, mask=mask))
 
 
-class VideoTransformerClassifier(vit.TokenFace, nn.Module):
+class TokenClassifier(vit.TokenFace, nn.Module):
+    """The face of a registered classifier on a LeVJEPA encoder (`VideoTransformer`, levjepa_nd's `NDTransformer`):
+    the encoder as `encoder` (its forward and state_dict keys as they are, under `encoder.`), a linear head on its
+    cls token (the embedding LeVJEPA pre-trains and probes), the token dropping passed through `forward_features`
+    (the encoder drops tokens in training only), `forward_intermediates` with the patches laid on the input's grid
+    (`token_grid`), the head reset and gradient checkpointing."""
+
+    num_prefix_tokens = 1
+    intermediates_from = 'encoder.transformer'
+
+    def __init__(self, encoder, *, num_classes, patch_size):
+        super().__init__()
+        self.encoder, self.num_classes, self.channels = encoder, num_classes, encoder.channels
+        self.num_features = self.embed_dim = encoder.dim
+        self.patch_size = tuple(patch_size)
+        self.mlp_head = nn.Linear(encoder.dim, num_classes) if num_classes > 0 else nn.Identity()
+
+    def token_grid(self, shape):
+        """The grid of patch tokens of an input whose last sides are `shape`'s (one per patch side)."""
+        sides = tuple(shape)[-len(self.patch_size):]
+        return tuple(side // patch for side, patch in zip(sides, self.patch_size))
+
+    def forward_features(self, x, drop_ratio=None):
+        """The encoder's normed tokens (b, 1 + n, dim); in training with `drop_ratio`, n of them kept."""
+        return self.encoder(x, drop_ratio=drop_ratio)
+
+    def forward_head(self, tokens, pre_logits=False):
+        """The cls token: the pre-logits embedding, or the logits."""
+        pooled = tokens[:, 0]
+        return pooled if pre_logits else self.mlp_head(pooled)
+
+    def forward(self, x, drop_ratio=None):
+        return self.forward_head(self.forward_features(x, drop_ratio=drop_ratio))
+
+    def forward_intermediates(self, x, indices=None, *, output='tokens'):
+        """Each chosen layer's output (see `TokenFace`): tokens (b, 1 + n, dim); output 'maps' lays the patches on
+        the input's grid, (b, dim, *grid)."""
+        if output != 'maps':
+            return super().forward_intermediates(x, indices, output=output)
+        grid = {f'g{i}': side for i, side in enumerate(self.token_grid(x.shape))}
+        axes = ' '.join(grid)
+        return [rearrange(tokens[:, 1:], f'b ({axes}) d -> b d {axes}', **grid)
+                for tokens in super().forward_intermediates(x, indices)]
+
+    def reset_classifier(self, num_classes):
+        """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
+        vit.reset_head(self, num_classes, self.num_features, like=self.encoder.cls_token, removed=nn.Identity())
+
+    def set_grad_checkpointing(self, enable=True):
+        self.encoder.transformer.grad_checkpointing = enable
+
+
+class VideoTransformerClassifier(TokenClassifier):
     """The registered clip classifier on LeVJEPA's encoder ('levjepa' in the registry): `encoder`, a
-    `VideoTransformer` built from the same arguments, and a linear head on its cls token (the embedding LeVJEPA
-    pre-trains and probes). The encoder keeps its forward and its state_dict keys under `encoder.`, so a
+    `VideoTransformer` built from the same arguments, and a linear head on its cls token (`TokenClassifier`), so a
     `VideoTransformer`'s weights are this model's without its head.
 
     `forward_features(video, drop_ratio=None)` returns the encoder's normed tokens, (b, 1 + frames * h * w, dim) in
@@ -159,54 +210,14 @@ class VideoTransformerClassifier(vit.TokenFace, nn.Module):
     token. `forward_intermediates(output='maps')` lays each layer's patches on the grid, (b, dim, frames, h, w).
     """
 
-    num_prefix_tokens = 1
-    intermediates_from = 'encoder.transformer'
-
     def __init__(self, *, image_size, patch_size, frames, num_classes, dim, depth, heads, mlp_dim, channels=3,
                  dim_head=64, dropout=0., emb_dropout=0., rotary_max_freq=10., block_causal=True):
         check_classifier_arguments(**vit.arguments(locals()))
-        super().__init__()
-        self.encoder = VideoTransformer(image_size=image_size, patch_size=patch_size, frames=frames, dim=dim,
-                                        depth=depth, heads=heads, mlp_dim=mlp_dim, channels=channels,
-                                        dim_head=dim_head, dropout=dropout, emb_dropout=emb_dropout,
-                                        rotary_max_freq=rotary_max_freq, block_causal=block_causal)
-        self.num_classes, self.channels = num_classes, channels
-        self.num_features = self.embed_dim = dim
-        self.patch_size = (self.encoder.patch_h, self.encoder.patch_w)
-        self.mlp_head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
-
-    def token_grid(self, shape):
-        """(frames, rows, columns) of the patch tokens of a clip whose last three sides are `shape`'s."""
-        frames, height, width = tuple(shape)[-3:]
-        return frames, height // self.patch_size[0], width // self.patch_size[1]
-
-    def forward_features(self, video, drop_ratio=None):
-        """The encoder's normed tokens (b, 1 + n, dim); in training with `drop_ratio`, n of them kept."""
-        return self.encoder(video, drop_ratio=drop_ratio)
-
-    def forward_head(self, tokens, pre_logits=False):
-        """The cls token: the pre-logits embedding, or the logits."""
-        pooled = tokens[:, 0]
-        return pooled if pre_logits else self.mlp_head(pooled)
-
-    def forward(self, video, drop_ratio=None):
-        return self.forward_head(self.forward_features(video, drop_ratio=drop_ratio))
-
-    def forward_intermediates(self, x, indices=None, *, output='tokens'):
-        """Each chosen layer's output (see `TokenFace`): tokens (b, 1 + n, dim); output 'maps' lays the patches on
-        the clip's grid, (b, dim, frames, h, w)."""
-        if output != 'maps':
-            return super().forward_intermediates(x, indices, output=output)
-        frames, rows, columns = self.token_grid(x.shape)
-        return [rearrange(tokens[:, 1:], 'b (f h w) d -> b d f h w', f=frames, h=rows, w=columns)
-                for tokens in super().forward_intermediates(x, indices)]
-
-    def reset_classifier(self, num_classes):
-        """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
-        vit.reset_head(self, num_classes, self.num_features, like=self.encoder.cls_token, removed=nn.Identity())
-
-    def set_grad_checkpointing(self, enable=True):
-        self.encoder.transformer.grad_checkpointing = enable
+        encoder = VideoTransformer(image_size=image_size, patch_size=patch_size, frames=frames, dim=dim, depth=depth,
+                                   heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head,
+                                   dropout=dropout, emb_dropout=emb_dropout, rotary_max_freq=rotary_max_freq,
+                                   block_causal=block_causal)
+        super().__init__(encoder, num_classes=num_classes, patch_size=(1, encoder.patch_h, encoder.patch_w))
 
 
 def encoder_stack(dim, depth, heads, dim_head, mlp_dim, dropout):

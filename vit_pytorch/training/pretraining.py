@@ -366,9 +366,9 @@ class LeVJEPAMethod(LossTerms):
     every local view's projection pulled to its clip's global one, SIGReg weighted by `--sigreg-loss-weight`;
     examples/levjepa_clips.py's recipe (a BatchNorm projector `--projection-hidden-size` wide to 64, SIGReg on
     `--sigreg-slices` directions and 17 knots) on a registered clip model (`PooledEncoder`: its pooled embedding).
-    A model that drops tokens (`registry.TOKEN_DROPPING`: 'levjepa', LeVJEPA's own encoder) sees `--drop-ratio` of
-    each view's patch tokens dropped in training (DROP_RATIO by default); the others keep every token and refuse
-    the flag. Its network is that model; the log gives the two terms."""
+    A model that drops tokens (`registry.TOKEN_DROPPING`: LeVJEPA's own encoders, 'levjepa' and 'levjepa_nd') sees
+    `--drop-ratio` of each view's patch tokens dropped in training (`drop_ratio`, 0.5, by default); the others keep
+    every token and refuse the flag. Its network is that model; the log gives the two terms."""
 
     masked = False                                             # LeVJEPA makes its own views of the clips
     betas = (0.9, 0.999)                                       # the example's AdamW (torch's default betas)
@@ -387,8 +387,9 @@ class LeVJEPAMethod(LossTerms):
                                                                      "tests --sigreg-slices directions")),
         ('--drop-ratio', dict(type=float, default=None, help="the share of each view's patch tokens the encoder "
                                                              "drops in training (never in evaluation), for a model "
-                                                             "that drops tokens (--model levjepa; default: 0.5 "
-                                                             "there); a model that keeps every token refuses it")))
+                                                             "that drops tokens (--model levjepa, levjepa_nd; "
+                                                             "default: 0.5 there); a model that keeps every token "
+                                                             "refuses it")))
     projection_dim = 64                                        # the example's projector output
     # --drop-ratio's default for a model that drops tokens (docs/pretraining.md: measured on the default clips)
     drop_ratio = 0.5
