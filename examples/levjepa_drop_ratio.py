@@ -1,9 +1,11 @@
 """LeVJEPA's token dropping in the pre-training command: does dropping tokens make pre-training cheaper at little cost?
 
-    python examples/levjepa_drop_ratio.py --ratios 0 0.5 0.75 0.95 --seeds 0 1 2 --epochs 4   # the table
-    python examples/levjepa_drop_ratio.py --ratios 0 0.75 --seeds 0 --epochs 1                # one short run
-    python examples/levjepa_drop_ratio.py --seeds 1 --out runs/drop-1    # a seed apart (results.json in --out),
-    python examples/levjepa_drop_ratio.py --summarise runs/drop-*        # and the table of several such folders
+    python examples/levjepa_drop_ratio.py --ratios 0 0.75 --seeds 0 --epochs 1     # one short run
+    # docs/pretraining.md's table: one process a seed (results.json in each --out), then the table of all three
+    python examples/levjepa_drop_ratio.py --ratios 0 0.5 0.75 0.95 --seeds 0 --epochs 4 --out runs/drop-0
+    python examples/levjepa_drop_ratio.py --ratios 0 0.5 0.75 0.95 --seeds 1 --epochs 4 --out runs/drop-1
+    python examples/levjepa_drop_ratio.py --ratios 0 0.5 0.75 0.95 --seeds 2 --epochs 4 --out runs/drop-2
+    python examples/levjepa_drop_ratio.py --summarise runs/drop-0 runs/drop-1 runs/drop-2
 
 LeVJEPA (arXiv 2608.27395) trains its encoder on a random `1 - drop_ratio` of each view's patch tokens (95 % dropped
 in its code's recipe) and claims that this makes video pre-training much cheaper. Here the pre-training command
