@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from helpers import digits_batch, fit_fixed_batch, move_off_initialisation, parameters_without_gradient
 from vit_pytorch import recorder
-from vit_pytorch.models import INPUTS, MODELS, build_model
+from vit_pytorch.models import INPUTS, MODELS, TOKEN_DROPPING, build_model
 
 
 @dataclass(frozen=True)
@@ -459,6 +459,20 @@ def case_table(exempt=None, slow=False):
         params.append(pytest.param(case_id, marks=marks + ([pytest.mark.skip(reason=reason)] if reason else []),
                                    id=case_id))
     return pytest.mark.parametrize('case_id', params)
+
+
+@pytest.mark.parametrize('name', sorted(TOKEN_DROPPING))
+def test_a_declared_token_dropping_keyword_drops_patches_in_training_only(name):
+    """The registry's TOKEN_DROPPING keyword of forward_features keeps the prefix tokens and max(1, int(n * (1 -
+    ratio))) of the n patch tokens in training (n counted in eval mode), and every token in eval mode."""
+    model, x = build(name)
+    keyword = {TOKEN_DROPPING[name]: 0.75}
+    with torch.no_grad():
+        every = model.eval().forward_features(x).shape[1]
+        patches = every - model.num_prefix_tokens
+        assert model.forward_features(x, **keyword).shape[1] == every
+        assert model.train().forward_features(x, **keyword).shape[1] == model.num_prefix_tokens + max(1, int(
+            patches * 0.25))
 
 
 def test_every_registered_name_has_a_row_of_its_own():
