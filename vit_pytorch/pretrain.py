@@ -41,7 +41,8 @@ examples/levjepa_clips.py's recipe: `--local-views` views of each clip (`--local
 model that takes smaller clips), SIGReg weighted by `--sigreg-loss-weight`. They read the model's pooled embedding.
 `--model levjepa` is LeVJEPA's own block-causal encoder (`--model levjepa_nd` its N-D one, in tubelets), which drops
 `--drop-ratio` of each view's patch tokens in training (0.5 by default; every token in evaluation); the other clip
-models keep every token and refuse `--drop-ratio`. Image methods refuse clips, and clip methods images, naming the flags.
+models keep every token and refuse `--drop-ratio`. Image methods refuse clips, and clip methods images, naming the
+flags.
 
 A resumed run takes its data, model, method and recipe from pretrainer/; `--epochs` may grow and
 `--lr` may change (the new peak for the remaining steps); any other option given with a value
