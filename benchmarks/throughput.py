@@ -309,6 +309,15 @@ REGISTRY = {
     'vit_nd_pope': ('4-D 8 x 16 x 32 x 32 / 2 x 4 x 8 x 8, S/16 wide, time causal', None, dict(
         ndim=4, input_shape=(8, 16, 32, 32), patch_size=(2, 4, 8, 8), num_classes=NUM_CLASSES, dim=384, depth=12,
         heads=6, mlp_dim=1536, causal_dims=(0,)), (8, 16, 32, 32), 3, NUM_CLASSES),
+    # the paper's ViT-S encoder (levjepa.CONFIGS['small']: 384 wide, 12 layers, 6 heads of 64, MLP 4 x) on 8 frames
+    # of 128 px in patches of 16 (one frame a token): 512 patch tokens, block-causal, a head on the cls token
+    'levjepa': ("ViT-S, 8 x 128 px / 16, block-causal", None, dict(
+        image_size=128, patch_size=16, frames=8, num_classes=NUM_CLASSES, dim=384, depth=12, heads=6, dim_head=64,
+        mlp_dim=1536), (8, 128, 128), 3, NUM_CLASSES),
+    # the same widths on levjepa_nd's NDTransformer in tubelets of 2 x 16 x 16: 256 patch tokens, time causal
+    'levjepa_nd': ("ViT-S, 8 x 128 px / 2 x 16 x 16, time causal", None, dict(
+        ndim=3, input_shape=(8, 128, 128), patch_size=(2, 16, 16), num_classes=NUM_CLASSES, dim=384, depth=12, heads=6,
+        dim_head=64, mlp_dim=1536), (8, 128, 128), 3, NUM_CLASSES),
 }
 # `--tiny`: the training command's small model on 16-pixel gray images, 10 classes (signals of 16 samples, clips
 # of the model's frames of 16 pixels)
@@ -1026,6 +1035,11 @@ NO_REFERENCE = {
                                "gains and no scale, a LayerNorm for a head): its weights refused",
     'max_vit_with_registers': "vit-pytorch's MaxViT with registers is another function than the official MaxViT "
                               "(stem, MBConv, attention): its weights refused",
+    'levjepa': "vit-pytorch has no classifier on levjepa's VideoTransformer, and its VideoTransformer stops on a CPU: "
+               "its torch.compile'd mask function fails flex attention's create_block_mask (and flex attention has "
+               "no CPU backward)",
+    'levjepa_nd': "vit-pytorch has no classifier on levjepa_nd's NDTransformer, whose tokens ours gives "
+                  "(tests/test_levjepa_nd.py: its fixture); a bare encoder is another workload than a classifier",
 }
 
 

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from helpers import digits_batch, fit_fixed_batch, move_off_initialisation, parameters_without_gradient
 from vit_pytorch import recorder
-from vit_pytorch.models import INPUTS, MODELS, build_model
+from vit_pytorch.models import INPUTS, MODELS, TOKEN_DROPPING, build_model
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,10 @@ DETPOOL_MASK[0, 2:7, 3:20] = True                           # patches: rows 0-1,
 DETPOOL_MASK[1, 9:14, 10:12] = True                         # patches: rows 2-3, column 1
 VIDEO = dict(image_size=(16, 24), image_patch_size=(4, 8), frames=4, frame_patch_size=2)
 CLIPS = (2, 3, 4, 16, 24)             # 2 x 4 x 3 tubelets
+LEVJEPA = dict(image_size=(16, 24), patch_size=(4, 8), frames=4, num_classes=5, dim=16, depth=2, heads=2, dim_head=8,
+               mlp_dim=32)
+LEVJEPA_ND = dict(ndim=3, input_shape=(4, 16, 24), patch_size=(2, 4, 8), num_classes=5, dim=16, depth=2, heads=2,
+                  dim_head=8, mlp_dim=32)
 SIGNAL = dict(seq_len=24, patch_size=4, num_classes=5, dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32, channels=2)
 
 
@@ -386,6 +390,16 @@ CASES = {
     'vit_nd_pope[causal_dims=0]': Case(dict(ndim=3, input_shape=(4, 16, 24), patch_size=(2, 4, 8), num_classes=5,
                                             dim=16, depth=2, heads=2, dim_head=8, mlp_dim=32, causal_dims=0,
                                             pope_init_learned_bias_uniform=True), CLIPS),
+    # LeVJEPA's encoder with a head on its cls token: 4 frames of 4 x 3 patches (48 patch tokens), block-causal; in
+    # training, half of them dropped (24 kept, the forward's drop_ratio); or every token attending to every other
+    'levjepa': Case(LEVJEPA, CLIPS),
+    'levjepa[drop_ratio=0.5]': Case(LEVJEPA, CLIPS, forward=dict(drop_ratio=0.5)),
+    'levjepa[block_causal=False]': Case(dict(LEVJEPA, block_causal=False), CLIPS),
+    # levjepa_nd's N-D encoder on the clips in tubelets of 2 x 4 x 8 (2 x 4 x 3 = 24 patch tokens), time causal; half
+    # of them dropped in training; or no causal dimension
+    'levjepa_nd': Case(LEVJEPA_ND, CLIPS),
+    'levjepa_nd[drop_ratio=0.5]': Case(LEVJEPA_ND, CLIPS, forward=dict(drop_ratio=0.5)),
+    'levjepa_nd[causal_dims=()]': Case(dict(LEVJEPA_ND, causal_dims=()), CLIPS),
 }
 
 
@@ -445,6 +459,20 @@ def case_table(exempt=None, slow=False):
         params.append(pytest.param(case_id, marks=marks + ([pytest.mark.skip(reason=reason)] if reason else []),
                                    id=case_id))
     return pytest.mark.parametrize('case_id', params)
+
+
+@pytest.mark.parametrize('name', sorted(TOKEN_DROPPING))
+def test_a_declared_token_dropping_keyword_drops_patches_in_training_only(name):
+    """The registry's TOKEN_DROPPING keyword of forward_features keeps the prefix tokens and max(1, int(n * (1 -
+    ratio))) of the n patch tokens in training (n counted in eval mode), and every token in eval mode."""
+    model, x = build(name)
+    keyword = {TOKEN_DROPPING[name]: 0.75}
+    with torch.no_grad():
+        every = model.eval().forward_features(x).shape[1]
+        patches = every - model.num_prefix_tokens
+        assert model.forward_features(x, **keyword).shape[1] == every
+        assert model.train().forward_features(x, **keyword).shape[1] == model.num_prefix_tokens + max(1, int(
+            patches * 0.25))
 
 
 def test_every_registered_name_has_a_row_of_its_own():

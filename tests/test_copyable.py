@@ -104,8 +104,24 @@ def test_the_multiscale_blocks_import_only_vit_py():
     assert package_imports('multiscale') == {'vit'}
 
 
+# registered modules that also hold a wrapper at vit-pytorch's import path, whose imports widen the copy set beyond the
+# budget: module -> (its copy set, stated so that it cannot grow unnoticed, and why)
+WIDER_COPY_SETS = {
+    'levjepa': ({'levjepa', 'lejepa', 'dino', 'sigreg', 'pretrained', 'vit'},
+                "its registered classifier (VideoTransformerClassifier) needs only vit.py, but the module is also "
+                "vit-pytorch's import path of the LeVJEPA learner, whose views and losses are LeJEPA's (lejepa, which "
+                "builds on dino, sigreg and the loaders)"),
+    'levjepa_nd': ({'levjepa_nd', 'levjepa', 'lejepa', 'dino', 'sigreg', 'pretrained', 'vit'},
+                   "its registered classifier (NDTransformerClassifier) builds on levjepa's encoder blocks; the module "
+                   "is also the LeVJEPAND learner's import path, whose projector and losses are levjepa's"),
+}
+
+
 @pytest.mark.parametrize('name', registered_modules())
 def test_a_registered_model_needs_at_most_one_family_base_beside_the_core(name):
+    if name in WIDER_COPY_SETS:
+        assert copy_set(name) == WIDER_COPY_SETS[name][0]
+        return
     bases = copy_set(name) - CORE - {name}
     assert len(bases) <= 1, f"{name} needs {sorted(bases)} beside vit.py and multiscale.py"
 

@@ -244,3 +244,33 @@ def test_lejepa_probes_effective_rank_counts_equal_orthogonal_directions():
     two = torch.cat([torch.diag(torch.tensor([2., 1.])), -torch.diag(torch.tensor([2., 1.]))]).double()
     expected = math.exp(-(2 / 3) * math.log(2 / 3) - (1 / 3) * math.log(1 / 3))
     assert module.effective_rank(two @ basis[:, :2].T) == pytest.approx(expected, rel=1e-9)
+
+
+def test_levjepa_drop_ratio_merges_the_seeds_run_apart_into_one_table(tmp_path):
+    """Two folders of one seed each: the table gives the mean and sample std over both (hand-worked: each seed's CPU-s
+    an epoch (2 + 4) / 2 = 3 and (4 + 6) / 2 = 5, so 4.0 +- sqrt(2) = 1.4; accuracies 0.5, 0.7: 60.0 +- 14.1)."""
+    import json
+
+    module = example('levjepa_drop_ratio')
+    keys = ['digit 5-NN', 'digit linear', 'direction 5-NN', 'direction linear']
+    for seed, (seconds, accuracy) in enumerate((([2., 4.], 0.5), ([4., 6.], 0.7))):
+        folder = tmp_path / f'seed-{seed}'
+        folder.mkdir()
+        scores = {key: accuracy for key in keys}
+        (folder / 'results.json').write_text(json.dumps({'0.75': [dict(seconds=seconds, scores=scores)],
+                                                         'random init': [dict(seconds=None, scores=scores)]}))
+    lines = module.table(module.load([tmp_path / 'seed-0', tmp_path / 'seed-1'])).splitlines()
+    assert lines[2] == '| 0.75 | 2 | 4.0 ± 1.4 | ' + ' | '.join(['60.0 ± 14.1'] * 4) + ' |'
+    assert lines[3] == '| random init | 2 | - | ' + ' | '.join(['60.0 ± 14.1'] * 4) + ' |'
+
+
+@pytest.mark.slow
+def test_levjepa_drop_ratio_runs_the_command_and_probes_its_network_and_the_initial_one(tmp_path, capsys):
+    module = example('levjepa_drop_ratio')
+    module.main(['--ratios', '0.75', '--seeds', '0', '--epochs', '1', '--out', str(tmp_path), '--', '--dim', '16',
+                 '--depth', '1', '--heads', '2', '--dim-head', '8', '--mlp-dim', '32'])
+    out = capsys.readouterr().out
+    assert re.search(r'^seed 0, drop 0.75: [\d.]+ CPU-s an epoch', out, flags=re.M)
+    results = module.load([tmp_path])
+    assert set(results) == {0.75, 'random init'} and len(results[0.75][0][0]) == 1
+    assert all(0 <= value <= 1 for _, scores in results[0.75] + results['random init'] for value in scores.values())

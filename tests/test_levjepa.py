@@ -10,8 +10,8 @@ from einops import rearrange
 from helpers import LeVJEPACls, count, levjepa_official_config, check_levjepa_official_objective, load_fixture
 from vit_pytorch.lejepa import sigreg_loss
 from vit_pytorch import vit
-from vit_pytorch.levjepa import (CONFIGS, RECIPE, LeVJEPA, VideoTransformer, block_causal_mask, levjepa,
-                                 video_frequencies, video_transformer)
+from vit_pytorch.levjepa import (CONFIGS, RECIPE, LeVJEPA, VideoTransformer, VideoTransformerClassifier,
+                                 block_causal_mask, levjepa, video_frequencies, video_transformer)
 from vit_pytorch.pretrained import load_vit_pytorch
 
 ENCODER = dict(image_size=16, patch_size=8, frames=3, dim=32, depth=2, heads=2, dim_head=16, mlp_dim=64)
@@ -127,6 +127,31 @@ def test_vit_pytorchs_video_transformer_loads_and_gives_its_tokens():
         torch.testing.assert_close(encoder(tensors['video']), tensors['tokens'], rtol=1e-4, atol=1e-5)
         encoder.block_causal = False
         torch.testing.assert_close(encoder(tensors['video']), tensors['tokens_full'], rtol=1e-4, atol=1e-5)
+
+
+def test_the_registered_classifier_holds_vit_pytorchs_encoder_and_pools_its_cls_token():
+    """vit-pytorch's VideoTransformer weights, under `encoder.`, make the registered classifier's forward_features its
+    tokens (the fixture's) and its pre-logits embedding their cls token."""
+    learner, tensors = vit_pytorch_levjepa()
+    config = load_fixture('vit_pytorch_1.26.14_levjepa')[0]['config']['encoder']
+    model = VideoTransformerClassifier(**config, num_classes=4).eval()
+    model.encoder.load_state_dict(learner.encoder.state_dict(), strict=True)
+    with torch.no_grad():
+        tokens = model.forward_features(tensors['video'])
+        torch.testing.assert_close(tokens, tensors['tokens'], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(model.forward_head(tokens, pre_logits=True), tensors['tokens'][:, 0], rtol=1e-4,
+                                   atol=1e-5)
+
+
+def test_the_registered_classifier_drops_its_patch_tokens_in_training_only():
+    # 8 frames of 32 px in patches of 8: 8 x 4 x 4 = 128 patch tokens; 0.75 dropped keeps 32 of them
+    torch.manual_seed(0)
+    model = VideoTransformerClassifier(image_size=32, patch_size=8, frames=8, num_classes=3, dim=32, depth=1,
+                                       heads=2, dim_head=16, mlp_dim=64)
+    video = torch.randn(2, 3, 8, 32, 32)
+    assert model.train().forward_features(video, drop_ratio=0.75).shape == (2, 1 + 32, 32)
+    assert model.forward_features(video).shape == (2, 1 + 128, 32)
+    assert model.eval().forward_features(video, drop_ratio=0.75).shape == (2, 1 + 128, 32)
 
 
 def test_vit_pytorchs_loss_is_ours_on_its_mixed_up_pairing_of_the_views():

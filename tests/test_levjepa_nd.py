@@ -7,7 +7,7 @@ from einops import rearrange
 
 from helpers import LeVJEPACls, levjepa_official_config, check_levjepa_official_objective, load_fixture
 from vit_pytorch.levjepa import VideoTransformer
-from vit_pytorch.levjepa_nd import LeVJEPAND, NDTransformer, causal_mask
+from vit_pytorch.levjepa_nd import LeVJEPAND, NDTransformer, NDTransformerClassifier, causal_mask
 from vit_pytorch.pretrained import load_vit_pytorch
 
 VOLUME = dict(ndim=4, input_shape=(2, 4, 8, 8), patch_size=(1, 2, 4, 4), dim=32, depth=2, heads=2, dim_head=16,
@@ -101,6 +101,31 @@ def test_vit_pytorchs_nd_transformer_loads_and_gives_its_tokens():
         torch.testing.assert_close(encoder(tensors['input']), tensors['tokens'], rtol=1e-4, atol=1e-5)
         encoder.causal_dims = ()
         torch.testing.assert_close(encoder(tensors['input']), tensors['tokens_full'], rtol=1e-4, atol=1e-5)
+
+
+def test_the_registered_classifier_holds_vit_pytorchs_encoder_and_pools_its_cls_token():
+    """vit-pytorch's NDTransformer weights, under `encoder.`, make the registered classifier's forward_features its
+    tokens (the fixture's) and its pre-logits embedding their cls token."""
+    learner, tensors = vit_pytorch_levjepa_nd()
+    config = load_fixture('vit_pytorch_1.26.14_levjepa_nd')[0]['config']['encoder']
+    model = NDTransformerClassifier(**config, num_classes=4).eval()
+    model.encoder.load_state_dict(learner.encoder.state_dict(), strict=True)
+    with torch.no_grad():
+        tokens = model.forward_features(tensors['input'])
+        torch.testing.assert_close(tokens, tensors['tokens'], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(model.forward_head(tokens, pre_logits=True), tensors['tokens'][:, 0], rtol=1e-4,
+                                   atol=1e-5)
+
+
+def test_the_registered_classifier_drops_its_patch_tokens_in_training_only():
+    # 8 frames of 32 px in tubelets of 2 x 8 x 8: 4 x 4 x 4 = 64 patch tokens; 0.75 dropped keeps 16 of them
+    torch.manual_seed(0)
+    model = NDTransformerClassifier(ndim=3, input_shape=(8, 32, 32), patch_size=(2, 8, 8), num_classes=3, dim=32,
+                                    depth=1, heads=2, dim_head=16, mlp_dim=64)
+    clips = torch.randn(2, 3, 8, 32, 32)
+    assert model.train().forward_features(clips, drop_ratio=0.75).shape == (2, 1 + 16, 32)
+    assert model.forward_features(clips).shape == (2, 1 + 64, 32)
+    assert model.eval().forward_features(clips, drop_ratio=0.75).shape == (2, 1 + 64, 32)
 
 
 def test_vit_pytorchs_loss_is_ours_on_its_mixed_up_pairing_of_the_views():

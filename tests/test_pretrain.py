@@ -17,7 +17,7 @@ from vit_pytorch.checkpoint import load_model
 from vit_pytorch.evaluate import load_digits
 from vit_pytorch.dino import Dino
 from vit_pytorch.models import build_model
-from vit_pytorch.training import pretraining
+from vit_pytorch.training import pretraining, registry
 
 TINY = ['--threads', '1', '--dim', '32', '--depth', '2', '--heads', '2', '--dim-head', '16', '--mlp-dim', '64']
 FAST = ['--quiet', '--no-plots', '--batch-size', '256', '--warmup-epochs', '1'] + TINY
@@ -48,6 +48,8 @@ IMAGE_METHODS = [name for name in pretrain.METHODS if pretraining.METHODS[name].
 CLIP_METHODS = [name for name in pretrain.METHODS if pretraining.METHODS[name].inputs == 'clips']
 # the clip methods at their smallest: 16-pixel clips (a 4 x 2 x 2 grid of simple_vit_3d's tubelets), 2 local views
 TINY_CLIPS = [*FAST, '--batch-size', 512, '--model', 'simple_vit_3d', '--image-size', 16, '--local-views', 2]
+# LeVJEPA's own encoder on TINY_CLIPS: 8 frames of 2 x 2 patches of 8 pixels (32 patch tokens), half dropped
+DROPPING = ['--model', 'levjepa', '--drop-ratio', 0.5]
 
 
 @pytest.mark.parametrize('method', IMAGE_METHODS)
@@ -70,12 +72,16 @@ def test_each_method_writes_a_network_that_loads_as_the_model_it_pre_trained(met
         assert torch.equal(value, wrapper[prefix + key]), key
 
 
-@pytest.mark.parametrize('method', ['mae', 'dino', 'mp3', 'lejepa', 'levjepa'])
+@pytest.mark.parametrize('method', ['mae', 'dino', 'mp3', 'lejepa', 'levjepa',
+                                    pytest.param('levjepa[drop_ratio]', marks=pytest.mark.slow)])   # 11 s
 def test_interrupted_run_resumed_matches_an_uninterrupted_run(method, tmp_path, monkeypatch):
     whole, broken = tmp_path / 'whole', tmp_path / 'broken'
-    # 8-pixel digits (a 2x2 grid), or 16-pixel clips, in 3 batches an epoch keep it fast
+    # 8-pixel digits (a 2x2 grid), or 16-pixel clips, in 3 batches an epoch keep it fast; LeVJEPA's own encoder
+    # drops half of its 32 patch tokens in training, drawn from the epoch's seed as the crops are
+    dropping = method == 'levjepa[drop_ratio]'
+    method = method.split('[')[0]
     data = TINY_CLIPS if method in CLIP_METHODS else [*FAST, '--batch-size', 512, '--image-size', 8]
-    args = [*method_args(method), '--epochs', 2, *data]
+    args = [*method_args(method), '--epochs', 2, *data, *(DROPPING if dropping else [])]
     assert run(*args, '--out', whole) == 0
 
     saves = []
@@ -496,6 +502,16 @@ def test_levjepa_nd_is_levjepa_with_local_views_of_the_clips_size():
      '--model vit_nd does not take clips of 8 frames of 16x16 (--local-size)'),
     (['--method', 'levjepa_nd', '--local-size', '16'],
      "--local-size must be the clips' side, 32, with --method levjepa_nd"),
+    (['--method', 'levjepa', '--drop-ratio', '0.5'],
+     '--drop-ratio 0.5 needs a model that drops tokens (--model levjepa, levjepa_nd); --model vit_nd keeps '
+     'every token'),
+    (['--method', 'levjepa_nd', '--model', 'simple_vit_3d', '--drop-ratio', '0'],
+     '--drop-ratio 0.0 needs a model that drops tokens (--model levjepa, levjepa_nd); --model simple_vit_3d keeps '
+     'every token'),
+    (['--method', 'levjepa', '--model', 'levjepa', '--drop-ratio', '1'],
+     '--drop-ratio must be a share of the patch tokens in [0, 1), got 1.0'),
+    (['--method', 'levjepa_nd', '--model', 'levjepa', '--drop-ratio', '-0.5'],
+     '--drop-ratio must be a share of the patch tokens in [0, 1), got -0.5'),
 ])
 def test_a_clip_method_refuses_what_it_cannot_pre_train_naming_the_flags(argv, error, tmp_path, capsys):
     assert run(*argv, '--epochs', 1, '--out', tmp_path / 'run', '--quiet', '--no-plots', '--threads', 1) == 2
@@ -513,3 +529,69 @@ def test_levjepa_on_its_defaults_pre_trains_vit_nd_and_the_trainer_probes_it(tmp
     assert train.main(['--init', str(out / 'checkpoint'), '--data', 'clips:direction', '--linear-probe',
                        '--epochs', '1', '--out', str(tmp_path / 'probe'), '--quiet', '--no-plots',
                        '--threads', '1']) == 0
+
+
+def token_counts(monkeypatch):
+    """[(training, tokens)] the transformer of every model the command builds sees at each call, filled as it runs."""
+    seen, build = [], registry.build_model
+
+    def build_and_watch(name, **kwargs):
+        model = build(name, **kwargs)
+        model.get_submodule(model.intermediates_from).register_forward_pre_hook(
+            lambda module, args: seen.append((module.training, args[0].shape[1])))
+        return model
+
+    monkeypatch.setattr(registry, 'build_model', build_and_watch)
+    return seen
+
+
+# (method, model, its options, patch tokens of TINY_CLIPS' 16-pixel clips, kept at --drop-ratio 0.75)
+DROPPING_RUNS = {
+    # 8 frames of 2 x 2 patches of 8 pixels: 32 patch tokens, a quarter of them kept
+    'levjepa': ('levjepa', 'levjepa', [], 32, 8),
+    'levjepa_nd': ('levjepa_nd', 'levjepa', [], 32, 8),
+    # tubelets of 2 x 8 x 8 on clips of 8 x 16 x 16: 4 x 2 x 2 = 16 patch tokens, 4 kept
+    'levjepa[model=levjepa_nd]': ('levjepa', 'levjepa_nd', ['--input-shape', '(8, 16, 16)'], 16, 4),
+}
+
+
+@pytest.mark.parametrize('run_id', [pytest.param(run_id, marks=[] if run_id == 'levjepa' else pytest.mark.slow)
+                                    for run_id in DROPPING_RUNS])                       # 2-3 s each
+def test_the_command_drops_tokens_in_its_training_steps_and_not_in_evaluation(run_id, tmp_path, monkeypatch):
+    """--drop-ratio 0.75 keeps a quarter of the patch tokens after the cls token in every training step (every view:
+    LeVJEPA's local views are the clips' size here), and the pre-trained network and LeVJEPA's embedding see them
+    all."""
+    method, name, options, patches, kept = DROPPING_RUNS[run_id]
+    seen = token_counts(monkeypatch)
+    out = tmp_path / method
+    assert run('--method', method, '--epochs', 1, '--out', out, *TINY_CLIPS, '--model', name, *options,
+               '--drop-ratio', 0.75) == 0
+    # in eval mode only the command's check that the model takes the clips, with every token
+    assert set(seen) == {(True, 1 + kept), (False, 1 + patches)}
+    monkeypatch.undo()
+    model, config = load_model(out / 'checkpoint')
+    assert config['model'] == name
+    videos = torch.rand(2, 1, 8, 16, 16)
+    args, _ = pretrain.parse_args(['--method', method, '--model', name, '--drop-ratio', '0.75'])
+    learner = pretraining.METHODS[method].build(args, model, image_size=(8, 16, 16), mean=[0.2], std=[0.3])
+    model.get_submodule(model.intermediates_from).register_forward_pre_hook(
+        lambda module, args: seen.append((module.training, args[0].shape[1])))
+    seen.clear()
+    with torch.no_grad():
+        model.eval().forward_features(videos, drop_ratio=0.75)
+        learner.learner(videos, return_embedding=True)
+        learner.eval()(videos)                          # the loss in eval mode: the views keep every token
+    assert set(seen) == {(False, 1 + patches)} and len(seen) == (3 if method == 'levjepa_nd' else 4)
+
+
+def test_a_model_that_drops_tokens_drops_half_by_default(monkeypatch, tmp_path):
+    """Without --drop-ratio, LeVJEPA's encoder keeps 16 of its 32 patch tokens in training (the command's default,
+    0.5, docs/pretraining.md); another model keeps every token."""
+    seen = token_counts(monkeypatch)
+    assert run('--method', 'levjepa', '--epochs', 1, '--out', tmp_path / 'a', *TINY_CLIPS, '--model', 'levjepa') == 0
+    assert set(seen) == {(True, 1 + 16), (False, 1 + 32)}
+    learner = pretraining.METHODS['levjepa'].build(
+        pretrain.parse_args(['--method', 'levjepa', '--model', 'vit_3d'])[0], build_model(
+            'vit_3d', image_size=16, frames=8, image_patch_size=8, frame_patch_size=2, num_classes=10, dim=32, depth=1,
+            heads=2, dim_head=16, mlp_dim=64, channels=1), image_size=(8, 16, 16), mean=[0.2], std=[0.3])
+    assert learner.learner.drop_ratio is None and learner.learner.encoder.drop_keyword is None

@@ -20,6 +20,18 @@ method saves its compute.
     loss.backward()
     embedding = learner(video, return_embedding=True)   # (4, 64): the cls token of the whole clip
 
+The same encoder as a registered clip classifier ('levjepa': `VideoTransformerClassifier`, the face every
+registered model has, a linear head on the cls token), which the pre-training command's `--method levjepa
+--model levjepa --drop-ratio` trains with the token dropping:
+
+    from vit_pytorch.levjepa import VideoTransformerClassifier
+
+    model = VideoTransformerClassifier(image_size=32, patch_size=8, frames=8, num_classes=10, dim=64, depth=2,
+                                       heads=4, dim_head=16, mlp_dim=128)
+    clips = torch.randn(2, 3, 8, 32, 32)                # 8 frames x 4 x 4 patches: 128 patch tokens
+    logits = model(clips)                               # (2, 10)
+    tokens = model.train().forward_features(clips, drop_ratio=0.75)   # (2, 33, 64): the cls token, 32 patches
+
 vit-pytorch 1.26.14's classes, arguments, defaults, state_dict keys and return values are kept (its
 `VideoTransformer` and `LeVJEPA` weights load as they are). Its own example fails: it compiles the block-causal
 mask function with `torch.compile` before handing it to flex attention's `create_block_mask`, which reads the
@@ -131,6 +143,83 @@ class VideoTransformer(nn.Module):
         return self.norm(self.transformer(x, angles=angles, mask=mask))
 
 
+class TokenClassifier(vit.TokenFace, nn.Module):
+    """The face of a registered classifier on a LeVJEPA encoder (`VideoTransformer`, levjepa_nd's `NDTransformer`):
+    the encoder as `encoder` (its forward and state_dict keys as they are, under `encoder.`), a linear head on its
+    cls token (the embedding LeVJEPA pre-trains and probes), the token dropping passed through `forward_features`
+    (the encoder drops tokens in training only), `forward_intermediates` with the patches laid on the input's grid
+    (`token_grid`), the head reset and gradient checkpointing."""
+
+    num_prefix_tokens = 1
+    intermediates_from = 'encoder.transformer'
+
+    def __init__(self, encoder, *, num_classes, patch_size):
+        super().__init__()
+        self.encoder, self.num_classes, self.channels = encoder, num_classes, encoder.channels
+        self.num_features = self.embed_dim = encoder.dim
+        self.patch_size = tuple(patch_size)
+        self.mlp_head = nn.Linear(encoder.dim, num_classes) if num_classes > 0 else nn.Identity()
+
+    def token_grid(self, shape):
+        """The grid of patch tokens of an input whose last sides are `shape`'s (one per patch side)."""
+        sides = tuple(shape)[-len(self.patch_size):]
+        return tuple(side // patch for side, patch in zip(sides, self.patch_size))
+
+    def forward_features(self, x, drop_ratio=None):
+        """The encoder's normed tokens (b, 1 + n, dim); in training with `drop_ratio`, n of them kept."""
+        return self.encoder(x, drop_ratio=drop_ratio)
+
+    def forward_head(self, tokens, pre_logits=False):
+        """The cls token: the pre-logits embedding, or the logits."""
+        pooled = tokens[:, 0]
+        return pooled if pre_logits else self.mlp_head(pooled)
+
+    def forward(self, x, drop_ratio=None):
+        return self.forward_head(self.forward_features(x, drop_ratio=drop_ratio))
+
+    def forward_intermediates(self, x, indices=None, *, output='tokens'):
+        """Each chosen layer's output (see `TokenFace`): tokens (b, 1 + n, dim); output 'maps' lays the patches on
+        the input's grid, (b, dim, *grid)."""
+        if output != 'maps':
+            return super().forward_intermediates(x, indices, output=output)
+        grid = {f'g{i}': side for i, side in enumerate(self.token_grid(x.shape))}
+        axes = ' '.join(grid)
+        return [rearrange(tokens[:, 1:], f'b ({axes}) d -> b d {axes}', **grid)
+                for tokens in super().forward_intermediates(x, indices)]
+
+    def reset_classifier(self, num_classes):
+        """A new zero-initialised head for `num_classes` (0: forward returns the pooled embedding)."""
+        vit.reset_head(self, num_classes, self.num_features, like=self.encoder.cls_token, removed=nn.Identity())
+
+    def set_grad_checkpointing(self, enable=True):
+        self.encoder.transformer.grad_checkpointing = enable
+
+
+class VideoTransformerClassifier(TokenClassifier):
+    """The registered clip classifier on LeVJEPA's encoder ('levjepa' in the registry): `encoder`, a
+    `VideoTransformer` built from the same arguments, and a linear head on its cls token (`TokenClassifier`), so a
+    `VideoTransformer`'s weights are this model's without its head.
+
+    `forward_features(video, drop_ratio=None)` returns the encoder's normed tokens, (b, 1 + frames * h * w, dim) in
+    patches of the clip's grid (`token_grid`), the cls token first, then the patches frame by frame, row-major; in
+    training with a `drop_ratio`, the cls token and a random `max(1, int(n * (1 - drop_ratio)))` of the n patches
+    (the token dropping LeVJEPA trains with; the training command's `--drop-ratio`), and every patch in eval mode.
+    `forward(video, drop_ratio=None)` is the head on them. `num_classes=0` makes `forward` return the pooled
+    embedding, the cls token (b, dim). The recorder sees (b, heads, 1 + n, 1 + n) maps a layer (n the patches
+    kept), the cls token first; with `block_causal` a patch's row is zero beyond its own frame and at the cls
+    token. `forward_intermediates(output='maps')` lays each layer's patches on the grid, (b, dim, frames, h, w).
+    """
+
+    def __init__(self, *, image_size, patch_size, frames, num_classes, dim, depth, heads, mlp_dim, channels=3,
+                 dim_head=64, dropout=0., emb_dropout=0., rotary_max_freq=10., block_causal=True):
+        check_classifier_arguments(**vit.arguments(locals()))
+        encoder = VideoTransformer(image_size=image_size, patch_size=patch_size, frames=frames, dim=dim, depth=depth,
+                                   heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head,
+                                   dropout=dropout, emb_dropout=emb_dropout, rotary_max_freq=rotary_max_freq,
+                                   block_causal=block_causal)
+        super().__init__(encoder, num_classes=num_classes, patch_size=(1, encoder.patch_h, encoder.patch_w))
+
+
 def encoder_stack(dim, depth, heads, dim_head, mlp_dim, dropout):
     """The encoder's layers: RMSNorm pre-norm rotary attention and feed-forward, no final norm (the model's)."""
     return vit.Stack([(Attention(dim, heads, dim_head, dropout),
@@ -155,7 +244,8 @@ def keep_random_tokens(drop_ratio, *tokens):
     kept = max(1, int((count - 1) * (1 - drop_ratio)))
     patches = torch.rand(batch, count - 1, device=tokens[0].device).topk(kept, dim=-1).indices + 1
     keep = torch.cat((patches.new_zeros(batch, 1), patches), dim=1)            # the cls token is never dropped
-    return [t.gather(1, keep.view(batch, -1, *[1] * (t.ndim - 2)).expand(-1, -1, *t.shape[2:])) for t in tokens]
+    return [t.gather(1, keep.view(batch, 1 + kept, *[1] * (t.ndim - 2)).expand(-1, -1, *t.shape[2:]))
+            for t in tokens]      # 1 + kept, not -1: an empty batch has no size to infer
 
 
 def block_causal_mask(frame):
@@ -391,6 +481,11 @@ def check_video_transformer_arguments(*, dim, depth, heads, mlp_dim, image_size,
     vit.probability('emb_dropout', emb_dropout)
     vit.positive_float('rotary_max_freq', rotary_max_freq)
     vit.boolean('block_causal', block_causal)
+
+
+def check_classifier_arguments(*, num_classes, **encoder):
+    vit.non_negative_int('num_classes', num_classes)
+    check_video_transformer_arguments(**encoder)
 
 
 def check_arguments(*, encoder, image_size, local_size, num_local_views, num_classes_K, projection_hidden,

@@ -22,6 +22,18 @@ to the projection of its source view (`augment_src`), with SIGReg on every view;
     loss.backward()
     embedding = learner(volumes, return_embedding=True) # (2, 64)
 
+The same encoder as a registered classifier ('levjepa_nd': `NDTransformerClassifier`, a linear head on the cls
+token), here on clips in tubelets of 2 frames x 8 x 8 pixels, as the pre-training command's `--method levjepa
+--model levjepa_nd --drop-ratio` trains it:
+
+    from vit_pytorch.levjepa_nd import NDTransformerClassifier
+
+    model = NDTransformerClassifier(ndim=3, input_shape=(8, 32, 32), patch_size=(2, 8, 8), num_classes=10, dim=64,
+                                    depth=2, heads=4, dim_head=16, mlp_dim=128)
+    clips = torch.randn(2, 3, 8, 32, 32)                # 4 x 4 x 4 tubelets: 64 patch tokens
+    logits = model(clips)                               # (2, 10)
+    tokens = model.train().forward_features(clips, drop_ratio=0.75)   # (2, 17, 64): the cls token, 16 tubelets
+
 vit-pytorch's classes, arguments, defaults, state_dict keys and return values are kept (its weights load as they
 are). Its attention runs through flex attention where this torch compiles it and falls back to a dense mask
 elsewhere; ours is always the dense boolean mask through `vit.attend` (scaled_dot_product_attention): the same
@@ -109,6 +121,30 @@ class NDTransformer(nn.Module):
         return self.norm(self.transformer(x, angles=angles, mask=causal_mask(index, self.causal_dims)))
 
 
+class NDTransformerClassifier(levjepa.TokenClassifier):
+    """The registered classifier on levjepa_nd's encoder ('levjepa_nd' in the registry): `encoder`, an
+    `NDTransformer` built from the same arguments, and a linear head on its cls token (`levjepa.TokenClassifier`),
+    so an `NDTransformer`'s weights are this model's without its head; for clips, a 3-D input (b, c, frames, h, w)
+    with tubelets (`patch_size` along the frames too).
+
+    `forward_features(x, drop_ratio=None)` returns the encoder's normed tokens, (b, 1 + prod(grid), dim) for the
+    patch grid of `input_shape`, the cls token first, then the patches row-major over the axes; in training with a
+    `drop_ratio`, the cls token and a random `max(1, int(n * (1 - drop_ratio)))` of the n patches (the training
+    command's `--drop-ratio`), and every patch in eval mode. `forward(x, drop_ratio=None)` is the head on them.
+    `num_classes=0` makes `forward` return the pooled embedding, the cls token (b, dim). The recorder sees
+    (b, heads, 1 + n, 1 + n) maps a layer, the cls token first, masked along `causal_dims`;
+    `forward_intermediates(output='maps')` lays each layer's patches on the grid, (b, dim, *grid).
+    """
+
+    def __init__(self, *, ndim, input_shape, patch_size, num_classes, dim, depth, heads, mlp_dim, channels=3,
+                 dim_head=64, dropout=0., emb_dropout=0., rotary_max_freq=10., causal_dims=(0,)):
+        check_classifier_arguments(**vit.arguments(locals()))
+        encoder = NDTransformer(ndim=ndim, input_shape=input_shape, patch_size=patch_size, dim=dim, depth=depth,
+                                heads=heads, mlp_dim=mlp_dim, channels=channels, dim_head=dim_head, dropout=dropout,
+                                emb_dropout=emb_dropout, rotary_max_freq=rotary_max_freq, causal_dims=causal_dims)
+        super().__init__(encoder, num_classes=num_classes, patch_size=as_tuple(patch_size, ndim))
+
+
 class LeVJEPAND(nn.Module):
     """`forward(x)` returns the loss of one step (with `return_loss_breakdown=True`, also its
     `LeVJEPANDLosses(invariance_loss, sigreg_loss)`, weighted); `return_embedding=True` the encoder's cls token
@@ -181,6 +217,11 @@ def check_input_shape(input_shape, ndim):
         raise ValueError(f"input_shape must have ndim = {ndim} entries, got {input_shape!r}")
     for size in shape:
         vit.positive_int('input_shape', size)
+
+
+def check_classifier_arguments(*, num_classes, **encoder):
+    vit.non_negative_int('num_classes', num_classes)
+    check_arguments(**encoder)
 
 
 def check_arguments(*, ndim, input_shape, patch_size, dim, depth, heads, mlp_dim, channels, dim_head, dropout,

@@ -9,6 +9,7 @@ MP3, LeJEPA, EsViT, and on clips LeVJEPA and LeVJEPAND.
     python -m vit_pytorch.train --init runs/digits-vit-mae/checkpoint            # then fine-tune it
     python -m vit_pytorch.pretrain --method levjepa --epochs 4                   # vit_nd on the moving digits
     python -m vit_pytorch.pretrain --method levjepa_nd --data clips:direction --model simple_vit_3d
+    python -m vit_pytorch.pretrain --method levjepa --model levjepa --drop-ratio 0.75   # its own encoder, 3/4 dropped
 
 The command follows the training command's conventions (`vit_pytorch.train`): the same data
 (`--data digits`, a folder with train/<class>/, or a registered NAME:ARG source of images; the
@@ -37,9 +38,11 @@ paper's code (its weight-decay schedule is left out).
 LeVJEPA and LeVJEPAND (`--method levjepa`, `--method levjepa_nd`) pre-train a clip model on clips (`--data
 clips:digit`, their default, or `clips:direction`; `--model vit_nd`, their default, or any model for clips) with
 examples/levjepa_clips.py's recipe: `--local-views` views of each clip (`--local-size` their side, for LeVJEPA and a
-model that takes smaller clips), SIGReg weighted by `--sigreg-loss-weight`. They read the model's pooled embedding
-and keep every token (the registered clip models drop none); image methods refuse clips, and clip methods images,
-naming the flags.
+model that takes smaller clips), SIGReg weighted by `--sigreg-loss-weight`. They read the model's pooled embedding.
+`--model levjepa` is LeVJEPA's own block-causal encoder (`--model levjepa_nd` its N-D one, in tubelets), which drops
+`--drop-ratio` of each view's patch tokens in training (0.5 by default; every token in evaluation); the other clip
+models keep every token and refuse `--drop-ratio`. Image methods refuse clips, and clip methods images, naming the
+flags.
 
 A resumed run takes its data, model, method and recipe from pretrainer/; `--epochs` may grow and
 `--lr` may change (the new peak for the remaining steps); any other option given with a value

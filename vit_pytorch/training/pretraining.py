@@ -324,21 +324,26 @@ METHODS = dict(mae=MAEMethod(), simmim=SimMIMMethod(), mpp=MPPMethod(), dino=Din
 
 class PooledEncoder(nn.Module):
     """A registered clip model as the encoder LeVJEPA and LeVJEPAND take: `forward(x, drop_ratio=None)` gives its
-    pre-logits embedding (`forward_head(forward_features(x), pre_logits=True)`: its cls token, or the mean of its
-    tokens, as the model pools) as the one token (b, 1, dim) they read; `dim` its width, `ndim` the dimensions of
-    its input (3 for clips). The registered models keep every token (only levjepa's `VideoTransformer` and
-    levjepa_nd's `NDTransformer` drop them), so `drop_ratio` must be None."""
+    pre-logits embedding (`forward_head(forward_features(x, ...), pre_logits=True)`: its cls token, or the mean of
+    its tokens, as the model pools) as the one token (b, 1, dim) they read; `dim` its width, `ndim` the dimensions
+    of its input (3 for clips). `drop_keyword` is the keyword of the model's forward_features that drops tokens
+    (`registry.TOKEN_DROPPING`; the model drops them in training only): a `drop_ratio` goes to it, and a model
+    without one (None: it keeps every token) takes no `drop_ratio`."""
 
     ndim = 3
 
-    def __init__(self, model):
+    def __init__(self, model, drop_keyword=None):
         super().__init__()
-        self.model, self.dim = model, model.num_features
+        self.model, self.dim, self.drop_keyword = model, model.num_features, drop_keyword
 
     def forward(self, x, drop_ratio=None):
-        if drop_ratio is not None:
-            raise ValueError(f"drop_ratio must be None: a registered model keeps every token, got {drop_ratio}")
-        return self.model.forward_head(self.model.forward_features(x), pre_logits=True)[:, None]
+        if drop_ratio is None:
+            features = self.model.forward_features(x)
+        elif self.drop_keyword is None:
+            raise ValueError(f"drop_ratio must be None: this model keeps every token, got {drop_ratio}")
+        else:
+            features = self.model.forward_features(x, **{self.drop_keyword: drop_ratio})
+        return self.model.forward_head(features, pre_logits=True)[:, None]
 
 
 class KeepsLossTerms(nn.Module):
@@ -360,8 +365,10 @@ class LeVJEPAMethod(LossTerms):
     `--local-views` local ones (crops of 0.02 to 0.4 resized to `--local-size`, colour jitter, grayscale, flips),
     every local view's projection pulled to its clip's global one, SIGReg weighted by `--sigreg-loss-weight`;
     examples/levjepa_clips.py's recipe (a BatchNorm projector `--projection-hidden-size` wide to 64, SIGReg on
-    `--sigreg-slices` directions and 17 knots) on a registered clip model (`PooledEncoder`: its pooled embedding,
-    every token kept). Its network is that model; the log gives the two terms."""
+    `--sigreg-slices` directions and 17 knots) on a registered clip model (`PooledEncoder`: its pooled embedding).
+    A model that drops tokens (`registry.TOKEN_DROPPING`: LeVJEPA's own encoders, 'levjepa' and 'levjepa_nd') sees
+    `--drop-ratio` of each view's patch tokens dropped in training (`drop_ratio`, 0.5, by default); the others keep
+    every token and refuse the flag. Its network is that model; the log gives the two terms."""
 
     masked = False                                             # LeVJEPA makes its own views of the clips
     betas = (0.9, 0.999)                                       # the example's AdamW (torch's default betas)
@@ -377,8 +384,15 @@ class LeVJEPAMethod(LossTerms):
         ('--sigreg-loss-weight', dict(type=float, default=0.02, help="the weight of SIGReg (the invariance "
                                                                      "loss's is 1); the projector is "
                                                                      "--projection-hidden-size wide to 64, SIGReg "
-                                                                     "tests --sigreg-slices directions")))
+                                                                     "tests --sigreg-slices directions")),
+        ('--drop-ratio', dict(type=float, default=None, help="the share of each view's patch tokens the encoder "
+                                                             "drops in training (never in evaluation), for a model "
+                                                             "that drops tokens (--model levjepa, levjepa_nd; "
+                                                             "default: 0.5 there); a model that keeps every token "
+                                                             "refuses it")))
     projection_dim = 64                                        # the example's projector output
+    # --drop-ratio's default for a model that drops tokens (docs/pretraining.md: measured on the default clips)
+    drop_ratio = 0.5
 
     def build(self, args, encoder, *, image_size, mean, std):
         from vit_pytorch.levjepa import LeVJEPA, NormalizeVideo, PhotometricAugment
@@ -387,10 +401,26 @@ class LeVJEPAMethod(LossTerms):
         local = (height, width) if args.local_size is None else (args.local_size, args.local_size)
         check_takes_clips(args, encoder, (len(mean), frames, height, width), '--image-size')
         check_takes_clips(args, encoder, (len(mean), frames, *local), '--local-size')
+        keyword, drop_ratio = self.token_dropping(args)
         return KeepsLossTerms(LeVJEPA(
-            PooledEncoder(encoder), image_size=(height, width), local_size=local, num_local_views=args.local_views,
-            drop_ratio=None, **self.learner_options(args), global_augment_fn=NormalizeVideo(mean, std),
-            local_augment_fn=PhotometricAugment(mean=mean, std=std)))
+            PooledEncoder(encoder, keyword), image_size=(height, width), local_size=local,
+            num_local_views=args.local_views, drop_ratio=drop_ratio, **self.learner_options(args),
+            global_augment_fn=NormalizeVideo(mean, std), local_augment_fn=PhotometricAugment(mean=mean, std=std)))
+
+    def token_dropping(self, args):
+        """(the model's token-dropping keyword or None, the drop ratio the learner passes or None): `--drop-ratio`,
+        else `drop_ratio` for a model that drops tokens; a ValueError naming the flag for a model that keeps every
+        token, or a ratio outside [0, 1)."""
+        keyword = registry.TOKEN_DROPPING.get(args.model)
+        if args.drop_ratio is None:
+            return keyword, None if keyword is None else self.drop_ratio
+        if keyword is None:
+            droppers = ', '.join(sorted(registry.TOKEN_DROPPING))
+            raise ValueError(f"--drop-ratio {args.drop_ratio} needs a model that drops tokens (--model {droppers}); "
+                             f"--model {args.model} keeps every token")
+        if isinstance(args.drop_ratio, bool) or not 0 <= args.drop_ratio < 1:
+            raise ValueError(f"--drop-ratio must be a share of the patch tokens in [0, 1), got {args.drop_ratio}")
+        return keyword, args.drop_ratio
 
     def learner_options(self, args):
         return dict(num_classes_K=self.projection_dim, projection_hidden=args.projection_hidden_size,
@@ -418,9 +448,10 @@ class LeVJEPANDMethod(LeVJEPAMethod):
         check_takes_clips(args, encoder, (len(mean), frames, height, width), '--image-size')
         source = ClipView((height, width), (0.8, 1.0), NormalizeVideo(mean, std))   # LeVJEPA's crops, its defaults
         target = ClipView((height, width), (0.02, 0.4), PhotometricAugment(mean=mean, std=std))
+        keyword, drop_ratio = self.token_dropping(args)
         return KeepsLossTerms(LeVJEPAND(
-            PooledEncoder(encoder), input_shape=image_size, augment_src=source, augment_tgt=target,
-            num_target_aug_views=args.local_views, drop_ratio=None, **self.learner_options(args)))
+            PooledEncoder(encoder, keyword), input_shape=image_size, augment_src=source, augment_tgt=target,
+            num_target_aug_views=args.local_views, drop_ratio=drop_ratio, **self.learner_options(args)))
 
 
 def check_takes_clips(args, model, shape, flag):

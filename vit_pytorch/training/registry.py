@@ -99,6 +99,9 @@ MODELS = {
     # research long tail III: N-D positions (issue 28)
     'vit_nd_rotary': 'vit_pytorch.vit_nd_rotary:ViTND',
     'vit_nd_pope': 'vit_pytorch.vit_nd_pope:ViTND',
+    # research long tail III: LeVJEPA's encoders, which drop tokens in training (issue 28)
+    'levjepa': 'vit_pytorch.levjepa:VideoTransformerClassifier',
+    'levjepa_nd': 'vit_pytorch.levjepa_nd:NDTransformerClassifier',
 }
 
 # models with an auxiliary loss that the training command adds to the cross-entropy: name -> (the forward's
@@ -151,6 +154,16 @@ INPUTS = {
     'vivit_with_moss': 'clips (b, c, frames, h, w)',
     'vit_nd_rotary': 'clips (b, c, frames, h, w)',    # as vit_nd
     'vit_nd_pope': 'clips (b, c, frames, h, w)',    # as vit_nd
+    'levjepa': 'clips (b, c, frames, h, w)',        # any number of frames; h and w multiples of the patch
+    'levjepa_nd': 'clips (b, c, frames, h, w)',     # any (b, c, *input_shape); the clips as its 3-D input
+}
+
+# models whose forward_features keeps only a random share of the patch tokens in training when given a keyword (in
+# eval mode every token): name -> that keyword, a fraction of the patch tokens to drop (the pre-training command's
+# --drop-ratio passes it through)
+TOKEN_DROPPING = {
+    'levjepa': 'drop_ratio',
+    'levjepa_nd': 'drop_ratio',
 }
 
 # the trainer's default sizes for a model whose arguments are not the ViT's (multi-scale models): name ->
@@ -249,6 +262,12 @@ SMALL_CONFIGS = {
     # as 'vit_nd', with polar positions (PoPE)
     'vit_nd_pope': dict(ndim=3, input_shape=(8, 32, 32), patch_size=(2, 8, 8), dim=64, depth=4, heads=4, dim_head=16,
                         mlp_dim=128, causal_dims=(0,)),
+    # the default clips (8 frames of 32 pixels) in patches of one frame x 8 x 8 pixels (LeVJEPA's encoder has no
+    # tubelets): 8 x 4 x 4 = 128 patch tokens after the cls token, block-causal along the frames
+    'levjepa': dict(frames=8, patch_size=8, dim=64, depth=4, heads=4, dim_head=16, mlp_dim=128),
+    # as 'vit_nd': the default clips as a 3-D input in tubelets of 2 x 8 x 8, 4 x 4 x 4 = 64 patch tokens, time causal
+    'levjepa_nd': dict(ndim=3, input_shape=(8, 32, 32), patch_size=(2, 8, 8), dim=64, depth=4, heads=4, dim_head=16,
+                       mlp_dim=128, causal_dims=(0,)),
 }
 
 # 'Ti/16', 'S/16', 'B/32', ...: the paper's table, built by vit_pytorch.pretrained.vit
