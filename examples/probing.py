@@ -3,7 +3,8 @@ pre-training by `python -m vit_pytorch.pretrain` with a probe's options, its lea
 
 `run_probe` pre-trains through `pretraining.pretrain` (the command's run, its defaults, seed 0 unless the options
 say otherwise), calls `measure(learner, config)` each time the run saves the whole learner (once an epoch), and
-writes <out>/<name>.jsonl: one line per epoch, the log's record and the measurements; a complete file is read back
+writes <out>/<name>.jsonl: one line per epoch, the log's record and the measurements (and the whole probe's CPU
+seconds, `probe_cpu_seconds`); a complete file is read back
 instead of run again. `edit(learner)` changes what no flag reaches, applied to the learner the command builds before
 its optimizer is made (`edited_method`).
 """
@@ -11,6 +12,7 @@ its optimizer is made (`edited_method`).
 import contextlib
 import json
 import shlex
+import time
 from pathlib import Path
 
 from unittest import mock
@@ -53,12 +55,14 @@ def run_probe(method, name, options, out, epochs, threads, measure, edit=None):
             measured.append(measure(model, config))
 
     torch.set_num_threads(threads)
+    started = time.process_time()
     with contextlib.ExitStack() as run:
         if edit is not None:
             run.enter_context(mock.patch.dict(pretraining.METHODS, {method: edited_method(method, edit)}))
         pretraining.pretrain(args, model_kwargs, parser=pretrain.build_parser(), rank=0, world_size=1,
                              device='cpu', run=run, save=save)
     log = [json.loads(line) for line in (out / name / 'log.jsonl').read_text().splitlines()]
-    records = [{**record, **measurement} for record, measurement in zip(log, measured)]
+    cpu = time.process_time() - started                   # the pre-training and its measurements, this process
+    records = [{**record, **measurement, 'probe_cpu_seconds': cpu} for record, measurement in zip(log, measured)]
     path.write_text(''.join(json.dumps(record) + '\n' for record in records))
     return records
