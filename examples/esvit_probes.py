@@ -15,13 +15,15 @@ labels and with 5 % and 10 % of them, on the table's subsets (seeds 0, 1, 2: the
 examples/label_efficiency.py; and the teacher's view-level head (`measure_head`): how alike its bottleneck vectors
 of two test digits are, how alike two rows of its last layer are (their mean cosines) and the rows' mean norm.
 
-Three probes change what no flag reaches (`EDITS`, applied to the learner the command builds, before its optimizer):
-the centres' momentum (0.9, the paper's code's, otherwise), and the student's biases held at zero. The run and its per-epoch measurement are
+Four probes change what no flag reaches (`EDITS`, applied to the learner the command builds, before its optimizer):
+the centres' momentum (0.9, the paper's code's, otherwise), the heads' biases held at zero, and BatchNorm in the
+heads (the paper's code's `--use_bn_in_head true`). The run and its per-epoch measurement are
 examples/probing.py's (`run_probe`), shared with examples/lejepa_probes.py.
 
-Writes <out>/<method>-<probe>/ (the run) and <out>/<method>-<probe>.jsonl (one line per epoch: the log's record and
-the measurements), and prints every epoch's values, the untrained network's first; the student's network is
-measured the same way (`student_` before the names).
+Writes <out>/<method>-<probe>/ (the run), <out>/<method>-<probe>.jsonl (one line per epoch: the log's record and
+the measurements) and <out>/<method>-table.md (the probes given, their last epoch), and prints every epoch's values,
+the untrained learner's first (its teacher's entropies on the training digits without augmentation, centred by their
+mean); the student's network is measured the same way (`student_` before the names).
 """
 
 import argparse
@@ -37,10 +39,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from label_efficiency import embeddings, knn_accuracy  # noqa: E402
 from probing import run_probe  # noqa: E402
 
-from vit_pytorch import train  # noqa: E402
+from vit_pytorch import pretrain, train  # noqa: E402
+from vit_pytorch.dino import collapse_entropies  # noqa: E402
 from vit_pytorch.evaluate import load_digits  # noqa: E402
-from vit_pytorch.models import build_model  # noqa: E402
-from vit_pytorch.training import registry  # noqa: E402
+from vit_pytorch.training import pretraining, registry  # noqa: E402
 
 RECIPE = '--lr 1.25e-4'                               # examples/label_efficiency.py's DINO recipe (15 epochs)
 PROBES = {
@@ -56,6 +58,7 @@ PROBES = {
     'learned-last-norm': '--norm-last-layer false',                      # EsViT's README and DINO's for ViT-S
     'paper-head': '--projection-hidden-size 2048 --bottleneck-dim 256',  # the paper's head widths
     'head-bias-off': '',
+    'head-batchnorm': '',
     'lr-5e-4': '--lr 5e-4',
     'lr-1e-3': '--lr 1e-3',
     'warmup-1.5': '--warmup-epochs 1.5',
@@ -76,10 +79,34 @@ def head_bias_off(learner):
             module.bias.requires_grad_(False)
 
 
+class TokenBatchNorm(nn.BatchNorm1d):
+    """BatchNorm over the last dimension of (..., c) features (a region head's (b, n, c) too)."""
+
+    def forward(self, x):
+        return super().forward(x.reshape(-1, x.shape[-1])).reshape(x.shape)
+
+
+def head_batchnorm(learner):
+    """The paper's code's `--use_bn_in_head true`: BatchNorm after each hidden linear layer of the heads' MLPs
+    (before its GELU), in the student and the teacher (which keeps the student's running statistics, in eval mode)."""
+    for projector in (learner.student, learner.teacher):
+        for name, head in projector.named_children():
+            if name == 'net':
+                continue
+            layers = list(head.mlp)
+            linears = [index for index, layer in enumerate(layers) if isinstance(layer, nn.Linear)]
+            for index in reversed(linears[:-1]):
+                layers.insert(index + 1, TokenBatchNorm(layers[index].out_features))
+            head.mlp = nn.Sequential(*layers)
+    learner.teacher.load_state_dict(learner.student.state_dict())
+    learner.teacher.requires_grad_(False)
+
+
 EDITS = {
     'center-0.99': lambda learner: setattr(learner, 'center_moving_average_decay', 0.99),
     'center-0.5': lambda learner: setattr(learner, 'center_moving_average_decay', 0.5),
     'head-bias-off': head_bias_off,
+    'head-batchnorm': head_batchnorm,
 }
 FRACTIONS, SEEDS = (0.05, 0.1), (0, 1, 2)
 
@@ -135,15 +162,24 @@ def both(learner, config, data):
             **{f'student_{k}': v for k, v in student.items()}}
 
 
-def untrained(train_set, data):
-    """The measurements of the network the runs start from (seed 0, no step), as the table's random network."""
+@torch.no_grad()
+def untrained(method, train_set, data):
+    """The learner the runs start from (the command's, seed 0, no step): its network's measurements (the table's
+    random network) and its head's, and its view-level teacher's entropies on the training digits without
+    augmentation at the first teacher temperature, centred by their mean (where the centre goes in the first steps)."""
+    args, model_kwargs = pretrain.parse_args(['--method', method, *RECIPE.split()])
     pixels = train_set.floats()
-    config = dict(data=dict(mean=pixels.mean(dim=(0, 2, 3)).tolist(), std=pixels.std(dim=(0, 2, 3)).tolist()))
-    torch.manual_seed(0)
-    kwargs = registry.model_config('vit', {}, image_size=tuple(pixels.shape[2:]), channels=pixels.shape[1],
-                                   num_classes=len(train_set.classes))
-    return dict(epoch=0, loss=float('nan'), teacher_entropy=float('nan'), teacher_mean_entropy=float('nan'),
-                **measure(build_model('vit', **kwargs), config, *data))
+    mean, std = pixels.mean(dim=(0, 2, 3)).tolist(), pixels.std(dim=(0, 2, 3)).tolist()
+    kwargs = registry.model_config(args.model, model_kwargs, image_size=tuple(pixels.shape[2:]),
+                                   channels=pixels.shape[1], num_classes=len(train_set.classes))
+    torch.manual_seed(args.seed)
+    encoder = registry.build_model(args.model, **kwargs)
+    learner = pretraining.build_learner(args, encoder, image_size=tuple(pixels.shape[2:]), mean=mean, std=std).eval()
+    logits = learner.teacher(learner.normalise(pixels))[0]
+    entropies = collapse_entropies(((logits - logits.mean(dim=0)) / args.teacher_temp).softmax(dim=-1))
+    return dict(epoch=0, loss=float('nan'), teacher_entropy=entropies[0], teacher_mean_entropy=entropies[1],
+                **measure_head(learner, data[1]), **measure(learner.teacher.net, dict(data=dict(mean=mean, std=std)),
+                                                           *data))
 
 
 def line(name, record):
@@ -158,6 +194,31 @@ def line(name, record):
             + (f"  student {record['student_mean_cosine']:6.3f} {100 * record['student_knn_all']:5.1f} "
                f"{100 * record['student_knn_0.05']:5.1f} {100 * record['student_knn_0.1']:5.1f}"
                if 'student_knn_all' in record else ''))
+
+
+def table(results, untrained_record):
+    """A markdown table of every probe's last epoch (and its first epoch's loss), the untrained network first."""
+    number = lambda record, key, scale=1, digits=2: (f"{scale * record[key]:.{digits}f}" if key in record else '-')
+    pair = lambda record, first, second, scale=1, digits=2: (
+        f"{number(record, first, scale, digits)}, {number(record, second, scale, digits)}")
+    lines = ['| probe | options (beside `--lr 1.25e-4 --epochs 15`) | loss, epoch 1 to last | view-level teacher '
+             'entropy, of its mean | region-level | head: bottleneck cosine | teacher 5-NN, 5 %, 10 % | '
+             'student 5-NN, 5 %, 10 % | CPU-s |', '|---' * 9 + '|',
+             f"| untrained (entropies: no augmentation, centred by the mean) | | | "
+             f"{pair(untrained_record, 'teacher_entropy', 'teacher_mean_entropy')} | | "
+             f"{number(untrained_record, 'bottleneck_cosine', digits=3)} | "
+             f"{pair(untrained_record, 'knn_0.05', 'knn_0.1', 100, 1)} | | |"]
+    for name, records in results.items():
+        first, last = records[0], records[-1]
+        options = ' and '.join([f"`{PROBES[name]}`"] * bool(PROBES[name]) + ['an edit'] * (name in EDITS))
+        lines.append(
+            f"| {name} | {options} | {first['loss']:.2f} to {last['loss']:.2f} | "
+            f"{pair(last, 'teacher_entropy', 'teacher_mean_entropy')} | "
+            f"{pair(last, 'region_teacher_entropy', 'region_teacher_mean_entropy')} | "
+            f"{number(last, 'bottleneck_cosine', digits=3)} | {pair(last, 'knn_0.05', 'knn_0.1', 100, 1)} | "
+            f"{pair(last, 'student_knn_0.05', 'student_knn_0.1', 100, 1)} | "
+            f"{number(last, 'probe_cpu_seconds', digits=0)} |")
+    return '\n'.join(lines)
 
 
 def main(argv=None):
@@ -177,7 +238,9 @@ def main(argv=None):
     data = (train_set, test_set, subsets)
     print(f"{'probe':26s} epoch loss entropy of-mean [region-level entropy of-mean] [head: bottleneck cosine, rows "
           f"cosine, rows norm] cosine 5-NN 5-NN-5% 5-NN-10% (the teacher's network; then the student's)", flush=True)
-    print(line('untrained', untrained(train_set, data)), flush=True)
+    start = untrained(args.method, train_set, data)
+    print(line('untrained', start), flush=True)
+    results = {}
     for name in args.probes:
         options = f"{RECIPE} {PROBES[name]}" + (f" --seed {args.seed}" if args.seed else '')
         label = f"{args.method}-{name}" + (f"-seed{args.seed}" if args.seed else '')
@@ -185,6 +248,10 @@ def main(argv=None):
                             lambda learner, config: both(learner, config, data), EDITS.get(name))
         for record in records:
             print(line(label, record), flush=True)
+        results[name] = records
+    text = table(results, start)
+    (out / f"{args.method}-table.md").write_text(text + '\n')
+    print(text, flush=True)
 
 
 if __name__ == '__main__':
