@@ -2,6 +2,7 @@
 
     python examples/esvit_probes.py --out runs/esvit_probes                   # EsViT on the trainer's small ViT
     python examples/esvit_probes.py --method dino --probes command teacher-temp-0.04 --out runs/esvit_probes
+    python examples/esvit_probes.py --model swin --probes command --out runs/esvit_probes   # the trainer's small Swin
 
 Each probe pre-trains the trainer's default small ViT with `python -m vit_pytorch.pretrain --method esvit` (or
 `--method dino`) as examples/label_efficiency.py does for its table (DINO's recipe: 15 epochs at the peak learning
@@ -108,6 +109,8 @@ EDITS = {
     'head-bias-off': head_bias_off,
     'head-batchnorm': head_batchnorm,
 }
+EDIT_NOTES = {'center-0.99': 'centre momentum 0.99', 'center-0.5': 'centre momentum 0.5',
+              'head-bias-off': "the heads' biases held at 0", 'head-batchnorm': 'BatchNorm in the heads'}
 FRACTIONS, SEEDS = (0.05, 0.1), (0, 1, 2)
 
 
@@ -163,11 +166,11 @@ def both(learner, config, data):
 
 
 @torch.no_grad()
-def untrained(method, train_set, data):
+def untrained(method, train_set, data, model=None):
     """The learner the runs start from (the command's, seed 0, no step): its network's measurements (the table's
     random network) and its head's, and its view-level teacher's entropies on the training digits without
     augmentation at the first teacher temperature, centred by their mean (where the centre goes in the first steps)."""
-    args, model_kwargs = pretrain.parse_args(['--method', method, *RECIPE.split()])
+    args, model_kwargs = pretrain.parse_args(['--method', method, *RECIPE.split(), *['--model', model] * bool(model)])
     pixels = train_set.floats()
     mean, std = pixels.mean(dim=(0, 2, 3)).tolist(), pixels.std(dim=(0, 2, 3)).tolist()
     kwargs = registry.model_config(args.model, model_kwargs, image_size=tuple(pixels.shape[2:]),
@@ -210,7 +213,8 @@ def table(results, untrained_record):
              f"{pair(untrained_record, 'knn_0.05', 'knn_0.1', 100, 1)} | | |"]
     for name, records in results.items():
         first, last = records[0], records[-1]
-        options = ' and '.join([f"`{PROBES[name]}`"] * bool(PROBES[name]) + ['an edit'] * (name in EDITS))
+        options = ' and '.join(([f"`{PROBES[name]}`"] if PROBES[name] else [])
+                               + ([f"{EDIT_NOTES[name]} (an edit)"] if name in EDITS else []))
         lines.append(
             f"| {name} | {options} | {first['loss']:.2f} to {last['loss']:.2f} | "
             f"{pair(last, 'teacher_entropy', 'teacher_mean_entropy')} | "
@@ -226,8 +230,10 @@ def main(argv=None):
     parser.add_argument('--out', default='runs/esvit_probes')
     parser.add_argument('--method', default='esvit', choices=('esvit', 'dino'))
     parser.add_argument('--epochs', type=int, default=15)
-    parser.add_argument('--probes', nargs='+', default=list(PROBES), choices=PROBES)
+    parser.add_argument('--probes', nargs='+', default=[name for name in PROBES if name != 'paper-head'],
+                        choices=PROBES, help="default: all but paper-head (run for DINO only, whose one head is cheaper)")
     parser.add_argument('--seed', type=int, default=0, help='the pre-training seed (the k-NN subsets stay the table\'s)')
+    parser.add_argument('--model', default=None, help="the commands' network, e.g. swin (default: their small ViT)")
     parser.add_argument('--threads', type=int, default=1)
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -238,19 +244,21 @@ def main(argv=None):
     data = (train_set, test_set, subsets)
     print(f"{'probe':26s} epoch loss entropy of-mean [region-level entropy of-mean] [head: bottleneck cosine, rows "
           f"cosine, rows norm] cosine 5-NN 5-NN-5% 5-NN-10% (the teacher's network; then the student's)", flush=True)
-    start = untrained(args.method, train_set, data)
+    start = untrained(args.method, train_set, data, args.model)
     print(line('untrained', start), flush=True)
     results = {}
     for name in args.probes:
-        options = f"{RECIPE} {PROBES[name]}" + (f" --seed {args.seed}" if args.seed else '')
-        label = f"{args.method}-{name}" + (f"-seed{args.seed}" if args.seed else '')
+        options = (f"{RECIPE} {PROBES[name]}" + (f" --seed {args.seed}" if args.seed else '')
+                   + (f" --model {args.model}" if args.model else ''))
+        label = (f"{args.method}-{name}" + (f"-seed{args.seed}" if args.seed else '')
+                 + (f"-{args.model}" if args.model else ''))
         records = run_probe(args.method, label, options, out, args.epochs, args.threads,
                             lambda learner, config: both(learner, config, data), EDITS.get(name))
         for record in records:
             print(line(label, record), flush=True)
         results[name] = records
     text = table(results, start)
-    (out / f"{args.method}-table.md").write_text(text + '\n')
+    (out / f"{args.method}{'-' + args.model if args.model else ''}-table.md").write_text(text + '\n')
     print(text, flush=True)
 
 
