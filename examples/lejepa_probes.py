@@ -15,32 +15,29 @@ with all 1,347 training labels and with 10 % of them (seed 0's subset), as in ex
 command's log gives SIGReg and the prediction loss, averaged over the epoch's steps.
 
 Two probes change what no flag reaches (`EDITS`, applied to the learner the command builds, before its optimizer):
-vit-pytorch's projector without its L2 norm, and the official projector with 4 linear layers instead of 3.
+vit-pytorch's projector without its L2 norm, and the official projector with 4 linear layers instead of 3. The run
+and its per-epoch measurement are examples/probing.py's (`run_probe`), shared with examples/esvit_probes.py.
 
 Writes <out>/<probe>/ (the run) and <out>/<probe>.jsonl (one line per epoch: the log's record and the
 measurements), and prints every epoch's values, the untrained learner's first.
 """
 
 import argparse
-import contextlib
-import json
 import shlex
 import sys
 from pathlib import Path
-
-from unittest import mock
 
 import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
 from label_efficiency import embeddings, knn_accuracy  # noqa: E402
+from probing import run_probe  # noqa: E402
 
 from vit_pytorch import pretrain, train  # noqa: E402
 from vit_pytorch.evaluate import load_digits, normalise  # noqa: E402
 from vit_pytorch.lejepa import BatchNormMLP  # noqa: E402
 from vit_pytorch.training import pretraining, registry  # noqa: E402
-from vit_pytorch.training.checkpoints import save_checkpoint  # noqa: E402
 
 PROBES = {
     'command': '--lejepa-projector vit-pytorch',  # the command as it was, vit-pytorch's projector
@@ -65,18 +62,6 @@ EDITS = {
         learner.projector.net[0].out_features)),
 }
 PROBES.update({name: '--lejepa-projector vit-pytorch' for name in EDITS})   # each edits the learner as measured
-
-
-class EditedLeJEPA(pretraining.LeJEPAMethod):
-    """The command's LeJEPA with `edit(learner)` applied once it is built."""
-
-    def __init__(self, edit):
-        self.edit = edit
-
-    def build(self, *args, **kwargs):
-        learner = super().build(*args, **kwargs)
-        self.edit(learner)
-        return learner
 
 
 def effective_rank(features):
@@ -123,29 +108,8 @@ def untrained(data, options=''):
 
 def probe(name, options, out, epochs, threads, data):
     """Pre-train one probe, measuring after every epoch; its records."""
-    path = out / f'{name}.jsonl'
-    if path.exists() and len(path.read_text().splitlines()) == epochs:
-        return [json.loads(line) for line in path.read_text().splitlines()]
-    argv = ['--method', 'lejepa', '--epochs', str(epochs), '--seed', '0', '--threads', str(threads), '--quiet',
-            '--no-plots', '--overwrite', '--out', str(out / name), *shlex.split(options)]
-    args, model_kwargs = pretrain.parse_args(argv)
-    measured = []
-
-    def save(folder, *, model, config, **kwargs):
-        save_checkpoint(folder, model=model, config=config, **kwargs)
-        if Path(folder).name == 'pretrainer':             # the whole learner, once an epoch
-            measured.append(measure(model, config, *data))
-
-    torch.set_num_threads(threads)
-    with contextlib.ExitStack() as run:
-        if name in EDITS:
-            run.enter_context(mock.patch.dict(pretraining.METHODS, lejepa=EditedLeJEPA(EDITS[name])))
-        pretraining.pretrain(args, model_kwargs, parser=pretrain.build_parser(), rank=0, world_size=1,
-                             device='cpu', run=run, save=save)
-    log = [json.loads(line) for line in (out / name / 'log.jsonl').read_text().splitlines()]
-    records = [{**record, **measurement} for record, measurement in zip(log, measured)]
-    path.write_text(''.join(json.dumps(record) + '\n' for record in records))
-    return records
+    return run_probe('lejepa', name, options, out, epochs, threads,
+                     lambda learner, config: measure(learner, config, *data), EDITS.get(name))
 
 
 def line(name, record):

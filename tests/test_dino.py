@@ -165,6 +165,28 @@ def test_the_projection_head_ends_in_a_weight_normalised_layer_on_unit_vectors()
 
 
 
+def test_a_learned_last_layer_norm_scales_each_unit_row_by_its_gain_from_one():
+    # the paper's code's --norm_last_layer false: W = g v / |v| per row, g starting at 1 and learned
+    learner = tiny_dino(norm_last_layer=False)
+    head = learner.student.head
+    x = torch.randn(5, 32)
+    with torch.no_grad():
+        bottleneck = F.normalize(head.mlp(x), dim=-1)
+        unit_rows = head.last_layer.weight / head.last_layer.weight.norm(dim=-1, keepdim=True)
+        torch.testing.assert_close(head(x), bottleneck @ unit_rows.T)              # g = 1 at the start
+        gain = torch.linspace(0.5, 20, 64)
+        head.last_layer.gain.copy_(gain)
+        torch.testing.assert_close(head(x), bottleneck @ unit_rows.T * gain)
+    assert head(x).abs().max() > 1                        # no longer cosines: the logits may outgrow [-1, 1]
+    # the freeze of the first epochs holds the gain too (the paper's code cancels every last_layer parameter)
+    learner(torch.rand(4, 3, 16, 24)).backward()
+    assert head.last_layer.gain.grad is not None
+    learner.cancel_last_layer_gradients()
+    assert head.last_layer.gain.grad is None
+    # by default the rows stay unit (vit-pytorch's head has no gain): the same parameters as before the option
+    assert 'head.last_layer.gain' not in dict(tiny_dino().student.named_parameters())
+
+
 def test_the_head_keeps_no_rows_by_outputs_product_for_many_rows_and_computes_the_same_function():
     # EsViT's region head sees b x n rows: the (rows, K) product divided by the weight's row norms would be kept for
     # the division's backward, so with more rows than the bottleneck's width the weight is normalised instead
@@ -342,6 +364,7 @@ def test_vit_pytorchs_readme_example_runs_one_step():
     (dict(local_upper_crop_scale=0.01), ValueError, 'local_upper_crop_scale'),
     (dict(global_lower_crop_scale=0.), ValueError, 'global_lower_crop_scale'),
     (dict(augment_fn=3), TypeError, 'augment_fn'),
+    (dict(norm_last_layer='false'), TypeError, 'norm_last_layer'),
 ])
 def test_bad_arguments_are_refused_with_their_name(overrides, error, match):
     with pytest.raises(error, match=match):

@@ -191,6 +191,20 @@ def test_the_region_centre_is_the_mean_teacher_region_output_over_images_and_reg
     torch.testing.assert_close(learner.last_teacher_region_centers, regions.mean(dim=(0, 1)))
 
 
+def test_the_region_level_collapse_entropies_are_those_of_the_centred_sharpened_teacher_regions(monkeypatch):
+    learner = tiny_esvit()
+    learner.teacher_region_centers.normal_(std=0.05)                               # a centre that matters
+    views = [torch.rand(2, 3, 32, 32), torch.rand(2, 3, 32, 32)], []
+    monkeypatch.setattr(learner.crops, 'forward', lambda images: views)
+    learner(torch.zeros(2, 3, 32, 32), teacher_temp=0.05)
+    with torch.no_grad():
+        regions = torch.cat([learner.teacher(view)[1] for view in views[0]])          # (2 b, n, K)
+    probs = ((regions - learner.teacher_region_centers) / 0.05).softmax(dim=-1).flatten(0, 1)   # every region
+    entropy = lambda p: -torch.special.xlogy(p, p).sum(dim=-1)                     # 0 log 0 = 0
+    assert learner.last_region_entropies == pytest.approx((entropy(probs).mean().item(),
+                                                           entropy(probs.mean(dim=0)).item()), rel=1e-5)
+
+
 # vit-pytorch's functions and trainer
 
 

@@ -274,3 +274,26 @@ def test_levjepa_drop_ratio_runs_the_command_and_probes_its_network_and_the_init
     results = module.load([tmp_path])
     assert set(results) == {0.75, 'random init'} and len(results[0.75][0][0]) == 1
     assert all(0 <= value <= 1 for _, scores in results[0.75] + results['random init'] for value in scores.values())
+
+
+def test_esvit_probes_mean_cosine_averages_the_pairs_of_different_rows():
+    # unit rows e1, e2 and (e1 + e2) / sqrt 2: cosines 0, 1/sqrt 2, 1/sqrt 2 over the 3 pairs; the diagonal is left out
+    rows = torch.tensor([[1., 0.], [0., 1.], [2 ** -0.5, 2 ** -0.5]], dtype=torch.float64)
+    assert example('esvit_probes').mean_cosine(rows) == pytest.approx(2 ** 0.5 / 3, rel=1e-12)
+
+
+def test_probing_edits_the_learner_the_command_builds_and_keeps_its_method():
+    from vit_pytorch import ViT, pretrain
+    from vit_pytorch.training import pretraining
+
+    module = example('probing')
+    edited = module.edited_method('dino', lambda learner: setattr(learner, 'center_moving_average_decay', 0.5))
+    assert isinstance(edited, type(pretraining.METHODS['dino']))
+    args, _ = pretrain.parse_args(['--method', 'dino', '--num-classes-k', '16', '--projection-hidden-size', '8',
+                                   '--bottleneck-dim', '4'])
+    encoder = ViT(image_size=8, patch_size=4, num_classes=2, dim=8, depth=1, heads=1, dim_head=8, mlp_dim=8,
+                  channels=1)
+    learner = edited.build(args, encoder, image_size=(8, 8), mean=[0.5], std=[0.25])
+    assert learner.center_moving_average_decay == 0.5
+    assert pretraining.METHODS['dino'].build(args, encoder, image_size=(8, 8), mean=[0.5],
+                                             std=[0.25]).center_moving_average_decay == 0.9

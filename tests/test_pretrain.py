@@ -234,6 +234,10 @@ def test_esvit_pre_trains_a_multi_stage_model_and_saves_its_teacher(tmp_path):
     wrapper, network = weights_of(out / 'pretrainer'), weights_of(out / 'checkpoint')
     assert {f'teacher.net.{key}' for key in network} == {key for key in wrapper if key.startswith('teacher.net.')}
     assert any(key.startswith('teacher.region_head.') for key in wrapper)
+    # the log gives both teachers' signs of collapse, each between one output (0) and uniform outputs (ln K)
+    [record] = log_of(out)
+    for level in ('', 'region_'):
+        assert 0 < record[f'{level}teacher_entropy'] <= record[f'{level}teacher_mean_entropy'] <= math.log(64) + 1e-9
 
 
 def test_the_method_is_required_and_a_model_without_the_face_is_refused(tmp_path, capsys):

@@ -50,7 +50,8 @@ counts the head's linear layers as vit-pytorch does, the last one included (4: t
 MLP). `hidden_layer` names where the embedding is read: -2 (or 'to_latent'), the pooled
 pre-logits embedding, is the only choice, as the network is not hooked. The head is the paper's
 where vit-pytorch's differs: no GELU on the bottleneck, which has its own width (`bottleneck_dim`,
-256, vit-pytorch's is `projection_hidden_size`), and a weight-normalised last layer without bias. Unlike vit-pytorch
+256, vit-pytorch's is `projection_hidden_size`), and a weight-normalised last layer without bias (unit rows;
+`norm_last_layer=False` learns the rows' norms from 1, the paper's code's `--norm_last_layer false`). Unlike vit-pytorch
 (which shows the student two local crops and the teacher two global ones), the student also
 sees the global crops, as in the paper; `augment_fn`/`augment_fn2` replace the photometric
 augmentation of the first/second global crop (and `augment_fn` that of the local crops).
@@ -71,9 +72,11 @@ from vit_pytorch import vit
 
 
 class ProjectionHead(nn.Module):
-    """MLP (GELU) to a bottleneck, L2-normalised, then a linear layer with unit-norm rows (weight norm, g = 1)."""
+    """MLP (GELU) to a bottleneck, L2-normalised, then a linear layer with unit-norm rows (weight norm, g = 1); with
+    `norm_last_layer=False` the rows' norms g are learned, from 1 (the paper's code's `--norm_last_layer false`: its
+    `weight_g`, filled with 1 and trained), as `last_layer.gain` (K,)."""
 
-    def __init__(self, dim, num_classes_K, hidden_dim, bottleneck_dim, num_layers):
+    def __init__(self, dim, num_classes_K, hidden_dim, bottleneck_dim, num_layers, norm_last_layer=True):
         super().__init__()
         widths = [dim] + [hidden_dim] * (num_layers - 1) + [bottleneck_dim]
         layers = []
@@ -87,8 +90,15 @@ class ProjectionHead(nn.Module):
                 nn.init.trunc_normal_(layer.weight, std=0.02)
                 nn.init.zeros_(layer.bias)
         self.last_layer = nn.Linear(bottleneck_dim, num_classes_K, bias=False)
+        if not norm_last_layer:         # on the last layer, so that its freeze (`cancel_last_layer_gradients`) holds it
+            self.last_layer.register_parameter('gain', nn.Parameter(torch.ones(num_classes_K)))
 
     def forward(self, x):
+        logits = self.unit_rows(x)
+        gain = getattr(self.last_layer, 'gain', None)
+        return logits if gain is None else logits * gain
+
+    def unit_rows(self, x):
         x = F.normalize(self.mlp(x), dim=-1)
         # x times the unit rows of the weight. With fewer rows than the bottleneck's width (DINO's images): the
         # product divided by the rows' norms; at K = 65336, normalising the (K, bottleneck) weight and its backward
@@ -204,7 +214,7 @@ class Dino(SelfDistillation):
                  projection_layers=4, student_temp=0.9, teacher_temp=0.04, local_upper_crop_scale=0.4,
                  global_lower_crop_scale=0.5, moving_average_decay=0.9, center_moving_average_decay=0.9,
                  augment_fn=None, augment_fn2=None, *, bottleneck_dim=256, num_local_crops=2, local_image_size=None,
-                 mean=None, std=None):
+                 mean=None, std=None, norm_last_layer=True):
         check_arguments(**vit.arguments(locals()))
         super().__init__()
         image_size = vit.pair(image_size)
@@ -217,7 +227,7 @@ class Dino(SelfDistillation):
                                num_local_crops=num_local_crops, augment_fn=augment_fn, augment_fn2=augment_fn2)
 
         head = ProjectionHead(embedding_width(net, image_size), num_classes_K, projection_hidden_size,
-                              bottleneck_dim, projection_layers - 1)
+                              bottleneck_dim, projection_layers - 1, norm_last_layer)
         self.student = Projector(net, head)
         self.teacher = copy.deepcopy(self.student).requires_grad_(False).eval()
         self.register_buffer('teacher_centers', torch.zeros(num_classes_K))
@@ -442,7 +452,8 @@ def check_arguments(*, net, hidden_layer, **settings):
 def check_training_arguments(*, image_size, projection_hidden_size, num_classes_K, projection_layers,
                              bottleneck_dim, student_temp, teacher_temp, local_upper_crop_scale,
                              global_lower_crop_scale, moving_average_decay, center_moving_average_decay,
-                             num_local_crops, local_image_size, augment_fn, augment_fn2, mean, std, channels):
+                             num_local_crops, local_image_size, augment_fn, augment_fn2, mean, std, channels,
+                             norm_last_layer=True):
     """The checks of every argument but the network's face and `hidden_layer` (EsViT shares them);
     `channels`: the network's input channels."""
     vit.positive_pair('image_size', image_size)
@@ -455,6 +466,7 @@ def check_training_arguments(*, image_size, projection_hidden_size, num_classes_
         raise ValueError(f"projection_layers must be at least 2 (the head's linear layers: an MLP of "
                          f"projection_layers - 1, then the last layer), got {projection_layers}")
     vit.non_negative_int('num_local_crops', num_local_crops)
+    vit.boolean('norm_last_layer', norm_last_layer)
     vit.positive_float('student_temp', student_temp)
     vit.positive_float('teacher_temp', teacher_temp)
     for name, value in dict(moving_average_decay=moving_average_decay,

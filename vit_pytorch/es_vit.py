@@ -91,20 +91,21 @@ class EsViTTrainer(dino.SelfDistillation):
                  projection_layers=4, student_temp=0.9, teacher_temp=0.04, local_upper_crop_scale=0.4,
                  global_lower_crop_scale=0.5, moving_average_decay=0.9, center_moving_average_decay=0.9,
                  augment_fn=None, augment_fn2=None, *, bottleneck_dim=256, num_local_crops=2, local_image_size=None,
-                 mean=None, std=None):
+                 mean=None, std=None, norm_last_layer=True):
         check_arguments(**vit.arguments(locals()))
         super().__init__()
         image_size = vit.pair(image_size)
         local_image_size = image_size if local_image_size is None else vit.pair(local_image_size)
         self.student_temp, self.teacher_temp = student_temp, teacher_temp
         self.last_entropies = None          # the last loss's view-level collapse_entropies, for monitoring
+        self.last_region_entropies = None   # and its region-level ones (over every region of every global view)
         self.moving_average_decay, self.center_moving_average_decay = moving_average_decay, center_moving_average_decay
         self.crops = dino.MultiCrop(image_size=image_size, local_image_size=local_image_size,
                                     global_scale=(global_lower_crop_scale, 1.),
                                     local_scale=(0.05, local_upper_crop_scale), num_local_crops=num_local_crops,
                                     augment_fn=augment_fn, augment_fn2=augment_fn2)
         heads = [dino.ProjectionHead(region_width(net, image_size), num_classes_K, projection_hidden_size,
-                                     bottleneck_dim, projection_layers - 1) for _ in range(2)]
+                                     bottleneck_dim, projection_layers - 1, norm_last_layer) for _ in range(2)]
         self.student = RegionProjector(net, *heads)
         self.teacher = copy.deepcopy(self.student).requires_grad_(False).eval()
         for name in ('teacher_view_centers', 'last_teacher_view_centers', 'teacher_region_centers',
@@ -180,6 +181,7 @@ class EsViTTrainer(dino.SelfDistillation):
             self.last_teacher_view_centers.copy_(dino.batch_center(teacher_view))
             self.last_teacher_region_centers.copy_(dino.batch_center(teacher_region))
             teacher_probs = teacher_distribution(teacher_region, self.teacher_region_centers, teacher_temp)
+            self.last_region_entropies = dino.collapse_entropies(teacher_probs)
             del teacher_region
         teacher_probs, teacher_regions = teacher_probs.unflatten(0, (2, -1)), teacher_regions.unflatten(0, (2, -1))
         student_view, region, first = [], 0., 0

@@ -206,7 +206,10 @@ class DinoMethod(Method):
         ('--student-temp', dict(type=float, default=0.1, help="the student's temperature")),
         ('--momentum-teacher', dict(type=float, default=0.996, help='first EMA decay of the teacher')),
         ('--freeze-last-layer', dict(type=float, default=1, help="epochs during which the head's last layer is "
-                                                                 "not updated (the paper's code: 1)")))
+                                                                 "not updated (the paper's code: 1)")),
+        ('--norm-last-layer', dict(choices=('true', 'false'), default='true',
+                                   help="true: the head's last layer has unit rows; false: their norms are learned, "
+                                        "from 1 (the paper's code's --norm_last_layer)")))
 
     def build(self, args, encoder, *, image_size, mean, std):
         from vit_pytorch.dino import Dino
@@ -216,7 +219,8 @@ class DinoMethod(Method):
                     student_temp=args.student_temp, teacher_temp=args.teacher_temp,
                     moving_average_decay=args.momentum_teacher, global_lower_crop_scale=0.4,
                     num_local_crops=args.num_local_crops,
-                    local_image_size=args.local_image_size, mean=mean, std=std)
+                    local_image_size=args.local_image_size, mean=mean, std=std,
+                    norm_last_layer=args.norm_last_layer == 'true')
 
     def network(self, learner):
         return learner.teacher.net                             # which the paper evaluates
@@ -474,7 +478,7 @@ METHODS.update(levjepa=LeVJEPAMethod(), levjepa_nd=LeVJEPANDMethod())
 class EsViTMethod(DinoMethod):
     """EsViT: DINO's options, schedules, freeze and log, with the region-level loss added (`vit_pytorch.es_vit`): its
     region tokens are the model's last `forward_intermediates` entry (a ViT's patch tokens, a multi-stage model's
-    last map); both heads' last layers are frozen together."""
+    last map); both heads' last layers are frozen together; the log adds the region-level teacher's entropies."""
 
     def build(self, args, encoder, *, image_size, mean, std):
         from vit_pytorch.es_vit import EsViTTrainer
@@ -484,7 +488,20 @@ class EsViTMethod(DinoMethod):
                             bottleneck_dim=args.bottleneck_dim, student_temp=args.student_temp,
                             teacher_temp=args.teacher_temp, moving_average_decay=args.momentum_teacher,
                             global_lower_crop_scale=0.4, num_local_crops=args.num_local_crops,
-                            local_image_size=args.local_image_size, mean=mean, std=std)
+                            local_image_size=args.local_image_size, mean=mean, std=std,
+                            norm_last_layer=args.norm_last_layer == 'true')
+
+    def sums(self, learner, count):
+        return [entropy * count for entropy in (*learner.last_entropies, *learner.last_region_entropies)]
+
+    def record(self, args, sums, global_step, steps, total_steps):
+        region_entropy, region_mean_entropy = sums[2:]
+        return dict(super().record(args, sums[:2], global_step, steps, total_steps),
+                    region_teacher_entropy=region_entropy, region_teacher_mean_entropy=region_mean_entropy)
+
+    def line(self, record):
+        return (super().line(record) + f"; region-level {record['region_teacher_entropy']:.2f} (of its mean "
+                f"{record['region_teacher_mean_entropy']:.2f})")
 
 
 METHODS['esvit'] = EsViTMethod()
