@@ -2,9 +2,10 @@
 
 The count is checked against the formula written out here (2 * depth + 1 for Full AttnRes, 2 * depth / S + 1 for
 blocks of S branches) and against what the model itself returns as its history; a tiny run through the script's own
-fresh-process children (`pytest -m slow`, about half a minute) checks the structure of every number it reports and
-that autograd saves as many token tensors for Block AttnRes as for Full (the reason the training step saves nothing
-where the inference does; docs/blocks.md).
+fresh-process children (`pytest -m slow`; 10 processes, 133-151 s on the shared 2-core machine at load average 6-15)
+checks the structure of every number it reports and that autograd saves as many token tensors for Block AttnRes as
+for Full (so the training step's saving comes from elsewhere: the mixes' (mix, source) pairs and the backward pass;
+docs/blocks.md).
 """
 
 import math
