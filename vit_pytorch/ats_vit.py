@@ -171,7 +171,7 @@ class Transformer(vit.Stack):
         return ff(x) + x, entries
 
     def forward(self, x, *, return_layers=False):
-        tokens, outputs, state = self.run(x)
+        tokens, outputs, state = self.run(x, keep_layers=return_layers)
         token_ids = state.get('token_ids')
         if token_ids is None:
             token_ids = repeat(torch.arange(x.shape[1], device=x.device), 'n -> b n', b=x.shape[0])

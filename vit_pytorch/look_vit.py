@@ -144,7 +144,7 @@ class LookupStack(vit.Stack):
         return layer(*streams)
 
     def forward(self, x, *, compressed, return_layers=False):
-        streams, outputs, _ = self.run((x[:, :compressed], x[:, compressed:]))
+        streams, outputs, _ = self.run((x[:, :compressed], x[:, compressed:]), keep_layers=return_layers)
         x = torch.cat(streams, dim=1)
         return (x, [torch.cat(output, dim=1) for output in outputs]) if return_layers else x
 

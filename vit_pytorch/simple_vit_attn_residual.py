@@ -30,8 +30,11 @@ and MLP alike), fall in blocks of `block_size` in turn. A block's representation
 outputs, b_n = sum_(j in block n) v_j, and the patch tokens are block 0, b_0 = v_0. The i-th branch of block n reads
 the same softmax as above over b_0 .. b_(n-1), and from its second branch on also the block's partial sum
 b_n^(i-1) (the outputs of its first i - 1 branches): keys RMSNorm(b), its own pseudo-query w_l. The stack keeps
-the completed blocks and one partial sum, at most 2 * depth / block_size + 1 tensors, instead of every output; no
-parameter is added, and `block_size=1` is Full AttnRes. Sources: the README of the official
+the completed blocks and one partial sum, at most 2 * depth / block_size + 1 tensors, instead of every output (in a
+no_grad forward the measured saving is the formula's to within 4 MiB; a training step saves every partial sum for
+the backward pass, as many tensors as Full AttnRes, and saves memory through the mixes' fewer (mix, source) pairs
+and a lower backward peak instead: docs/blocks.md, benchmarks/attn_residual_memory.py); no parameter is added, and
+`block_size=1` is Full AttnRes. Sources: the README of the official
 repository (MoonshotAI/Attention-Residuals: `block_attn_res` stacks the completed blocks and the partial sum,
 keys their RMSNorm, logits against the pseudo-query, a softmax over them; blocks start with the token embedding;
 the partial sum restarts at a boundary) and the paper's Eq. 5-6 as stored summaries quote them. Our choices, as no
