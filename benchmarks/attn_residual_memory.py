@@ -30,7 +30,6 @@ import datetime
 import json
 import os
 import shlex
-import subprocess
 import sys
 
 import torch
@@ -132,12 +131,7 @@ def memory_child(spec):
 
 
 def memory_run(name, kind, config):
-    spec = json.dumps(dict(model=name, kind=kind, config=config))
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), '--memory-child', spec], capture_output=True,
-                         text=True, check=False, env=throughput.memory_child_env())
-    if out.returncode:
-        raise RuntimeError(f'memory child {spec} failed:\n{out.stderr[-2000:]}')
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return throughput.run_memory_child(__file__, dict(model=name, kind=kind, config=config))
 
 
 def measure(args, log):

@@ -1352,12 +1352,19 @@ def memory_child_env():
     return dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MALLOC_MMAP_THRESHOLD))
 
 
-def measure_memory(spec):
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), '--memory-child', json.dumps(spec)],
-                         capture_output=True, text=True, check=False, env=memory_child_env())
+def run_memory_child(script, spec):
+    """The JSON object a fresh process of `script` (a benchmark's file) prints last when run with `--memory-child`
+    and `spec` (JSON-serialisable), in `memory_child_env()`; a RuntimeError with its standard error if it fails."""
+    spec = json.dumps(spec)
+    out = subprocess.run([sys.executable, os.path.abspath(script), '--memory-child', spec], capture_output=True,
+                         text=True, check=False, env=memory_child_env())
     if out.returncode:
-        raise RuntimeError(f'memory subprocess failed for {spec}:\n{out.stderr[-2000:]}')
+        raise RuntimeError(f'memory child {spec} failed:\n{out.stderr[-2000:]}')
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure_memory(spec):
+    return run_memory_child(__file__, spec)
 
 
 # sections

@@ -35,7 +35,6 @@ import datetime
 import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 
@@ -484,12 +483,7 @@ def measure_row(name, args, log):
 
 
 def memory_run(name, who, tiny):
-    spec = json.dumps(dict(row=name, who=who, tiny=tiny))
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), '--memory-child', spec], capture_output=True,
-                         text=True, check=False, env=throughput.memory_child_env())
-    if out.returncode:
-        raise RuntimeError(f'memory child {spec} failed:\n{out.stderr[-2000:]}')
-    return json.loads(out.stdout.strip().splitlines()[-1])['peak_increase_mib']
+    return throughput.run_memory_child(__file__, dict(row=name, who=who, tiny=tiny))['peak_increase_mib']
 
 
 def memory_child(spec):
