@@ -38,12 +38,11 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
 from label_efficiency import embeddings, knn_accuracy  # noqa: E402
-from probing import run_probe  # noqa: E402
+from probing import run_probe, untrained_learner  # noqa: E402
 
-from vit_pytorch import pretrain, train  # noqa: E402
+from vit_pytorch import train  # noqa: E402
 from vit_pytorch.dino import collapse_entropies  # noqa: E402
 from vit_pytorch.evaluate import load_digits  # noqa: E402
-from vit_pytorch.training import pretraining, registry  # noqa: E402
 
 RECIPE = '--lr 1.25e-4'                               # examples/label_efficiency.py's DINO recipe (15 epochs)
 PROBES = {
@@ -170,14 +169,10 @@ def untrained(method, train_set, data, model=None):
     """The learner the runs start from (the command's, seed 0, no step): its network's measurements (the table's
     random network) and its head's, and its view-level teacher's entropies on the training digits without
     augmentation at the first teacher temperature, centred by their mean (where the centre goes in the first steps)."""
-    args, model_kwargs = pretrain.parse_args(['--method', method, *RECIPE.split(), *['--model', model] * bool(model)])
+    args, learner, mean, std = untrained_learner(['--method', method, *RECIPE.split(),
+                                                  *['--model', model] * bool(model)], train_set)
+    learner.eval()
     pixels = train_set.floats()
-    mean, std = pixels.mean(dim=(0, 2, 3)).tolist(), pixels.std(dim=(0, 2, 3)).tolist()
-    kwargs = registry.model_config(args.model, model_kwargs, image_size=tuple(pixels.shape[2:]),
-                                   channels=pixels.shape[1], num_classes=len(train_set.classes))
-    torch.manual_seed(args.seed)
-    encoder = registry.build_model(args.model, **kwargs)
-    learner = pretraining.build_learner(args, encoder, image_size=tuple(pixels.shape[2:]), mean=mean, std=std).eval()
     logits = learner.teacher(learner.normalise(pixels))[0]
     entropies = collapse_entropies(((logits - logits.mean(dim=0)) / args.teacher_temp).softmax(dim=-1))
     return dict(epoch=0, loss=float('nan'), teacher_entropy=entropies[0], teacher_mean_entropy=entropies[1],

@@ -32,12 +32,11 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
 from label_efficiency import embeddings, knn_accuracy  # noqa: E402
-from probing import run_probe  # noqa: E402
+from probing import run_probe, untrained_learner  # noqa: E402
 
-from vit_pytorch import pretrain, train  # noqa: E402
+from vit_pytorch import train  # noqa: E402
 from vit_pytorch.evaluate import load_digits, normalise  # noqa: E402
 from vit_pytorch.lejepa import BatchNormMLP  # noqa: E402
-from vit_pytorch.training import pretraining, registry  # noqa: E402
 
 PROBES = {
     'command': '--lejepa-projector vit-pytorch',  # the command as it was, vit-pytorch's projector
@@ -93,15 +92,7 @@ def measure(learner, config, train_set, test_set, subset):
 
 def untrained(data, options=''):
     """The measurements of the learner as the command builds it, before any step (seed 0)."""
-    args, model_kwargs = pretrain.parse_args(['--method', 'lejepa', *shlex.split(options)])
-    train_set = data[0]
-    pixels = train_set.floats()
-    mean, std = pixels.mean(dim=(0, 2, 3)).tolist(), pixels.std(dim=(0, 2, 3)).tolist()
-    kwargs = registry.model_config(args.model, model_kwargs, image_size=tuple(pixels.shape[2:]),
-                                   channels=pixels.shape[1], num_classes=len(train_set.classes))
-    torch.manual_seed(args.seed)
-    encoder = registry.build_model(args.model, **kwargs)
-    learner = pretraining.build_learner(args, encoder, image_size=tuple(pixels.shape[2:]), mean=mean, std=std)
+    _, learner, mean, std = untrained_learner(['--method', 'lejepa', *shlex.split(options)], data[0])
     return dict(epoch=0, prediction_loss=float('nan'), sigreg=float('nan'),
                 **measure(learner, dict(data=dict(mean=mean, std=std)), *data))
 

@@ -19,6 +19,7 @@ from unittest import mock
 
 import torch
 
+from vit_pytorch import models as registry
 from vit_pytorch import pretrain
 from vit_pytorch.training import pretraining
 from vit_pytorch.training.checkpoints import save_checkpoint
@@ -35,6 +36,20 @@ def edited_method(method, edit):
             return learner
 
     return Edited()
+
+
+def untrained_learner(argv, train_set):
+    """(args, the learner the command builds from `argv` on `train_set`'s images before any step, their mean and
+    std per channel): the model from the registry at the command's seed, as the run builds it."""
+    args, model_kwargs = pretrain.parse_args(argv)
+    pixels = train_set.floats()
+    mean, std = pixels.mean(dim=(0, 2, 3)).tolist(), pixels.std(dim=(0, 2, 3)).tolist()
+    kwargs = registry.model_config(args.model, model_kwargs, image_size=tuple(pixels.shape[2:]),
+                                   channels=pixels.shape[1], num_classes=len(train_set.classes))
+    torch.manual_seed(args.seed)
+    encoder = registry.build_model(args.model, **kwargs)
+    learner = pretraining.build_learner(args, encoder, image_size=tuple(pixels.shape[2:]), mean=mean, std=std)
+    return args, learner, mean, std
 
 
 def run_probe(method, name, options, out, epochs, threads, measure, edit=None):
