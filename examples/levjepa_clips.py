@@ -181,11 +181,19 @@ def supervised_accuracy(encoder, videos, labels, test_videos, test_labels, *, ep
 
 def probe_all(encoder, train_videos, train_labels, test_videos, test_labels, subsets):
     """{(task, probe): test accuracy} of 5-NN and the linear probe on each task's labelled subset, from the
-    encoder's features of the labelled clips (only those are encoded) and of the test clips."""
+    encoder's features (`features`: its cls token) of the labelled clips and of the test clips."""
+    return probe_embeddings(lambda videos: features(encoder, videos), train_videos, train_labels, test_videos,
+                            test_labels, subsets)
+
+
+def probe_embeddings(embed, train_videos, train_labels, test_videos, test_labels, subsets):
+    """`probe_all` on the features `embed(videos)` (n, width) gives, of the labelled clips (only those are embedded)
+    and of the test clips."""
     labelled = torch.cat(list(subsets.values())).unique()
-    train_features = torch.zeros(len(train_videos), encoder.dim)
-    train_features[labelled] = features(encoder, train_videos[labelled])
-    test_features = features(encoder, test_videos)
+    labelled_features = embed(train_videos[labelled])
+    train_features = labelled_features.new_zeros(len(train_videos), labelled_features.shape[-1])
+    train_features[labelled] = labelled_features
+    test_features = embed(test_videos)
     scores = {}
     for task in TASKS:
         index = subsets[task]
@@ -228,9 +236,10 @@ def method_name(args):
     return 'LeVJEPAND' if args.nd else 'LeVJEPA'
 
 
-def spread(values):
-    mean = 100 * statistics.mean(values)
-    return f"{mean:.1f} ± {100 * statistics.stdev(values):.1f}" if len(values) > 1 else f"{mean:.1f}"
+def spread(values, scale=100):
+    """mean ± sample std of `values` times `scale` (the mean alone for one value), to one decimal."""
+    mean = scale * statistics.mean(values)
+    return f"{mean:.1f} ± {scale * statistics.stdev(values):.1f}" if len(values) > 1 else f"{mean:.1f}"
 
 
 def make_parser():

@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from vit_pytorch import pretrain
 from vit_pytorch.checkpoint import load_model
@@ -41,8 +40,7 @@ from vit_pytorch.training import pretraining
 from vit_pytorch.training.data import data_source
 
 sys.path.insert(0, str(Path(__file__).parent))
-from label_efficiency import knn_accuracy  # noqa: E402
-from levjepa_clips import TASKS, labelled_subset, linear_probe_accuracy  # noqa: E402
+from levjepa_clips import TASKS, labelled_subset, probe_embeddings, spread  # noqa: E402
 
 
 def timed_epochs(record):
@@ -96,21 +94,11 @@ def embeddings(model, videos, mean, std, batch_size=64):
 
 
 def probes(model, config, data, subsets):
-    """{(task, probe): test accuracy} of 5-NN and the linear probe on the model's embeddings."""
+    """{(task, probe): test accuracy} of 5-NN and the linear probe on the model's embeddings (levjepa_clips'
+    probes)."""
     mean, std = config['data']['mean'], config['data']['std']
-    (train_videos, train_labels), (test_videos, test_labels) = data['train'], data['test']
-    labelled = torch.cat(list(subsets.values())).unique()
-    train_features = torch.zeros(len(train_videos), model.num_features)
-    train_features[labelled] = embeddings(model, train_videos[labelled], mean, std)
-    test_features = embeddings(model, test_videos, mean, std)
-    scores = {}
-    for task in TASKS:
-        index = subsets[task]
-        scores[(task, '5-NN')] = knn_accuracy(F.normalize(train_features[index], dim=-1), train_labels[task][index],
-                                              F.normalize(test_features, dim=-1), test_labels[task], 5)
-        scores[(task, 'linear')] = linear_probe_accuracy(train_features[index], train_labels[task][index],
-                                                         test_features, test_labels[task])
-    return scores
+    return probe_embeddings(lambda videos: embeddings(model, videos, mean, std), *data['train'], *data['test'],
+                            subsets)
 
 
 def table(results):
@@ -120,9 +108,9 @@ def table(results):
     lines = ['| drop ratio | seeds | CPU-s an epoch | ' + ' | '.join(f'{task} {probe}' for task, probe in keys) + ' |',
              '|---|---|---|' + '---|' * len(keys)]
     for ratio, runs in results.items():
-        cpu = spread([statistics.mean(seconds) for seconds, _ in runs]) if runs[0][0] is not None else '-'
+        cpu = spread([statistics.mean(seconds) for seconds, _ in runs], 1) if runs[0][0] is not None else '-'
         lines.append(f'| {ratio} | {len(runs)} | {cpu} | '
-                     + ' | '.join(spread([scores[key] for _, scores in runs], 100) for key in keys) + ' |')
+                     + ' | '.join(spread([scores[key] for _, scores in runs]) for key in keys) + ' |')
     return '\n'.join(lines)
 
 
@@ -143,11 +131,6 @@ def load(paths):
                 (entry['seconds'], {tuple(name.split(' ', 1)): value for name, value in entry['scores'].items()})
                 for entry in entries)
     return dict(sorted(results.items(), key=lambda item: (isinstance(item[0], str), item[0])))
-
-
-def spread(values, scale=1.):
-    mean = scale * statistics.mean(values)
-    return f"{mean:.1f} ± {scale * statistics.stdev(values):.1f}" if len(values) > 1 else f"{mean:.1f}"
 
 
 def make_parser():
