@@ -214,11 +214,14 @@ class DinoMethod(Method):
     def build(self, args, encoder, *, image_size, mean, std):
         from vit_pytorch.dino import Dino
 
-        return Dino(encoder, image_size, projection_hidden_size=args.projection_hidden_size,
-                    num_classes_K=args.num_classes_k, bottleneck_dim=args.bottleneck_dim,
-                    student_temp=args.student_temp, teacher_temp=args.teacher_temp,
-                    moving_average_decay=args.momentum_teacher, global_lower_crop_scale=0.4,
-                    num_local_crops=args.num_local_crops,
+        return Dino(encoder, image_size, **self.trainer_options(args, mean=mean, std=std))
+
+    def trainer_options(self, args, *, mean, std):
+        """The keyword arguments `Dino` and `EsViTTrainer` take alike, from the options."""
+        return dict(projection_hidden_size=args.projection_hidden_size, num_classes_K=args.num_classes_k,
+                    bottleneck_dim=args.bottleneck_dim, student_temp=args.student_temp,
+                    teacher_temp=args.teacher_temp, moving_average_decay=args.momentum_teacher,
+                    global_lower_crop_scale=0.4, num_local_crops=args.num_local_crops,
                     local_image_size=args.local_image_size, mean=mean, std=std,
                     norm_last_layer=args.norm_last_layer == 'true')
 
@@ -484,12 +487,7 @@ class EsViTMethod(DinoMethod):
         from vit_pytorch.es_vit import EsViTTrainer
 
         return EsViTTrainer(encoder, image_size, hidden_layer='layers',
-                            projection_hidden_size=args.projection_hidden_size, num_classes_K=args.num_classes_k,
-                            bottleneck_dim=args.bottleneck_dim, student_temp=args.student_temp,
-                            teacher_temp=args.teacher_temp, moving_average_decay=args.momentum_teacher,
-                            global_lower_crop_scale=0.4, num_local_crops=args.num_local_crops,
-                            local_image_size=args.local_image_size, mean=mean, std=std,
-                            norm_last_layer=args.norm_last_layer == 'true')
+                            **self.trainer_options(args, mean=mean, std=std))
 
     def sums(self, learner, count):
         return [entropy * count for entropy in (*learner.last_entropies, *learner.last_region_entropies)]
