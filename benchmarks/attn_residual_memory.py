@@ -7,7 +7,7 @@ depth; Block AttnRes with blocks of S branches keeps the completed blocks and on
 2 * depth / S + 1 tensors. For each depth (`--depths`) and model (SimpleViT, Full AttnRes, Block AttnRes at each
 `--block-sizes` S that divides 2 * depth) it measures, in a fresh process each (`--runs` runs, the models alternating
 within a run, as throughput.py's memory children: its `memory_child_env` fixes glibc's mmap threshold so that freed
-buffers leave the resident set, `rss_mib`, `release_memory`):
+buffers leave the resident set, and `peak_increase_mib` resets the peak before the measured pass):
 
   - `infer`: the peak RSS increase over one forward under `torch.no_grad` (eval mode);
   - `train`: the peak RSS increase over one training step, forward, cross-entropy and backward (gradients set to
@@ -38,7 +38,7 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import throughput  # noqa: E402  (the memory children's machinery: rss_mib, release_memory, memory_child_env, summary)
+import throughput  # noqa: E402  (the memory children's machinery: run_memory_child, peak_increase_mib, summary)
 
 from vit_pytorch.simple_vit import SimpleViT  # noqa: E402
 from vit_pytorch.simple_vit_attn_residual import SimpleViTAttnResidual  # noqa: E402
@@ -117,12 +117,7 @@ def memory_child(spec):
 
     step()
     model.zero_grad(set_to_none=True)
-    throughput.release_memory()
-    with open('/proc/self/clear_refs', 'w') as refs:
-        refs.write('5')                                      # VmHWM back to the current VmRSS
-    before = throughput.rss_mib('VmRSS')
-    step()
-    result = dict(peak_increase_mib=throughput.rss_mib('VmHWM') - before)
+    result = dict(peak_increase_mib=throughput.peak_increase_mib(step))
     if kind == 'train':
         tokens = config['image_size'] // config['patch_size']
         result['saved_mib'], result['saved_token_tensors'] = saved_for_backward(

@@ -1453,6 +1453,17 @@ def release_memory():
         pass
 
 
+def peak_increase_mib(run):
+    """The peak RSS increase (MiB) over `run()`, in a memory child: what is free released first (`release_memory`),
+    then the peak (VmHWM) reset to the current resident set through /proc/self/clear_refs."""
+    release_memory()
+    with open('/proc/self/clear_refs', 'w') as refs:
+        refs.write('5')                                      # VmHWM back to the current VmRSS
+    before = rss_mib('VmRSS')
+    run()
+    return rss_mib('VmHWM') - before
+
+
 def bench_registry(args, log):
     """Speed, FLOPs, MFU and memory of models registered in `vit_pytorch.models`, each at its preset.
 

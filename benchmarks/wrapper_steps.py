@@ -494,13 +494,11 @@ def memory_child(spec):
     torch.set_num_threads(1)
     ours, theirs, _ = build_row(spec['row'], spec['tiny'], probe=False)
     step = dict(ours=ours, reference=theirs, paper=ours.paper)[spec['who']]
-    throughput.release_memory()
-    with open('/proc/self/clear_refs', 'w') as refs:
-        refs.write('5')                                      # VmHWM back to the current VmRSS
-    before = throughput.rss_mib('VmRSS')
-    for _ in range(2):
-        step.train(BATCH)
-    return throughput.rss_mib('VmHWM') - before
+    def two_steps():
+        for _ in range(2):
+            step.train(BATCH)
+
+    return throughput.peak_increase_mib(two_steps)
 
 
 # report
